@@ -1,0 +1,54 @@
+# The README's two commands: `make run` (install, prepare the demo, open the dashboard)
+# and `make test` (install, start what the tests need, run the whole suite).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+DB ?= data/specdec.duckdb
+PORT ?= 8501
+# torch first, pinned: a bare `torch` requirement pulls a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: run test install system-deps lint demo-db models bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $(STAMP)
+
+# Redis and Chromium come from Debian's packages; installed only when missing.
+system-deps:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v chromium >/dev/null || missing="$$missing chromium chromium-driver"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+models: $(STAMP)
+	$(VENV)/bin/specdec models fetch
+
+$(DB): $(STAMP)
+	$(VENV)/bin/specdec ingest data/demo/ --db $(DB)
+
+run: models $(DB)
+	$(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
+	  --server.headless true --browser.gatherUsageStats false -- --db $(DB)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) system-deps lint
+	$(VENV)/bin/python -m pytest -q
+
+bench: $(STAMP)
+	@for s in bench/bench_*.py; do echo "== $$s"; $(PY) $$s || exit 1; done
+
+clean:
+	rm -rf $(VENV) data/models $(DB) test-output

@@ -1,0 +1,46 @@
+"""The `specdec` command: a thin layer over specdec_core, one module per command group.
+
+Exit codes: 0 done, 1 the work could not be done (an unreadable path, a finding),
+2 usage. Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Each module defines `register(subparsers)`; its parsers set `func(args) -> int`.
+COMMAND_MODULES: tuple[str, ...] = (
+    "specdec_core.cli.store_cmds",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's default prints usage; keep it to one line
+        self.exit(2, f"specdec: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="specdec", description="Triage a speculative-decoding cache incident.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subparsers.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""A decode request's semantic identity, as ../shared/log-schema.md defines it.
+
+Two requests may share a cached output only when their canonical identity
+objects are equal. Everything that compares requests (the cache guard, the
+store, replay) goes through `identity()` so there is exactly one definition.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+IDENTITY_FIELDS: tuple[str, ...] = (
+    "prompt",
+    "target_model",
+    "draft_model",
+    "num_speculative_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "seed",
+    "stop",
+    "tokenizer_version",
+)
+# Left out of the identity of a greedy request: they cannot change its output.
+SAMPLING_ONLY_FIELDS: frozenset[str] = frozenset({"seed", "top_p", "top_k"})
+NUMBER_DECIMALS = 6
+
+_SHA256_HEX = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def _as_int(name: str, value: Any, *, minimum: int | None = None, optional: bool = True) -> int | None:
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"{name}: required, got null")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not _is_int(value):
+        raise ValueError(f"{name}: expected an integer, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _as_str(name: str, value: Any, *, optional: bool = True) -> str | None:
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"{name}: required, got null")
+    if not isinstance(value, str):
+        raise ValueError(f"{name}: expected a string, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _round(value: float) -> float:
+    return float(round(float(value), NUMBER_DECIMALS))
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """Every field that decides what a speculative decoder returns.
+
+    `prompt` may be None for a redacted log, in which case `prompt_hash` holds
+    the SHA-256 of the prompt and the request can be compared but not decoded.
+    """
+
+    target_model: str
+    tokenizer_version: str
+    max_tokens: int
+    temperature: float = 0.0
+    prompt: str | None = None
+    prompt_hash: str | None = None
+    draft_model: str | None = None
+    num_speculative_tokens: int | None = None
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.prompt is None and self.prompt_hash is None:
+            raise ValueError("prompt: one of prompt or prompt_hash is required")
+        _as_str("prompt", self.prompt)
+        if self.prompt_hash is not None:
+            if not isinstance(self.prompt_hash, str) or not _SHA256_HEX.match(self.prompt_hash):
+                raise ValueError(f"prompt_hash: expected 64 hex characters, got {self.prompt_hash!r}")
+            object.__setattr__(self, "prompt_hash", self.prompt_hash.lower())
+            if self.prompt is not None and sha256_hex(self.prompt) != self.prompt_hash:
+                raise ValueError("prompt_hash: does not match the SHA-256 of prompt")
+        if not _as_str("target_model", self.target_model, optional=False):
+            raise ValueError("target_model: must not be empty")
+        _as_str("draft_model", self.draft_model)
+        _as_str("tokenizer_version", self.tokenizer_version, optional=False)
+        _as_int("num_speculative_tokens", self.num_speculative_tokens, minimum=0)
+        object.__setattr__(self, "max_tokens", _as_int("max_tokens", self.max_tokens, minimum=1, optional=False))
+        _as_int("top_k", self.top_k, minimum=0)
+        _as_int("seed", self.seed)
+        if not _is_number(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature: expected a number >= 0, got {self.temperature!r}")
+        if not _is_number(self.top_p) or not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
+        if self.stop is not None:
+            if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
+                raise ValueError(f"stop: expected a list of strings, got {self.stop!r}")
+            object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def prompt_sha256(self) -> str:
+        return sha256_hex(self.prompt) if self.prompt is not None else str(self.prompt_hash)
+
+    @property
+    def is_greedy(self) -> bool:
+        return _round(self.temperature) == 0.0
+
+    @property
+    def speculation(self) -> str | None:
+        """The draft model in canonical form: None when there is no speculation."""
+        return None if self.draft_model in (None, "none") else self.draft_model
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> DecodeRequest:
+        """Build a request from one log record; raise ValueError naming the bad field."""
+        if not isinstance(record, Mapping):
+            raise ValueError(f"record: expected a JSON object, got {type(record).__name__}")
+        for name in ("target_model", "tokenizer_version", "max_tokens", "temperature"):
+            if name not in record:
+                raise ValueError(f"{name}: required field is missing")
+        top_p = record.get("top_p")
+        stop = record.get("stop")
+        if stop is not None and (isinstance(stop, str) or not isinstance(stop, (list, tuple))):
+            raise ValueError(f"stop: expected a list of strings or null, got {type(stop).__name__}")
+        known = set(IDENTITY_FIELDS) | {"prompt_hash"}
+        return cls(
+            prompt=record.get("prompt"),
+            prompt_hash=record.get("prompt_hash"),
+            target_model=record["target_model"],
+            draft_model=record.get("draft_model"),
+            num_speculative_tokens=record.get("num_speculative_tokens"),
+            temperature=record["temperature"],
+            top_p=1.0 if top_p is None else top_p,
+            top_k=record.get("top_k"),
+            max_tokens=record["max_tokens"],
+            seed=record.get("seed"),
+            stop=None if stop is None else tuple(stop),
+            tokenizer_version=record["tokenizer_version"],
+            extra={k: v for k, v in record.items() if k not in known},
+        )
+
+    def to_record(self) -> dict[str, Any]:
+        """The request's fields as a log record fragment (the contract's names)."""
+        rec: dict[str, Any] = {
+            "target_model": self.target_model,
+            "draft_model": self.draft_model,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_tokens": self.max_tokens,
+            "seed": self.seed,
+            "stop": None if self.stop is None else list(self.stop),
+            "tokenizer_version": self.tokenizer_version,
+        }
+        if self.prompt is not None:
+            rec["prompt"] = self.prompt
+        rec["prompt_hash"] = self.prompt_sha256
+        return rec
+
+
+def _coerce(req: DecodeRequest | Mapping[str, Any]) -> DecodeRequest:
+    return req if isinstance(req, DecodeRequest) else DecodeRequest.from_record(req)
+
+
+def identity(req: DecodeRequest | Mapping[str, Any]) -> dict[str, Any]:
+    """The canonical identity object of a request or a log record."""
+    r = _coerce(req)
+    obj: dict[str, Any] = {
+        "prompt": r.prompt_sha256,
+        "target_model": r.target_model,
+        "draft_model": r.speculation,
+        "num_speculative_tokens": r.num_speculative_tokens,
+        "temperature": _round(r.temperature),
+        "top_p": _round(r.top_p),
+        "top_k": r.top_k or None,
+        "max_tokens": r.max_tokens,
+        "seed": r.seed,
+        "stop": sorted(set(r.stop or ())),
+        "tokenizer_version": r.tokenizer_version,
+    }
+    if r.is_greedy:
+        for name in SAMPLING_ONLY_FIELDS:
+            del obj[name]
+    return obj
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def fingerprint_of_identity(identity_obj: Mapping[str, Any]) -> str:
+    return sha256_hex(canonical_json(identity_obj))
+
+
+def fingerprint(req: DecodeRequest | Mapping[str, Any]) -> str:
+    """Lowercase hex SHA-256 of the canonical identity object."""
+    return fingerprint_of_identity(identity(req))
+
+
+def canonicalize_identity(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Re-canonicalise an identity object written by someone else (a `cached_fingerprint`).
+
+    Its `prompt` already holds the prompt's SHA-256, so it is read as `prompt_hash`;
+    a writer that spelled an equivalence differently (`[]` for null, 0 for top_k)
+    still compares equal.
+    """
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"cached_fingerprint: expected an object, got {type(obj).__name__}")
+    record = {k: v for k, v in obj.items() if k != "prompt"}
+    record["prompt_hash"] = obj.get("prompt")
+    return identity(record)
+
+
+def differing_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """Identity fields whose canonical values differ; a field absent from either (greedy) is not listed."""
+    return sorted(k for k in IDENTITY_FIELDS if k in a and k in b and a[k] != b[k])
