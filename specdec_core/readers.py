@@ -1,0 +1,186 @@
+"""Turn log files (JSON Lines, gzipped or not, CSV, Parquet) into raw records with their positions.
+
+Every record becomes one JSON text with the file and line (or row) it came from, so
+validation is one SQL pass whatever the format, and a rejected record can be
+quoted back exactly as it was.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz", ".json", ".json.gz")
+CSV_SUFFIXES = (".csv", ".csv.gz")
+PARQUET_SUFFIXES = (".parquet",)
+SUPPORTED_SUFFIXES = JSONL_SUFFIXES + CSV_SUFFIXES + PARQUET_SUFFIXES
+
+# How CSV cells (always text) become typed JSON values; a cell that does not parse is
+# passed on as text so validation rejects it with the field's name.
+_CSV_INTEGER = {"num_speculative_tokens", "top_k", "max_tokens", "seed", "output_tokens",
+                "draft_tokens", "accepted_tokens"}
+_CSV_NUMBER = {"temperature", "top_p", "latency_ms"}
+_CSV_BOOLEAN = {"cache_hit"}
+_CSV_JSON = {"stop", "cached_fingerprint"}
+
+
+class LogReadError(OSError):
+    """A path that can't be read at all; the message names it and says why."""
+
+
+@dataclass(frozen=True)
+class RawBatch:
+    """Records of one file: parallel lists of line numbers and JSON texts."""
+
+    source_file: str
+    line_numbers: list[int]
+    raws: list[str]
+
+
+def _supported(path: Path) -> bool:
+    return path.name.lower().endswith(SUPPORTED_SUFFIXES)
+
+
+def resolve_paths(paths: list[str]) -> list[Path]:
+    """Files named by paths, folders and globs, in a stable order; raise on anything unreadable."""
+    files: list[Path] = []
+    for spec in paths:
+        p = Path(spec)
+        if any(ch in spec for ch in "*?["):
+            matches = sorted(Path(m) for m in glob.glob(spec, recursive=True))
+            matched = [m for m in matches if m.is_file() and _supported(m)]
+            if not matched:
+                raise LogReadError(f"{spec}: no supported log file matches this pattern")
+            files.extend(matched)
+        elif p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and _supported(f))
+            if not found:
+                raise LogReadError(f"{spec}: folder holds no .jsonl, .jsonl.gz, .csv or .parquet file")
+            files.extend(found)
+        elif p.is_file():
+            if not _supported(p):
+                raise LogReadError(f"{spec}: unsupported file type (expected {', '.join(SUPPORTED_SUFFIXES)})")
+            if not os.access(p, os.R_OK):
+                raise LogReadError(f"{spec}: permission denied")
+            files.append(p)
+        else:
+            raise LogReadError(f"{spec}: no such file or folder")
+    seen: set[Path] = set()
+    unique = []
+    for f in files:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.name.lower().endswith(".gz"):
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="surrogateescape", newline="")
+    return open(path, encoding="utf-8", errors="surrogateescape", newline="")
+
+
+def _safe_text(line: str) -> str:
+    # Undecodable bytes survive as surrogates; store them as U+FFFD so the raw text is keepable.
+    return line.encode("utf-8", "replace").decode("utf-8")
+
+
+def read_jsonl(path: Path) -> RawBatch:
+    numbers: list[int] = []
+    raws: list[str] = []
+    try:
+        with _open_text(path) as fh:
+            for number, line in enumerate(fh, start=1):
+                stripped = line.strip()
+                if stripped:
+                    numbers.append(number)
+                    raws.append(_safe_text(stripped))
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise LogReadError(f"{path}: cannot be read: {exc}") from exc
+    return RawBatch(str(path), numbers, raws)
+
+
+def _csv_cell(name: str, cell: str) -> object:
+    if cell == "":
+        return None
+    try:
+        if name in _CSV_INTEGER:
+            return int(cell)
+        if name in _CSV_NUMBER:
+            return float(cell)
+        if name in _CSV_BOOLEAN:
+            lowered = cell.strip().lower()
+            if lowered in ("true", "1", "t", "yes"):
+                return True
+            if lowered in ("false", "0", "f", "no"):
+                return False
+            return cell
+        if name in _CSV_JSON:
+            return json.loads(cell)
+    except ValueError:
+        return cell
+    return cell
+
+
+def read_csv(path: Path) -> RawBatch:
+    numbers: list[int] = []
+    raws: list[str] = []
+    try:
+        with _open_text(path) as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if header is None:
+                return RawBatch(str(path), [], [])
+            header = [h.strip() for h in header]
+            for row_number, row in enumerate(reader, start=1):
+                if not any(cell.strip() for cell in row):
+                    continue
+                if len(row) != len(header):
+                    # Quoted so the SQL pass rejects it as "not a JSON object" with the row kept verbatim.
+                    obj: object = {"__csv_error__": f"row has {len(row)} cells, header has {len(header)}",
+                                   "__raw__": row}
+                else:
+                    obj = {name: _csv_cell(name, _safe_text(cell)) for name, cell in zip(header, row, strict=True)}
+                numbers.append(row_number)
+                raws.append(json.dumps(obj, ensure_ascii=False))
+    except (OSError, EOFError, gzip.BadGzipFile, csv.Error) as exc:
+        raise LogReadError(f"{path}: cannot be read as CSV: {exc}") from exc
+    return RawBatch(str(path), numbers, raws)
+
+
+def read_parquet(path: Path) -> RawBatch:
+    try:
+        con = duckdb.connect()
+        try:
+            rows = con.execute(
+                "SELECT to_json(t)::VARCHAR FROM read_parquet(?) AS t", [str(path)]
+            ).fetchall()
+        finally:
+            con.close()
+    except duckdb.Error as exc:
+        raise LogReadError(f"{path}: cannot be read as Parquet: {str(exc).splitlines()[0]}") from exc
+    return RawBatch(str(path), list(range(1, len(rows) + 1)), [r[0] for r in rows])
+
+
+def read_file(path: Path) -> RawBatch:
+    name = path.name.lower()
+    if name.endswith(CSV_SUFFIXES):
+        return read_csv(path)
+    if name.endswith(PARQUET_SUFFIXES):
+        return read_parquet(path)
+    return read_jsonl(path)
+
+
+def read_all(paths: list[str]) -> Iterator[RawBatch]:
+    for f in resolve_paths(paths):
+        yield read_file(f)

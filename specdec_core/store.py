@@ -1,0 +1,199 @@
+"""The DuckDB file behind triage: schema, and connections that never see a half-written batch.
+
+Writers work on a copy of the database and swap it in with an atomic rename, under an
+exclusive lock file; readers open short-lived read-only connections. A dashboard
+process can therefore read while `specdec ingest` writes in another process, and
+sees either the state before the batch or after it, never a part of it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import duckdb
+
+DEFAULT_DB = "data/specdec.duckdb"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+CREATE TABLE IF NOT EXISTS requests (
+    request_id VARCHAR PRIMARY KEY,
+    ts TIMESTAMPTZ NOT NULL,
+    prompt VARCHAR,
+    prompt_hash VARCHAR NOT NULL,
+    target_model VARCHAR NOT NULL,
+    draft_model VARCHAR,
+    num_speculative_tokens BIGINT,
+    temperature DOUBLE NOT NULL,
+    top_p DOUBLE NOT NULL,
+    top_k BIGINT,
+    max_tokens BIGINT NOT NULL,
+    seed HUGEINT,
+    stop VARCHAR[],
+    tokenizer_version VARCHAR NOT NULL,
+    deployment VARCHAR,
+    cache_key VARCHAR NOT NULL,
+    cache_hit BOOLEAN NOT NULL,
+    cached_fingerprint JSON,
+    output_text VARCHAR NOT NULL,
+    output_tokens BIGINT NOT NULL,
+    finish_reason VARCHAR,
+    latency_ms DOUBLE,
+    draft_tokens BIGINT,
+    accepted_tokens BIGINT,
+    extra JSON,
+    fingerprint VARCHAR NOT NULL,
+    cached_identity_fingerprint VARCHAR,
+    content_hash VARCHAR NOT NULL,
+    source_file VARCHAR NOT NULL,
+    source_line BIGINT NOT NULL,
+    ingest_id BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS identities (
+    fingerprint VARCHAR PRIMARY KEY,
+    identity JSON NOT NULL,
+    greedy BOOLEAN NOT NULL,
+    prompt VARCHAR, target_model VARCHAR, draft_model VARCHAR, num_speculative_tokens BIGINT,
+    temperature DOUBLE, top_p DOUBLE, top_k BIGINT, max_tokens BIGINT, seed HUGEINT,
+    stop VARCHAR, tokenizer_version VARCHAR
+);
+CREATE TABLE IF NOT EXISTS quarantine (
+    ingest_id BIGINT NOT NULL,
+    source_file VARCHAR NOT NULL,
+    source_line BIGINT NOT NULL,
+    request_id VARCHAR,
+    reason VARCHAR NOT NULL,
+    raw VARCHAR NOT NULL,
+    raw_hash VARCHAR NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ingests (
+    ingest_id BIGINT PRIMARY KEY,
+    started_at TIMESTAMPTZ NOT NULL,
+    paths VARCHAR[] NOT NULL,
+    n_read BIGINT, n_accepted BIGINT, n_duplicates BIGINT, n_quarantined BIGINT
+);
+-- One row per cache hit: the miss that populated its entry, and whether it served another identity.
+CREATE TABLE IF NOT EXISTS hit_sources (
+    request_id VARCHAR PRIMARY KEY,
+    source_request_id VARCHAR,
+    contaminated BOOLEAN NOT NULL,
+    fingerprint_mismatch BOOLEAN NOT NULL,
+    differing_fields VARCHAR
+);
+CREATE TABLE IF NOT EXISTS replays (
+    replay_id VARCHAR PRIMARY KEY,
+    request_id VARCHAR NOT NULL,
+    replayed_at TIMESTAMPTZ NOT NULL,
+    classification VARCHAR NOT NULL,
+    replay_text VARCHAR,
+    token_ids BIGINT[],
+    production_text VARCHAR,
+    first_divergent_token BIGINT,
+    first_divergent_char BIGINT,
+    common_prefix_tokens BIGINT,
+    similarity DOUBLE,
+    draft_tokens BIGINT,
+    accepted_tokens BIGINT,
+    source_request_id VARCHAR,
+    evidence JSON,
+    environment JSON
+);
+"""
+
+
+class StoreError(RuntimeError):
+    """The database can't be opened or written; the message says which file and why."""
+
+
+def resolve_db(path: str | os.PathLike[str] | None = None) -> Path:
+    return Path(path or os.environ.get("SPECDEC_DB") or DEFAULT_DB)
+
+
+def _configure(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("SET TimeZone = 'UTC'")
+
+
+class Store:
+    """A triage database file. Cheap to construct; connections are opened per use."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = resolve_db(path)
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.path)!r})"
+
+    @property
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def version(self) -> tuple[int, int]:
+        """Changes whenever a writer swaps a new state in: a cache key for readers."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return (0, 0)
+        return (st.st_mtime_ns, st.st_ino)
+
+    def ensure(self) -> None:
+        """Create the database with its schema when it does not exist yet."""
+        if not self.path.exists():
+            with self.write():
+                pass
+
+    @contextmanager
+    def read(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only connection to a consistent state of the database."""
+        self.ensure()
+        try:
+            con = duckdb.connect(str(self.path), read_only=True)
+        except duckdb.Error as exc:
+            raise StoreError(f"{self.path}: cannot open for reading: {exc}") from exc
+        try:
+            _configure(con)
+            yield con
+        finally:
+            con.close()
+
+    @contextmanager
+    def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection whose changes become visible all at once when the block exits cleanly."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        with open(lock_path, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+            tmp.unlink(missing_ok=True)
+            if self.path.exists():
+                shutil.copyfile(self.path, tmp)
+            try:
+                con = duckdb.connect(str(tmp))
+            except duckdb.Error as exc:
+                raise StoreError(f"{self.path}: cannot open for writing: {exc}") from exc
+            try:
+                _configure(con)
+                con.execute(_SCHEMA)
+                con.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)]
+                )
+                yield con
+                con.execute("CHECKPOINT")
+                con.close()
+                os.replace(tmp, self.path)
+            except BaseException:
+                con.close()
+                tmp.unlink(missing_ok=True)
+                raise
+            finally:
+                Path(str(tmp) + ".wal").unlink(missing_ok=True)
+
+
+def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None):
+    """The single value a query returns (fetched fully: DuckDB keeps a half-read result pending)."""
+    rows = con.execute(sql, params or []).fetchall()
+    return rows[0][0] if rows else None
