@@ -61,3 +61,7 @@ def key_scheme(name: str) -> KeyFunction:
         return KEY_SCHEMES[name]
     except KeyError:
         raise ValueError(f"key scheme {name!r} is unknown; known: {', '.join(sorted(KEY_SCHEMES))}") from None
+
+
+# The key-coverage audit lives in its own module; it imports this one lazily.
+from .audit import KeyAudit, audit_key_function, dict_key_adapter  # noqa: E402, F401

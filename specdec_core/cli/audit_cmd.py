@@ -1,0 +1,62 @@
+"""`specdec audit-key MODULE:FUNCTION --example FILE.json`: audit any cache-key function."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ..audit import KeyAuditError, audit_key_function, resolve_importable
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "audit-key",
+        help="check a cache-key function for ignored request fields and instability",
+        description="Call MODULE:FUNCTION (one dict of request parameters -> key) on the example and on "
+        "semantic variants of it. Exit 0: covered and stable; 1: something was found; 2: usage.",
+    )
+    parser.add_argument("target", metavar="MODULE:FUNCTION", help="the key function, importable from here")
+    parser.add_argument("--example", required=True, metavar="FILE.json", help="one request as a JSON object")
+    parser.add_argument("--ignore", default="", metavar="a,b", help="fields that cannot change the output")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.set_defaults(func=run)
+
+
+def _fail(message: str) -> int:
+    print(f"specdec audit-key: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    # As with `python -m`: a module in the current directory is importable.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        key_fn = resolve_importable(args.target)
+    except ModuleNotFoundError as exc:
+        return _fail(
+            f"module {exc.name!r} not found (importing {args.target.partition(':')[0]!r} from {os.getcwd()})"
+        )
+    except (AttributeError, ValueError) as exc:
+        return _fail(str(exc))
+    except Exception as exc:  # the module itself failed to import: say why, in one line
+        return _fail(f"importing {args.target.partition(':')[0]!r} failed: {type(exc).__name__}: {exc}")
+    try:
+        with open(args.example, encoding="utf-8") as fh:
+            example = json.load(fh)
+    except OSError as exc:
+        return _fail(f"cannot read example {args.example}: {exc.strerror or exc}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return _fail(f"example {args.example} is not valid JSON: {exc}")
+    if not isinstance(example, dict):
+        return _fail(f"example {args.example} must be one JSON object, got {type(example).__name__}")
+    ignore = [name.strip() for name in args.ignore.split(",") if name.strip()]
+    try:
+        audit = audit_key_function(key_fn, example, ignore=ignore, importable=args.target)
+    except KeyAuditError as exc:
+        return _fail(str(exc))
+    print(json.dumps(audit.to_dict(), ensure_ascii=False) if args.json else audit)
+    return 0 if audit.ok else 1
