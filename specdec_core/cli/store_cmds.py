@@ -1,0 +1,113 @@
+"""`specdec ingest`, `specdec report`, `specdec stats`: thin wrappers over store, metrics and report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..ingest import ingest
+from ..metrics import headline
+from ..readers import LogReadError
+from ..report import KINDS, write_report
+from ..store import Store, StoreError
+
+
+def _add_db(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", help="DuckDB file (default: $SPECDEC_DB or data/specdec.duckdb)")
+
+
+def _progress_bar(enabled: bool):
+    def show(done: int, total: int, current: str) -> None:
+        width = 30
+        filled = width * done // max(total, 1)
+        name = current[-40:] if current else "validating"
+        print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} files  {name:<40}",
+              end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    return show if enabled else None
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    store = Store(args.db)
+    show_progress = not args.json and sys.stderr.isatty()
+    try:
+        result = ingest(store, args.paths, progress=_progress_bar(show_progress))
+    except LogReadError as exc:
+        print(f"specdec ingest: {exc}", file=sys.stderr)
+        return 1
+    except StoreError as exc:
+        print(f"specdec ingest: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        print(f"read {result.read}, accepted {result.accepted}, duplicates {result.duplicates}, "
+              f"quarantined {result.quarantined} ({result.files} file{'s' if result.files != 1 else ''}, "
+              f"db {store.path})")
+        if result.quarantined:
+            print("quarantined records and their reasons: table `quarantine`, or the dashboard's sidebar",
+                  file=sys.stderr)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    store = Store(args.db)
+    kinds = args.kind or list(KINDS)
+    try:
+        rows = write_report(store, args.out, kinds=kinds)
+    except (StoreError, OSError) as exc:
+        print(f"specdec report: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {rows} rows to {args.out}")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    store = Store(args.db)
+    if not store.exists:
+        print(f"specdec stats: {store.path}: no such database; load logs with `specdec ingest PATH --db FILE`",
+              file=sys.stderr)
+        return 1
+    h = headline(store)
+    if args.json:
+        print(json.dumps(h, default=str))
+        return 0
+
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.1%}"
+
+    rows = [
+        ("requests", h["requests"]),
+        ("hit rate", pct(h["hit_rate"])),
+        ("contaminated hits", f"{h['contaminated_hits']} ({pct(h['contaminated_rate'])} of hits)"),
+        ("length violations", h["length_violations"]),
+        ("key collisions", h["key_collisions"]),
+        ("unique keys / identities", f"{h['unique_keys']} / {h['unique_identities']}"),
+        ("quarantined records", h["quarantined"]),
+        ("time range", f"{h['first_ts']} .. {h['last_ts']}"),
+    ]
+    for name, value in rows:
+        print(f"{name:<26}{value}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("ingest", help="load request logs (JSONL, JSONL.gz, CSV, Parquet)",
+                              description="Load request logs; bad records go to quarantine with their reason.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a file, a folder or a glob")
+    _add_db(p)
+    p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
+    p.set_defaults(func=cmd_ingest)
+
+    p = subparsers.add_parser("report", help="write the mismatch report CSV",
+                              description="One row per (flagged request, kind).")
+    _add_db(p)
+    p.add_argument("--out", required=True, metavar="FILE.csv")
+    p.add_argument("--kind", action="append", choices=KINDS, help="only this kind (repeatable)")
+    p.set_defaults(func=cmd_report)
+
+    p = subparsers.add_parser("stats", help="the headline numbers in the terminal")
+    _add_db(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_stats)

@@ -1,0 +1,503 @@
+"""The SQL behind every chart and number, one function per triage question.
+
+Every query takes the same `Filters`, applied through bound parameters: filter
+values are data, never SQL. Contamination is judged over the whole log (a hit's
+source may lie outside the filtered window); filters choose which hits are shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+
+from .store import Store
+
+NO_DRAFT = "none"  # how "no speculation" is labelled in charts and filters
+
+
+@dataclass(frozen=True)
+class Filters:
+    start: datetime | None = None
+    end: datetime | None = None
+    deployments: tuple[str, ...] = ()
+    target_models: tuple[str, ...] = ()
+    draft_models: tuple[str, ...] = ()  # NO_DRAFT selects requests without speculation
+
+    def where(self, alias: str = "r") -> tuple[str, list[Any]]:
+        """A WHERE clause over the requests table and its parameters."""
+        clauses, params = ["TRUE"], []
+        if self.start is not None:
+            clauses.append(f"{alias}.ts >= ?")
+            params.append(self.start)
+        if self.end is not None:
+            clauses.append(f"{alias}.ts <= ?")
+            params.append(self.end)
+        if self.deployments:
+            clauses.append(f"list_contains(?, coalesce({alias}.deployment, ''))")
+            params.append(list(self.deployments))
+        if self.target_models:
+            clauses.append(f"list_contains(?, {alias}.target_model)")
+            params.append(list(self.target_models))
+        if self.draft_models:
+            clauses.append(f"list_contains(?, {_draft_label(alias)})")
+            params.append(list(self.draft_models))
+        return " AND ".join(clauses), params
+
+
+def _draft_label(alias: str = "r") -> str:
+    return f"coalesce(nullif({alias}.draft_model, 'none'), '{NO_DRAFT}')"
+
+
+def _df(store: Store, sql: str, filters: Filters, extra: list[Any] | None = None) -> pd.DataFrame:
+    where, params = filters.where()
+    with store.read() as con:
+        return con.execute(sql.replace("{where}", where), params + (extra or [])).df()
+
+
+def _one(store: Store, sql: str, filters: Filters) -> dict[str, Any]:
+    frame = _df(store, sql, filters)
+    return {k: _native(v) for k, v in frame.iloc[0].items()}
+
+
+def _native(value: Any) -> Any:
+    """numpy scalars as plain Python values, missing as None: callers format and compare them."""
+    if value is None or value is pd.NaT or (not isinstance(value, str) and pd.isna(value)):
+        return None
+    return value.item() if hasattr(value, "item") and not isinstance(value, pd.Timestamp) else value
+
+
+def _bucket_for(span_seconds: float) -> str:
+    for seconds, name in ((2 * 3600, "1 minute"), (12 * 3600, "5 minutes"), (3 * 86400, "1 hour")):
+        if span_seconds <= seconds:
+            return name
+    return "1 day"
+
+
+def time_bucket(store: Store, filters: Filters) -> str:
+    """An interval that gives a readable number of points over the filtered time range."""
+    span = _one(store, "SELECT epoch(max(ts)) - epoch(min(ts)) AS span FROM requests r WHERE {where}",
+                filters)["span"]
+    return _bucket_for(float(span or 0))
+
+
+# --- what the sidebar offers -------------------------------------------------------------------------------
+
+
+def filter_options(store: Store) -> dict[str, Any]:
+    with store.read() as con:
+        def values(sql: str) -> list[str]:
+            return [row[0] for row in con.execute(sql).fetchall()]
+
+        start, end = con.execute("SELECT min(ts), max(ts) FROM requests").fetchall()[0]
+        return {
+            "deployments": values("SELECT DISTINCT coalesce(deployment, '') FROM requests ORDER BY 1"),
+            "target_models": values("SELECT DISTINCT target_model FROM requests ORDER BY 1"),
+            "draft_models": values(f"SELECT DISTINCT {_draft_label()} FROM requests r ORDER BY 1"),
+            "start": start,
+            "end": end,
+        }
+
+
+# --- the headline numbers ----------------------------------------------------------------------------------
+
+HEADLINE_SQL = """
+SELECT count(*) AS requests,
+       count(*) FILTER (WHERE r.cache_hit) AS hits,
+       avg(r.cache_hit::INT) AS hit_rate,
+       count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
+       count(*) FILTER (WHERE h.contaminated) / nullif(count(*) FILTER (WHERE r.cache_hit), 0)
+           AS contaminated_rate,
+       count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS length_violations,
+       count(DISTINCT coalesce(r.deployment, '') || chr(0) || r.cache_key) AS unique_keys,
+       count(DISTINCT coalesce(r.deployment, '') || chr(0) || r.fingerprint) AS unique_identities,
+       min(r.ts) AS first_ts, max(r.ts) AS last_ts
+FROM requests r LEFT JOIN hit_sources h USING (request_id)
+WHERE {where}
+"""
+
+KEY_COLLISION_COUNT_SQL = """
+SELECT count(*) AS key_collisions FROM (
+    SELECT 1 FROM requests r WHERE {where}
+    GROUP BY coalesce(r.deployment, ''), r.cache_key HAVING count(DISTINCT r.fingerprint) > 1
+)
+"""
+
+
+def headline(store: Store, filters: Filters = Filters()) -> dict[str, Any]:
+    """Requests, hit rate, contaminated hits, length violations, collisions, keys per identity."""
+    out = _one(store, HEADLINE_SQL, filters)
+    out.update(_one(store, KEY_COLLISION_COUNT_SQL, filters))
+    out["keys_per_identity"] = (out["unique_keys"] / out["unique_identities"]) if out["unique_identities"] else None
+    with store.read() as con:
+        out["quarantined"] = con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
+    return out
+
+
+# --- cache -------------------------------------------------------------------------------------------------
+
+HIT_RATE_BY_COMBINATION_SQL = f"""
+SELECT r.target_model, {_draft_label()} AS draft_model, count(*) AS requests,
+       count(*) FILTER (WHERE r.cache_hit) AS hits, avg(r.cache_hit::INT) AS hit_rate,
+       count(*) FILTER (WHERE h.contaminated) AS contaminated_hits
+FROM requests r LEFT JOIN hit_sources h USING (request_id)
+WHERE {{where}}
+GROUP BY ALL ORDER BY requests DESC, target_model, draft_model
+"""
+
+
+def hit_rate_by_combination(store: Store, filters: Filters = Filters()) -> pd.DataFrame:
+    return _df(store, HIT_RATE_BY_COMBINATION_SQL, filters)
+
+
+HIT_RATE_OVER_TIME_SQL = f"""
+SELECT time_bucket(CAST(? AS INTERVAL), r.ts) AS bucket, r.target_model || ' / ' || {_draft_label()} AS combination,
+       count(*) AS requests, avg(r.cache_hit::INT) AS hit_rate
+FROM requests r
+WHERE {{where}}
+GROUP BY ALL ORDER BY bucket, combination
+"""
+
+
+def hit_rate_over_time(store: Store, filters: Filters = Filters(), bucket: str | None = None) -> pd.DataFrame:
+    bucket = bucket or time_bucket(store, filters)
+    where, params = filters.where()
+    with store.read() as con:
+        return con.execute(HIT_RATE_OVER_TIME_SQL.replace("{where}", where), [bucket, *params]).df()
+
+
+KEY_RATIO_BY_DEPLOYMENT_SQL = """
+SELECT coalesce(r.deployment, '') AS deployment, count(*) AS requests,
+       count(DISTINCT r.cache_key) AS unique_keys, count(DISTINCT r.fingerprint) AS unique_identities,
+       count(DISTINCT r.cache_key) / count(DISTINCT r.fingerprint) AS keys_per_identity,
+       avg(r.cache_hit::INT) AS hit_rate,
+       -- A correct key can't hit more often than this: every distinct identity misses at least once.
+       1 - count(DISTINCT r.fingerprint) / count(*) AS max_correct_hit_rate
+FROM requests r WHERE {where}
+GROUP BY ALL ORDER BY deployment
+"""
+
+
+def key_ratio_by_deployment(store: Store, filters: Filters = Filters()) -> pd.DataFrame:
+    """Unique cache keys per unique identity; below 1 means identities share keys."""
+    return _df(store, KEY_RATIO_BY_DEPLOYMENT_SQL, filters)
+
+
+LATENCY_HIT_VS_MISS_SQL = """
+SELECT CASE WHEN r.cache_hit THEN 'hit' ELSE 'miss' END AS outcome, count(r.latency_ms) AS requests,
+       avg(r.latency_ms) AS mean_ms, quantile_cont(r.latency_ms, 0.5) AS p50_ms,
+       quantile_cont(r.latency_ms, 0.95) AS p95_ms
+FROM requests r WHERE {where} AND r.latency_ms IS NOT NULL
+GROUP BY ALL ORDER BY outcome
+"""
+
+
+def latency_hit_vs_miss(store: Store, filters: Filters = Filters()) -> pd.DataFrame:
+    return _df(store, LATENCY_HIT_VS_MISS_SQL, filters)
+
+
+ACCEPTANCE_BY_COMBINATION_SQL = f"""
+SELECT r.target_model, {_draft_label()} AS draft_model, count(*) AS decoded_requests,
+       sum(r.draft_tokens) AS draft_tokens, sum(r.accepted_tokens) AS accepted_tokens,
+       sum(r.accepted_tokens) / nullif(sum(r.draft_tokens), 0) AS acceptance_rate,
+       -- Tokens accepted per verification step: each step proposes num_speculative_tokens.
+       sum(r.accepted_tokens) / nullif(sum(r.draft_tokens / nullif(r.num_speculative_tokens, 0)), 0)
+           AS mean_accepted_length
+FROM requests r
+WHERE {{where}} AND NOT r.cache_hit AND r.draft_tokens > 0 AND {_draft_label()} <> '{NO_DRAFT}'
+GROUP BY ALL ORDER BY target_model, draft_model
+"""
+
+
+def acceptance_by_combination(store: Store, filters: Filters = Filters()) -> pd.DataFrame:
+    """Speculation health of decoded (missed) requests: acceptance rate and accepted length per step."""
+    return _df(store, ACCEPTANCE_BY_COMBINATION_SQL, filters)
+
+
+# --- output length -----------------------------------------------------------------------------------------
+
+OUTPUT_LENGTH_BY_MAX_TOKENS_SQL = """
+SELECT r.max_tokens, count(*) AS requests, min(r.output_tokens) AS min,
+       quantile_cont(r.output_tokens, 0.25) AS q1, median(r.output_tokens) AS median,
+       quantile_cont(r.output_tokens, 0.75) AS q3, max(r.output_tokens) AS max,
+       count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS violations
+FROM requests r WHERE {where}
+GROUP BY ALL ORDER BY r.max_tokens
+"""
+
+
+def output_length_by_max_tokens(store: Store, filters: Filters = Filters()) -> pd.DataFrame:
+    """Distribution of output tokens per max_tokens (box statistics), with violation counts."""
+    return _df(store, OUTPUT_LENGTH_BY_MAX_TOKENS_SQL, filters)
+
+
+LENGTH_VIOLATIONS_SQL = f"""
+SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.max_tokens, r.output_tokens,
+       r.cache_hit, h.source_request_id, r.target_model, {_draft_label()} AS draft_model, r.temperature,
+       r.cache_key
+FROM requests r LEFT JOIN hit_sources h USING (request_id)
+WHERE {{where}} AND r.output_tokens > r.max_tokens
+ORDER BY r.ts, r.request_id LIMIT ?
+"""
+
+
+def length_violations(store: Store, filters: Filters = Filters(), limit: int = 10_000) -> pd.DataFrame:
+    """Requests whose output is longer than their max_tokens allows."""
+    return _df(store, LENGTH_VIOLATIONS_SQL, filters, [limit])
+
+
+# --- contamination -----------------------------------------------------------------------------------------
+
+CONTAMINATED_HITS_SQL = f"""
+SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, h.source_request_id,
+       s.ts AS source_ts, h.differing_fields, h.fingerprint_mismatch, r.target_model,
+       {_draft_label()} AS draft_model, r.temperature, r.max_tokens, r.seed::VARCHAR AS seed,
+       r.tokenizer_version, r.output_tokens, left(r.output_text, 120) AS output_preview
+FROM requests r JOIN hit_sources h USING (request_id)
+LEFT JOIN requests s ON s.request_id = h.source_request_id
+WHERE {{where}} AND h.contaminated
+ORDER BY r.ts, r.request_id LIMIT ?
+"""
+
+
+def contaminated_hits(store: Store, filters: Filters = Filters(), limit: int = 10_000) -> pd.DataFrame:
+    """Hits that served another identity's output, with the request that put it in the cache."""
+    return _df(store, CONTAMINATED_HITS_SQL, filters, [limit])
+
+
+MISMATCH_RATE_OVER_TIME_SQL = """
+SELECT time_bucket(CAST(? AS INTERVAL), r.ts) AS bucket, coalesce(r.deployment, '') AS deployment,
+       count(*) FILTER (WHERE r.cache_hit) AS hits,
+       count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
+       count(*) FILTER (WHERE h.contaminated) / nullif(count(*), 0) AS mismatch_rate
+FROM requests r LEFT JOIN hit_sources h USING (request_id)
+WHERE {where}
+GROUP BY ALL ORDER BY bucket, deployment
+"""
+
+
+def mismatch_rate_over_time(store: Store, filters: Filters = Filters(), bucket: str | None = None) -> pd.DataFrame:
+    """Contaminated hits per time bucket and deployment, as a share of all requests."""
+    bucket = bucket or time_bucket(store, filters)
+    where, params = filters.where()
+    with store.read() as con:
+        return con.execute(MISMATCH_RATE_OVER_TIME_SQL.replace("{where}", where), [bucket, *params]).df()
+
+
+CONTAMINATION_WINDOW_SQL = """
+SELECT coalesce(r.deployment, '') AS deployment, count(*) AS contaminated_hits,
+       min(r.ts) AS first_contaminated, max(r.ts) AS last_contaminated
+FROM requests r JOIN hit_sources h USING (request_id)
+WHERE {where} AND h.contaminated
+GROUP BY ALL ORDER BY deployment
+"""
+
+
+def contamination_window(store: Store, filters: Filters = Filters()) -> pd.DataFrame:
+    """Where and since when the cache mixed identities."""
+    return _df(store, CONTAMINATION_WINDOW_SQL, filters)
+
+
+# --- keys --------------------------------------------------------------------------------------------------
+
+KEY_COLLISIONS_SQL = """
+SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, count(DISTINCT r.fingerprint) AS identities,
+       count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
+       min(r.ts) AS first_seen, max(r.ts) AS last_seen
+FROM requests r WHERE {where}
+GROUP BY ALL HAVING count(DISTINCT r.fingerprint) > 1
+ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
+"""
+
+
+def key_collisions(store: Store, filters: Filters = Filters(), limit: int = 10_000) -> pd.DataFrame:
+    """Cache keys shared by more than one identity."""
+    return _df(store, KEY_COLLISIONS_SQL, filters, [limit])
+
+
+KEY_COLLISION_IDENTITIES_SQL = """
+SELECT r.fingerprint, count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
+       min(r.ts) AS first_seen, max(r.ts) AS last_seen, any_value(r.target_model) AS target_model,
+       any_value(coalesce(nullif(r.draft_model, 'none'), 'none')) AS draft_model,
+       any_value(r.temperature) AS temperature, any_value(r.max_tokens) AS max_tokens,
+       any_value(r.seed)::VARCHAR AS seed, any_value(r.tokenizer_version) AS tokenizer_version,
+       any_value(i.identity)::VARCHAR AS identity
+FROM requests r JOIN identities i USING (fingerprint)
+WHERE {where} AND coalesce(r.deployment, '') = ? AND r.cache_key = ?
+GROUP BY r.fingerprint ORDER BY first_seen
+"""
+
+
+def key_collision_identities(store: Store, deployment: str, cache_key: str,
+                             filters: Filters = Filters()) -> pd.DataFrame:
+    """The identities that shared one cache key, with counts and first/last seen."""
+    return _df(store, KEY_COLLISION_IDENTITIES_SQL, filters, [deployment, cache_key])
+
+
+# --- single requests ---------------------------------------------------------------------------------------
+
+
+def request_record(store: Store, request_id: str) -> dict[str, Any] | None:
+    """One logged request as a record in the contract's field names, or None."""
+    with store.read() as con:
+        cur = con.execute(
+            "SELECT r.* EXCLUDE (seed), r.seed::VARCHAR AS seed, h.source_request_id, h.contaminated, "
+            "h.differing_fields FROM requests r LEFT JOIN hit_sources h USING (request_id) "
+            "WHERE r.request_id = ?",
+            [request_id],
+        )
+        rows = cur.fetchall()
+        if not rows:
+            return None
+        record = dict(zip([d[0] for d in cur.description], rows[0], strict=True))
+    if record["seed"] is not None:
+        record["seed"] = int(record["seed"])
+    return record
+
+
+SUSPICIOUS_SQL = """
+SELECT r.request_id, CASE WHEN h.contaminated THEN 'contaminated_hit'
+                          WHEN r.output_tokens > r.max_tokens THEN 'length_violation'
+                          ELSE 'collision' END AS why
+FROM requests r LEFT JOIN hit_sources h USING (request_id)
+WHERE {where} AND (h.contaminated OR r.output_tokens > r.max_tokens)
+ORDER BY h.contaminated DESC NULLS LAST, (r.output_tokens > r.max_tokens) DESC, r.ts, r.request_id
+LIMIT ?
+"""
+
+
+def suspicious_requests(store: Store, n: int, filters: Filters = Filters()) -> pd.DataFrame:
+    """The requests most worth replaying: contaminated hits first, then length violations."""
+    return _df(store, SUSPICIOUS_SQL, filters, [n])
+
+
+QUARANTINE_SQL = """
+SELECT source_file, source_line, request_id, reason, left(raw, 200) AS raw
+FROM quarantine ORDER BY ingest_id, source_file, source_line LIMIT ?
+"""
+
+
+def quarantined_records(store: Store, limit: int = 1000) -> pd.DataFrame:
+    with store.read() as con:
+        return con.execute(QUARANTINE_SQL, [limit]).df()
+
+
+# --- the article's six symptoms ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RedFlag:
+    key: str
+    title: str
+    flagged: bool | None  # None: not enough data to judge (say what would settle it)
+    evidence: str
+    page: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+
+SHARED_OUTPUTS_SQL = """
+WITH o AS (
+    SELECT md5(r.output_text) AS out_hash, count(DISTINCT r.fingerprint) AS identities,
+           count(*) FILTER (WHERE r.cache_hit) AS hits
+    FROM requests r WHERE {where} GROUP BY 1
+)
+SELECT count(*) FILTER (WHERE identities > 1) AS shared_outputs,
+       coalesce(sum(hits) FILTER (WHERE identities > 1), 0) AS hits_with_shared_output,
+       coalesce(sum(hits), 0) AS hits
+FROM o
+"""
+
+HIT_RATE_TREND_SQL = """
+WITH b AS (SELECT ntile(2) OVER (ORDER BY r.ts) AS half, r.cache_hit FROM requests r WHERE {where})
+SELECT avg(cache_hit::INT) FILTER (WHERE half = 1) AS first_half, avg(cache_hit::INT) FILTER (WHERE half = 2)
+       AS second_half FROM b
+"""
+
+EXPERIMENT_BIAS_SQL = f"""
+SELECT r.target_model || ' / ' || {_draft_label()} || ' / T=' || r.temperature AS arm, count(*) AS requests,
+       count(*) FILTER (WHERE h.contaminated) AS contaminated
+FROM requests r LEFT JOIN hit_sources h USING (request_id)
+WHERE {{where}} GROUP BY ALL HAVING count(*) FILTER (WHERE h.contaminated) > 0
+ORDER BY contaminated DESC LIMIT 5
+"""
+
+REPLAY_SUMMARY_SQL = """
+SELECT count(*) AS replays, count(*) FILTER (WHERE p.classification NOT IN ('match', 'near_tie', 'unavailable'))
+       AS disagreeing
+FROM (SELECT DISTINCT ON (request_id) * FROM replays ORDER BY request_id, replayed_at DESC) p
+JOIN requests r USING (request_id) WHERE {where}
+"""
+
+
+def red_flags(store: Store, filters: Filters = Filters()) -> list[RedFlag]:
+    """The six symptoms of a cache key narrower than the request identity, each with its evidence."""
+    head = headline(store, filters)
+    shared = _one(store, SHARED_OUTPUTS_SQL, filters)
+    trend = _one(store, HIT_RATE_TREND_SQL, filters)
+    arms = _df(store, EXPERIMENT_BIAS_SQL, filters)
+    replays = _one(store, REPLAY_SUMMARY_SQL, filters)
+    ratios = key_ratio_by_deployment(store, filters)
+    flags: list[RedFlag] = []
+
+    rising = (trend["second_half"] or 0) > (trend["first_half"] or 0)
+    shared_share = shared["hits_with_shared_output"] / shared["hits"] if shared["hits"] else 0.0
+    flags.append(RedFlag(
+        "identical_outputs", "Identical outputs although parameters differ",
+        bool(shared["shared_outputs"] > 0 and head["contaminated_hits"] > 0),
+        f"{shared['shared_outputs']} output texts were returned for more than one identity "
+        f"({shared_share:.0%} of hits); hit rate {_pct(trend['first_half'])} in the first half of the window, "
+        f"{_pct(trend['second_half'])} in the second{' (rising)' if rising else ''}.",
+        "Mismatches", {"shared_outputs": shared["shared_outputs"], "rising": rising},
+    ))
+    if replays["replays"]:
+        flags.append(RedFlag(
+            "replay_disagrees", "Offline replay does not match production",
+            bool(replays["disagreeing"] > 0),
+            f"{replays['disagreeing']} of {replays['replays']} replayed requests disagree with production "
+            "beyond numerical near-ties.",
+            "Replay", dict(replays),
+        ))
+    else:
+        flags.append(RedFlag(
+            "replay_disagrees", "Offline replay does not match production", None,
+            "No request replayed yet: replay the most suspicious requests to settle this.", "Replay", {},
+        ))
+    worst = "; ".join(f"{a.arm}: {a.contaminated} of {a.requests}" for a in arms.itertuples())
+    flags.append(RedFlag(
+        "biased_experiments", "Experiment arms compared on each other's outputs",
+        not arms.empty,
+        f"Arms served another identity's cached output: {worst}." if worst
+        else "No experiment arm received another identity's output.",
+        "Mismatches", {"arms": len(arms)},
+    ))
+    flags.append(RedFlag(
+        "impossible_lengths", "Output lengths impossible for max_tokens",
+        bool(head["length_violations"] > 0),
+        f"{head['length_violations']} requests returned more tokens than their max_tokens.",
+        "Output length", {"length_violations": head["length_violations"]},
+    ))
+    too_good = ratios[ratios["hit_rate"] > ratios["max_correct_hit_rate"] + 1e-9]
+    flags.append(RedFlag(
+        "hit_rate_too_good", "Hit rate too good for this workload",
+        not too_good.empty,
+        "; ".join(f"{d.deployment or '(none)'}: hit rate {d.hit_rate:.0%} above the {d.max_correct_hit_rate:.0%} "
+                  "a correct key could reach" for d in too_good.itertuples())
+        or "Every deployment's hit rate is within what a correct key could reach.",
+        "Cache", {"deployments": len(too_good)},
+    ))
+    narrow = ratios[ratios["keys_per_identity"] < 1 - 1e-9]
+    flags.append(RedFlag(
+        "few_keys", "Few unique cache keys for many unique identities",
+        not narrow.empty,
+        "; ".join(f"{d.deployment or '(none)'}: {d.unique_keys} keys for {d.unique_identities} identities"
+                  for d in narrow.itertuples())
+        or "Every deployment has at least one key per identity.",
+        "Keys", {"deployments": len(narrow)},
+    ))
+    return flags
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
