@@ -47,6 +47,9 @@ class Filters:
         return " AND ".join(clauses), params
 
 
+NO_FILTERS = Filters()
+
+
 def _draft_label(alias: str = "r") -> str:
     return f"coalesce(nullif({alias}.draft_model, 'none'), '{NO_DRAFT}')"
 
@@ -126,7 +129,7 @@ SELECT count(*) AS key_collisions FROM (
 """
 
 
-def headline(store: Store, filters: Filters = Filters()) -> dict[str, Any]:
+def headline(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
     """Requests, hit rate, contaminated hits, length violations, collisions, keys per identity."""
     out = _one(store, HEADLINE_SQL, filters)
     out.update(_one(store, KEY_COLLISION_COUNT_SQL, filters))
@@ -148,7 +151,7 @@ GROUP BY ALL ORDER BY requests DESC, target_model, draft_model
 """
 
 
-def hit_rate_by_combination(store: Store, filters: Filters = Filters()) -> pd.DataFrame:
+def hit_rate_by_combination(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     return _df(store, HIT_RATE_BY_COMBINATION_SQL, filters)
 
 
@@ -161,7 +164,7 @@ GROUP BY ALL ORDER BY bucket, combination
 """
 
 
-def hit_rate_over_time(store: Store, filters: Filters = Filters(), bucket: str | None = None) -> pd.DataFrame:
+def hit_rate_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
     bucket = bucket or time_bucket(store, filters)
     where, params = filters.where()
     with store.read() as con:
@@ -180,7 +183,7 @@ GROUP BY ALL ORDER BY deployment
 """
 
 
-def key_ratio_by_deployment(store: Store, filters: Filters = Filters()) -> pd.DataFrame:
+def key_ratio_by_deployment(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Unique cache keys per unique identity; below 1 means identities share keys."""
     return _df(store, KEY_RATIO_BY_DEPLOYMENT_SQL, filters)
 
@@ -194,7 +197,7 @@ GROUP BY ALL ORDER BY outcome
 """
 
 
-def latency_hit_vs_miss(store: Store, filters: Filters = Filters()) -> pd.DataFrame:
+def latency_hit_vs_miss(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     return _df(store, LATENCY_HIT_VS_MISS_SQL, filters)
 
 
@@ -211,7 +214,7 @@ GROUP BY ALL ORDER BY target_model, draft_model
 """
 
 
-def acceptance_by_combination(store: Store, filters: Filters = Filters()) -> pd.DataFrame:
+def acceptance_by_combination(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Speculation health of decoded (missed) requests: acceptance rate and accepted length per step."""
     return _df(store, ACCEPTANCE_BY_COMBINATION_SQL, filters)
 
@@ -228,7 +231,7 @@ GROUP BY ALL ORDER BY r.max_tokens
 """
 
 
-def output_length_by_max_tokens(store: Store, filters: Filters = Filters()) -> pd.DataFrame:
+def output_length_by_max_tokens(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Distribution of output tokens per max_tokens (box statistics), with violation counts."""
     return _df(store, OUTPUT_LENGTH_BY_MAX_TOKENS_SQL, filters)
 
@@ -243,7 +246,7 @@ ORDER BY r.ts, r.request_id LIMIT ?
 """
 
 
-def length_violations(store: Store, filters: Filters = Filters(), limit: int = 10_000) -> pd.DataFrame:
+def length_violations(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
     """Requests whose output is longer than their max_tokens allows."""
     return _df(store, LENGTH_VIOLATIONS_SQL, filters, [limit])
 
@@ -262,7 +265,7 @@ ORDER BY r.ts, r.request_id LIMIT ?
 """
 
 
-def contaminated_hits(store: Store, filters: Filters = Filters(), limit: int = 10_000) -> pd.DataFrame:
+def contaminated_hits(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
     """Hits that served another identity's output, with the request that put it in the cache."""
     return _df(store, CONTAMINATED_HITS_SQL, filters, [limit])
 
@@ -278,7 +281,7 @@ GROUP BY ALL ORDER BY bucket, deployment
 """
 
 
-def mismatch_rate_over_time(store: Store, filters: Filters = Filters(), bucket: str | None = None) -> pd.DataFrame:
+def mismatch_rate_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
     """Contaminated hits per time bucket and deployment, as a share of all requests."""
     bucket = bucket or time_bucket(store, filters)
     where, params = filters.where()
@@ -295,7 +298,7 @@ GROUP BY ALL ORDER BY deployment
 """
 
 
-def contamination_window(store: Store, filters: Filters = Filters()) -> pd.DataFrame:
+def contamination_window(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Where and since when the cache mixed identities."""
     return _df(store, CONTAMINATION_WINDOW_SQL, filters)
 
@@ -312,7 +315,7 @@ ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
 """
 
 
-def key_collisions(store: Store, filters: Filters = Filters(), limit: int = 10_000) -> pd.DataFrame:
+def key_collisions(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
     """Cache keys shared by more than one identity."""
     return _df(store, KEY_COLLISIONS_SQL, filters, [limit])
 
@@ -331,7 +334,7 @@ GROUP BY r.fingerprint ORDER BY first_seen
 
 
 def key_collision_identities(store: Store, deployment: str, cache_key: str,
-                             filters: Filters = Filters()) -> pd.DataFrame:
+                             filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """The identities that shared one cache key, with counts and first/last seen."""
     return _df(store, KEY_COLLISION_IDENTITIES_SQL, filters, [deployment, cache_key])
 
@@ -368,7 +371,7 @@ LIMIT ?
 """
 
 
-def suspicious_requests(store: Store, n: int, filters: Filters = Filters()) -> pd.DataFrame:
+def suspicious_requests(store: Store, n: int, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """The requests most worth replaying: contaminated hits first, then length violations."""
     return _df(store, SUSPICIOUS_SQL, filters, [n])
 
@@ -431,7 +434,7 @@ JOIN requests r USING (request_id) WHERE {where}
 """
 
 
-def red_flags(store: Store, filters: Filters = Filters()) -> list[RedFlag]:
+def red_flags(store: Store, filters: Filters = NO_FILTERS) -> list[RedFlag]:
     """The six symptoms of a cache key narrower than the request identity, each with its evidence."""
     head = headline(store, filters)
     shared = _one(store, SHARED_OUTPUTS_SQL, filters)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .metrics import Filters
+from .metrics import NO_FILTERS, Filters
 from .store import Store
 
 KINDS = ("contaminated_hit", "length_violation", "replay_mismatch")
@@ -50,7 +50,7 @@ MISMATCH_REPORT_SQL = {
 }
 
 
-def mismatch_report(store: Store, filters: Filters = Filters(),
+def mismatch_report(store: Store, filters: Filters = NO_FILTERS,
                     kinds: Iterable[str] = KINDS) -> pd.DataFrame:
     """Every flagged (request, kind) in time order, as the report's rows."""
     kinds = list(kinds)
@@ -84,7 +84,7 @@ def report_csv(frame: pd.DataFrame) -> bytes:
     return buf.getvalue().encode("utf-8")
 
 
-def write_report(store: Store, out: str | Path, filters: Filters = Filters(),
+def write_report(store: Store, out: str | Path, filters: Filters = NO_FILTERS,
                  kinds: Iterable[str] = KINDS) -> int:
     """Write the mismatch report CSV; return the number of rows."""
     frame = mismatch_report(store, filters, kinds)
