@@ -101,10 +101,9 @@ def read_jsonl(path: Path) -> RawBatch:
     try:
         with _open_text(path) as fh:
             for number, line in enumerate(fh, start=1):
-                stripped = line.strip()
-                if stripped:
+                if line.strip():
                     numbers.append(number)
-                    raws.append(_safe_text(stripped))
+                    raws.append(_safe_text(line.rstrip("\r\n")))
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise LogReadError(f"{path}: cannot be read: {exc}") from exc
     return RawBatch(str(path), numbers, raws)

@@ -1,0 +1,196 @@
+"""Metrics and the mismatch report on a hand-built incident whose answers are known."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import random
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import pytest
+from logfactory import DROP, rec, write_jsonl
+
+from specdec_core import metrics
+from specdec_core.ingest import ingest
+from specdec_core.metrics import Filters
+from specdec_core.report import mismatch_report, report_csv
+from specdec_core.request import identity
+from specdec_core.store import Store
+
+
+def at(minute: int) -> str:
+    return f"2026-03-01T10:{minute:02d}:00Z"
+
+
+A = {"draft_model": "d1"}  # greedy, the defaults of logfactory.BASE
+B = {"draft_model": "d2", "temperature": 0.7, "seed": 5}
+C = {"draft_model": "d1", "max_tokens": 16}
+D = {"draft_model": "d1", "max_tokens": 8}
+OTHER_MODEL_IDENTITY = identity(rec("x", target_model="other-model"))
+
+INCIDENT = [
+    rec("m1", ts=at(0), cache_key="K1", **A, output_text="A's answer", output_tokens=12),
+    rec("h1", ts=at(1), cache_key="K1", cache_hit=True, **B, output_text="A's answer", output_tokens=12),
+    # A again, spelled differently: top_k 0, stop [] and an offset timestamp are all equivalent.
+    rec("h2", ts="2026-03-01T12:02:00+02:00", cache_key="K1", cache_hit=True, **A, top_k=0, stop=[],
+        output_text="A's answer", output_tokens=12),
+    rec("h3", ts=at(3), cache_key="K2", cache_hit=True),  # its source is before the log window
+    rec("h4", ts=at(4), cache_key="K3", cache_hit=True, cached_fingerprint=OTHER_MODEL_IDENTITY),
+    # TTL expiry: C re-populates K1, and A and D are then served C's output.
+    rec("m2", ts=at(5), cache_key="K1", **C, output_text="C's answer", output_tokens=16),
+    rec("h5", ts=1772359560000, cache_key="K1", cache_hit=True, **A, output_text="C's answer",
+        output_tokens=16),  # 10:06 as epoch milliseconds
+    rec("h6", ts=at(7), cache_key="K1", cache_hit=True, **D, output_text="C's answer", output_tokens=16),
+    # Greedy requests that differ only in seed share an identity.
+    rec("m3", ts=at(8), cache_key="K4", seed=1),
+    rec("h7", ts=at(9), cache_key="K4", cache_hit=True, seed=2),
+    # Another deployment uses the same key string; it is not prod's source.
+    rec("c1", ts=at(10), cache_key="K1", deployment="canary", temperature=0.3, seed=1),
+    rec("h8", ts=at(11), cache_key="K1", cache_hit=True, **C, output_text="C's answer", output_tokens=16),
+    # A redacted log compares equal to the same prompt logged in full.
+    rec("m4", ts=at(12), cache_key="K5", prompt="P2"),
+    rec("h9", ts=at(13), cache_key="K5", cache_hit=True, prompt=DROP,
+        prompt_hash=hashlib.sha256(b"P2").hexdigest()),
+]
+
+EXPECTED_CONTAMINATED = {
+    "h1": ("m1", "draft_model;temperature"),
+    "h4": (None, "target_model"),
+    "h5": ("m2", "max_tokens"),
+    "h6": ("m2", "max_tokens"),
+}
+
+
+@pytest.fixture(scope="module")
+def incident(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("incident")
+    lines = INCIDENT[:]
+    random.Random(3).shuffle(lines)  # all ordering uses ts, never line order
+    store = Store(tmp / "incident.duckdb")
+    result = ingest(store, [str(write_jsonl(tmp / "incident.jsonl", lines))])
+    assert result.accepted == len(INCIDENT)
+    return store
+
+
+def test_headline_numbers(incident):
+    h = metrics.headline(incident)
+    assert h["requests"] == 14
+    assert h["hits"] == 9
+    assert h["hit_rate"] == pytest.approx(9 / 14)
+    assert h["contaminated_hits"] == 4
+    assert h["contaminated_rate"] == pytest.approx(4 / 9)
+    assert h["length_violations"] == 1
+    assert h["key_collisions"] == 1
+
+
+def test_contaminated_hits_name_their_source_and_differing_fields(incident):
+    frame = metrics.contaminated_hits(incident)
+    got = {r.request_id: (r.source_request_id if isinstance(r.source_request_id, str) else None,
+                          r.differing_fields) for r in frame.itertuples()}
+    assert got == EXPECTED_CONTAMINATED
+    assert frame.set_index("request_id").loc["h4", "fingerprint_mismatch"]
+
+
+def test_key_collisions_group_by_deployment_and_key(incident):
+    frame = metrics.key_collisions(incident)
+    assert [(r.deployment, r.cache_key, r.identities, r.requests) for r in frame.itertuples()] == [
+        ("prod", "K1", 4, 7)
+    ]
+    identities = metrics.key_collision_identities(incident, "prod", "K1")
+    assert sorted(identities["requests"]) == [1, 1, 2, 3]  # B, D; C (m2, h8); A (m1, h2, h5)
+
+
+def test_unique_key_ratio_and_the_hit_rate_a_correct_key_could_reach(incident):
+    frame = metrics.key_ratio_by_deployment(incident).set_index("deployment")
+    prod = frame.loc["prod"]
+    # A, B, C, D, the base request (h3, h4, m3, h7: greedy, so seed does not count) and P2 (m4, h9).
+    assert (prod.unique_keys, prod.unique_identities) == (5, 6)
+    assert prod.max_correct_hit_rate == pytest.approx(1 - 6 / 13)
+    assert prod.hit_rate == pytest.approx(9 / 13)
+
+
+def test_output_length_by_max_tokens_counts_violations(incident):
+    frame = metrics.output_length_by_max_tokens(incident).set_index("max_tokens")
+    assert frame.loc[8, "violations"] == 1 and frame.loc[8, "max"] == 16
+    assert frame["violations"].sum() == 1
+    assert list(metrics.length_violations(incident)["request_id"]) == ["h6"]
+
+
+def test_acceptance_rate_and_mean_accepted_length(incident):
+    frame = metrics.acceptance_by_combination(incident)
+    # Every miss drafted 8 and accepted 6 with 4 tokens per step: 2 steps, 3 tokens accepted per step.
+    assert set(frame["acceptance_rate"].round(6)) == {0.75}
+    assert set(frame["mean_accepted_length"].round(6)) == {3.0}
+    assert frame["decoded_requests"].sum() == 5  # the misses
+
+
+def test_filters_narrow_every_number_and_injection_is_data(incident):
+    canary = metrics.headline(incident, Filters(deployments=("canary",)))
+    assert (canary["requests"], canary["hits"], canary["contaminated_hits"]) == (1, 0, 0)
+    window = Filters(start=datetime(2026, 3, 1, 10, 5, tzinfo=timezone.utc),
+                     end=datetime(2026, 3, 1, 10, 7, tzinfo=timezone.utc))
+    assert metrics.headline(incident, window)["contaminated_hits"] == 2  # h5, h6
+    assert metrics.headline(incident, Filters(draft_models=("d2",)))["contaminated_hits"] == 1
+    injected = Filters(deployments=("x' OR 1=1 --",), target_models=("'; DROP TABLE requests; --",))
+    assert metrics.headline(incident, injected)["requests"] == 0
+    assert metrics.headline(incident)["requests"] == 14
+
+
+def test_red_flags_fire_on_the_incident(incident):
+    flags = {f.key: f for f in metrics.red_flags(incident)}
+    assert flags["impossible_lengths"].flagged is True
+    assert flags["few_keys"].flagged is True
+    assert flags["hit_rate_too_good"].flagged is True
+    assert flags["biased_experiments"].flagged is True
+    assert flags["replay_disagrees"].flagged is None  # nothing replayed yet
+    assert "1 requests returned more tokens" in flags["impossible_lengths"].evidence
+
+
+def test_clean_log_raises_no_flag(tmp_path):
+    store = Store(tmp_path / "clean.duckdb")
+    records = [rec("a", ts=at(0), cache_key="KA"), rec("b", ts=at(1), cache_key="KA", cache_hit=True),
+               rec("c", ts=at(2), cache_key="KC", prompt="other")]
+    ingest(store, [str(write_jsonl(tmp_path / "clean.jsonl", records))])
+    flags = {f.key: f.flagged for f in metrics.red_flags(store)}
+    assert flags == {"identical_outputs": False, "replay_disagrees": None, "biased_experiments": False,
+                     "impossible_lengths": False, "hit_rate_too_good": False, "few_keys": False}
+
+
+EXPECTED_REPORT = [
+    ["h1", "2026-03-01T10:01:00.000Z", "contaminated_hit", "K1", "m1", "draft_model;temperature",
+     "llama-8b", "d2", "0.7", "64", "tok-v1"],
+    ["h4", "2026-03-01T10:04:00.000Z", "contaminated_hit", "K3", "", "target_model",
+     "llama-8b", "llama-1b", "0.0", "64", "tok-v1"],
+    ["h5", "2026-03-01T10:06:00.000Z", "contaminated_hit", "K1", "m2", "max_tokens",
+     "llama-8b", "d1", "0.0", "64", "tok-v1"],
+    ["h6", "2026-03-01T10:07:00.000Z", "contaminated_hit", "K1", "m2", "max_tokens",
+     "llama-8b", "d1", "0.0", "8", "tok-v1"],
+    ["h6", "2026-03-01T10:07:00.000Z", "length_violation", "K1", "m2", "",
+     "llama-8b", "d1", "0.0", "8", "tok-v1"],
+]
+CONTRACT_COLUMNS = ["request_id", "ts", "kind", "cache_key", "source_request_id", "differing_fields",
+                    "target_model", "draft_model", "temperature", "max_tokens", "tokenizer_version"]
+
+
+def _contract_rows(data: bytes) -> list[list[str]]:
+    rows = list(csv.DictReader(io.StringIO(data.decode("utf-8"))))
+    return [[row[c] for c in CONTRACT_COLUMNS] for row in rows]
+
+
+def test_report_rows_for_the_planted_incident(incident):
+    assert _contract_rows(report_csv(mismatch_report(incident))) == EXPECTED_REPORT
+
+
+def test_report_cli_writes_the_same_file(incident, tmp_path):
+    out = tmp_path / "report.csv"
+    done = subprocess.run([sys.executable, "-m", "specdec_core", "report", "--db", str(incident.path),
+                           "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert _contract_rows(out.read_bytes()) == EXPECTED_REPORT
+    only = tmp_path / "lengths.csv"
+    subprocess.run([sys.executable, "-m", "specdec_core", "report", "--db", str(incident.path),
+                    "--out", str(only), "--kind", "length_violation"], check=True, timeout=60)
+    assert _contract_rows(only.read_bytes()) == EXPECTED_REPORT[-1:]

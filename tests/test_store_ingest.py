@@ -1,0 +1,242 @@
+"""Ingest: every record is accepted, skipped as an exact duplicate or quarantined with its place and reason."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import json
+import random
+import threading
+
+import duckdb
+import pytest
+from logfactory import DROP, rec, write_jsonl
+
+from specdec_core.ingest import ingest
+from specdec_core.readers import LogReadError
+from specdec_core.request import fingerprint
+from specdec_core.store import Store
+
+
+@pytest.fixture
+def store(tmp_path):
+    return Store(tmp_path / "triage.duckdb")
+
+
+def quarantine_rows(store):
+    with store.read() as con:
+        return con.execute(
+            "SELECT source_line, reason FROM quarantine ORDER BY source_file, source_line"
+        ).fetchall()
+
+
+def test_valid_records_are_accepted_with_fingerprints_equal_to_the_library(store, tmp_path):
+    records = [
+        rec("a", temperature=0.7, seed=3, top_k=40, stop=["\n\n", "END"], top_p=0.9),
+        rec("b", draft_model="none", top_k=0),
+        rec("c", prompt=DROP, prompt_hash=hashlib.sha256(b"redacted prompt").hexdigest()),
+        rec("d", prompt="Grüße, 世界 <b>", temperature=1.2345678, seed=2**40),
+        rec("e", draft_model=None, num_speculative_tokens=None, stop=[]),
+    ]
+    result = ingest(store, [str(write_jsonl(tmp_path / "ok.jsonl", records))])
+    assert (result.read, result.accepted, result.duplicates, result.quarantined) == (5, 5, 0, 0)
+    with store.read() as con:
+        stored = dict(con.execute("SELECT request_id, fingerprint FROM requests").fetchall())
+    assert stored == {r["request_id"]: fingerprint(r) for r in records}
+
+
+BAD_LINES = [
+    ('{"request_id": "t1", "ts": ', "bad JSON"),
+    ("[1, 2, 3]", "not a JSON object"),
+    ('"just a string"', "not a JSON object"),
+    (json.dumps(rec("m1", target_model=DROP)), "missing required field: target_model"),
+    (json.dumps(rec("m2", prompt=DROP)), "one of prompt or prompt_hash"),
+    (json.dumps(rec("w1", max_tokens="64")), "max_tokens: expected an integer >= 1"),
+    (json.dumps(rec("w2", cache_hit="yes")), "cache_hit: expected a boolean"),
+    (json.dumps(rec("w3", stop="END")), "stop: expected a list of strings"),
+    (json.dumps(rec("w4", stop=["a", 1])), "stop: expected a list of strings"),
+    (json.dumps(rec("w5", ts="yesterday")), "ts: expected an RFC 3339 string"),
+    (json.dumps({**rec("w6"), "request_id": 7}), "request_id: expected a non-empty string"),
+    (json.dumps(rec("r1", temperature=-0.1)), "temperature: expected a number >= 0"),
+    (json.dumps(rec("r2", top_p=0)), "top_p: expected a number in (0, 1]"),
+    (json.dumps(rec("r3", top_p=1.5)), "top_p: expected a number in (0, 1]"),
+    (json.dumps(rec("r4", max_tokens=0)), "max_tokens: expected an integer >= 1"),
+    (json.dumps(rec("r5", output_tokens=-1)), "output_tokens: expected an integer >= 0"),
+    (json.dumps(rec("r6", cached_fingerprint="abc")), "cached_fingerprint: expected a JSON object"),
+    (json.dumps(rec("r7", prompt_hash="0" * 64)), "prompt_hash: does not match"),
+    (json.dumps(rec("n1", max_tokens=None)), "max_tokens: required, got null"),
+]
+
+
+def test_each_bad_record_is_quarantined_at_its_line_with_its_reason_and_the_rest_loads(store, tmp_path):
+    lines = [json.dumps(rec("good-1"))]
+    for raw, _ in BAD_LINES:
+        lines.append(raw)
+        lines.append("")  # blank lines are skipped but still counted in line numbers
+    lines.append(json.dumps(rec("good-2")))
+    path = write_jsonl(tmp_path / "mixed.jsonl", lines)
+    result = ingest(store, [str(path)])
+    assert result.read == len(BAD_LINES) + 2
+    assert (result.accepted, result.quarantined, result.duplicates) == (2, len(BAD_LINES), 0)
+    rows = quarantine_rows(store)
+    assert [line for line, _ in rows] == [2 + 2 * i for i in range(len(BAD_LINES))]
+    for (line, reason), (raw, expected) in zip(rows, BAD_LINES, strict=True):
+        assert expected in reason, (line, raw, reason)
+    with store.read() as con:
+        raws = [r[0] for r in con.execute("SELECT raw FROM quarantine ORDER BY source_line").fetchall()]
+    assert raws == [raw for raw, _ in BAD_LINES]  # the raw text is kept verbatim
+
+
+def test_exact_duplicate_is_skipped_and_conflicting_duplicate_is_quarantined(store, tmp_path):
+    first = rec("dup", output_text="first")
+    path = write_jsonl(tmp_path / "dups.jsonl", [first, first, rec("dup", output_text="other")])
+    result = ingest(store, [str(path)])
+    assert (result.read, result.accepted, result.duplicates, result.quarantined) == (3, 1, 1, 1)
+    [(line, reason)] = quarantine_rows(store)
+    assert line == 3 and "conflict" in reason and "dups.jsonl:1" in reason
+
+
+def test_ingesting_the_same_file_twice_adds_nothing(store, tmp_path):
+    path = write_jsonl(tmp_path / "once.jsonl", [rec("x1"), rec("x2"), "{broken"])
+    first = ingest(store, [str(path)])
+    second = ingest(store, [str(path)])
+    assert (first.accepted, first.quarantined) == (2, 1)
+    assert (second.read, second.accepted, second.duplicates, second.quarantined) == (3, 0, 3, 0)
+    with store.read() as con:
+        assert con.execute("SELECT count(*) FROM requests").fetchall()[0][0] == 2
+        assert con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0] == 1
+
+
+def test_a_request_id_loaded_before_with_other_content_is_a_conflict(store, tmp_path):
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec("same", output_text="A")]))])
+    result = ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("same", output_text="B")]))])
+    assert (result.accepted, result.quarantined) == (0, 1)
+    assert "loaded before from" in quarantine_rows(store)[0][1]
+
+
+def test_empty_file_reads_nothing_and_missing_file_fails_before_writing(store, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert ingest(store, [str(empty)]).read == 0
+    good = write_jsonl(tmp_path / "good.jsonl", [rec("g")])
+    with pytest.raises(LogReadError, match="nope.jsonl: no such file"):
+        ingest(store, [str(good), str(tmp_path / "nope.jsonl")])
+    with store.read() as con:
+        assert con.execute("SELECT count(*) FROM requests").fetchall()[0][0] == 0
+
+
+def test_gzip_folder_and_glob_paths_are_read(store, tmp_path):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    with gzip.open(folder / "part-1.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write(json.dumps(rec("gz-1")) + "\n" + json.dumps(rec("gz-2")) + "\n")
+    write_jsonl(folder / "part-2.jsonl", [rec("plain-1")])
+    (folder / "notes.txt").write_text("not a log")
+    assert ingest(store, [str(folder)]).accepted == 3
+    other = Store(tmp_path / "glob.duckdb")
+    assert ingest(other, [str(folder / "*.jsonl*")]).accepted == 3
+
+
+def _write_csv(path, records, drop_column=None):
+    fields = [f for f in ["request_id", *rec("x")] if f != "request_id"]
+    fields = ["request_id", *fields]
+    if drop_column:
+        fields.remove(drop_column)
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(fields)
+        for r in records:
+            row = []
+            for f in fields:
+                v = r.get(f)
+                if f in ("stop", "cached_fingerprint"):
+                    row.append("" if v is None else json.dumps(v))
+                elif isinstance(v, bool):
+                    row.append("true" if v else "false")
+                else:
+                    row.append("" if v is None else v)
+            writer.writerow(row)
+    return path
+
+
+def test_csv_records_equal_their_jsonl_twins_and_a_missing_column_quarantines_each_row(store, tmp_path):
+    records = [rec("c1", stop=["b", "a"], temperature=0.5, seed=9), rec("c2", cache_hit=True)]
+    result = ingest(store, [str(_write_csv(tmp_path / "log.csv", records))])
+    assert result.accepted == 2
+    with store.read() as con:
+        stored = dict(con.execute("SELECT request_id, fingerprint FROM requests").fetchall())
+    assert stored == {r["request_id"]: fingerprint(r) for r in records}
+
+    broken = Store(tmp_path / "broken.duckdb")
+    result = ingest(broken, [str(_write_csv(tmp_path / "nocol.csv", records, drop_column="max_tokens"))])
+    assert (result.read, result.accepted, result.quarantined) == (2, 0, 2)
+    assert {reason for _, reason in quarantine_rows(broken)} == {"missing required field: max_tokens"}
+
+
+def test_parquet_is_read(store, tmp_path):
+    records = [rec("p1", stop=["x"]), rec("p2", temperature=0.3, seed=1)]
+    src = write_jsonl(tmp_path / "src.jsonl", records)
+    con = duckdb.connect()
+    con.execute(f"COPY (SELECT * FROM read_json('{src}')) TO '{tmp_path / 'log.parquet'}' (FORMAT parquet)")
+    con.close()
+    assert ingest(store, [str(tmp_path / "log.parquet")]).accepted == 2
+    with store.read() as con:
+        stored = dict(con.execute("SELECT request_id, fingerprint FROM requests").fetchall())
+    assert stored == {r["request_id"]: fingerprint(r) for r in records}
+
+
+def test_unknown_fields_are_kept(store, tmp_path):
+    ingest(store, [str(write_jsonl(tmp_path / "x.jsonl", [rec("u", experiment="arm-b", tags={"a": [1]})]))])
+    with store.read() as con:
+        extra = con.execute("SELECT extra::VARCHAR FROM requests").fetchall()[0][0]
+    assert json.loads(extra) == {"experiment": "arm-b", "tags": {"a": [1]}}
+
+
+def test_mixed_timestamp_formats_are_stored_in_utc(store, tmp_path):
+    records = [
+        rec("t-z", ts="2026-03-01T10:00:00Z"),
+        rec("t-offset", ts="2026-03-01T12:00:01+02:00"),
+        rec("t-ms", ts=1772359202000),  # 2026-03-01T10:00:02Z
+    ]
+    ingest(store, [str(write_jsonl(tmp_path / "ts.jsonl", records))])
+    with store.read() as con:
+        rows = con.execute("SELECT request_id, epoch(ts) FROM requests ORDER BY ts").fetchall()
+    assert [r[0] for r in rows] == ["t-z", "t-offset", "t-ms"]
+    assert [r[1] - rows[0][1] for r in rows] == [0, 1, 2]
+
+
+def test_reader_never_sees_a_half_written_batch(store, tmp_path):
+    ingest(store, [str(write_jsonl(tmp_path / "seed.jsonl", [rec("s0")]))])
+    big = write_jsonl(tmp_path / "big.jsonl", [rec(f"b{i}", ts=f"2026-03-01T10:{i // 60 % 60:02d}:{i % 60:02d}Z")
+                                              for i in range(20000)])
+    seen: list[int] = []
+    done = threading.Event()
+
+    def read_loop():
+        while not done.is_set():
+            with store.read() as con:
+                seen.append(con.execute("SELECT count(*) FROM requests").fetchall()[0][0])
+
+    reader = threading.Thread(target=read_loop)
+    reader.start()
+    try:
+        ingest(store, [str(big)])
+    finally:
+        done.set()
+        reader.join()
+    assert seen and set(seen) <= {1, 20001}
+
+
+def test_shuffled_lines_give_the_same_store(tmp_path):
+    records = [rec(f"r{i}", ts=f"2026-03-01T10:00:{i:02d}Z", cache_hit=i % 3 != 0,
+                   draft_model=["a", "b"][i % 2]) for i in range(40)]
+    shuffled = records[:]
+    random.Random(7).shuffle(shuffled)
+    stores = []
+    for name, recs in (("ordered", records), ("shuffled", shuffled)):
+        s = Store(tmp_path / f"{name}.duckdb")
+        ingest(s, [str(write_jsonl(tmp_path / f"{name}.jsonl", recs))])
+        with s.read() as con:
+            stores.append(con.execute("SELECT * FROM hit_sources ORDER BY request_id").fetchall())
+    assert stores[0] == stores[1] and stores[0]
