@@ -1,0 +1,149 @@
+"""specdec-triage dashboard: `streamlit run app.py -- --db FILE`.
+
+The entry holds the navigation and the shared sidebar (database, loading logs, filters);
+each page in pages/ answers one question from what `specdec_core` computes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import streamlit as st
+
+import ui
+from specdec_core import metrics
+from specdec_core.ingest import ingest
+from specdec_core.metrics import NO_FILTERS, Filters
+from specdec_core.readers import LogReadError
+from specdec_core.store import StoreError
+
+LAST_INGEST_KEY = "last_ingest"
+UPLOAD_TYPES = ["jsonl", "gz", "csv", "parquet"]
+
+st.set_page_config(page_title="specdec-triage", page_icon=":material/troubleshoot:", layout="wide")
+
+navigation = st.navigation([
+    st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
+    st.Page("pages/cache.py", title="Cache", icon=":material/cached:"),
+    st.Page("pages/output_length.py", title="Output length", icon=":material/straighten:"),
+    st.Page("pages/mismatches.py", title="Mismatches", icon=":material/difference:"),
+    st.Page("pages/keys.py", title="Keys", icon=":material/key:"),
+    st.Page("pages/replay.py", title="Replay", icon=":material/replay:"),
+    st.Page("pages/export.py", title="Export", icon=":material/download:"),
+])
+
+
+def load_logs(paths: list[str]) -> None:
+    """Ingest with a progress bar; the counts stay in the sidebar until the next load."""
+    bar = st.progress(0.0, text="Reading logs")
+
+    def progress(done: int, total: int, name: str) -> None:
+        current = f": {ui.md_escape(Path(name).name)}" if name else ""
+        bar.progress(done / total if total else 1.0, text=f"{done} of {total} files read{current}")
+
+    try:
+        result = ingest(ui.store(), paths, progress=progress)
+    except (LogReadError, StoreError, OSError, ValueError) as exc:
+        bar.empty()
+        st.session_state.pop(LAST_INGEST_KEY, None)
+        st.error(f"Nothing loaded: {ui.md_escape(exc)}")
+        return
+    bar.progress(1.0, text="Loaded")
+    st.session_state[LAST_INGEST_KEY] = result.to_json()
+
+
+def load_uploads(files: list) -> None:
+    """Uploads go to a temporary folder under their own names, so the suffix picks the reader."""
+    folder = Path(tempfile.mkdtemp(prefix="specdec-upload-"))
+    try:
+        paths = []
+        for n, upload in enumerate(files):
+            target = folder / str(n) / Path(upload.name).name
+            target.parent.mkdir()
+            target.write_bytes(upload.getvalue())
+            paths.append(str(target))
+        load_logs(paths)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def show_last_ingest() -> None:
+    counts = st.session_state.get(LAST_INGEST_KEY)
+    if not counts:
+        return
+    left, right = st.columns(2)
+    left.metric("Read", ui.fmt_int(counts["read"]))
+    right.metric("Accepted", ui.fmt_int(counts["accepted"]))
+    left.metric("Duplicates", ui.fmt_int(counts["duplicates"]))
+    right.metric("Quarantined", ui.fmt_int(counts["quarantined"]))
+    if counts["quarantined"]:
+        with st.expander("Quarantined records"):
+            st.dataframe(ui.cached(metrics.quarantined_records), hide_index=True)
+
+
+def keep_valid(key: str, options: list) -> None:
+    """Drop selections the current database no longer has (another file, or a filter left from before)."""
+    if key in st.session_state:
+        st.session_state[key] = [v for v in st.session_state[key] if v in options]
+
+
+def time_range(options: dict) -> tuple:
+    start, end = options["start"], options["end"]
+    if end <= start:
+        return None, None
+    chosen = st.session_state.get("f_time")
+    if not chosen or chosen[0] < start or chosen[1] > end:
+        st.session_state["f_time"] = (start, end)
+    step = max(timedelta(seconds=1), timedelta(seconds=round((end - start).total_seconds() / 1000)))
+    low, high = st.slider("Time range (UTC)", min_value=start, max_value=end, step=step,
+                          format="YYYY-MM-DD HH:mm:ss", key="f_time")
+    # The full range is no filter: requests loaded later stay in view.
+    return (None if low <= start else low), (None if high >= end else high)
+
+
+def filter_widgets() -> Filters:
+    if not ui.has_data():
+        return NO_FILTERS
+    options = ui.cached(metrics.filter_options)
+    start, end = time_range(options)
+    chosen = {}
+    for key, label, format_func in (
+        ("deployments", "Deployments", ui.deployment_label),
+        ("target_models", "Target models", str),
+        ("draft_models", "Draft models", str),
+    ):
+        keep_valid(f"f_{key}", options[key])
+        chosen[key] = tuple(st.multiselect(label, options[key], format_func=format_func, key=f"f_{key}",
+                                           placeholder="All"))
+    return Filters(start=start, end=end, **chosen)
+
+
+with st.sidebar:
+    if ui.DB_KEY not in st.session_state:
+        st.session_state[ui.DB_KEY] = ui.default_db_path()
+    st.text_input("Database", key=ui.DB_KEY, help="A DuckDB file made by `specdec ingest`; created on first load.")
+    try:
+        ready = ui.has_data()
+    except StoreError as exc:
+        st.error(ui.md_escape(exc))
+        ready = False
+    with st.expander("Load logs", expanded=not ready):
+        log_path = st.text_input("Log file, folder or glob", key="load_path", placeholder="data/demo/")
+        if st.button("Load path", disabled=not log_path.strip()):
+            load_logs([log_path.strip()])
+        uploads = st.file_uploader("Or upload log files", type=UPLOAD_TYPES, accept_multiple_files=True,
+                                   key="uploads")
+        if st.button("Load uploads", disabled=not uploads):
+            load_uploads(uploads)
+        show_last_ingest()
+    st.subheader("Filters")
+    try:
+        st.session_state[ui.FILTERS_KEY] = filter_widgets()
+    except StoreError as exc:
+        st.error(ui.md_escape(exc))
+        st.session_state[ui.FILTERS_KEY] = NO_FILTERS
+
+navigation.run()

@@ -1,0 +1,40 @@
+"""Export: the evidence as CSV, filtered as on screen, in the same format as `specdec report`."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import ui
+from specdec_core import report
+
+ui.page_header("Export")
+ui.require_data()
+filters = ui.filters()
+
+st.subheader("Mismatch report")
+st.caption("One row per flagged request and kind, with the sidebar's filters applied: the same CSV as "
+           f"`specdec report --db {ui.md_escape(ui.store().path)} --out report.csv` writes for an unfiltered "
+           "database.")
+kinds = st.multiselect("Kinds", report.KINDS, default=list(report.KINDS), key="export_kinds")
+frame = ui.cached(report.mismatch_report, filters=filters, kinds=tuple(kinds))
+counts = frame.kind.value_counts()
+row = st.columns(len(report.KINDS))
+for column, kind in zip(row, report.KINDS, strict=True):
+    column.metric(kind, ui.fmt_int(counts.get(kind, 0)) if kind in kinds else "–")
+st.download_button("Download mismatch report (CSV)", data=report.report_csv(frame),
+                   file_name="specdec-mismatch-report.csv", mime="text/csv", type="primary",
+                   on_click="ignore", disabled=frame.empty, key="download_report")
+if frame.empty:
+    st.success("Nothing to report for these kinds in this selection.")
+else:
+    st.dataframe(frame, hide_index=True)
+
+st.subheader("Replays of this session")
+results = st.session_state.get(ui.REPLAY_RESULTS_KEY, {})
+if not results:
+    st.info("No request replayed in this session yet: replays run from the Replay page.")
+else:
+    replays = ui.replay_table(results.values())
+    st.download_button("Download replays (CSV)", data=report.report_csv(replays),
+                       file_name="specdec-replays.csv", mime="text/csv", on_click="ignore", key="download_replays")
+    st.dataframe(replays, hide_index=True)

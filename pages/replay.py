@@ -1,0 +1,181 @@
+"""Replay: one logged request decoded again with its full identity, diffed against what production returned."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+import ui
+from specdec_core import metrics
+
+ui.page_header("Replay")
+ui.require_data()
+filters = ui.filters()
+db = ui.store()
+results = st.session_state.setdefault(ui.REPLAY_RESULTS_KEY, {})
+
+MEANING = {
+    "match": "The replay reproduces production's output.",
+    "near_tie": "The outputs part where two tokens were nearly tied: numerical noise, not the cache.",
+    "sampled": "Sampled decoding without a seed: production's output can't be reproduced exactly.",
+    "foreign": "Production returned the output of another request identity (the cache entry's source).",
+    "unavailable": "This request can't be replayed here (its model or tokenizer isn't available).",
+    "redacted": "The log holds only the prompt's hash: give the prompt below to replay it.",
+}
+
+
+def choose_request() -> str:
+    """A link's ?request_id= or a new selection on Mismatches fills the box; typing replaces it."""
+    queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
+    linked = st.query_params.get("request_id", "")
+    for source, value in (("linked", linked), ("queued", queued[0] if queued else "")):
+        if value and st.session_state.get(f"_replay_{source}") != value:
+            st.session_state[f"_replay_{source}"] = value
+            st.session_state["replay_request_id"] = value
+    if queued:
+        st.selectbox("Selected on the Mismatches page", queued, key="replay_pick",
+                     on_change=lambda: st.session_state.update(replay_request_id=st.session_state.replay_pick))
+    return st.text_input("Request id", key="replay_request_id").strip()
+
+
+def show_record(record: dict) -> None:
+    identity = ["ts", "deployment", "target_model", "draft_model", "num_speculative_tokens", "temperature",
+                "top_p", "top_k", "max_tokens", "seed", "stop", "tokenizer_version", "cache_key", "cache_hit",
+                "source_request_id", "differing_fields", "output_tokens", "finish_reason", "latency_ms",
+                "draft_tokens", "accepted_tokens", "prompt_hash"]
+    left, right = st.columns(2)
+    with left:
+        st.markdown("**Logged request**")
+        st.dataframe(pd.DataFrame({"field": identity, "value": [_text(record.get(f)) for f in identity]}),
+                     hide_index=True)
+    with right:
+        st.markdown("**Prompt**")
+        if record["prompt"] is None:
+            st.caption("Redacted: the log holds only the prompt's hash.")
+        else:
+            st.code(record["prompt"], language=None, wrap_lines=True)
+        st.markdown("**Production output**")
+        st.code(record["output_text"], language=None, wrap_lines=True)
+    if record.get("contaminated"):
+        st.warning(f"A contaminated hit: production served the output cached by request "
+                   f"{ui.md_escape(record['source_request_id'])}, whose identity differs in "
+                   f"{ui.md_escape(record['differing_fields'])}.")
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def diff_markdown(word_ops: list) -> str:
+    """Production's words against the replay's, every word escaped: removed in red, added in green."""
+    parts = []
+    for op, production, replayed in word_ops:
+        production, replayed = _words(production), _words(replayed)
+        if op == "equal":
+            parts.append(production)
+            continue
+        if production:
+            parts.append(f":red-background[~~{production}~~]")
+        if replayed:
+            parts.append(f":green-background[{replayed}]")
+    return " ".join(p for p in parts if p)
+
+
+def _words(words: object) -> str:
+    text = " ".join(map(str, words)) if isinstance(words, list | tuple) else _text(words)
+    return ui.md_escape(text)
+
+
+def show_result(result) -> None:
+    st.metric("Classification", result.classification)
+    st.caption(MEANING.get(result.classification, ""))
+    if result.message:
+        st.caption(ui.md_escape(result.message))
+    foreign = result.classification == "foreign" and result.source_replay_text is not None
+    columns = st.columns(3 if foreign else 2)
+    with columns[0]:
+        st.markdown("**Production**")
+        st.code(_text(result.production_text), language=None, wrap_lines=True)
+    with columns[1]:
+        st.markdown("**Replay with the request's identity**")
+        st.code(_text(result.replay_text), language=None, wrap_lines=True)
+    if foreign:
+        with columns[2]:
+            st.markdown(f"**Replay of the source request {ui.md_escape(result.source_request_id)}**")
+            st.code(_text(result.source_replay_text), language=None, wrap_lines=True)
+    diff = result.diff
+    if diff is not None:
+        row = st.columns(5)
+        row[0].metric("Common prefix (tokens)", ui.fmt_int(diff.common_prefix_tokens))
+        row[1].metric("First divergent token", ui.fmt_int(diff.first_divergent_token))
+        row[2].metric("Similarity", ui.fmt_pct(diff.similarity))
+        row[3].metric("Tokens production / replay",
+                      f"{ui.fmt_int(diff.production_tokens)} / {ui.fmt_int(diff.replay_tokens)}")
+        row[4].metric("max_tokens", ui.fmt_int(diff.max_tokens))
+        st.markdown("**Word diff** (production :red-background[~~removed~~], replay :green-background[added])")
+        st.markdown(diff_markdown(diff.word_ops) or "_(both empty)_")
+        with st.expander("Diff operations"):
+            st.dataframe(pd.DataFrame(
+                [(op, " ".join(map(str, p)) if isinstance(p, list | tuple) else _text(p),
+                  " ".join(map(str, r)) if isinstance(r, list | tuple) else _text(r)) for op, p, r in diff.word_ops],
+                columns=["op", "production", "replay"]), hide_index=True)
+    row = st.columns(3)
+    row[0].metric("Draft tokens (replay)", ui.fmt_int(result.draft_tokens))
+    row[1].metric("Accepted tokens (replay)", ui.fmt_int(result.accepted_tokens))
+    rate = result.accepted_tokens / result.draft_tokens if result.draft_tokens else None
+    row[2].metric("Acceptance rate (replay)", ui.fmt_pct(rate))
+    st.markdown("**Evidence**")
+    st.json(result.evidence or {}, expanded=True)
+
+
+request_id = choose_request()
+replay = ui.replay_module()
+if request_id:
+    record = ui.cached(metrics.request_record, request_id)
+    if record is None:
+        st.warning(f"No request `{ui.md_escape(request_id)}` in this database.")
+    else:
+        show_record(record)
+        st.subheader("Replay")
+        prompt = None
+        if record["prompt"] is None:
+            prompt = st.text_area("Prompt (checked against the logged hash)", key="replay_prompt") or None
+        if replay is None:
+            st.info("Replay is not part of this build yet (specdec_core.replay is missing).")
+        elif st.button("Replay with the full identity", type="primary"):
+            with st.spinner("Loading models and decoding"):
+                try:
+                    results[request_id] = replay.replay(db, request_id, replay.default_decoder(), prompt=prompt)
+                except Exception as exc:  # the message is the user's next step; the page stays usable
+                    st.error(f"Replay of {ui.md_escape(request_id)} failed: {ui.md_escape(exc)}")
+        if request_id in results:
+            show_result(results[request_id])
+else:
+    st.info("Type a request id, select contaminated hits on the Mismatches page, or replay the most "
+            "suspicious requests below.")
+
+st.subheader("Batch replay")
+queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
+which = st.radio("Replay", ["the most suspicious requests", f"the {len(queued)} selected requests"],
+                 index=1 if queued else 0, horizontal=True, key="batch_which")
+count = st.number_input("How many suspicious requests", min_value=1, max_value=1000, value=10, step=1,
+                        key="batch_count", disabled=which != "the most suspicious requests")
+if replay is None:
+    st.info("Batch replay comes with specdec_core.replay.")
+elif st.button("Replay batch"):
+    if which == "the most suspicious requests":
+        ids = list(ui.cached(metrics.suspicious_requests, int(count), filters=filters).request_id)
+    else:
+        ids = list(queued)
+    bar = st.progress(0.0, text=f"0 of {len(ids)} replayed")
+
+    def progress(done: int, total: int, result) -> None:
+        results[result.request_id] = result
+        bar.progress(done / total if total else 1.0, text=f"{done} of {total} replayed")
+
+    try:
+        replay.replay_many(db, ids, replay.default_decoder(), progress=progress)
+    except Exception as exc:  # what was replayed before the failure is kept and shown
+        st.error(f"Batch replay stopped: {ui.md_escape(exc)}")
+if results:
+    st.dataframe(ui.replay_table(results.values()), hide_index=True)

@@ -1,0 +1,201 @@
+"""What app.py and every page share: this session's database and filters, cached library calls, safe text.
+
+Pages call `specdec_core` only through `cached` (or directly for writes); log text
+reaches the screen through `st.code`/`st.text`/dataframes, or through `md_escape`
+when it must sit inside markdown. Nothing here renders HTML.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import string
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import pandas as pd
+import streamlit as st
+
+from specdec_core.metrics import NO_FILTERS, Filters
+from specdec_core.store import Store, StoreError, resolve_db
+
+DB_KEY = "db_path"
+FILTERS_KEY = "filters"
+REPLAY_IDS_KEY = "replay_request_ids"
+REPLAY_RESULTS_KEY = "replay_results"
+
+# Page titles as metrics.RedFlag.page names them -> the page file that shows them.
+PAGE_FILES = {
+    "Overview": "pages/overview.py",
+    "Cache": "pages/cache.py",
+    "Output length": "pages/output_length.py",
+    "Mismatches": "pages/mismatches.py",
+    "Keys": "pages/keys.py",
+    "Replay": "pages/replay.py",
+    "Export": "pages/export.py",
+}
+
+T = TypeVar("T")
+
+
+# --- the database and filters of this session --------------------------------------------------------------
+
+
+def default_db_path(argv: Sequence[str] | None = None) -> str:
+    """`--db FILE` after `--` in `streamlit run app.py -- --db FILE`, else $SPECDEC_DB, else the default."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    chosen = None
+    for i, arg in enumerate(args):
+        if arg == "--db" and i + 1 < len(args):
+            chosen = args[i + 1]
+        elif arg.startswith("--db="):
+            chosen = arg.split("=", 1)[1]
+    return str(resolve_db(chosen))
+
+
+def store() -> Store:
+    return Store(st.session_state.get(DB_KEY) or default_db_path())
+
+
+def filters() -> Filters:
+    return st.session_state.get(FILTERS_KEY, NO_FILTERS)
+
+
+@st.cache_data(show_spinner=False, max_entries=1024)
+def _call(module: str, name: str, db: str, version: tuple[int, int], args: tuple, kwargs: tuple) -> Any:
+    # `version` is only part of the cache key: a new state of the file means new answers.
+    fn = getattr(importlib.import_module(module), name)
+    return fn(Store(db), *args, **dict(kwargs))
+
+
+def cached(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """fn(store, *args, **kwargs), cached per (database, its version, arguments including the filters)."""
+    db = store()
+    return _call(fn.__module__, fn.__name__, str(db.path), db.version(), args, tuple(sorted(kwargs.items())))
+
+
+def has_data() -> bool:
+    """Whether the database exists and holds at least one request (never creates the file)."""
+    from specdec_core import metrics
+
+    db = store()
+    if not db.exists:
+        return False
+    return cached(metrics.filter_options)["start"] is not None
+
+
+def require_data() -> None:
+    """Stop the page with the way to load logs when there is nothing to show yet."""
+    db = store()
+    try:
+        ready = has_data()
+    except StoreError as exc:
+        st.error(f"{exc}. Choose another database file in the sidebar.")
+        st.stop()
+    if not ready:
+        empty_state(db)
+        st.stop()
+
+
+def empty_state(db: Store) -> None:
+    st.info(
+        f"No requests in `{md_escape(str(db.path))}` yet. Load logs from the sidebar (a path, or upload "
+        "`.jsonl`, `.jsonl.gz`, `.csv` or `.parquet` files), or from a shell:\n\n"
+        f"    specdec ingest PATH --db {db.path}\n\n"
+        "`make run` loads the demo logs in `data/demo/` and opens this dashboard on them."
+    )
+
+
+def page_header(title: str) -> None:
+    """Every page starts here: the title, after making sure app.py (sidebar, filters) ran first.
+
+    Streamlit treats a folder named pages/ as a legacy multipage app until some session has
+    called st.navigation (https://docs.streamlit.io/develop/api-reference/navigation/st.navigation):
+    the first visit to a fresh server straight at /mismatches, and every AppTest rerun, would run
+    the page alone, without the sidebar. Turning that mode off and rerunning goes through app.py,
+    on the same page with the same query parameters.
+    """
+    from streamlit.runtime.pages_manager import PagesManager
+
+    if getattr(PagesManager, "uses_pages_directory", False):
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+    st.title(title)
+
+
+# --- formatting ---------------------------------------------------------------------------------------------
+
+_MD_SPECIAL = set(string.punctuation)
+
+
+def md_escape(text: object) -> str:
+    """Log text made inert inside st.markdown: every ASCII punctuation backslash-escaped (CommonMark),
+    so no HTML, link, image, directive or formula can form; newlines become spaces."""
+    out = []
+    for ch in str(text):
+        if ch in _MD_SPECIAL:
+            out.append("\\" + ch)
+        elif ch in "\r\n":
+            out.append(" ")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def plot_label(text: object) -> str:
+    """Log text used as a plotly label: plotly reads a few HTML tags in labels, entities show as text."""
+    return html.escape(str(text), quote=False)
+
+
+def fmt_int(value: Any) -> str:
+    return "–" if value is None else f"{int(value):,}"
+
+
+def fmt_pct(value: Any) -> str:
+    return "–" if value is None else f"{float(value):.1%}"
+
+
+def fmt_ts(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return str(value)
+
+
+def deployment_label(value: str) -> str:
+    return value or "(none)"
+
+
+def page_link(title: str, label: str | None = None, **kwargs: Any) -> None:
+    st.page_link(PAGE_FILES[title], label=label or f"Open {title}", **kwargs)
+
+
+REPLAY_COLUMNS = ["request_id", "classification", "similarity", "common_prefix_tokens", "first_divergent_token",
+                  "production_tokens", "replay_tokens", "max_tokens", "draft_tokens", "accepted_tokens",
+                  "source_request_id", "message"]
+
+
+def replay_table(results: Iterable[Any]) -> pd.DataFrame:
+    """This session's replay results, one row each, for the Replay page and the Export page."""
+    rows = []
+    for r in results:
+        diff = r.diff
+        rows.append([r.request_id, r.classification, *(getattr(diff, name, None) for name in (
+            "similarity", "common_prefix_tokens", "first_divergent_token", "production_tokens",
+            "replay_tokens", "max_tokens")), r.draft_tokens, r.accepted_tokens, r.source_request_id, r.message])
+    return pd.DataFrame(rows, columns=REPLAY_COLUMNS)
+
+
+def replay_module() -> Any | None:
+    """specdec_core.replay, imported on first use (torch and transformers are heavy); None when absent."""
+    try:
+        return importlib.import_module("specdec_core.replay")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("specdec_core.replay",):
+            raise
+        return None
+
+
