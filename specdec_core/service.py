@@ -1,0 +1,227 @@
+"""A read-through cached decode service that writes one log record per request.
+
+It is the production shape the project triages, in both versions: with a
+narrow key scheme and `guard=False` it reproduces the bug (another request's
+output comes back as a hit); with the full key, or with the guard on, it doesn't.
+The simulator runs workloads through it, so its log records are the contract's
+format exactly (../shared/log-schema.md).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from .cache import Cache, CacheRead
+from .keys import DEFAULT_NAMESPACE, namespace_prefix
+from .keys import key_scheme as _key_scheme
+from .request import DecodeRequest, identity
+from .result import DecodeResult
+
+logger = logging.getLogger(__name__)
+
+LogSink = str | os.PathLike[str] | io.TextIOBase | Callable[[dict[str, Any]], None]
+COUNTER_NAMES: tuple[str, ...] = (
+    "requests",
+    "hits",
+    "misses",
+    "fingerprint_mismatches",
+    "corrupt",
+    "cache_errors",
+    "errors",
+)
+
+
+# Why a read was not a hit, beyond the plain miss.
+_MISS_COUNTERS: dict[str, tuple[str, ...]] = {
+    "fingerprint_mismatch": ("fingerprint_mismatches",),
+    "corrupt": ("corrupt",),
+    "error": ("cache_errors",),
+}
+
+
+class Engine(Protocol):
+    def generate(self, request: DecodeRequest) -> DecodeResult: ...
+
+
+def rfc3339_utc(epoch_s: float) -> str:
+    """`2024-05-01T12:00:00.123Z`: UTC with milliseconds, as the contract's `ts`."""
+    moment = datetime.fromtimestamp(epoch_s, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+class _JsonLinesWriter:
+    """Serialises records to one JSON line each; a lock keeps concurrent lines whole."""
+
+    def __init__(self, sink: LogSink) -> None:
+        self._lock = threading.Lock()
+        self._owned: Any = None
+        if hasattr(sink, "write"):
+            stream: Any = sink
+        elif isinstance(sink, (str, os.PathLike)):
+            self._owned = stream = open(sink, "a", encoding="utf-8")
+        elif callable(sink):
+            self._emit: Callable[[dict[str, Any]], None] = sink
+            return
+        else:
+            raise TypeError(
+                f"log_sink: expected a path, a text stream or a callable, got {type(sink).__name__}"
+            )
+
+        def emit(record: dict[str, Any]) -> None:
+            line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+            with self._lock:
+                stream.write(line)
+                stream.flush()
+
+        self._emit = emit
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._emit(record)
+
+    def close(self) -> None:
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
+
+
+class DecodeService:
+    """Read-through cache around any engine with `generate(DecodeRequest) -> DecodeResult`.
+
+    - `key_scheme`: "full" (correct), or "prompt_only"/"model_prompt" to reproduce the bug.
+    - `guard`: compare the identity stored with a cached entry to the request's
+      before using it. Off only to reproduce a buggy production service.
+    - `log_sink`: a path (appended to), a text stream, or a callable taking each record.
+    - `deployment`: logged in every record's `deployment` field.
+    - `redact_prompts`: log `prompt_hash` only, never the prompt.
+
+    On a hit, `draft_tokens` and `accepted_tokens` are logged as null: no draft
+    ran for this request, and counting the cached run's tokens again would
+    inflate acceptance statistics.
+    """
+
+    def __init__(
+        self,
+        cache: Cache,
+        engine: Engine,
+        key_scheme: str = "full",
+        namespace: str = DEFAULT_NAMESPACE,
+        log_sink: LogSink | None = None,
+        deployment: str | None = None,
+        ttl_s: float | None = None,
+        redact_prompts: bool = False,
+        clock: Callable[[], float] = time.time,
+        *,
+        guard: bool = True,
+    ) -> None:
+        if ttl_s is not None and not ttl_s > 0:
+            raise ValueError(f"ttl_s: expected a number of seconds > 0 or None (no expiry), got {ttl_s!r}")
+        self.cache = cache
+        self.engine = engine
+        self.key_scheme = key_scheme
+        self._key = _key_scheme(key_scheme)
+        self.namespace = namespace
+        self.deployment = deployment
+        self.ttl_s = ttl_s
+        self.redact_prompts = redact_prompts
+        self.guard = guard
+        self._clock = clock
+        self._log = _JsonLinesWriter(log_sink) if log_sink is not None else None
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(COUNTER_NAMES, 0)
+        namespace_prefix(namespace)  # a bad namespace fails here, not on the first request
+
+    def _count(self, *names: str) -> None:
+        with self._lock:  # one acquisition, so a snapshot never sees half a request
+            for name in names:
+                self._counts[name] += 1
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def cache_key(self, req: DecodeRequest) -> str:
+        return self._key(req, self.namespace)
+
+    def decode(self, req: DecodeRequest | Mapping[str, Any], request_id: str | None = None) -> DecodeResult:
+        started = time.perf_counter()
+        arrived = self._clock()
+        if not isinstance(req, DecodeRequest):
+            req = DecodeRequest.from_record(req)
+        request_id = request_id or str(uuid.uuid4())
+        ident = identity(req)
+        key = self._key(req, self.namespace)
+
+        read = self.cache.get(key, ident if self.guard else None)
+        if read.status == "hit" and read.result is not None:
+            self._count("requests", "hits")
+            result = read.result
+        else:
+            self._count("requests", "misses", *_MISS_COUNTERS.get(read.status, ()))
+            try:
+                result = self.engine.generate(req)
+            except Exception:
+                self._count("errors")
+                logger.exception(
+                    "engine failed on request %s (key %s)",
+                    request_id,
+                    key,
+                    extra={"event": "engine_error", "request_id": request_id, "cache_key": key},
+                )
+                raise
+            self.cache.set(key, result, ident, self.ttl_s)
+
+        if self._log is not None:
+            latency_ms = (time.perf_counter() - started) * 1000.0
+            self._log.write(self._record(req, request_id, arrived, key, read, result, latency_ms))
+        return result
+
+    def _record(
+        self,
+        req: DecodeRequest,
+        request_id: str,
+        arrived: float,
+        key: str,
+        read: CacheRead,
+        result: DecodeResult,
+        latency_ms: float,
+    ) -> dict[str, Any]:
+        hit = read.status == "hit"
+        record: dict[str, Any] = {"request_id": request_id, "ts": rfc3339_utc(arrived)}
+        fields = req.to_record()
+        if self.redact_prompts:
+            fields.pop("prompt", None)
+        record.update(fields)
+        record.update(
+            {
+                "deployment": self.deployment,
+                "cache_key": key,
+                "cache_hit": hit,
+                "cached_fingerprint": read.cached_identity if hit else None,
+                "output_text": result.text,
+                "output_tokens": result.output_tokens,
+                "finish_reason": result.finish_reason,
+                "latency_ms": round(latency_ms, 3),
+                "draft_tokens": None if hit else result.draft_tokens,
+                "accepted_tokens": None if hit else result.accepted_tokens,
+            }
+        )
+        return record
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
+    def __enter__(self) -> DecodeService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
