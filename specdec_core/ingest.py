@@ -83,55 +83,49 @@ def _s(name: str) -> str:
     return f"s[{_INDEX[name]}]"
 
 
-def _is_int(name: str) -> str:
-    # An integral double (64.0) is accepted: CSV and some writers produce them.
-    return (f"({_t(name)} IN ('BIGINT', 'UBIGINT') OR ({_t(name)} = 'DOUBLE' "
-            f"AND isfinite(try_cast({_s(name)} AS DOUBLE)) "
-            f"AND try_cast({_s(name)} AS DOUBLE) = floor(try_cast({_s(name)} AS DOUBLE))))")
-
-
-def _int_value(name: str) -> str:
-    return (f"CASE WHEN {_t(name)} IN ('BIGINT', 'UBIGINT') THEN try_cast({_s(name)} AS HUGEINT) "
-            f"WHEN {_is_int(name)} THEN try_cast(try_cast({_s(name)} AS DOUBLE) AS HUGEINT) END")
-
-
-def _num_value(name: str) -> str:
-    return (f"CASE WHEN {_t(name)} IN ('BIGINT', 'UBIGINT', 'DOUBLE') "
-            f"AND isfinite(try_cast({_s(name)} AS DOUBLE)) THEN try_cast({_s(name)} AS DOUBLE) END")
-
-
-def _ts_value() -> str:
-    return (f"CASE WHEN {_t('ts')} = 'VARCHAR' THEN try_cast({_s('ts')} AS TIMESTAMPTZ) "
-            f"WHEN {_is_int('ts')} THEN try_cast(epoch_ms(try_cast(try_cast({_s('ts')} AS DOUBLE) AS BIGINT)) "
-            "AS TIMESTAMPTZ) END")
-
-
-def _valid(name: str, kind: str) -> str:
-    """SQL true when a present, non-null value of this field is acceptable."""
-    t = _t(name)
-    if kind == "str":
-        return f"{t} = 'VARCHAR'"
-    if kind == "nonempty_str":
-        return f"({t} = 'VARCHAR' AND length({_s(name)}) > 0)"
-    if kind == "hex64":
-        return f"({t} = 'VARCHAR' AND regexp_full_match({_s(name)}, '[0-9a-fA-F]{{64}}'))"
+def _value_sql(name: str, kind: str) -> str:
+    """The field's typed value, or NULL when it is absent, null or of the wrong JSON type."""
+    t, s = _t(name), _s(name)
+    integral = (f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT') THEN try_cast({s} AS HUGEINT) "
+                # An integral double (64.0) is accepted: CSV and some writers produce them.
+                f"WHEN {t} = 'DOUBLE' AND try_cast({s} AS DOUBLE) = floor(try_cast({s} AS DOUBLE)) "
+                f"THEN try_cast(try_cast({s} AS DOUBLE) AS HUGEINT) END")
+    if kind in ("str", "nonempty_str", "hex64"):
+        return f"CASE WHEN {t} = 'VARCHAR' THEN {s} END"
     if kind == "bool":
-        return f"{t} = 'BOOLEAN'"
+        return f"CASE WHEN {t} = 'BOOLEAN' THEN try_cast({s} AS BOOLEAN) END"
     if kind == "object":
-        return f"{t} = 'OBJECT'"
+        return f"CASE WHEN {t} = 'OBJECT' THEN {s} END"
     if kind == "str_list":
-        return (f"({t} = 'ARRAY' AND len(list_filter(json_type(v[{_INDEX[name]}], '$[*]'), "
-                "lambda x: x <> 'VARCHAR')) = 0)")
-    if kind == "ts":
-        return f"({_ts_value()}) IS NOT NULL"
+        array = f"CASE WHEN {t} = 'ARRAY' THEN {s} ELSE '[]' END"
+        return (f"CASE WHEN {t} = 'ARRAY' AND len(list_filter(json_type({array}, '$[*]'), "
+                f"lambda x: x <> 'VARCHAR')) = 0 THEN json_extract_string({array}, '$[*]') END")
     if kind.startswith("int"):
-        bound = {"int": "", "int>=0": " AND v0 >= 0", "int>=1": " AND v0 >= 1"}[kind]
-        return f"({_is_int(name)}{bound.replace('v0', _int_value(name))})"
-    if kind == "num>=0":
-        return f"(({_num_value(name)}) >= 0)"
-    if kind == "top_p":
-        return f"(({_num_value(name)}) > 0 AND ({_num_value(name)}) <= 1)"
+        return integral
+    if kind in ("num>=0", "top_p"):
+        return f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN try_cast({s} AS DOUBLE) END"
+    if kind == "ts":
+        return (f"CASE WHEN {t} = 'VARCHAR' THEN try_cast({s} AS TIMESTAMPTZ) "
+                f"ELSE try_cast(epoch_ms(try_cast(({integral}) AS BIGINT)) AS TIMESTAMPTZ) END")
     raise AssertionError(kind)
+
+
+def _valid_sql(name: str, kind: str) -> str:
+    """True when the field's typed value `f_<name>` is acceptable."""
+    v = f"f_{name}"
+    extra = {
+        "nonempty_str": f" AND length({v}) > 0",
+        "hex64": f" AND regexp_full_match({v}, '[0-9a-fA-F]{{64}}')",
+        "int>=0": f" AND {v} >= 0",
+        "int>=1": f" AND {v} >= 1",
+        "num>=0": f" AND isfinite({v}) AND {v} >= 0",
+        "top_p": f" AND isfinite({v}) AND {v} > 0 AND {v} <= 1",
+    }.get(kind, "")
+    return f"({v} IS NOT NULL{extra})"
+
+
+def _values_sql() -> str:
+    return ",\n".join(f"{_value_sql(name, kind)} AS f_{name}" for name, kind, _ in FIELDS)
 
 
 def _reason_sql() -> str:
@@ -146,19 +140,17 @@ def _reason_sql() -> str:
         if required:
             branches.append(f"WHEN {t} IS NULL THEN 'missing required field: {name}'")
             branches.append(f"WHEN {t} = 'NULL' THEN '{name}: required, got null'")
-        cond = f"{t} IS NOT NULL AND {t} <> 'NULL' AND NOT {_valid(name, kind)}"
+        cond = f"{t} IS NOT NULL AND {t} <> 'NULL' AND NOT {_valid_sql(name, kind)}"
         branches.append(
             f"WHEN {cond} THEN '{name}: expected {_EXPECTED[kind]}, got ' || "
-            f"left(coalesce(v[{_INDEX[name]}]::VARCHAR, 'null'), 80)"
+            f"left(CASE WHEN {t} = 'VARCHAR' THEN to_json({_s(name)})::VARCHAR ELSE {_s(name)} END, 80)"
         )
     branches.append(
-        f"WHEN ({_t('prompt')} IS NULL OR {_t('prompt')} = 'NULL') AND "
-        f"({_t('prompt_hash')} IS NULL OR {_t('prompt_hash')} = 'NULL') "
+        "WHEN f_prompt IS NULL AND f_prompt_hash IS NULL "
         "THEN 'missing required field: one of prompt or prompt_hash'"
     )
     branches.append(
-        f"WHEN {_t('prompt')} = 'VARCHAR' AND {_t('prompt_hash')} = 'VARCHAR' "
-        f"AND sha256({_s('prompt')}) <> lower({_s('prompt_hash')}) "
+        "WHEN f_prompt IS NOT NULL AND f_prompt_hash IS NOT NULL AND sha256(f_prompt) <> lower(f_prompt_hash) "
         "THEN 'prompt_hash: does not match the SHA-256 of prompt'"
     )
     return "CASE " + "\n".join(branches) + " END"
@@ -169,38 +161,31 @@ def _paths_literal() -> str:
 
 
 def _typed_columns_sql() -> str:
-    def s(name: str) -> str:
-        return f"CASE WHEN {_t(name)} = 'VARCHAR' THEN {_s(name)} END"
-
-    def i(name: str) -> str:
-        return f"({_int_value(name)})"
-
     return ",\n".join([
-        f"{s('request_id')} AS request_id",
-        f"({_ts_value()}) AS ts",
-        f"{s('prompt')} AS prompt",
-        f"coalesce(lower({s('prompt_hash')}), sha256({s('prompt')})) AS prompt_hash",
-        f"{s('target_model')} AS target_model",
-        f"{s('draft_model')} AS draft_model",
-        f"{i('num_speculative_tokens')}::BIGINT AS num_speculative_tokens",
-        f"({_num_value('temperature')}) AS temperature",
-        f"coalesce({_num_value('top_p')}, 1.0) AS top_p",
-        f"{i('top_k')}::BIGINT AS top_k",
-        f"{i('max_tokens')}::BIGINT AS max_tokens",
-        f"{i('seed')} AS seed",
-        f"CASE WHEN {_t('stop')} = 'ARRAY' THEN json_extract_string(v[{_INDEX['stop']}], '$[*]') END AS stop",
-        f"{s('tokenizer_version')} AS tokenizer_version",
-        f"{s('deployment')} AS deployment",
-        f"{s('cache_key')} AS cache_key",
-        f"CASE WHEN {_t('cache_hit')} = 'BOOLEAN' THEN {_s('cache_hit')}::BOOLEAN END AS cache_hit",
-        f"CASE WHEN {_t('cached_fingerprint')} = 'OBJECT' THEN v[{_INDEX['cached_fingerprint']}] END "
-        "AS cached_fingerprint",
-        f"{s('output_text')} AS output_text",
-        f"{i('output_tokens')}::BIGINT AS output_tokens",
-        f"{s('finish_reason')} AS finish_reason",
-        f"({_num_value('latency_ms')}) AS latency_ms",
-        f"{i('draft_tokens')}::BIGINT AS draft_tokens",
-        f"{i('accepted_tokens')}::BIGINT AS accepted_tokens",
+        "f_request_id AS request_id",
+        "f_ts AS ts",
+        "f_prompt AS prompt",
+        "coalesce(lower(f_prompt_hash), sha256(f_prompt)) AS prompt_hash",
+        "f_target_model AS target_model",
+        "f_draft_model AS draft_model",
+        "f_num_speculative_tokens::BIGINT AS num_speculative_tokens",
+        "f_temperature AS temperature",
+        "coalesce(f_top_p, 1.0) AS top_p",
+        "f_top_k::BIGINT AS top_k",
+        "f_max_tokens::BIGINT AS max_tokens",
+        "f_seed AS seed",
+        "f_stop AS stop",
+        "f_tokenizer_version AS tokenizer_version",
+        "f_deployment AS deployment",
+        "f_cache_key AS cache_key",
+        "f_cache_hit AS cache_hit",
+        "f_cached_fingerprint::JSON AS cached_fingerprint",
+        "f_output_text AS output_text",
+        "f_output_tokens::BIGINT AS output_tokens",
+        "f_finish_reason AS finish_reason",
+        "f_latency_ms AS latency_ms",
+        "f_draft_tokens::BIGINT AS draft_tokens",
+        "f_accepted_tokens::BIGINT AS accepted_tokens",
         # Fields the contract does not name are kept: a JSON merge patch with null deletes the known ones.
         "nullif(json_merge_patch(obj, '{" + ",".join(f'"{n}":null' for n in FIELD_NAMES)
         + "}')::VARCHAR, '{}')::JSON AS extra",
@@ -217,25 +202,37 @@ _IDENTITY_INPUT = ("prompt_hash", "target_model", "draft_model", "num_speculativ
                    "top_p", "top_k", "max_tokens", "seed", "stop", "tokenizer_version")
 
 
-def _load_staging(con: duckdb.DuckDBPyConnection, batches: list[RawBatch]) -> int:
-    files, lines, raws = [], [], []
-    for b in batches:
-        files.extend([b.source_file] * len(b.raws))
-        lines.extend(b.line_numbers)
-        raws.extend(b.raws)
+def _load_staging(con: duckdb.DuckDBPyConnection, batch: RawBatch, first_seq: int) -> int:
     staging = pa.table({
-        "seq": pa.array(range(len(raws)), pa.int64()),
-        "source_file": pa.array(files, pa.string()),
-        "source_line": pa.array(lines, pa.int64()),
-        "raw": pa.array(raws, pa.string()),
+        "seq": pa.array(range(first_seq, first_seq + len(batch.raws)), pa.int64()),
+        "source_file": pa.array([batch.source_file] * len(batch.raws), pa.string()),
+        "source_line": pa.array(batch.line_numbers, pa.int64()),
+        "raw": pa.array(batch.raws, pa.string()),
     })
     con.register("staging_arrow", staging)
     con.execute("CREATE OR REPLACE TEMP TABLE staging AS SELECT * FROM staging_arrow")
     con.unregister("staging_arrow")
-    return len(raws)
+    return len(batch.raws)
 
 
-def _validate(con: duckdb.DuckDBPyConnection) -> None:
+_CONTENT_HASH = "md5(concat_ws(chr(31), " + ", ".join(
+    f"coalesce(to_json({c})::VARCHAR, '~')" for c in _CONTENT_COLUMNS) + "))"
+
+
+_ID_KEY = "md5(concat_ws(chr(31), " + ", ".join(
+    f"coalesce(to_json({c})::VARCHAR, '~')" for c in _IDENTITY_INPUT) + "))"
+
+
+def _create_work_tables(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("CREATE OR REPLACE TEMP TABLE checked_bad (seq BIGINT, source_file VARCHAR, source_line BIGINT, "
+                "raw_request_id VARCHAR, reason VARCHAR, raw VARCHAR)")
+    # Validating an empty chunk creates `typed` with the column types the SQL produces.
+    _load_staging(con, RawBatch("", [], []), 0)
+    _validate_chunk(con, create=True)
+
+
+def _validate_chunk(con: duckdb.DuckDBPyConnection, create: bool = False) -> None:
+    """Check the staged chunk: rejected rows to `checked_bad`, the others typed into `typed`."""
     paths = _paths_literal()
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE extracted AS
@@ -245,37 +242,37 @@ def _validate(con: duckdb.DuckDBPyConnection) -> None:
         -- JSON functions are evaluated on every row of a vector: give the broken ones an empty object.
         o AS (SELECT *, CASE WHEN root = 'OBJECT' THEN raw ELSE '{{}}' END AS obj FROM q)
         SELECT seq, source_file, source_line, raw, valid, root, obj,
-               json_type(obj, {paths}) AS t, json_extract(obj, {paths}) AS v,
-               json_extract_string(obj, {paths}) AS s
+               json_type(obj, {paths}) AS t, json_extract_string(obj, {paths}) AS s
         FROM o
     """)
     con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE checked AS
-        SELECT seq, source_file, source_line, raw, {_reason_sql()} AS reason,
-               CASE WHEN {_t('request_id')} = 'VARCHAR' THEN {_s('request_id')} END
-                   AS raw_request_id
-        FROM extracted
+        CREATE OR REPLACE TEMP TABLE vals AS SELECT *, {_values_sql()} FROM extracted
     """)
     con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE typed AS
-        SELECT c.seq, c.source_file, c.source_line, {_typed_columns_sql()}
-        FROM checked c JOIN extracted e USING (seq)
-        WHERE c.reason IS NULL
+        CREATE OR REPLACE TEMP TABLE checked AS
+        SELECT *, {_reason_sql()} AS reason,
+               CASE WHEN {_t('request_id')} = 'VARCHAR' THEN {_s('request_id')} END AS raw_request_id
+        FROM vals
     """)
-    content = ", ".join(f"{c} := {c}" for c in _CONTENT_COLUMNS)
-    con.execute("ALTER TABLE typed ADD COLUMN content_hash VARCHAR")
-    con.execute(f"UPDATE typed SET content_hash = md5(to_json(struct_pack({content}))::VARCHAR)")
+    con.execute("""
+        INSERT INTO checked_bad
+        SELECT seq, source_file, source_line, raw_request_id, reason, raw FROM checked WHERE reason IS NOT NULL
+    """)
+    select = f"""
+        WITH typed_chunk AS (
+            SELECT seq, source_file, source_line, raw, {_typed_columns_sql()}
+            FROM checked WHERE reason IS NULL
+        )
+        SELECT *, {_CONTENT_HASH} AS content_hash, {_ID_KEY} AS id_key FROM typed_chunk
+    """
+    con.execute(f"CREATE OR REPLACE TEMP TABLE typed AS {select}" if create else f"INSERT INTO typed {select}")
+    con.execute("DROP TABLE extracted; DROP TABLE vals; DROP TABLE checked; DROP TABLE staging")
 
 
 def _compute_identities(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str]]:
     """Fingerprint every distinct identity tuple with `request.identity`; return rows it rejects."""
     cols = ", ".join(_IDENTITY_INPUT)
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE typed_id AS
-        SELECT *, md5(to_json([{", ".join(f"to_json({c})" for c in _IDENTITY_INPUT)}])::VARCHAR) AS id_key
-        FROM typed
-    """)
-    tuples = con.execute(f"SELECT DISTINCT id_key, {cols} FROM typed_id").fetchall()
+    tuples = con.execute(f"SELECT DISTINCT id_key, {cols} FROM typed").fetchall()
     id_keys, fps, identity_rows, rejected_keys = [], [], {}, {}
     for row in tuples:
         record = dict(zip(_IDENTITY_INPUT, row[1:], strict=True))
@@ -290,7 +287,7 @@ def _compute_identities(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str]]
         identity_rows[fp] = obj
     # cached_fingerprint objects are canonicalised too, so a writer's spelling of an equivalence can't matter.
     cached = con.execute(
-        "SELECT DISTINCT cached_fingerprint::VARCHAR FROM typed_id WHERE cached_fingerprint IS NOT NULL"
+        "SELECT DISTINCT cached_fingerprint::VARCHAR FROM typed WHERE cached_fingerprint IS NOT NULL"
     ).fetchall()
     cached_texts, cached_fps = [], []
     for (text,) in cached:
@@ -312,7 +309,7 @@ def _compute_identities(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str]]
     if not rejected_keys:
         return []
     rejected = con.execute(
-        "SELECT seq, id_key FROM typed_id WHERE list_contains(?, id_key)", [list(rejected_keys)]
+        "SELECT seq, id_key FROM typed WHERE list_contains(?, id_key)", [list(rejected_keys)]
     ).fetchall()
     return [(seq, rejected_keys[key]) for seq, key in rejected]
 
@@ -347,38 +344,33 @@ def _classify(con: duckdb.DuckDBPyConnection, rejected: list[tuple[int, str]]) -
     if rejected:
         con.executemany("INSERT INTO rejected_identity VALUES (?, ?)", rejected)
     con.execute("""
-        CREATE OR REPLACE TEMP TABLE ranked AS
-        SELECT t.*, first_value(t.content_hash) OVER w AS first_hash,
-               first_value(t.source_file || ':' || t.source_line) OVER w AS first_at,
-               row_number() OVER w AS occurrence,
-               ex.content_hash AS existing_hash, ex.source_file || ':' || ex.source_line AS existing_at
-        FROM typed_id t
-        LEFT JOIN requests ex ON ex.request_id = t.request_id
-        WHERE t.seq NOT IN (SELECT seq FROM rejected_identity)
-        WINDOW w AS (PARTITION BY t.request_id ORDER BY t.seq)
-    """)
-    con.execute("""
         CREATE OR REPLACE TEMP TABLE outcome AS
-        SELECT seq,
+        WITH firsts AS (
+            SELECT request_id, min(seq) AS first_seq, arg_min(content_hash, seq) AS first_hash,
+                   arg_min(source_file || ':' || source_line, seq) AS first_at
+            FROM typed WHERE seq NOT IN (SELECT seq FROM rejected_identity) GROUP BY request_id
+        )
+        SELECT t.seq,
           CASE
-            WHEN existing_hash IS NOT NULL AND existing_hash = content_hash THEN 'duplicate'
-            WHEN existing_hash IS NOT NULL THEN 'conflict: request_id ' || request_id
-                 || ' was loaded before from ' || existing_at || ' with different content'
-            WHEN occurrence = 1 THEN 'accept'
-            WHEN content_hash = first_hash THEN 'duplicate'
-            ELSE 'conflict: request_id ' || request_id || ' appears earlier at ' || first_at
+            WHEN ex.content_hash IS NOT NULL AND ex.content_hash = t.content_hash THEN 'duplicate'
+            WHEN ex.content_hash IS NOT NULL THEN 'conflict: request_id ' || t.request_id
+                 || ' was loaded before from ' || ex.source_file || ':' || ex.source_line || ' with different content'
+            WHEN t.seq = f.first_seq THEN 'accept'
+            WHEN t.content_hash = f.first_hash THEN 'duplicate'
+            ELSE 'conflict: request_id ' || t.request_id || ' appears earlier at ' || f.first_at
                  || ' with different content'
           END AS outcome
-        FROM ranked
+        FROM typed t JOIN firsts f USING (request_id)
+        LEFT JOIN requests ex ON ex.request_id = t.request_id
     """)
 
 
-def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int) -> tuple[int, int, int]:
+def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int) -> tuple[int, int]:
     columns = ", ".join(_CONTENT_COLUMNS)
     con.execute(f"""
         INSERT INTO requests
         SELECT {columns}, m.fingerprint, cm.fingerprint, t.content_hash, t.source_file, t.source_line, ?
-        FROM typed_id t
+        FROM typed t
         JOIN outcome o USING (seq)
         JOIN idmap m USING (id_key)
         LEFT JOIN cachedmap cm ON cm.text = t.cached_fingerprint::VARCHAR
@@ -387,13 +379,14 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int) -> tuple[int, int, i
     accepted = scalar(con, "SELECT count(*) FROM outcome WHERE outcome = 'accept'")
     con.execute("""
         CREATE OR REPLACE TEMP TABLE bad AS
-        SELECT c.seq, c.source_file, c.source_line, c.raw_request_id AS request_id,
-               coalesce(c.reason, ri.reason, o.outcome) AS reason, c.raw, md5(c.raw) AS raw_hash
-        FROM checked c
-        LEFT JOIN rejected_identity ri USING (seq)
-        LEFT JOIN outcome o USING (seq)
-        WHERE c.reason IS NOT NULL OR ri.reason IS NOT NULL OR o.outcome LIKE 'conflict:%'
+        SELECT seq, source_file, source_line, raw_request_id AS request_id, reason, raw FROM checked_bad
+        UNION ALL
+        SELECT t.seq, t.source_file, t.source_line, t.request_id, coalesce(ri.reason, o.outcome), t.raw
+        FROM typed t LEFT JOIN rejected_identity ri USING (seq) LEFT JOIN outcome o USING (seq)
+        WHERE ri.reason IS NOT NULL OR o.outcome LIKE 'conflict:%'
     """)
+    con.execute("ALTER TABLE bad ADD COLUMN raw_hash VARCHAR")
+    con.execute("UPDATE bad SET raw_hash = md5(raw)")
     # A bad line quarantined by an earlier ingest of the same file is a duplicate, not a new record.
     con.execute("""
         CREATE OR REPLACE TEMP TABLE bad_new AS
@@ -406,8 +399,7 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int) -> tuple[int, int, i
         SELECT ?, source_file, source_line, request_id, reason, raw, raw_hash FROM bad_new
     """, [ingest_id])
     quarantined = scalar(con, "SELECT count(*) FROM bad_new")
-    total = scalar(con, "SELECT count(*) FROM staging")
-    return accepted, total - accepted - quarantined, quarantined
+    return accepted, quarantined
 
 
 HIT_SOURCES_SQL = """
@@ -457,23 +449,24 @@ def ingest(
 ) -> IngestResult:
     """Validate and load log files; all of them become visible at once, or none on error."""
     files = resolve_paths(paths)  # raises LogReadError before anything is written
-    batches: list[RawBatch] = []
-    for n, f in enumerate(files):
-        if progress:
-            progress(n, len(files), str(f))
-        batch = read_file(f)
-        batches.append(RawBatch(str(Path(batch.source_file).resolve()), batch.line_numbers, batch.raws))
-    if progress:
-        progress(len(files), len(files), "")
     with store.write() as con:
         ingest_id = scalar(con, "SELECT coalesce(max(ingest_id), 0) + 1 FROM ingests")
-        read = _load_staging(con, batches)
-        _validate(con)
+        _create_work_tables(con)
+        read = 0
+        for n, f in enumerate(files):
+            if progress:
+                progress(n, len(files), str(f))
+            for chunk in read_file(f, resolved_name=str(f.resolve())):
+                read += _load_staging(con, chunk, read)
+                _validate_chunk(con)
+        if progress:
+            progress(len(files), len(files), "")
         rejected = _compute_identities(con)
         _classify(con, rejected)
-        accepted, duplicates, quarantined = _commit(con, ingest_id)
+        accepted, quarantined = _commit(con, ingest_id)
         if accepted:
             con.execute(HIT_SOURCES_SQL)
+        duplicates = read - accepted - quarantined
         con.execute(
             "INSERT INTO ingests VALUES (?, now(), ?, ?, ?, ?, ?)",
             [ingest_id, [str(f) for f in files], read, accepted, duplicates, quarantined],

@@ -95,7 +95,10 @@ def _safe_text(line: str) -> str:
     return line.encode("utf-8", "replace").decode("utf-8")
 
 
-def read_jsonl(path: Path) -> RawBatch:
+CHUNK_ROWS = 100_000  # bounds the memory an ingest needs, whatever the file's size
+
+
+def read_jsonl(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[RawBatch]:
     numbers: list[int] = []
     raws: list[str] = []
     try:
@@ -104,9 +107,12 @@ def read_jsonl(path: Path) -> RawBatch:
                 if line.strip():
                     numbers.append(number)
                     raws.append(_safe_text(line.rstrip("\r\n")))
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                    if len(raws) >= chunk_rows:
+                        yield RawBatch(name, numbers, raws)
+                        numbers, raws = [], []
+    except (OSError, EOFError, gzip.BadGzipFile, UnicodeError) as exc:
         raise LogReadError(f"{path}: cannot be read: {exc}") from exc
-    return RawBatch(str(path), numbers, raws)
+    yield RawBatch(name, numbers, raws)
 
 
 def _csv_cell(name: str, cell: str) -> object:
@@ -131,7 +137,7 @@ def _csv_cell(name: str, cell: str) -> object:
     return cell
 
 
-def read_csv(path: Path) -> RawBatch:
+def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[RawBatch]:
     numbers: list[int] = []
     raws: list[str] = []
     try:
@@ -139,47 +145,51 @@ def read_csv(path: Path) -> RawBatch:
             reader = csv.reader(fh)
             header = next(reader, None)
             if header is None:
-                return RawBatch(str(path), [], [])
+                yield RawBatch(name, [], [])
+                return
             header = [h.strip() for h in header]
             for row_number, row in enumerate(reader, start=1):
                 if not any(cell.strip() for cell in row):
                     continue
                 if len(row) != len(header):
-                    # Quoted so the SQL pass rejects it as "not a JSON object" with the row kept verbatim.
+                    # Rejected by the SQL pass with this reason; the row is kept as it was read.
                     obj: object = {"__csv_error__": f"row has {len(row)} cells, header has {len(header)}",
                                    "__raw__": row}
                 else:
-                    obj = {name: _csv_cell(name, _safe_text(cell)) for name, cell in zip(header, row, strict=True)}
+                    obj = {h: _csv_cell(h, _safe_text(cell)) for h, cell in zip(header, row, strict=True)}
                 numbers.append(row_number)
                 raws.append(json.dumps(obj, ensure_ascii=False))
-    except (OSError, EOFError, gzip.BadGzipFile, csv.Error) as exc:
+                if len(raws) >= chunk_rows:
+                    yield RawBatch(name, numbers, raws)
+                    numbers, raws = [], []
+    except (OSError, EOFError, gzip.BadGzipFile, csv.Error, UnicodeError) as exc:
         raise LogReadError(f"{path}: cannot be read as CSV: {exc}") from exc
-    return RawBatch(str(path), numbers, raws)
+    yield RawBatch(name, numbers, raws)
 
 
-def read_parquet(path: Path) -> RawBatch:
+def read_parquet(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[RawBatch]:
+    con = duckdb.connect()
     try:
-        con = duckdb.connect()
-        try:
-            rows = con.execute(
-                "SELECT to_json(t)::VARCHAR FROM read_parquet(?) AS t", [str(path)]
-            ).fetchall()
-        finally:
-            con.close()
+        cur = con.execute("SELECT to_json(t)::VARCHAR FROM read_parquet(?) AS t", [str(path)])
+        row_number = 0
+        while True:
+            rows = cur.fetchmany(chunk_rows)
+            if not rows:
+                break
+            yield RawBatch(name, list(range(row_number + 1, row_number + len(rows) + 1)), [r[0] for r in rows])
+            row_number += len(rows)
     except duckdb.Error as exc:
         raise LogReadError(f"{path}: cannot be read as Parquet: {str(exc).splitlines()[0]}") from exc
-    return RawBatch(str(path), list(range(1, len(rows) + 1)), [r[0] for r in rows])
+    finally:
+        con.close()
 
 
-def read_file(path: Path) -> RawBatch:
-    name = path.name.lower()
-    if name.endswith(CSV_SUFFIXES):
-        return read_csv(path)
-    if name.endswith(PARQUET_SUFFIXES):
-        return read_parquet(path)
-    return read_jsonl(path)
-
-
-def read_all(paths: list[str]) -> Iterator[RawBatch]:
-    for f in resolve_paths(paths):
-        yield read_file(f)
+def read_file(path: Path, resolved_name: str | None = None) -> Iterator[RawBatch]:
+    """The file's records in chunks, each named `resolved_name` (default: the path as given)."""
+    name = resolved_name or str(path)
+    lowered = path.name.lower()
+    if lowered.endswith(CSV_SUFFIXES):
+        return read_csv(path, name)
+    if lowered.endswith(PARQUET_SUFFIXES):
+        return read_parquet(path, name)
+    return read_jsonl(path, name)

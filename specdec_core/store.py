@@ -23,7 +23,8 @@ SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS requests (
-    request_id VARCHAR PRIMARY KEY,
+    -- Unique by ingest's own dedupe; no index: an ART index over 1M ids costs more than it saves.
+    request_id VARCHAR NOT NULL,
     ts TIMESTAMPTZ NOT NULL,
     prompt VARCHAR,
     prompt_hash VARCHAR NOT NULL,
@@ -80,7 +81,7 @@ CREATE TABLE IF NOT EXISTS ingests (
 );
 -- One row per cache hit: the miss that populated its entry, and whether it served another identity.
 CREATE TABLE IF NOT EXISTS hit_sources (
-    request_id VARCHAR PRIMARY KEY,
+    request_id VARCHAR NOT NULL,
     source_request_id VARCHAR,
     contaminated BOOLEAN NOT NULL,
     fingerprint_mismatch BOOLEAN NOT NULL,
@@ -115,8 +116,13 @@ def resolve_db(path: str | os.PathLike[str] | None = None) -> Path:
     return Path(path or os.environ.get("SPECDEC_DB") or DEFAULT_DB)
 
 
+# A 1M-row ingest stays well under 2 GB: DuckDB spills to disk beyond this.
+WRITER_MEMORY_LIMIT = "1GB"
+
+
 def _configure(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("SET TimeZone = 'UTC'")
+    con.execute("SET enable_progress_bar = false")  # it would write into --json output
 
 
 class Store:
@@ -177,6 +183,8 @@ class Store:
                 raise StoreError(f"{self.path}: cannot open for writing: {exc}") from exc
             try:
                 _configure(con)
+                con.execute(f"SET memory_limit = '{WRITER_MEMORY_LIMIT}'")
+                con.execute(f"SET temp_directory = '{_sql_literal(str(tmp) + '.spill')}'")
                 con.execute(_SCHEMA)
                 con.execute(
                     "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)]
@@ -191,6 +199,11 @@ class Store:
                 raise
             finally:
                 Path(str(tmp) + ".wal").unlink(missing_ok=True)
+                shutil.rmtree(str(tmp) + ".spill", ignore_errors=True)
+
+
+def _sql_literal(text: str) -> str:
+    return text.replace("'", "''")
 
 
 def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None):
