@@ -15,7 +15,22 @@ from .request import DecodeRequest, differing_fields, fingerprint, identity
 from .result import DecodeResult
 
 # name -> module that defines it; imported when first touched.
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "Cache": "cache",
+    "CacheRead": "cache",
+    "MemoryCache": "cache",
+    "RedisCache": "cache",
+    "open_cache": "cache",
+    "DecodeService": "service",
+    "Store": "store",
+    "ingest": "ingest",
+    "IngestResult": "ingest",
+    "Filters": "metrics",
+    "mismatch_report": "report",
+    "write_report": "report",
+    "KeyAudit": "audit",
+    "audit_key_function": "audit",
+}
 
 __all__ = [
     "SCHEMA_VERSION",
