@@ -23,7 +23,6 @@ _LAZY: dict[str, str] = {
     "open_cache": "cache",
     "DecodeService": "service",
     "Store": "store",
-    "ingest": "ingest",
     "IngestResult": "ingest",
     "Filters": "metrics",
     "mismatch_report": "report",
