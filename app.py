@@ -146,4 +146,5 @@ with st.sidebar:
         st.error(ui.md_escape(exc))
         st.session_state[ui.FILTERS_KEY] = NO_FILTERS
 
-navigation.run()
+with ui.entrypoint():
+    navigation.run()

@@ -11,7 +11,8 @@ import html
 import importlib
 import string
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -25,6 +26,7 @@ DB_KEY = "db_path"
 FILTERS_KEY = "filters"
 REPLAY_IDS_KEY = "replay_request_ids"
 REPLAY_RESULTS_KEY = "replay_results"
+_ENTRYPOINT_KEY = "_entrypoint_running"
 
 # Page titles as metrics.RedFlag.page names them -> the page file that shows them.
 PAGE_FILES = {
@@ -108,18 +110,28 @@ def empty_state(db: Store) -> None:
     )
 
 
+@contextmanager
+def entrypoint() -> Iterator[None]:
+    """app.py runs the current page inside this, so a page knows the sidebar and filters ran before it."""
+    st.session_state[_ENTRYPOINT_KEY] = True
+    try:
+        yield
+    finally:
+        st.session_state.pop(_ENTRYPOINT_KEY, None)
+
+
 def page_header(title: str) -> None:
-    """Every page starts here: the title, after making sure app.py (sidebar, filters) ran first.
+    """Every page starts here: the title, once app.py (sidebar, filters) has run first.
 
     Streamlit treats a folder named pages/ as a legacy multipage app until some session has
     called st.navigation (https://docs.streamlit.io/develop/api-reference/navigation/st.navigation):
-    the first visit to a fresh server straight at /mismatches, and every AppTest rerun, would run
-    the page alone, without the sidebar. Turning that mode off and rerunning goes through app.py,
-    on the same page with the same query parameters.
+    the first visit to a fresh server straight at /mismatches would run the page alone, without
+    the sidebar. Turning that mode off and rerunning goes through app.py, on the same page with
+    the same query parameters.
     """
     from streamlit.runtime.pages_manager import PagesManager
 
-    if getattr(PagesManager, "uses_pages_directory", False):
+    if not st.session_state.get(_ENTRYPOINT_KEY) and getattr(PagesManager, "uses_pages_directory", False):
         PagesManager.uses_pages_directory = False
         st.rerun()
     st.title(title)

@@ -1,0 +1,578 @@
+"""The dashboard, page by page, through Streamlit's AppTest on small databases with known answers."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import streamlit.runtime.scriptrunner.script_runner as script_runner
+import streamlit.testing.v1.app_test as app_test_module
+from logfactory import rec, write_jsonl
+from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+from streamlit.runtime.pages_manager import PagesManager
+from streamlit.testing.v1 import AppTest
+
+import ui
+from specdec_core import report
+from specdec_core.ingest import ingest
+from specdec_core.metrics import Filters
+from specdec_core.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "app.py"
+UTC = timezone.utc
+T0 = "2026-03-01T10:"
+
+# --- fixture databases -------------------------------------------------------------------------------------
+
+
+def incident_records() -> list[dict]:
+    """prod: one miss, one clean hit and two hits served to other identities (r4 also longer than its
+    max_tokens); staging: two misses of other prompts on a second target model."""
+    return [
+        rec("r1", ts=T0 + "00:00Z"),
+        rec("r2", ts=T0 + "01:00Z", cache_hit=True, latency_ms=5.0),
+        rec("r3", ts=T0 + "02:00Z", cache_hit=True, max_tokens=16, latency_ms=5.0),
+        rec("r4", ts=T0 + "03:00Z", cache_hit=True, max_tokens=2, draft_model="llama-3b", latency_ms=5.0),
+        rec("s1", ts=T0 + "05:00Z", deployment="staging", cache_key="k-9", prompt="Other", target_model="qwen-7b",
+            draft_model=None, draft_tokens=None, accepted_tokens=None),
+        rec("s2", ts=T0 + "06:00Z", deployment="staging", cache_key="k-10", prompt="Third",
+            target_model="qwen-7b", draft_model=None, draft_tokens=None, accepted_tokens=None),
+    ]
+
+
+def build_db(folder: Path, records: list, name: str = "triage") -> Path:
+    log = write_jsonl(folder / f"{name}.jsonl", records)
+    db = folder / f"{name}.duckdb"
+    ingest(Store(db), [str(log)])
+    return db
+
+
+def build_incident_db(folder: Path) -> Path:
+    """The incident database; the browser test opens the same one."""
+    return build_db(folder, incident_records(), "incident")
+
+
+SCRIPT = "<script>alert(1)</script>"
+HTML_OUTPUT = '<img src=x onerror="alert(2)"><b>bold</b> & [link](javascript:alert(3))'
+HTML_DEPLOYMENT = "<i>prod</i>"
+HTML_MODEL = "m[x](javascript:alert(4))"
+
+
+@pytest.fixture(scope="module")
+def incident_db(tmp_path_factory) -> Path:
+    return build_incident_db(tmp_path_factory.mktemp("incident"))
+
+
+@pytest.fixture(scope="module")
+def clean_db(tmp_path_factory) -> Path:
+    return build_db(tmp_path_factory.mktemp("clean"), [
+        rec("c1", ts=T0 + "00:00Z"),
+        rec("c2", ts=T0 + "01:00Z", cache_hit=True),
+        rec("c3", ts=T0 + "02:00Z", cache_key="k-2", max_tokens=16),
+    ])
+
+
+@pytest.fixture(scope="module")
+def html_db(tmp_path_factory) -> Path:
+    """Log text that would be live HTML, a link or a script if it ever reached the page unescaped."""
+    html = {"deployment": HTML_DEPLOYMENT, "target_model": HTML_MODEL}
+    return build_db(tmp_path_factory.mktemp("html"), [
+        rec("x1", ts=T0 + "00:00Z", prompt=SCRIPT, output_text=HTML_OUTPUT, **html),
+        rec("x2", ts=T0 + "01:00Z", prompt=SCRIPT, cache_hit=True, output_text=HTML_OUTPUT, max_tokens=2, **html),
+    ])
+
+
+# --- running the app ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def no_legacy_pages_folder(monkeypatch):
+    """AppTest resets Streamlit's 'a pages/ folder means a legacy multipage app' flag before every run,
+    so each rerun would start the page alone and ui.page_header's rerun through app.py would swallow
+    button clicks. A real server clears the flag for good on the first st.navigation call;
+    test_a_page_run_alone_reruns_through_app checks the fix-up itself."""
+
+    class NavigationPagesManager(PagesManager):
+        uses_pages_directory = False
+
+    monkeypatch.setattr(script_runner, "PagesManager", NavigationPagesManager)
+
+
+def open_app(monkeypatch, db: Path, page: str | None = None, **query: str) -> AppTest:
+    monkeypatch.setenv("SPECDEC_DB", str(db))
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params.update(query)
+    at.run()
+    if page:
+        at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def metrics_of(block) -> dict[str, str]:
+    return {m.label: m.value for m in block.metric}
+
+
+def texts(at: AppTest, kind: str) -> list[str]:
+    return [e.value for e in at.get(kind)]
+
+
+def walk(node) -> list:
+    children = getattr(node, "children", None)
+    if not children:
+        return [node]
+    return [node] + [e for child in children.values() for e in walk(child)]
+
+
+def markdown_unescape(text: str) -> str:
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text)
+
+
+# --- Overview ----------------------------------------------------------------------------------------------
+
+
+def test_overview_shows_the_headline_numbers(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db)
+    assert texts(at, "title") == ["Overview"]
+    assert metrics_of(at.main) == {
+        "Requests": "6",
+        "Hit rate": "50.0%",
+        "Contaminated hits": "2",
+        "Contaminated share of hits": "66.7%",
+        "Length violations": "1",
+        "Key collisions": "1",
+        "Unique keys / unique identities": "3 / 5",
+        "Quarantined records": "0",
+    }
+
+
+def test_overview_says_where_and_since_when_contamination_started(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db)
+    window = [m for m in texts(at, "markdown") if "contaminated hits since" in m]
+    assert window == ["**prod**: 2 contaminated hits since **2026-03-01 10:02:00 UTC**, "
+                      "the last at 2026-03-01 10:03:00 UTC."]
+
+
+def test_overview_lists_the_six_red_flags_with_links_to_their_pages(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db)
+    flags = [m for m in texts(at, "markdown") if " · " in m]
+    assert [markdown_unescape(f) for f in flags] == [
+        ":red[**Yes**] · **Identical outputs although parameters differ**",
+        ":gray[**Unknown**] · **Offline replay does not match production**",
+        ":red[**Yes**] · **Experiment arms compared on each other's outputs**",
+        ":red[**Yes**] · **Output lengths impossible for max_tokens**",
+        ":red[**Yes**] · **Hit rate too good for this workload**",
+        ":red[**Yes**] · **Few unique cache keys for many unique identities**",
+    ]
+    assert any("1 requests returned more tokens than their max" in c for c in texts(at, "caption"))
+    links = [(e.proto.label, e.proto.page) for e in at.get("page_link")]
+    for title in ("Mismatches", "Replay", "Output length", "Cache", "Keys"):
+        assert (f"Open {title}", title.lower().replace(" ", "_")) in links
+
+
+def test_a_database_without_contamination_says_so(monkeypatch, clean_db):
+    at = open_app(monkeypatch, clean_db)
+    assert metrics_of(at.main)["Contaminated hits"] == "0"
+    assert any(s.startswith("No contaminated hits") for s in texts(at, "success"))
+    at.switch_page("pages/mismatches.py").run()
+    assert any(s.startswith("No contaminated hits") for s in texts(at, "success"))
+    assert not at.dataframe
+
+
+def test_an_empty_database_shows_how_to_load_logs_on_every_page(monkeypatch, tmp_path):
+    missing = tmp_path / "new.duckdb"
+    at = open_app(monkeypatch, missing)
+    for page in ui.PAGE_FILES.values():
+        at.switch_page(page).run()
+        assert not at.exception
+        [info] = texts(at, "info")
+        assert "specdec ingest PATH --db" in info and "make run" in info and "sidebar" in info
+        assert not at.main.metric
+    assert not missing.exists(), "looking at a database must not create it"
+    Store(missing).ensure()  # a database with the schema but no requests is empty too
+    at.switch_page("pages/overview.py").run()
+    assert "specdec ingest PATH --db" in texts(at, "info")[0]
+
+
+def test_a_page_run_alone_reruns_through_app(monkeypatch, incident_db):
+    """A first visit straight at a page of a fresh server starts the page without app.py."""
+    monkeypatch.setattr(script_runner, "PagesManager", PagesManager)
+    at = open_app(monkeypatch, incident_db)
+    at.sidebar.multiselect(key="f_deployments").set_value(["staging"]).run()
+    at.switch_page("pages/overview.py").run()
+    assert at.sidebar.text_input(key=ui.DB_KEY).value == str(incident_db)
+    assert metrics_of(at.main)["Requests"] == "2"
+
+
+# --- the sidebar -------------------------------------------------------------------------------------------
+
+
+def test_the_db_path_comes_from_the_cli_then_the_environment_then_the_default(monkeypatch):
+    monkeypatch.setenv("SPECDEC_DB", "/env/triage.duckdb")
+    assert ui.default_db_path(["--db", "/cli/triage.duckdb"]) == "/cli/triage.duckdb"
+    assert ui.default_db_path(["--db=/cli/other.duckdb"]) == "/cli/other.duckdb"
+    assert ui.default_db_path([]) == "/env/triage.duckdb"
+    monkeypatch.delenv("SPECDEC_DB")
+    assert ui.default_db_path(["--server.port", "1"]) == "data/specdec.duckdb"
+
+
+def test_deployment_filter_changes_every_number_and_follows_to_other_pages(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db)
+    at.sidebar.multiselect(key="f_deployments").set_value(["staging"]).run()
+    shown = metrics_of(at.main)
+    assert (shown["Requests"], shown["Hit rate"], shown["Contaminated hits"], shown["Key collisions"]) == (
+        "2", "0.0%", "0", "0")
+    assert at.session_state[ui.FILTERS_KEY] == Filters(deployments=("staging",))
+    at.switch_page("pages/mismatches.py").run()
+    assert any(s.startswith("No contaminated hits") for s in texts(at, "success"))
+
+
+def test_draft_model_filter_keeps_only_that_arm(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db)
+    at.sidebar.multiselect(key="f_draft_models").set_value(["llama-3b"]).run()
+    shown = metrics_of(at.main)
+    assert (shown["Requests"], shown["Contaminated hits"], shown["Length violations"]) == ("1", "1", "1")
+
+
+def test_time_range_narrows_the_requests_but_keeps_sources_outside_it(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db)
+    slider = at.sidebar.slider(key="f_time")
+    assert slider.value == (datetime(2026, 3, 1, 10, 0, tzinfo=UTC), datetime(2026, 3, 1, 10, 6, tzinfo=UTC))
+    slider.set_value((datetime(2026, 3, 1, 10, 2, tzinfo=UTC), datetime(2026, 3, 1, 10, 6, tzinfo=UTC))).run()
+    shown = metrics_of(at.main)
+    # r3, r4, s1, s2; r3 and r4 stay contaminated although their source r1 is before the window.
+    assert (shown["Requests"], shown["Contaminated hits"]) == ("4", "2")
+    assert at.session_state[ui.FILTERS_KEY].start == datetime(2026, 3, 1, 10, 2, tzinfo=UTC)
+    assert at.session_state[ui.FILTERS_KEY].end is None
+
+
+def test_loading_a_log_path_shows_the_counts_and_new_numbers(monkeypatch, tmp_path):
+    log = write_jsonl(tmp_path / "logs.jsonl", [*incident_records(), "{not json"])
+    at = open_app(monkeypatch, tmp_path / "loaded.duckdb")
+    assert texts(at, "info"), "the empty state comes first"
+    at.sidebar.text_input(key="load_path").set_value(str(log)).run()
+    at.sidebar.button[0].click().run()
+    assert metrics_of(at.sidebar) == {"Read": "7", "Accepted": "6", "Duplicates": "0", "Quarantined": "1"}
+    [quarantine] = at.sidebar.dataframe
+    assert list(quarantine.value.source_line) == [7]
+    assert metrics_of(at.main)["Requests"] == "6"
+    at.sidebar.button[0].click().run()
+    assert metrics_of(at.sidebar) == {"Read": "7", "Accepted": "0", "Duplicates": "7", "Quarantined": "0"}
+
+
+def test_a_path_that_cant_be_read_says_why_and_loads_nothing(monkeypatch, tmp_path):
+    at = open_app(monkeypatch, tmp_path / "loaded.duckdb")
+    at.sidebar.text_input(key="load_path").set_value(str(tmp_path / "nowhere.jsonl")).run()
+    at.sidebar.button[0].click().run()
+    [error] = texts(at, "error")
+    assert error.startswith("Nothing loaded:") and "nowhere" in error
+    assert not metrics_of(at.sidebar)
+
+
+def test_uploading_logs_ingests_them(monkeypatch, tmp_path):
+    at = open_app(monkeypatch, tmp_path / "uploaded.duckdb")
+    payload = "\n".join(__import__("json").dumps(r) for r in incident_records()).encode()
+    at.sidebar.get("file_uploader")[0].set_value(("incident.jsonl", payload, "application/octet-stream"))
+    at.run()
+    at.sidebar.button[1].click().run()
+    assert metrics_of(at.sidebar)["Accepted"] == "6"
+    assert metrics_of(at.main)["Contaminated hits"] == "2"
+
+
+def test_numbers_follow_the_database_when_it_changes(monkeypatch, tmp_path):
+    db = build_db(tmp_path, incident_records()[:2])
+    at = open_app(monkeypatch, db)
+    assert metrics_of(at.main)["Requests"] == "2"
+    ingest(Store(db), [str(write_jsonl(tmp_path / "more.jsonl", incident_records()[2:]))])
+    at.run()
+    assert metrics_of(at.main)["Requests"] == "6"
+
+
+# --- the other pages ---------------------------------------------------------------------------------------
+
+
+def test_cache_page_charts_and_tables(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "cache")
+    assert len(at.get("plotly_chart")) == 5
+    ratios, latency, acceptance = (d.value for d in at.dataframe)
+    prod = ratios.set_index("deployment").loc["prod"]
+    assert (prod.requests, prod.unique_keys, prod.unique_identities) == (4, 1, 3)
+    assert (prod.hit_rate, prod.max_correct_hit_rate) == (0.75, 0.25)
+    assert latency.set_index("outcome").loc["hit", "requests"] == 3
+    assert list(acceptance.draft_model) == ["llama-1b"]
+    assert acceptance.acceptance_rate[0] == 0.75
+
+
+def test_output_length_page_lists_the_violation(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "output_length")
+    assert len(at.get("plotly_chart")) == 1
+    boxes, violations = (d.value for d in at.dataframe)
+    assert list(boxes.max_tokens) == [2, 16, 64] and list(boxes.violations) == [1, 0, 0]
+    assert list(violations.request_id) == ["r4"]
+    assert texts(at, "error") == ["1 requests returned more tokens than their max_tokens allows."]
+
+
+def test_mismatches_page_lists_contaminated_hits_with_their_source(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "mismatches")
+    [table] = at.dataframe
+    assert list(table.value.request_id) == ["r3", "r4"]
+    assert list(table.value.source_request_id) == ["r1", "r1"]
+    assert list(table.value.differing_fields) == ["max_tokens", "draft_model;max_tokens"]
+    assert len(at.get("plotly_chart")) == 1
+
+
+def test_mismatches_text_filter_narrows_the_table(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "mismatches")
+    at.text_input(key="mismatch_filter").set_value("DRAFT_MODEL").run()
+    assert list(at.dataframe[0].value.request_id) == ["r4"]
+    assert "1 of 2 contaminated hits" in texts(at, "caption")[0]
+
+
+def test_selecting_mismatches_queues_them_for_replay(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "mismatches")
+    at.session_state["mismatch_table"] = {"selection": {"rows": [1], "columns": []}}
+    at.run()
+    assert at.session_state[ui.REPLAY_IDS_KEY] == ["r4"]
+    assert ("Open Replay with the selection", "replay") in [(e.proto.label, e.proto.page)
+                                                            for e in at.get("page_link")]
+    [replay_button] = [b for b in at.main.button if b.label == "Replay selected"]
+    replay_button.click().run()
+    assert texts(at, "title") == ["Replay"]
+    assert at.text_input(key="replay_request_id").value == "r4"
+
+
+def test_keys_page_shows_the_identities_behind_a_shared_key(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "keys")
+    collisions, identities = (d.value for d in at.dataframe)
+    assert list(collisions.cache_key) == ["k-1"] and list(collisions.identities) == [3]
+    assert list(identities.requests) == [2, 1, 1] and list(identities.hits) == [1, 1, 1]
+    assert list(identities.max_tokens) == [64, 16, 2]
+    assert list(identities.first_seen.dt.strftime("%H:%M")) == ["10:00", "10:02", "10:03"]
+
+
+def test_replay_page_shows_the_logged_request_from_a_link(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "replay", request_id="r3")
+    assert at.text_input(key="replay_request_id").value == "r3"
+    assert texts(at, "code")[:2] == ["Summarise the incident.", "An output."]
+    fields = at.dataframe[0].value.set_index("field").value
+    assert (fields["max_tokens"], fields["source_request_id"], fields["differing_fields"]) == (
+        "16", "r1", "max_tokens")
+    [warning] = texts(at, "warning")
+    assert "r1" in warning and "max\\_tokens" in warning
+
+
+def test_replay_page_says_when_a_request_is_unknown(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "replay")
+    at.text_input(key="replay_request_id").set_value("nope").run()
+    assert texts(at, "warning") == ["No request `nope` in this database."]
+
+
+# --- replay, against the specdec_core.replay API with a stand-in decoder ------------------------------------
+
+
+@dataclass
+class StandInDiff:
+    word_ops: list
+    common_prefix_tokens: int = 1
+    common_prefix_chars: int = 3
+    first_divergent_token: int | None = 1
+    similarity: float = 0.5
+    production_tokens: int = 3
+    replay_tokens: int = 4
+    max_tokens: int = 16
+
+
+@dataclass
+class StandInResult:
+    request_id: str
+    classification: str
+    evidence: dict
+    production_text: str
+    replay_text: str
+    diff: Any
+    draft_tokens: int | None = 8
+    accepted_tokens: int | None = 6
+    source_request_id: str | None = None
+    source_replay_text: str | None = None
+    message: str = ""
+    calls: list = field(default_factory=list)
+
+
+def stand_in_replay_module(monkeypatch) -> list:
+    """specdec_core.replay as its API is agreed; records the calls the pages make."""
+    calls: list = []
+
+    def replay(store, request_id, decoder, *, prompt=None):
+        calls.append(("replay", request_id, decoder, prompt))
+        return StandInResult(
+            request_id, "foreign", {"source": "r1", "why": "replay of the source matches production"},
+            production_text="An output.", replay_text="An <b>other</b> output.",
+            diff=StandInDiff([("equal", ["An"], ["An"]), ("insert", [], ["<b>other</b>"]),
+                              ("equal", ["output."], ["output."])]),
+            source_request_id="r1", source_replay_text="An output.", message="served r1's output",
+        )
+
+    def replay_many(store, request_ids, decoder, progress=None):
+        out = []
+        for n, request_id in enumerate(request_ids, 1):
+            result = replay(store, request_id, decoder)
+            out.append(result)
+            if progress:
+                progress(n, len(request_ids), result)
+        return out
+
+    module = types.ModuleType("specdec_core.replay")
+    module.replay, module.replay_many, module.default_decoder = replay, replay_many, lambda: "decoder"
+    monkeypatch.setitem(sys.modules, "specdec_core.replay", module)
+    return calls
+
+
+def test_replay_shows_both_outputs_the_diff_and_the_source_for_a_foreign_output(monkeypatch, incident_db):
+    calls = stand_in_replay_module(monkeypatch)
+    at = open_app(monkeypatch, incident_db, "replay", request_id="r3")
+    [button] = [b for b in at.main.button if b.label == "Replay with the full identity"]
+    button.click().run()
+    assert calls == [("replay", "r3", "decoder", None)]
+    shown = metrics_of(at.main)
+    assert shown["Classification"] == "foreign"
+    assert (shown["Common prefix (tokens)"], shown["Similarity"], shown["Acceptance rate (replay)"]) == (
+        "1", "50.0%", "75.0%")
+    assert texts(at, "code")[2:] == ["An output.", "An <b>other</b> output.", "An output."]
+    [diff] = [m for m in texts(at, "markdown") if "green-background[" in m and "Word diff" not in m]
+    assert diff == r"An :green-background[\<b\>other\<\/b\>] output\."
+    assert at.get("json")[0].proto.body == '{"source": "r1", "why": "replay of the source matches production"}'
+
+
+def test_batch_replay_of_the_most_suspicious_requests(monkeypatch, incident_db):
+    calls = stand_in_replay_module(monkeypatch)
+    at = open_app(monkeypatch, incident_db, "replay")
+    at.number_input(key="batch_count").set_value(5).run()
+    [button] = [b for b in at.main.button if b.label == "Replay batch"]
+    button.click().run()
+    # contaminated hits first, the one also longer than its max_tokens ahead; nothing else is suspicious
+    assert [c[1] for c in calls] == ["r4", "r3"]
+    assert at.get("progress")[0].proto.value == 100
+    table = at.dataframe[-1].value
+    assert list(table.request_id) == ["r4", "r3"] and set(table.classification) == {"foreign"}
+    at.switch_page("pages/export.py").run()
+    assert [b.label for b in at.get("download_button")] == ["Download mismatch report (CSV)",
+                                                             "Download replays (CSV)"]
+
+
+# --- export -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def served_files(monkeypatch) -> dict[str, bytes]:
+    """What download buttons serve, by media URL."""
+    stores: list[MemoryMediaFileStorage] = []
+
+    class RecordingStorage(MemoryMediaFileStorage):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            stores.append(self)
+
+    monkeypatch.setattr(app_test_module, "MemoryMediaFileStorage", RecordingStorage)
+
+    class Served(dict):
+        def __missing__(self, url: str) -> bytes:
+            file_id = url.rsplit("/", 1)[-1].split(".")[0]
+            for store in reversed(stores):
+                try:
+                    return store.get_file(file_id).content
+                except Exception:
+                    continue
+            raise KeyError(url)
+
+    return Served()
+
+
+EXPECTED_CSV = (
+    "request_id,ts,kind,cache_key,source_request_id,differing_fields,target_model,draft_model,temperature,"
+    "max_tokens,tokenizer_version,deployment,output_tokens,classification,detail\n"
+    "r3,2026-03-01T10:02:00.000Z,contaminated_hit,k-1,r1,max_tokens,llama-8b,llama-1b,0.0,16,tok-v1,prod,3,,\n"
+    "r4,2026-03-01T10:03:00.000Z,contaminated_hit,k-1,r1,draft_model;max_tokens,llama-8b,llama-3b,0.0,2,tok-v1,"
+    "prod,3,,\n"
+    "r4,2026-03-01T10:03:00.000Z,length_violation,k-1,r1,,llama-8b,llama-3b,0.0,2,tok-v1,prod,3,,"
+    "output_tokens 3 > max_tokens 2\n"
+)
+
+
+def test_export_serves_the_mismatch_report_csv(monkeypatch, incident_db, served_files):
+    at = open_app(monkeypatch, incident_db, "export")
+    assert metrics_of(at.main) == {"contaminated_hit": "2", "length_violation": "1", "replay_mismatch": "0"}
+    [button] = at.get("download_button")
+    csv = served_files[button.proto.url]
+    assert csv == report.report_csv(report.mismatch_report(Store(incident_db)))
+    assert csv.decode() == EXPECTED_CSV
+
+
+def test_export_follows_the_kinds_and_the_filters(monkeypatch, incident_db, served_files):
+    at = open_app(monkeypatch, incident_db, "export")
+    at.multiselect(key="export_kinds").set_value(["length_violation"]).run()
+    csv = served_files[at.get("download_button")[0].proto.url].decode()
+    assert csv.splitlines()[1:] == EXPECTED_CSV.splitlines()[3:]
+    at.sidebar.multiselect(key="f_deployments").set_value(["staging"]).run()
+    [button] = at.get("download_button")
+    assert button.proto.disabled
+    assert served_files[button.proto.url] == report.report_csv(
+        report.mismatch_report(Store(incident_db), Filters(deployments=("staging",)), ["length_violation"]))
+    assert texts(at, "success") == ["Nothing to report for these kinds in this selection."]
+
+
+# --- log text is shown as text ------------------------------------------------------------------------------
+
+
+def assert_inert(at: AppTest) -> None:
+    elements = walk(at.main) + walk(at.sidebar)
+    assert not at.get("html"), "no st.html anywhere"
+    for element in elements:
+        proto = getattr(element, "proto", None)
+        if proto is not None and hasattr(proto, "allow_html"):
+            assert not proto.allow_html, element
+    for body in texts(at, "markdown") + texts(at, "caption") + texts(at, "warning") + texts(at, "info"):
+        # no tag, and no link or image: `<`, `>` and `](` only ever arrive backslash-escaped
+        assert not re.search(r"(?<!\\)[<>]|(?<!\\)\]\(", body), body
+
+
+def test_html_in_logs_renders_as_its_characters(monkeypatch, html_db):
+    stand_in_replay_module(monkeypatch)
+    at = open_app(monkeypatch, html_db)
+    assert_inert(at)
+    window = [m for m in texts(at, "markdown") if "contaminated hits since" in m]
+    assert markdown_unescape(window[0]).startswith(f"**{HTML_DEPLOYMENT}**: 1 contaminated")
+    arms = [c for c in texts(at, "caption") if "Arms served" in c]
+    assert HTML_MODEL in markdown_unescape(arms[0])
+
+    at.switch_page("pages/mismatches.py").run()
+    assert_inert(at)
+    table = at.dataframe[0].value
+    assert table.output_preview[0] == HTML_OUTPUT[:120] and table.deployment[0] == HTML_DEPLOYMENT
+
+    at.switch_page("pages/replay.py")
+    at.query_params["request_id"] = "x2"
+    at.run()
+    assert_inert(at)
+    assert texts(at, "code")[:2] == [SCRIPT, HTML_OUTPUT]
+    [b for b in at.main.button if b.label == "Replay with the full identity"][0].click().run()
+    assert_inert(at)
+    assert "An <b>other</b> output." in texts(at, "code")
+
+    for page in ("cache", "output_length", "keys", "export"):
+        at.switch_page(f"pages/{page}.py").run()
+        assert not at.exception
+        assert_inert(at)
+
+
+def test_app_and_pages_never_allow_html():
+    sources = [APP, ROOT / "ui.py", *sorted((ROOT / "pages").glob("*.py"))]
+    for source in sources:
+        text = source.read_text()
+        assert "unsafe_allow_html" not in text and "st.html" not in text, source
