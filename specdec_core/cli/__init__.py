@@ -14,7 +14,9 @@ from collections.abc import Sequence
 # Each module defines `register(subparsers)`; its parsers set `func(args) -> int`.
 COMMAND_MODULES: tuple[str, ...] = (
     "specdec_core.cli.store_cmds",
+    "specdec_core.cli.replay_cmd",
     "specdec_core.cli.audit_cmd",
+    "specdec_core.cli.models_cmds",
 )
 
 

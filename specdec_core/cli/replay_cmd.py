@@ -1,0 +1,77 @@
+"""`specdec replay`: replay one request, or the N most suspicious, and print what decided the verdict."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..metrics import suspicious_requests
+from ..models import RegistryError
+from ..replay import ReplayError, ReplayResult, replay, replay_many
+from ..store import Store
+
+
+def _print_result(r: ReplayResult) -> None:
+    print(f"{r.request_id}: {r.classification}")
+    print(f"  {r.message}")
+    for key, value in r.evidence.items():
+        print(f"  {key}: {value}")
+    if r.draft_tokens is not None:
+        print(f"  draft tokens {r.draft_tokens}, accepted {r.accepted_tokens}")
+    if r.diff is not None and not r.diff.identical:
+        print(f"  similarity {r.diff.similarity:.3f}, common prefix {r.diff.common_prefix_tokens} tokens, "
+              f"first divergent token {r.diff.first_divergent_token}")
+        print("  diff ([-production-]{+replay+}):")
+        for line in r.diff.render().splitlines() or [""]:
+            print(f"    {line}")
+
+
+def _progress(n: int, total: int, result: ReplayResult) -> None:
+    width = 30
+    filled = width * n // max(total, 1)
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {n}/{total} {result.request_id}: {result.classification}",
+          end="\n" if n == total else "", file=sys.stderr, flush=True)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    store = Store(args.db)
+    if not store.exists:
+        print(f"specdec replay: {store.path}: no such database; load logs with `specdec ingest`", file=sys.stderr)
+        return 1
+    try:
+        from ..engine import SpecDecoder
+
+        decoder = SpecDecoder(device=args.device)
+        if args.request_id:
+            results = [replay(store, args.request_id, decoder, prompt=args.prompt)]
+        else:
+            ids = list(suspicious_requests(store, args.suspicious)["request_id"])
+            if not ids:
+                print("no suspicious request: no contaminated hit and no length violation in this log")
+                return 0
+            results = replay_many(store, ids, decoder, progress=_progress if sys.stderr.isatty() else None)
+    except (ReplayError, RegistryError) as exc:
+        print(f"specdec replay: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        payload = [r.to_json() for r in results]
+        print(json.dumps(payload[0] if args.request_id else payload, default=str))
+    else:
+        for r in results:
+            _print_result(r)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("replay", help="replay requests with their full identity and diff against production",
+                              description="Replay through the local speculative decoder (no cache) and classify "
+                                          "the difference: match, near_tie, sampled, foreign, diverged, unavailable.")
+    p.add_argument("--db", help="DuckDB file (default: $SPECDEC_DB or data/specdec.duckdb)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--request-id", metavar="ID")
+    which.add_argument("--suspicious", type=int, metavar="N", help="the N most suspicious (contaminated hits first)")
+    p.add_argument("--prompt", help="the prompt of a redacted request (checked against its prompt_hash)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_replay)

@@ -1,0 +1,184 @@
+"""Replay on the tiny model family: match, foreign (with its source), near_tie, unavailable, redacted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from logfactory import DROP, rec, write_jsonl
+
+from specdec_core.cache import MemoryCache
+from specdec_core.engine import SpecDecoder
+from specdec_core.ingest import ingest
+from specdec_core.replay import ReplayError, replay, replay_many
+from specdec_core.request import DecodeRequest, sha256_hex
+from specdec_core.service import DecodeService
+from specdec_core.store import Store
+
+PROMPT = "speculative decoding drafts tokens"
+A = dict(prompt=PROMPT, target_model="tiny-target", draft_model="tiny-draft-a", num_speculative_tokens=3,
+         temperature=0.0, max_tokens=12, tokenizer_version="tiny-tok-v1")
+# Same prompt, another draft model and a sampled temperature: prompt_only keys it like A.
+B = dict(A, draft_model="tiny-draft-b", temperature=1.5, seed=3, max_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_registry):
+    return SpecDecoder(tiny_registry, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def incident_store(tmp_path_factory, decoder):
+    """A log written by the real service with the classic prompt-only key: B gets A's output."""
+    tmp = tmp_path_factory.mktemp("replay")
+    log = tmp / "service.jsonl"
+    clock = iter(1772359200.0 + i for i in range(100))
+    service = DecodeService(MemoryCache(), decoder, key_scheme="prompt_only", guard=False, log_sink=str(log),
+                            deployment="edge", clock=lambda: next(clock))
+    with service:
+        service.decode(DecodeRequest(**A), request_id="a")
+        service.decode(DecodeRequest(**B), request_id="b")
+    store = Store(tmp / "replay.duckdb")
+    assert ingest(store, [str(log)]).accepted == 2
+    return store
+
+
+def test_a_request_produced_by_the_decoder_replays_as_match(incident_store, decoder):
+    result = replay(incident_store, "a", decoder)
+    assert result.classification == "match", result.message
+    assert result.diff.identical and result.diff.similarity == 1.0
+    assert result.accepted_tokens is not None and result.accepted_tokens <= result.draft_tokens
+
+
+def test_a_contaminated_hit_replays_as_foreign_and_names_its_source(incident_store, decoder):
+    result = replay(incident_store, "b", decoder)
+    assert result.classification == "foreign", result.message
+    assert result.source_request_id == "a"
+    assert result.evidence["source_replay_equals_production"] is True
+    assert set(result.evidence["differing_fields"]) == {"draft_model", "temperature", "max_tokens"}
+    assert result.source_replay_text == result.production_text != result.replay_text
+
+
+def test_replaying_twice_stores_two_rows_with_the_same_result(incident_store, decoder):
+    first = replay(incident_store, "a", decoder)
+    second = replay(incident_store, "a", decoder)
+    assert first.replay_text == second.replay_text and first.classification == second.classification
+    with incident_store.read() as con:
+        rows = con.execute("SELECT classification, replay_text FROM replays WHERE request_id = 'a'").fetchall()
+    assert len(rows) >= 2 and len(set(rows)) == 1
+
+
+def test_replay_many_reports_progress_and_loads_models_once(incident_store, decoder):
+    replay(incident_store, "a", decoder)  # warm
+    loads = decoder.load_count
+    seen = []
+    results = replay_many(incident_store, ["a", "b", "a"], decoder, progress=lambda n, total, r: seen.append(
+        (n, total, r.classification)))
+    assert [r.classification for r in results] == ["match", "foreign"]
+    assert seen == [(1, 2, "match"), (2, 2, "foreign")]
+    assert decoder.load_count == loads
+
+
+def _greedy_with_alternative(decoder, margin_wanted: str):
+    """A greedy output with one token swapped for the target's second choice, at the smallest or largest margin."""
+    req = DecodeRequest(**dict(A, draft_model=None, num_speculative_tokens=None, max_tokens=16))
+    out = decoder.generate(req)
+    scores = decoder.score(req, out.token_ids)
+    tok = decoder.loader.tokenizer(req.tokenizer_version)
+    candidates = []
+    for i in range(len(out.token_ids)):
+        import torch
+
+        target = decoder.loader.model(req.target_model)
+        ids = torch.tensor([decoder.prompt_ids(req) + list(out.token_ids[:i])])
+        with torch.inference_mode():
+            logits = target(input_ids=ids).logits[0, -1]
+        second = int(logits.topk(2).indices[1])
+        altered = list(out.token_ids[:i]) + [second]
+        text = tok.decode(altered, skip_special_tokens=True)
+        if decoder.encode_output(req, text) == altered:  # the text round-trips to these tokens
+            candidates.append((scores.margins[i], i, text))
+    assert candidates, "no position round-trips through the tokenizer"
+    return req, sorted(candidates)[0 if margin_wanted == "small" else -1]
+
+
+@pytest.mark.parametrize("which", ["small", "large"])
+def test_a_one_token_change_is_a_near_tie_only_where_the_margin_is_tiny(tmp_path, decoder, which):
+    req, (margin, position, text) = _greedy_with_alternative(decoder, which)
+    store = Store(tmp_path / "tie.duckdb")
+    record = rec("t", **{k: v for k, v in req.to_record().items() if k != "prompt_hash"},
+                 output_text=text, output_tokens=position + 1)
+    ingest(store, [str(write_jsonl(tmp_path / "tie.jsonl", [record]))])
+    # The threshold sits just above the smallest margin: a large margin must not pass for numerics.
+    smallest_margin = _greedy_with_alternative(decoder, "small")[1][0]
+    result = replay(store, "t", decoder, near_tie_margin=smallest_margin + 1e-4)
+    assert result.evidence["first_divergent_token"] == position
+    assert result.evidence["production_rank_at_divergence"] == 2
+    if which == "small":
+        assert result.classification == "near_tie", result.message
+    else:
+        assert margin > smallest_margin + 1e-4
+        assert result.classification == "diverged", result.message
+
+
+def test_an_unknown_model_is_unavailable_and_named(tmp_path, decoder):
+    store = Store(tmp_path / "u.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "u.jsonl", [rec("u", target_model="mystery-70b",
+                                                              tokenizer_version="tiny-tok-v1")]))])
+    result = replay(store, "u", decoder)
+    assert result.classification == "unavailable"
+    assert "mystery-70b" in result.message and "specdec.toml" in result.message
+    assert set(result.evidence["missing"]) == {"target_model", "draft_model"}  # llama-1b is unknown too
+
+
+def test_a_redacted_prompt_says_so_and_replays_once_the_prompt_matches(tmp_path, decoder):
+    store = Store(tmp_path / "r.duckdb")
+    out = decoder.generate(DecodeRequest(**A))
+    record = rec("r", **dict(A, prompt=DROP), prompt_hash=sha256_hex(PROMPT), output_text=out.text,
+                 output_tokens=len(out.token_ids))
+    ingest(store, [str(write_jsonl(tmp_path / "r.jsonl", [record]))])
+    result = replay(store, "r", decoder)
+    assert result.classification == "redacted" and "prompt_hash" in result.message
+    with pytest.raises(ReplayError, match="hashes to"):
+        replay(store, "r", decoder, prompt="not the prompt")
+    assert replay(store, "r", decoder, prompt=PROMPT).classification == "match"
+
+
+def test_unknown_request_id_is_a_clear_error(incident_store, decoder):
+    with pytest.raises(ReplayError, match="not in"):
+        replay(incident_store, "no-such-request", decoder)
+
+
+def test_replay_mismatches_appear_in_the_report(incident_store, decoder):
+    from specdec_core.report import mismatch_report
+
+    replay(incident_store, "b", decoder)
+    frame = mismatch_report(incident_store, kinds=["replay_mismatch"])
+    assert list(frame["request_id"]) == ["b"] and list(frame["classification"]) == ["foreign"]
+
+
+def _registry_toml(registry) -> str:
+    lines = []
+    for name, spec in registry.models.items():
+        lines += [f"[models.{json.dumps(name)}]", f"path = {json.dumps(str(spec.path))}"]
+    for name, spec in registry.tokenizers.items():
+        lines += [f"[tokenizers.{json.dumps(name)}]", f"path = {json.dumps(str(spec.path))}",
+                  f"chat_template = {json.dumps(spec.chat_template)}",
+                  f"normalize = {json.dumps(list(spec.normalize))}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_replay_cli_prints_classification_and_json(incident_store, tiny_registry, tmp_path):
+    config = tmp_path / "specdec.toml"
+    config.write_text(_registry_toml(tiny_registry))
+    env = {"SPECDEC_CONFIG": str(config), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "specdec_core", "replay", "--db", str(incident_store.path),
+                           "--request-id", "b", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["classification"] == "foreign"
+    done = subprocess.run([sys.executable, "-m", "specdec_core", "replay", "--db", str(incident_store.path),
+                           "--suspicious", "1"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "b" in done.stdout and "foreign" in done.stdout
