@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import duckdb
 import pyarrow as pa
@@ -76,11 +75,11 @@ ProgressCallback = Callable[[int, int, str], None]  # (files done, files total, 
 
 
 def _t(name: str) -> str:
-    return f"t[{_INDEX[name]}]"
+    return f"t_{name}"  # the field's JSON type, NULL when absent
 
 
 def _s(name: str) -> str:
-    return f"s[{_INDEX[name]}]"
+    return f"s_{name}"  # the field as text: strings unquoted, anything else as JSON
 
 
 def _value_sql(name: str, kind: str) -> str:
@@ -165,7 +164,8 @@ def _typed_columns_sql() -> str:
         "f_request_id AS request_id",
         "f_ts AS ts",
         "f_prompt AS prompt",
-        "coalesce(lower(f_prompt_hash), sha256(f_prompt)) AS prompt_hash",
+        # The prompt's own hash is computed once per distinct identity, not per row.
+        "lower(f_prompt_hash) AS prompt_hash",
         "f_target_model AS target_model",
         "f_draft_model AS draft_model",
         "f_num_speculative_tokens::BIGINT AS num_speculative_tokens",
@@ -198,7 +198,7 @@ _CONTENT_COLUMNS = (
     "cache_key", "cache_hit", "cached_fingerprint", "output_text", "output_tokens", "finish_reason",
     "latency_ms", "draft_tokens", "accepted_tokens", "extra",
 )
-_IDENTITY_INPUT = ("prompt_hash", "target_model", "draft_model", "num_speculative_tokens", "temperature",
+_IDENTITY_INPUT = ("prompt", "prompt_hash", "target_model", "draft_model", "num_speculative_tokens", "temperature",
                    "top_p", "top_k", "max_tokens", "seed", "stop", "tokenizer_version")
 
 
@@ -215,12 +215,15 @@ def _load_staging(con: duckdb.DuckDBPyConnection, batch: RawBatch, first_seq: in
     return len(batch.raws)
 
 
-_CONTENT_HASH = "md5(concat_ws(chr(31), " + ", ".join(
-    f"coalesce(to_json({c})::VARCHAR, '~')" for c in _CONTENT_COLUMNS) + "))"
+def _content_hash_sql(alias: str, prompt_hash: str) -> str:
+    """A digest of a stored row's content; computed alike for new rows and loaded ones, only where ids repeat."""
+    cols = [prompt_hash if c == "prompt_hash" else f"{alias}.{c}" for c in _CONTENT_COLUMNS]
+    return "md5(concat_ws(chr(31), " + ", ".join(f"coalesce(to_json({c})::VARCHAR, '~')" for c in cols) + "))"
 
 
-_ID_KEY = "md5(concat_ws(chr(31), " + ", ".join(
-    f"coalesce(to_json({c})::VARCHAR, '~')" for c in _IDENTITY_INPUT) + "))"
+# DuckDB's hash() makes the join an equi-join; the exact comparison after it rules out collisions.
+_ID_HASH = f"hash({', '.join(_IDENTITY_INPUT)})"
+_ID_JOIN = "t.id_hash = m.id_hash AND " + " AND ".join(f"t.{c} IS NOT DISTINCT FROM m.{c}" for c in _IDENTITY_INPUT)
 
 
 def _create_work_tables(con: duckdb.DuckDBPyConnection) -> None:
@@ -235,22 +238,20 @@ def _validate_chunk(con: duckdb.DuckDBPyConnection, create: bool = False) -> Non
     """Check the staged chunk: rejected rows to `checked_bad`, the others typed into `typed`."""
     paths = _paths_literal()
     con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE extracted AS
+        CREATE OR REPLACE TEMP TABLE checked AS
         WITH p AS (SELECT *, json_valid(raw) AS valid FROM staging),
         q AS (SELECT *, CASE WHEN valid THEN json_type(CASE WHEN valid THEN raw ELSE '{{}}' END) END AS root
               FROM p),
         -- JSON functions are evaluated on every row of a vector: give the broken ones an empty object.
-        o AS (SELECT *, CASE WHEN root = 'OBJECT' THEN raw ELSE '{{}}' END AS obj FROM q)
-        SELECT seq, source_file, source_line, raw, valid, root, obj,
-               json_type(obj, {paths}) AS t, json_extract_string(obj, {paths}) AS s
-        FROM o
-    """)
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE vals AS SELECT *, {_values_sql()} FROM extracted
-    """)
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE checked AS
-        SELECT *, {_reason_sql()} AS reason,
+        o AS (SELECT *, CASE WHEN root = 'OBJECT' THEN raw ELSE '{{}}' END AS obj FROM q),
+        lists AS (SELECT *, json_type(obj, {paths}) AS t, json_extract_string(obj, {paths}) AS s FROM o),
+        -- One column per field: list indexing inside every later expression would repeat the work.
+        fields AS (SELECT seq, source_file, source_line, raw, valid, root, obj,
+                          {", ".join(f"t[{i}] AS {_t(n)}, s[{i}] AS {_s(n)}" for n, i in _INDEX.items())}
+                   FROM lists),
+        vals AS (SELECT *, {_values_sql()} FROM fields)
+        SELECT seq, source_file, source_line, raw, obj, {", ".join(f"f_{n}" for n in FIELD_NAMES)},
+               {_reason_sql()} AS reason,
                CASE WHEN {_t('request_id')} = 'VARCHAR' THEN {_s('request_id')} END AS raw_request_id
         FROM vals
     """)
@@ -263,28 +264,46 @@ def _validate_chunk(con: duckdb.DuckDBPyConnection, create: bool = False) -> Non
             SELECT seq, source_file, source_line, raw, {_typed_columns_sql()}
             FROM checked WHERE reason IS NULL
         )
-        SELECT *, {_CONTENT_HASH} AS content_hash, {_ID_KEY} AS id_key FROM typed_chunk
+        SELECT *, {_ID_HASH} AS id_hash FROM typed_chunk
     """
     con.execute(f"CREATE OR REPLACE TEMP TABLE typed AS {select}" if create else f"INSERT INTO typed {select}")
-    con.execute("DROP TABLE extracted; DROP TABLE vals; DROP TABLE checked; DROP TABLE staging")
+    con.execute("DROP TABLE checked; DROP TABLE staging")
 
 
-def _compute_identities(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str]]:
-    """Fingerprint every distinct identity tuple with `request.identity`; return rows it rejects."""
+def _compute_identities(con: duckdb.DuckDBPyConnection) -> None:
+    """Fingerprint every distinct identity tuple with `request.identity` into `idmap` (or say why not)."""
     cols = ", ".join(_IDENTITY_INPUT)
-    tuples = con.execute(f"SELECT DISTINCT id_key, {cols} FROM typed").fetchall()
-    id_keys, fps, identity_rows, rejected_keys = [], [], {}, {}
+    tuples = con.execute(f"SELECT DISTINCT {cols}, id_hash FROM typed").fetchall()
+    fps: list[str | None] = []
+    prompt_shas: list[str | None] = []
+    reasons: list[str | None] = []
+    identity_rows: dict[str, dict] = {}
     for row in tuples:
-        record = dict(zip(_IDENTITY_INPUT, row[1:], strict=True))
         try:
-            obj = identity(record)
+            obj = identity(dict(zip(_IDENTITY_INPUT, row[:-1], strict=True)))
         except ValueError as exc:
-            rejected_keys[row[0]] = str(exc)
+            fps.append(None)
+            prompt_shas.append(None)
+            reasons.append(str(exc))
             continue
         fp = fingerprint_of_identity(obj)
-        id_keys.append(row[0])
         fps.append(fp)
+        prompt_shas.append(obj["prompt"])
+        reasons.append(None)
         identity_rows[fp] = obj
+    columns = {c: [row[i] for row in tuples] for i, c in enumerate(_IDENTITY_INPUT)}
+    columns["id_hash"] = [row[-1] for row in tuples]
+    con.execute(f"CREATE OR REPLACE TEMP TABLE idmap AS SELECT {cols}, id_hash, NULL::VARCHAR AS fingerprint, "
+                "NULL::VARCHAR AS prompt_sha, NULL::VARCHAR AS reject_reason FROM typed LIMIT 0")
+    if tuples:
+        columns["seed"] = [None if v is None else str(v) for v in columns["seed"]]
+        con.register("idmap_arrow", pa.table({**{c: pa.array(v, type=_arrow_type(c))
+                                                   for c, v in columns.items()},
+                                                "fingerprint": fps, "prompt_sha": prompt_shas,
+                                                "reject_reason": reasons}))
+        con.execute(f"INSERT INTO idmap SELECT {cols.replace('seed', 'seed::HUGEINT')}, id_hash, fingerprint, prompt_sha, "
+                    "reject_reason FROM idmap_arrow")
+        con.unregister("idmap_arrow")
     # cached_fingerprint objects are canonicalised too, so a writer's spelling of an equivalence can't matter.
     cached = con.execute(
         "SELECT DISTINCT cached_fingerprint::VARCHAR FROM typed WHERE cached_fingerprint IS NOT NULL"
@@ -299,19 +318,16 @@ def _compute_identities(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str]]
         cached_texts.append(text)
         cached_fps.append(fp)
         identity_rows[fp] = obj
-    con.register("idmap_arrow", pa.table({"id_key": id_keys, "fingerprint": fps}))
-    con.register("cachedmap_arrow", pa.table({"text": cached_texts, "fingerprint": cached_fps}))
-    con.execute("CREATE OR REPLACE TEMP TABLE idmap AS SELECT * FROM idmap_arrow")
+    con.register("cachedmap_arrow", pa.table({"text": pa.array(cached_texts, pa.string()),
+                                              "fingerprint": pa.array(cached_fps, pa.string())}))
     con.execute("CREATE OR REPLACE TEMP TABLE cachedmap AS SELECT * FROM cachedmap_arrow")
-    con.unregister("idmap_arrow")
     con.unregister("cachedmap_arrow")
     _insert_identities(con, identity_rows)
-    if not rejected_keys:
-        return []
-    rejected = con.execute(
-        "SELECT seq, id_key FROM typed WHERE list_contains(?, id_key)", [list(rejected_keys)]
-    ).fetchall()
-    return [(seq, rejected_keys[key]) for seq, key in rejected]
+
+
+def _arrow_type(column: str) -> pa.DataType | None:
+    # HUGEINT seeds go through text: Arrow has no 128-bit integer.
+    return {"seed": pa.string(), "stop": pa.list_(pa.string()), "id_hash": pa.uint64()}.get(column)
 
 
 def _insert_identities(con: duckdb.DuckDBPyConnection, rows: dict[str, dict]) -> None:
@@ -338,55 +354,64 @@ def _insert_identities(con: duckdb.DuckDBPyConnection, rows: dict[str, dict]) ->
     con.unregister("identities_arrow")
 
 
-def _classify(con: duckdb.DuckDBPyConnection, rejected: list[tuple[int, str]]) -> None:
-    """Split valid rows into accepted, duplicates and conflicts (the first occurrence wins)."""
-    con.execute("CREATE OR REPLACE TEMP TABLE rejected_identity (seq BIGINT, reason VARCHAR)")
-    if rejected:
-        con.executemany("INSERT INTO rejected_identity VALUES (?, ?)", rejected)
+def _classify(con: duckdb.DuckDBPyConnection) -> None:
+    """Outcome of the rows whose request_id repeats, in this batch or against the store; the first one wins."""
     con.execute("""
+        CREATE OR REPLACE TEMP TABLE contested AS
+        SELECT request_id FROM typed GROUP BY request_id HAVING count(*) > 1
+        UNION SELECT DISTINCT t.request_id FROM typed t JOIN requests r USING (request_id)
+    """)
+    con.execute(f"""
         CREATE OR REPLACE TEMP TABLE outcome AS
-        WITH firsts AS (
+        WITH ok AS (
+            SELECT t.seq, t.request_id, t.source_file, t.source_line,
+                   {_content_hash_sql('t', 'm.prompt_sha')} AS content_hash
+            FROM typed t JOIN idmap m ON {_ID_JOIN}
+            WHERE m.reject_reason IS NULL AND t.request_id IN (SELECT request_id FROM contested)
+        ), firsts AS (
             SELECT request_id, min(seq) AS first_seq, arg_min(content_hash, seq) AS first_hash,
                    arg_min(source_file || ':' || source_line, seq) AS first_at
-            FROM typed WHERE seq NOT IN (SELECT seq FROM rejected_identity) GROUP BY request_id
+            FROM ok GROUP BY request_id
+        ), ex AS (
+            SELECT r.request_id, {_content_hash_sql('r', 'r.prompt_hash')} AS content_hash,
+                   r.source_file || ':' || r.source_line AS loaded_at
+            FROM requests r WHERE r.request_id IN (SELECT request_id FROM contested)
         )
-        SELECT t.seq,
+        SELECT ok.seq,
           CASE
-            WHEN ex.content_hash IS NOT NULL AND ex.content_hash = t.content_hash THEN 'duplicate'
-            WHEN ex.content_hash IS NOT NULL THEN 'conflict: request_id ' || t.request_id
-                 || ' was loaded before from ' || ex.source_file || ':' || ex.source_line || ' with different content'
-            WHEN t.seq = f.first_seq THEN 'accept'
-            WHEN t.content_hash = f.first_hash THEN 'duplicate'
-            ELSE 'conflict: request_id ' || t.request_id || ' appears earlier at ' || f.first_at
+            WHEN ex.content_hash = ok.content_hash THEN 'duplicate'
+            WHEN ex.content_hash IS NOT NULL THEN 'conflict: request_id ' || ok.request_id
+                 || ' was loaded before from ' || ex.loaded_at || ' with different content'
+            WHEN ok.seq = f.first_seq THEN 'accept'
+            WHEN ok.content_hash = f.first_hash THEN 'duplicate'
+            ELSE 'conflict: request_id ' || ok.request_id || ' appears earlier at ' || f.first_at
                  || ' with different content'
           END AS outcome
-        FROM typed t JOIN firsts f USING (request_id)
-        LEFT JOIN requests ex ON ex.request_id = t.request_id
+        FROM ok JOIN firsts f USING (request_id) LEFT JOIN ex USING (request_id)
     """)
 
 
 def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int) -> tuple[int, int]:
-    columns = ", ".join(_CONTENT_COLUMNS)
-    con.execute(f"""
+    columns = ", ".join("m.prompt_sha" if c == "prompt_hash" else f"t.{c}" for c in _CONTENT_COLUMNS)
+    accepted = con.execute(f"""
         INSERT INTO requests
-        SELECT {columns}, m.fingerprint, cm.fingerprint, t.content_hash, t.source_file, t.source_line, ?
+        SELECT {columns}, m.fingerprint, cm.fingerprint, t.source_file, t.source_line, ?
         FROM typed t
-        JOIN outcome o USING (seq)
-        JOIN idmap m USING (id_key)
+        JOIN idmap m ON {_ID_JOIN}
+        LEFT JOIN outcome o USING (seq)
         LEFT JOIN cachedmap cm ON cm.text = t.cached_fingerprint::VARCHAR
-        WHERE o.outcome = 'accept'
-    """, [ingest_id])
-    accepted = scalar(con, "SELECT count(*) FROM outcome WHERE outcome = 'accept'")
-    con.execute("""
+        WHERE m.reject_reason IS NULL AND coalesce(o.outcome, 'accept') = 'accept'
+    """, [ingest_id]).fetchall()[0][0]
+    con.execute(f"""
         CREATE OR REPLACE TEMP TABLE bad AS
-        SELECT seq, source_file, source_line, raw_request_id AS request_id, reason, raw FROM checked_bad
+        SELECT seq, source_file, source_line, raw_request_id AS request_id, reason, raw, md5(raw) AS raw_hash
+        FROM checked_bad
         UNION ALL
-        SELECT t.seq, t.source_file, t.source_line, t.request_id, coalesce(ri.reason, o.outcome), t.raw
-        FROM typed t LEFT JOIN rejected_identity ri USING (seq) LEFT JOIN outcome o USING (seq)
-        WHERE ri.reason IS NOT NULL OR o.outcome LIKE 'conflict:%'
+        SELECT t.seq, t.source_file, t.source_line, t.request_id, coalesce(m.reject_reason, o.outcome), t.raw,
+               md5(t.raw)
+        FROM typed t JOIN idmap m ON {_ID_JOIN} LEFT JOIN outcome o USING (seq)
+        WHERE m.reject_reason IS NOT NULL OR o.outcome LIKE 'conflict:%'
     """)
-    con.execute("ALTER TABLE bad ADD COLUMN raw_hash VARCHAR")
-    con.execute("UPDATE bad SET raw_hash = md5(raw)")
     # A bad line quarantined by an earlier ingest of the same file is a duplicate, not a new record.
     con.execute("""
         CREATE OR REPLACE TEMP TABLE bad_new AS
@@ -461,8 +486,8 @@ def ingest(
                 _validate_chunk(con)
         if progress:
             progress(len(files), len(files), "")
-        rejected = _compute_identities(con)
-        _classify(con, rejected)
+        _compute_identities(con)
+        _classify(con)
         accepted, quarantined = _commit(con, ingest_id)
         if accepted:
             con.execute(HIT_SOURCES_SQL)

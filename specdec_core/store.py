@@ -51,7 +51,6 @@ CREATE TABLE IF NOT EXISTS requests (
     extra JSON,
     fingerprint VARCHAR NOT NULL,
     cached_identity_fingerprint VARCHAR,
-    content_hash VARCHAR NOT NULL,
     source_file VARCHAR NOT NULL,
     source_line BIGINT NOT NULL,
     ingest_id BIGINT NOT NULL
