@@ -23,7 +23,7 @@ from specdec_core.store import StoreError
 LAST_INGEST_KEY = "last_ingest"
 UPLOAD_TYPES = ["jsonl", "gz", "csv", "parquet"]
 
-st.set_page_config(page_title="specdec-triage", page_icon=":material/troubleshoot:", layout="wide")
+st.set_page_config(page_title="specdec-triage", page_icon="🔎", layout="wide")
 
 navigation = st.navigation([
     st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
@@ -99,7 +99,8 @@ def time_range(options: dict) -> tuple:
         st.session_state["f_time"] = (start, end)
     step = max(timedelta(seconds=1), timedelta(seconds=round((end - start).total_seconds() / 1000)))
     low, high = st.slider("Time range (UTC)", min_value=start, max_value=end, step=step,
-                          format="YYYY-MM-DD HH:mm:ss", key="f_time")
+                          format="MM-DD HH:mm", key="f_time")
+    st.caption(f"{ui.fmt_ts(low)} to {ui.fmt_ts(high)}")
     # The full range is no filter: requests loaded later stay in view.
     return (None if low <= start else low), (None if high >= end else high)
 

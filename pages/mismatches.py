@@ -12,8 +12,8 @@ ui.page_header("Mismatches")
 ui.require_data()
 filters = ui.filters()
 
-head = ui.cached(metrics.headline, filters=filters)
-if not head["contaminated_hits"]:
+window = ui.cached(metrics.contamination_window, filters=filters)
+if window.empty:
     st.success("No contaminated hits: every cache hit in this selection served an output produced for its own "
                "request identity.")
     st.stop()
@@ -34,7 +34,7 @@ if needle:
     searched = hits[["deployment", "differing_fields", "target_model", "draft_model"]].fillna("")
     hits = hits[searched.apply(lambda column: column.str.lower().str.contains(needle, regex=False)).any(axis=1)]
 hits = hits.reset_index(drop=True)
-shown = f"{len(hits):,} of {head['contaminated_hits']:,}"
+shown = f"{len(hits):,} of {window.contaminated_hits.sum():,}"
 st.caption(f"{shown} contaminated hits. Select rows to replay them with their full identity.")
 table = st.dataframe(
     hits[["request_id", "ts", "deployment", "source_request_id", "differing_fields", "target_model",

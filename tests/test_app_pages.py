@@ -14,17 +14,19 @@ import pytest
 import streamlit.runtime.scriptrunner.script_runner as script_runner
 import streamlit.testing.v1.app_test as app_test_module
 from logfactory import rec, write_jsonl
-from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
-import ui
 from specdec_core import report
 from specdec_core.ingest import ingest
 from specdec_core.metrics import Filters
 from specdec_core.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # ui.py sits beside app.py, which is not a package
+import ui  # noqa: E402
+
 APP = ROOT / "app.py"
 UTC = timezone.utc
 T0 = "2026-03-01T10:"
@@ -470,28 +472,28 @@ def test_batch_replay_of_the_most_suspicious_requests(monkeypatch, incident_db):
 
 
 @pytest.fixture
-def served_files(monkeypatch) -> dict[str, bytes]:
-    """What download buttons serve, by media URL."""
-    stores: list[MemoryMediaFileStorage] = []
+def download(monkeypatch):
+    """download(button) -> the bytes a click on it serves (built on click where the data is deferred)."""
+    managers: list[MediaFileManager] = []
 
-    class RecordingStorage(MemoryMediaFileStorage):
+    class RecordingManager(MediaFileManager):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            stores.append(self)
+            managers.append(self)
 
-    monkeypatch.setattr(app_test_module, "MemoryMediaFileStorage", RecordingStorage)
+    monkeypatch.setattr(app_test_module, "MediaFileManager", RecordingManager)
 
-    class Served(dict):
-        def __missing__(self, url: str) -> bytes:
-            file_id = url.rsplit("/", 1)[-1].split(".")[0]
-            for store in reversed(stores):
-                try:
-                    return store.get_file(file_id).content
-                except Exception:
-                    continue
-            raise KeyError(url)
+    def click(button) -> bytes:
+        proto = button.proto
+        for manager in reversed(managers):
+            try:
+                url = manager.execute_deferred(proto.deferred_file_id) if proto.deferred_file_id else proto.url
+                return manager._storage.get_file(url.rsplit("/", 1)[-1].split(".")[0]).content
+            except Exception:
+                continue
+        raise LookupError(f"no download behind {button.label!r}")
 
-    return Served()
+    return click
 
 
 EXPECTED_CSV = (
@@ -505,25 +507,25 @@ EXPECTED_CSV = (
 )
 
 
-def test_export_serves_the_mismatch_report_csv(monkeypatch, incident_db, served_files):
+def test_export_serves_the_mismatch_report_csv(monkeypatch, incident_db, download):
     at = open_app(monkeypatch, incident_db, "export")
     assert metrics_of(at.main) == {"contaminated_hit": "2", "length_violation": "1", "replay_mismatch": "0"}
     [button] = at.get("download_button")
-    csv = served_files[button.proto.url]
+    csv = download(button)
     assert csv == report.report_csv(report.mismatch_report(Store(incident_db)))
     assert csv.decode() == EXPECTED_CSV
 
 
-def test_export_follows_the_kinds_and_the_filters(monkeypatch, incident_db, served_files):
+def test_export_follows_the_kinds_and_the_filters(monkeypatch, incident_db, download):
     at = open_app(monkeypatch, incident_db, "export")
     at.multiselect(key="export_kinds").set_value(["length_violation"]).run()
-    csv = served_files[at.get("download_button")[0].proto.url].decode()
-    assert csv.splitlines()[1:] == EXPECTED_CSV.splitlines()[3:]
+    csv = download(at.get("download_button")[0]).decode()
+    assert csv.splitlines() == [EXPECTED_CSV.splitlines()[0], EXPECTED_CSV.splitlines()[3]]
+    at.sidebar.multiselect(key="f_deployments").set_value(["prod"]).run()
+    assert download(at.get("download_button")[0]).decode() == csv
     at.sidebar.multiselect(key="f_deployments").set_value(["staging"]).run()
     [button] = at.get("download_button")
-    assert button.proto.disabled
-    assert served_files[button.proto.url] == report.report_csv(
-        report.mismatch_report(Store(incident_db), Filters(deployments=("staging",)), ["length_violation"]))
+    assert button.proto.disabled, "nothing to download for staging"
     assert texts(at, "success") == ["Nothing to report for these kinds in this selection."]
 
 
