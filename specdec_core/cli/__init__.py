@@ -15,6 +15,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "specdec_core.cli.store_cmds",
     "specdec_core.cli.replay_cmd",
+    "specdec_core.cli.demo_cmd",
     "specdec_core.cli.audit_cmd",
     "specdec_core.cli.models_cmds",
 )
