@@ -8,13 +8,14 @@ the distinct identity tuples, so the store and the library cannot disagree.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 
-from .readers import RawBatch, read_file, resolve_paths
+from .readers import CHUNK_ROWS, JSONL_SUFFIXES, RawBatch, read_file, resolve_paths
 from .request import canonicalize_identity, fingerprint_of_identity, identity
 from .store import Store, scalar
 
@@ -224,6 +225,41 @@ def _content_hash_sql(alias: str, prompt_hash: str) -> str:
 # DuckDB's hash() makes the join an equi-join; the exact comparison after it rules out collisions.
 _ID_HASH = f"hash({', '.join(_IDENTITY_INPUT)})"
 _ID_JOIN = "t.id_hash = m.id_hash AND " + " AND ".join(f"t.{c} IS NOT DISTINCT FROM m.{c}" for c in _IDENTITY_INPUT)
+
+
+# DuckDB reads JSON Lines as raw lines, in parallel and in file order (insertion order is kept);
+# the separator is a control character, so a line holding one fails the strict read and the file
+# is read by the Python reader instead, which takes anything.
+_RAW_LINES_SQL = (
+    "CREATE OR REPLACE TEMP TABLE raw_lines AS SELECT raw FROM read_csv(?, columns = {'raw': 'VARCHAR'}, "
+    "delim = chr(1), quote = '', escape = '', header = false, auto_detect = false, strict_mode = true, "
+    "max_line_size = 1000000000)"
+)
+
+
+def _stage_file(con: duckdb.DuckDBPyConnection, path: Path, first_seq: int) -> Iterator[int]:
+    """Stage a file chunk by chunk into `staging`; yield how many records each chunk holds."""
+    name = str(path.resolve())
+    if path.name.lower().endswith(JSONL_SUFFIXES):
+        try:
+            con.execute(_RAW_LINES_SQL, [str(path)])
+        except duckdb.Error:
+            pass  # not clean UTF-8 text, or a control character in a line: the Python reader copes
+        else:
+            lines = scalar(con, "SELECT count(*) FROM raw_lines")
+            for start in range(0, max(lines, 1), CHUNK_ROWS):
+                con.execute(
+                    "CREATE OR REPLACE TEMP TABLE staging AS SELECT ? + rowid AS seq, ? AS source_file, "
+                    "rowid + 1 AS source_line, raw FROM raw_lines "
+                    "WHERE rowid >= ? AND rowid < ? AND raw IS NOT NULL AND NOT regexp_full_match(raw, '\\s*')",
+                    [first_seq, name, start, start + CHUNK_ROWS])
+                yield scalar(con, "SELECT count(*) FROM staging")
+            con.execute("DROP TABLE raw_lines")
+            return
+    seq = first_seq
+    for chunk in read_file(path, resolved_name=name):
+        seq += _load_staging(con, chunk, seq)
+        yield len(chunk.raws)
 
 
 def _create_work_tables(con: duckdb.DuckDBPyConnection) -> None:
@@ -481,8 +517,8 @@ def ingest(
         for n, f in enumerate(files):
             if progress:
                 progress(n, len(files), str(f))
-            for chunk in read_file(f, resolved_name=str(f.resolve())):
-                read += _load_staging(con, chunk, read)
+            for staged in _stage_file(con, f, read):
+                read += staged
                 _validate_chunk(con)
         if progress:
             progress(len(files), len(files), "")

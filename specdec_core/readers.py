@@ -95,7 +95,7 @@ def _safe_text(line: str) -> str:
     return line.encode("utf-8", "replace").decode("utf-8")
 
 
-CHUNK_ROWS = 100_000  # bounds the memory an ingest needs, whatever the file's size
+CHUNK_ROWS = 250_000  # bounds memory; two row groups, so DuckDB works on both cores
 
 
 def read_jsonl(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[RawBatch]:

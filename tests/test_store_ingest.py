@@ -240,3 +240,22 @@ def test_shuffled_lines_give_the_same_store(tmp_path):
         with s.read() as con:
             stores.append(con.execute("SELECT * FROM hit_sources ORDER BY request_id").fetchall())
     assert stores[0] == stores[1] and stores[0]
+
+
+def test_lines_with_control_characters_or_bad_utf8_are_kept_not_lost(store, tmp_path):
+    path = tmp_path / "dirty.jsonl"
+    good = json.dumps(rec("ok-1")).encode()
+    path.write_bytes(good + b"\n" + b'{"request_id": "x\x01y"}\n' + b"\t \n" + b'{"bad": "\xff\xfe"}\n'
+                     + json.dumps(rec("ok-2")).encode() + b"\n")
+    result = ingest(store, [str(path)])
+    assert (result.read, result.accepted, result.quarantined) == (4, 2, 2)
+    assert [line for line, _ in quarantine_rows(store)] == [2, 4]
+
+
+def test_whitespace_only_lines_are_blank_on_the_fast_path_too(store, tmp_path):
+    path = tmp_path / "ws.jsonl"
+    path.write_text(json.dumps(rec("w1")) + "\n\t \n   \n" + json.dumps(rec("w2")) + "\n")
+    result = ingest(store, [str(path)])
+    assert (result.read, result.accepted, result.quarantined) == (2, 2, 0)
+    with store.read() as con:
+        assert sorted(con.execute("SELECT source_line FROM requests").fetchall()) == [(1,), (4,)]
