@@ -224,7 +224,9 @@ def _content_hash_sql(alias: str, prompt_hash: str) -> str:
 
 # DuckDB's hash() makes the join an equi-join; the exact comparison after it rules out collisions.
 _ID_HASH = f"hash({', '.join(_IDENTITY_INPUT)})"
-_ID_JOIN = "t.id_hash = m.id_hash AND " + " AND ".join(f"t.{c} IS NOT DISTINCT FROM m.{c}" for c in _IDENTITY_INPUT)
+_ID_JOIN = "t.id_hash = m.id_hash"
+# Only needed when two distinct identity tuples share a hash (checked per ingest): then the exact match decides.
+_ID_JOIN_EXACT = _ID_JOIN + " AND " + " AND ".join(f"t.{c} IS NOT DISTINCT FROM m.{c}" for c in _IDENTITY_INPUT)
 
 
 # DuckDB reads JSON Lines as raw lines, in parallel and in file order (insertion order is kept);
@@ -306,8 +308,11 @@ def _validate_chunk(con: duckdb.DuckDBPyConnection, create: bool = False) -> Non
     con.execute("DROP TABLE checked; DROP TABLE staging")
 
 
-def _compute_identities(con: duckdb.DuckDBPyConnection) -> None:
-    """Fingerprint every distinct identity tuple with `request.identity` into `idmap` (or say why not)."""
+def _compute_identities(con: duckdb.DuckDBPyConnection) -> str:
+    """Fingerprint every distinct identity tuple with `request.identity` into `idmap` (or say why not).
+
+    Returns the condition that joins `typed t` to `idmap m`.
+    """
     cols = ", ".join(_IDENTITY_INPUT)
     tuples = con.execute(f"SELECT DISTINCT {cols}, id_hash FROM typed").fetchall()
     fps: list[str | None] = []
@@ -329,6 +334,7 @@ def _compute_identities(con: duckdb.DuckDBPyConnection) -> None:
         identity_rows[fp] = obj
     columns = {c: [row[i] for row in tuples] for i, c in enumerate(_IDENTITY_INPUT)}
     columns["id_hash"] = [row[-1] for row in tuples]
+    join = _ID_JOIN if len(set(columns["id_hash"])) == len(tuples) else _ID_JOIN_EXACT
     con.execute(f"CREATE OR REPLACE TEMP TABLE idmap AS SELECT {cols}, id_hash, NULL::VARCHAR AS fingerprint, "
                 "NULL::VARCHAR AS prompt_sha, NULL::VARCHAR AS reject_reason FROM typed LIMIT 0")
     if tuples:
@@ -359,6 +365,7 @@ def _compute_identities(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("CREATE OR REPLACE TEMP TABLE cachedmap AS SELECT * FROM cachedmap_arrow")
     con.unregister("cachedmap_arrow")
     _insert_identities(con, identity_rows)
+    return join
 
 
 def _arrow_type(column: str) -> pa.DataType | None:
@@ -390,7 +397,7 @@ def _insert_identities(con: duckdb.DuckDBPyConnection, rows: dict[str, dict]) ->
     con.unregister("identities_arrow")
 
 
-def _classify(con: duckdb.DuckDBPyConnection) -> None:
+def _classify(con: duckdb.DuckDBPyConnection, join: str) -> None:
     """Outcome of the rows whose request_id repeats, in this batch or against the store; the first one wins."""
     con.execute("""
         CREATE OR REPLACE TEMP TABLE contested AS
@@ -402,7 +409,7 @@ def _classify(con: duckdb.DuckDBPyConnection) -> None:
         WITH ok AS (
             SELECT t.seq, t.request_id, t.source_file, t.source_line,
                    {_content_hash_sql('t', 'm.prompt_sha')} AS content_hash
-            FROM typed t JOIN idmap m ON {_ID_JOIN}
+            FROM typed t JOIN idmap m ON {join}
             WHERE m.reject_reason IS NULL AND t.request_id IN (SELECT request_id FROM contested)
         ), firsts AS (
             SELECT request_id, min(seq) AS first_seq, arg_min(content_hash, seq) AS first_hash,
@@ -427,13 +434,13 @@ def _classify(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
-def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int) -> tuple[int, int]:
+def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str) -> tuple[int, int]:
     columns = ", ".join("m.prompt_sha" if c == "prompt_hash" else f"t.{c}" for c in _CONTENT_COLUMNS)
     accepted = con.execute(f"""
         INSERT INTO requests
         SELECT {columns}, m.fingerprint, cm.fingerprint, t.source_file, t.source_line, ?
         FROM typed t
-        JOIN idmap m ON {_ID_JOIN}
+        JOIN idmap m ON {join}
         LEFT JOIN outcome o USING (seq)
         LEFT JOIN cachedmap cm ON cm.text = t.cached_fingerprint::VARCHAR
         WHERE m.reject_reason IS NULL AND coalesce(o.outcome, 'accept') = 'accept'
@@ -445,7 +452,7 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int) -> tuple[int, int]:
         UNION ALL
         SELECT t.seq, t.source_file, t.source_line, t.request_id, coalesce(m.reject_reason, o.outcome), t.raw,
                md5(t.raw)
-        FROM typed t JOIN idmap m ON {_ID_JOIN} LEFT JOIN outcome o USING (seq)
+        FROM typed t JOIN idmap m ON {join} LEFT JOIN outcome o USING (seq)
         WHERE m.reject_reason IS NOT NULL OR o.outcome LIKE 'conflict:%'
     """)
     # A bad line quarantined by an earlier ingest of the same file is a duplicate, not a new record.
@@ -477,13 +484,14 @@ joined AS (
       ON h.dep = m.dep AND h.cache_key = m.cache_key AND h.ts >= m.ts
 ), judged AS (
     SELECT *, coalesce(source_fp <> fp, false) AS source_differs,
-           coalesce(cached_fp <> fp, false) AS fingerprint_mismatch
+           coalesce(cached_fp <> fp, false) AS fingerprint_mismatch,
+           CASE WHEN coalesce(source_fp <> fp, false) THEN source_fp ELSE cached_fp END AS other_fp
     FROM joined
-)
-SELECT j.request_id, j.source_request_id,
-       j.source_differs OR j.fingerprint_mismatch AS contaminated,
-       j.fingerprint_mismatch,
-       CASE WHEN j.source_differs OR j.fingerprint_mismatch THEN array_to_string(list_sort(list_filter([
+), pairs AS (
+    -- Differing fields depend only on the two identities: work them out once per pair.
+    SELECT DISTINCT fp, other_fp FROM judged WHERE source_differs OR fingerprint_mismatch
+), diffs AS (
+    SELECT p.fp, p.other_fp, array_to_string(list_sort(list_filter([
            CASE WHEN a.prompt IS DISTINCT FROM b.prompt THEN 'prompt' END,
            CASE WHEN a.target_model IS DISTINCT FROM b.target_model THEN 'target_model' END,
            CASE WHEN a.draft_model IS DISTINCT FROM b.draft_model THEN 'draft_model' END,
@@ -496,10 +504,13 @@ SELECT j.request_id, j.source_request_id,
            CASE WHEN NOT (a.greedy OR b.greedy) AND a.seed IS DISTINCT FROM b.seed THEN 'seed' END,
            CASE WHEN a.stop IS DISTINCT FROM b.stop THEN 'stop' END,
            CASE WHEN a.tokenizer_version IS DISTINCT FROM b.tokenizer_version THEN 'tokenizer_version' END
-       ], lambda x: x IS NOT NULL)), ';') END AS differing_fields
-FROM judged j
-JOIN identities a ON a.fingerprint = j.fp
-LEFT JOIN identities b ON b.fingerprint = CASE WHEN j.source_differs THEN j.source_fp ELSE j.cached_fp END
+       ], lambda x: x IS NOT NULL)), ';') AS differing_fields
+    FROM pairs p JOIN identities a ON a.fingerprint = p.fp LEFT JOIN identities b ON b.fingerprint = p.other_fp
+)
+SELECT j.request_id, j.source_request_id,
+       j.source_differs OR j.fingerprint_mismatch AS contaminated,
+       j.fingerprint_mismatch, d.differing_fields
+FROM judged j LEFT JOIN diffs d ON d.fp = j.fp AND d.other_fp = j.other_fp
 """
 
 
@@ -522,9 +533,9 @@ def ingest(
                 _validate_chunk(con)
         if progress:
             progress(len(files), len(files), "")
-        _compute_identities(con)
-        _classify(con)
-        accepted, quarantined = _commit(con, ingest_id)
+        join = _compute_identities(con)
+        _classify(con, join)
+        accepted, quarantined = _commit(con, ingest_id, join)
         if accepted:
             con.execute(HIT_SOURCES_SQL)
         duplicates = read - accepted - quarantined
