@@ -11,12 +11,11 @@ import html
 import importlib
 import string
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
-import pandas as pd
 import streamlit as st
 
 from specdec_core.metrics import NO_FILTERS, Filters
@@ -66,16 +65,17 @@ def filters() -> Filters:
 
 
 @st.cache_data(show_spinner=False, max_entries=1024)
-def _call(module: str, name: str, db: str, version: tuple[int, int], args: tuple, kwargs: tuple) -> Any:
-    # `version` is only part of the cache key: a new state of the file means new answers.
-    fn = getattr(importlib.import_module(module), name)
-    return fn(Store(db), *args, **dict(kwargs))
+def _call(name: str, db: str, version: tuple[int, int], args: tuple, kwargs: tuple, _fn: Callable) -> Any:
+    # The key is the function's name, the database, its version and the arguments (filters included):
+    # a new state of the file means new answers. `_fn` itself is left out of the key (leading underscore).
+    return _fn(Store(db), *args, **dict(kwargs))
 
 
 def cached(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """fn(store, *args, **kwargs), cached per (database, its version, arguments including the filters)."""
     db = store()
-    return _call(fn.__module__, fn.__name__, str(db.path), db.version(), args, tuple(sorted(kwargs.items())))
+    return _call(f"{fn.__module__}.{fn.__qualname__}", str(db.path), db.version(), args,
+                 tuple(sorted(kwargs.items())), _fn=fn)
 
 
 def has_data() -> bool:
@@ -183,22 +183,6 @@ def deployment_label(value: str) -> str:
 
 def page_link(title: str, label: str | None = None, **kwargs: Any) -> None:
     st.page_link(PAGE_FILES[title], label=label or f"Open {title}", **kwargs)
-
-
-REPLAY_COLUMNS = ["request_id", "classification", "similarity", "common_prefix_tokens", "first_divergent_token",
-                  "production_tokens", "replay_tokens", "max_tokens", "draft_tokens", "accepted_tokens",
-                  "source_request_id", "message"]
-
-
-def replay_table(results: Iterable[Any]) -> pd.DataFrame:
-    """This session's replay results, one row each, for the Replay page and the Export page."""
-    rows = []
-    for r in results:
-        diff = r.diff
-        rows.append([r.request_id, r.classification, *(getattr(diff, name, None) for name in (
-            "similarity", "common_prefix_tokens", "first_divergent_token", "production_tokens",
-            "replay_tokens", "max_tokens")), r.draft_tokens, r.accepted_tokens, r.source_request_id, r.message])
-    return pd.DataFrame(rows, columns=REPLAY_COLUMNS)
 
 
 def replay_module() -> Any | None:

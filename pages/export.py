@@ -33,12 +33,13 @@ else:
     st.caption(f"{len(frame):,} rows{shown}.")
     st.dataframe(frame.head(PREVIEW_ROWS), hide_index=True)
 
-st.subheader("Replays of this session")
-results = st.session_state.get(ui.REPLAY_RESULTS_KEY, {})
-if not results:
-    st.info("No request replayed in this session yet: replays run from the Replay page.")
+st.subheader("Replays")
+replay = ui.replay_module()
+replays = ui.cached(replay.replays_table) if replay is not None else None
+if replays is None or replays.empty:
+    st.info("No request replayed in this database yet: replays run from the Replay page or "
+            "`specdec replay --db FILE --request-id ID`.")
 else:
-    replays = ui.replay_table(results.values())
-    st.download_button("Download replays (CSV)", data=report.report_csv(replays),
-                       file_name="specdec-replays.csv", mime="text/csv", on_click="ignore", key="download_replays")
+    st.download_button("Download replays (CSV)", data=report.report_csv(replays), file_name="specdec-replays.csv",
+                       mime="text/csv", on_click="ignore", key="download_replays")
     st.dataframe(replays, hide_index=True)

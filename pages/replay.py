@@ -19,6 +19,7 @@ MEANING = {
     "near_tie": "The outputs part where two tokens were nearly tied: numerical noise, not the cache.",
     "sampled": "Sampled decoding without a seed: production's output can't be reproduced exactly.",
     "foreign": "Production returned the output of another request identity (the cache entry's source).",
+    "diverged": "A greedy output that differs beyond numerical noise, and no source explains it.",
     "unavailable": "This request can't be replayed here (its model or tokenizer isn't available).",
     "redacted": "The log holds only the prompt's hash: give the prompt below to replay it.",
 }
@@ -66,24 +67,26 @@ def _text(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def diff_markdown(word_ops: list) -> str:
+def diff_markdown(word_ops) -> str:
     """Production's words against the replay's, every word escaped: removed in red, added in green."""
     parts = []
-    for op, production, replayed in word_ops:
-        production, replayed = _words(production), _words(replayed)
-        if op == "equal":
-            parts.append(production)
+    for w in word_ops:
+        if w.op == "equal":
+            parts.append(ui.md_escape(w.production))
             continue
-        if production:
-            parts.append(f":red-background[~~{production}~~]")
-        if replayed:
-            parts.append(f":green-background[{replayed}]")
-    return " ".join(p for p in parts if p)
+        parts.append(_marked(w.production, ":red-background[~~{}~~]"))
+        parts.append(_marked(w.replay, ":green-background[{}]"))
+    return "".join(parts)
 
 
-def _words(words: object) -> str:
-    text = " ".join(map(str, words)) if isinstance(words, list | tuple) else _text(words)
-    return ui.md_escape(text)
+def _marked(text: str, template: str) -> str:
+    # Markdown's ~~ needs the words against it: the spaces around a change go outside the mark.
+    core = text.strip()
+    if not core:
+        return ui.md_escape(text)
+    lead = " " if text[:1].isspace() else ""
+    trail = " " if text[-1:].isspace() else ""
+    return lead + template.format(ui.md_escape(core)) + trail
 
 
 def show_result(result) -> None:
@@ -115,10 +118,8 @@ def show_result(result) -> None:
         st.markdown("**Word diff** (production :red-background[~~removed~~], replay :green-background[added])")
         st.markdown(diff_markdown(diff.word_ops) or "_(both empty)_")
         with st.expander("Diff operations"):
-            st.dataframe(pd.DataFrame(
-                [(op, " ".join(map(str, p)) if isinstance(p, list | tuple) else _text(p),
-                  " ".join(map(str, r)) if isinstance(r, list | tuple) else _text(r)) for op, p, r in diff.word_ops],
-                columns=["op", "production", "replay"]), hide_index=True)
+            st.dataframe(pd.DataFrame([(w.op, w.production, w.replay) for w in diff.word_ops],
+                                      columns=["op", "production", "replay"]), hide_index=True)
     row = st.columns(3)
     row[0].metric("Draft tokens (replay)", ui.fmt_int(result.draft_tokens))
     row[1].metric("Accepted tokens (replay)", ui.fmt_int(result.accepted_tokens))
@@ -175,7 +176,10 @@ elif st.button("Replay batch"):
 
     try:
         replay.replay_many(db, ids, replay.default_decoder(), progress=progress)
-    except Exception as exc:  # what was replayed before the failure is kept and shown
+    except Exception as exc:  # the message is the user's next step; the page stays usable
         st.error(f"Batch replay stopped: {ui.md_escape(exc)}")
-if results:
-    st.dataframe(ui.replay_table(results.values()), hide_index=True)
+if replay is not None:
+    stored = ui.cached(replay.replays_table)
+    if not stored.empty:
+        st.subheader("Replays stored in this database")
+        st.dataframe(stored, hide_index=True)

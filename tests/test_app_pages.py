@@ -5,11 +5,10 @@ from __future__ import annotations
 import re
 import sys
 import types
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
+import pandas as pd
 import pytest
 import streamlit.runtime.scriptrunner.script_runner as script_runner
 import streamlit.testing.v1.app_test as app_test_module
@@ -376,62 +375,45 @@ def test_replay_page_says_when_a_request_is_unknown(monkeypatch, incident_db):
     assert texts(at, "warning") == ["No request `nope` in this database."]
 
 
-# --- replay, against the specdec_core.replay API with a stand-in decoder ------------------------------------
-
-
-@dataclass
-class StandInDiff:
-    word_ops: list
-    common_prefix_tokens: int = 1
-    common_prefix_chars: int = 3
-    first_divergent_token: int | None = 1
-    similarity: float = 0.5
-    production_tokens: int = 3
-    replay_tokens: int = 4
-    max_tokens: int = 16
-
-
-@dataclass
-class StandInResult:
-    request_id: str
-    classification: str
-    evidence: dict
-    production_text: str
-    replay_text: str
-    diff: Any
-    draft_tokens: int | None = 8
-    accepted_tokens: int | None = 6
-    source_request_id: str | None = None
-    source_replay_text: str | None = None
-    message: str = ""
-    calls: list = field(default_factory=list)
+# --- replay pages with a stand-in for specdec_core.replay (no models; test_app_replay.py runs the real one) ----
 
 
 def stand_in_replay_module(monkeypatch) -> list:
-    """specdec_core.replay as its API is agreed; records the calls the pages make."""
+    """specdec_core.replay's functions over its own result types; records the calls the pages make."""
+    from specdec_core.diff import OutputDiff, WordOp
+    from specdec_core.replay import ReplayResult
+
     calls: list = []
+    ops = (WordOp("equal", "An ", "An "), WordOp("insert", "", "<b>other</b> "), WordOp("equal", "output.", "output."))
 
     def replay(store, request_id, decoder, *, prompt=None):
         calls.append(("replay", request_id, decoder, prompt))
-        return StandInResult(
-            request_id, "foreign", {"source": "r1", "why": "replay of the source matches production"},
+        with store.write():  # the real one stores its result: a new version of the database
+            pass
+        return ReplayResult(
+            request_id, "foreign", "served r1's output",
+            {"source": "r1", "why": "replay of the source matches production"},
             production_text="An output.", replay_text="An <b>other</b> output.",
-            diff=StandInDiff([("equal", ["An"], ["An"]), ("insert", [], ["<b>other</b>"]),
-                              ("equal", ["output."], ["output."])]),
-            source_request_id="r1", source_replay_text="An output.", message="served r1's output",
+            diff=OutputDiff(identical=False, production_tokens=3, replay_tokens=4, common_prefix_tokens=1,
+                            common_prefix_chars=3, first_divergent_token=1, first_divergent_char=3,
+                            similarity=0.5, word_ops=ops, max_tokens=16),
+            draft_tokens=8, accepted_tokens=6, source_request_id="r1", source_replay_text="An output.",
         )
 
     def replay_many(store, request_ids, decoder, progress=None):
         out = []
         for n, request_id in enumerate(request_ids, 1):
-            result = replay(store, request_id, decoder)
-            out.append(result)
+            out.append(replay(store, request_id, decoder))
             if progress:
-                progress(n, len(request_ids), result)
+                progress(n, len(request_ids), out[-1])
         return out
 
+    def replays_table(store, limit=1000):
+        return pd.DataFrame({"request_id": [c[1] for c in calls], "classification": "foreign"})
+
     module = types.ModuleType("specdec_core.replay")
-    module.replay, module.replay_many, module.default_decoder = replay, replay_many, lambda: "decoder"
+    module.replay, module.replay_many, module.replays_table = replay, replay_many, replays_table
+    module.default_decoder = lambda: "decoder"
     monkeypatch.setitem(sys.modules, "specdec_core.replay", module)
     return calls
 
@@ -449,6 +431,9 @@ def test_replay_shows_both_outputs_the_diff_and_the_source_for_a_foreign_output(
     assert texts(at, "code")[2:] == ["An output.", "An <b>other</b> output.", "An output."]
     [diff] = [m for m in texts(at, "markdown") if "green-background[" in m and "Word diff" not in m]
     assert diff == r"An :green-background[\<b\>other\<\/b\>] output\."
+    [ops] = [d.value for d in at.dataframe if "op" in d.value]
+    assert list(ops.op) == ["equal", "insert", "equal"]
+    assert list(at.dataframe[-1].value.request_id) == ["r3"], "the stored replays"
     assert at.get("json")[0].proto.body == '{"source": "r1", "why": "replay of the source matches production"}'
 
 
@@ -461,8 +446,7 @@ def test_batch_replay_of_the_most_suspicious_requests(monkeypatch, incident_db):
     # contaminated hits first, the one also longer than its max_tokens ahead; nothing else is suspicious
     assert [c[1] for c in calls] == ["r4", "r3"]
     assert at.get("progress")[0].proto.value == 100
-    table = at.dataframe[-1].value
-    assert list(table.request_id) == ["r4", "r3"] and set(table.classification) == {"foreign"}
+    assert list(at.dataframe[-1].value.request_id) == ["r4", "r3"]
     at.switch_page("pages/export.py").run()
     assert [b.label for b in at.get("download_button")] == ["Download mismatch report (CSV)",
                                                              "Download replays (CSV)"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import socket
 import subprocess
@@ -16,6 +18,10 @@ import pytest
 from logfactory import rec
 from playwright.sync_api import Page, expect, sync_playwright
 from test_app_pages import HTML_OUTPUT, SCRIPT, build_db, build_incident_db
+from test_app_replay import TINY, build_foreign_db
+
+from specdec_core.demo_models import registry_dict
+from specdec_core.engine import SpecDecoder
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "test-output"
@@ -33,7 +39,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def dashboard(db: Path, log: Path) -> Iterator[str]:
+def dashboard(db: Path, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     """`streamlit run app.py -- --db DB` on a free local port, until the block ends."""
     port = free_port()
     with open(log, "w") as out:
@@ -41,7 +47,7 @@ def dashboard(db: Path, log: Path) -> Iterator[str]:
             [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
              "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
              "--", "--db", str(db)],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -141,3 +147,40 @@ def test_html_in_logs_shows_as_text_in_a_browser(tmp_path, page):
         expect(page.get_by_text("Few unique cache keys for many unique identities")).to_be_visible()
         page.screenshot(path=SCREENSHOTS / "html-in-logs.png", full_page=True)
         assert page.dialogs == [], "log text ran as script"
+
+
+def registry_toml(tiny_registry) -> str:
+    """A specdec.toml that knows only the tiny family the tests built, for the server process."""
+    models_root = tiny_registry.model(TINY["target_model"]).path.parents[1]
+    lines = []
+    for table, entries in registry_dict(models_root, families=("tiny",)).items():
+        for name, settings in entries.items():
+            lines.append(f'[{table}."{name}"]')
+            lines += [f"{key} = {json.dumps(value)}" for key, value in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_select_a_mismatch_and_replay_it_in_a_browser(tmp_path, page, tiny_registry):
+    foreign_db, outputs = build_foreign_db(tmp_path, SpecDecoder(tiny_registry, device="cpu"))
+    config = tmp_path / "specdec.toml"
+    config.write_text(registry_toml(tiny_registry))
+    with dashboard(foreign_db, tmp_path / "streamlit.log", env={"SPECDEC_CONFIG": str(config)}) as url:
+        page.goto(f"{url}/mismatches")
+        table = page.get_by_test_id("stDataFrame").first
+        expect(table.locator("td[role=gridcell]").filter(has_text=re.compile(r"^h1$"))).to_have_count(
+            1, timeout=30_000)
+        # The grid is a canvas: tick the first row's selection box where it is drawn.
+        box = table.bounding_box()
+        page.mouse.click(box["x"] + 18, box["y"] + 35 + 17)
+        page.get_by_role("button", name="Replay selected").click()
+        expect(page.get_by_role("heading", level=1, name="Replay")).to_be_visible(timeout=30_000)
+        expect(page.get_by_role("textbox", name="Request id")).to_have_value("h1")
+        page.get_by_role("button", name="Replay with the full identity").click()
+        expect(metric(page, "Classification")).to_have_text("foreign", timeout=120_000)
+        codes = page.get_by_test_id("stCode")
+        expect(codes.nth(3)).to_contain_text(outputs[6].text.strip()[:20])
+        SCREENSHOTS.mkdir(exist_ok=True)
+        page.set_viewport_size({"width": 1500, "height": 3000})  # the app scrolls inside; show all of it
+        expect(page.get_by_text("Word diff")).to_be_visible()
+        page.screenshot(path=SCREENSHOTS / "replay.png", full_page=True)
+        assert page.dialogs == []

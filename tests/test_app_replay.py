@@ -1,0 +1,66 @@
+"""The Replay page with the real specdec_core.replay and SpecDecoder on the tiny demo models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from logfactory import rec
+from test_app_pages import build_db, metrics_of, no_legacy_pages_folder, open_app, texts  # noqa: F401
+
+import specdec_core.replay as replay_module
+from specdec_core.engine import SpecDecoder
+from specdec_core.request import DecodeRequest
+
+PROMPT = "The cache key"
+TINY = {"target_model": "tiny-target", "draft_model": "tiny-draft-a", "num_speculative_tokens": 4,
+        "temperature": 0.0, "tokenizer_version": "tiny-tok-v1", "prompt": PROMPT}
+
+
+def build_foreign_db(folder: Path, engine: SpecDecoder) -> tuple[Path, dict]:
+    """m1 (max_tokens 24) put its output under key k; h1 (max_tokens 6) hit k and was served it.
+    Returns the database and what the tiny models answer for max_tokens 24 and 6."""
+    outputs = {n: engine.generate(DecodeRequest(max_tokens=n, **TINY)) for n in (24, 6)}
+    assert outputs[24].text != outputs[6].text
+    long = outputs[24]
+    served = {"output_text": long.text, "output_tokens": len(long.token_ids), "cache_key": "k"}
+    db = build_db(folder, [
+        rec("m1", ts="2026-03-01T10:00:00Z", max_tokens=24, draft_tokens=long.draft_tokens,
+            accepted_tokens=long.accepted_tokens, **served, **TINY),
+        rec("h1", ts="2026-03-01T10:01:00Z", max_tokens=6, cache_hit=True, **served, **TINY),
+    ])
+    return db, outputs
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_registry) -> SpecDecoder:
+    return SpecDecoder(tiny_registry, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def foreign(tmp_path_factory, engine) -> tuple[Path, dict]:
+    return build_foreign_db(tmp_path_factory.mktemp("foreign"), engine)
+
+
+def test_replaying_a_contaminated_hit_proves_its_foreign_source(monkeypatch, foreign, engine):
+    foreign_db, outputs = foreign
+    monkeypatch.setattr(replay_module, "default_decoder", lambda: engine)
+    at = open_app(monkeypatch, foreign_db, "replay", request_id="h1")
+    [button] = [b for b in at.main.button if b.label == "Replay with the full identity"]
+    button.click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = metrics_of(at.main)
+    assert shown["Classification"] == "foreign"
+    assert shown["max_tokens"] == "6"
+    production, replayed, source = texts(at, "code")[2:5]
+    assert (production, replayed, source) == (outputs[24].text, outputs[6].text, outputs[24].text)
+    assert list(at.dataframe[-1].value.request_id) == ["h1"], "the replay is stored"
+
+    at.switch_page("pages/overview.py").run()
+    flags = [m for m in texts(at, "markdown") if "Offline replay does not match production" in m]
+    assert flags == [":red[**Yes**] · **Offline replay does not match production**"]
+
+    at.switch_page("pages/export.py").run()
+    assert metrics_of(at.main)["replay_mismatch"] == "1"
+    replays = at.dataframe[-1].value
+    assert list(replays.classification) == ["foreign"] and list(replays.source_request_id) == ["m1"]
