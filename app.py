@@ -106,8 +106,6 @@ def time_range(options: dict) -> tuple:
 
 
 def filter_widgets() -> Filters:
-    if not ui.has_data():
-        return NO_FILTERS
     options = ui.cached(metrics.filter_options)
     start, end = time_range(options)
     chosen = {}
@@ -128,9 +126,8 @@ with st.sidebar:
     st.text_input("Database", key=ui.DB_KEY, help="A DuckDB file made by `specdec ingest`; created on first load.")
     try:
         ready = ui.has_data()
-    except StoreError as exc:
-        st.error(ui.md_escape(exc))
-        ready = False
+    except StoreError:
+        ready = None  # the page says what is wrong with the file
     with st.expander("Load logs", expanded=not ready):
         log_path = st.text_input("Log file, folder or glob", key="load_path", placeholder="data/demo/")
         if st.button("Load path", disabled=not log_path.strip()):
@@ -141,11 +138,8 @@ with st.sidebar:
             load_uploads(uploads)
         show_last_ingest()
     st.subheader("Filters")
-    try:
-        st.session_state[ui.FILTERS_KEY] = filter_widgets()
-    except StoreError as exc:
-        st.error(ui.md_escape(exc))
-        st.session_state[ui.FILTERS_KEY] = NO_FILTERS
+    # Asked again: a load just above may have filled an empty database.
+    st.session_state[ui.FILTERS_KEY] = filter_widgets() if ready is not None and ui.has_data() else NO_FILTERS
 
 with ui.entrypoint():
     navigation.run()

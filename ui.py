@@ -94,7 +94,7 @@ def require_data() -> None:
     try:
         ready = has_data()
     except StoreError as exc:
-        st.error(f"{exc}. Choose another database file in the sidebar.")
+        st.error(f"{md_escape(exc)}. Choose another database file in the sidebar.")
         st.stop()
     if not ready:
         empty_state(db)

@@ -202,6 +202,16 @@ def test_an_empty_database_shows_how_to_load_logs_on_every_page(monkeypatch, tmp
     assert "specdec ingest PATH --db" in texts(at, "info")[0]
 
 
+def test_a_file_that_is_not_a_database_says_so_once(monkeypatch, tmp_path):
+    bad = tmp_path / "notes.duckdb"
+    bad.write_text("not a database")
+    at = open_app(monkeypatch, bad)
+    [error] = texts(at, "error")
+    assert "not a valid DuckDB database file" in markdown_unescape(error)
+    assert error.endswith("Choose another database file in the sidebar.")
+    assert bad.read_text() == "not a database"
+
+
 def test_a_page_run_alone_reruns_through_app(monkeypatch, incident_db):
     """A first visit straight at a page of a fresh server starts the page without app.py."""
     monkeypatch.setattr(script_runner, "PagesManager", PagesManager)
@@ -264,6 +274,7 @@ def test_loading_a_log_path_shows_the_counts_and_new_numbers(monkeypatch, tmp_pa
     [quarantine] = at.sidebar.dataframe
     assert list(quarantine.value.source_line) == [7]
     assert metrics_of(at.main)["Requests"] == "6"
+    assert at.sidebar.multiselect(key="f_deployments").options == ["prod", "staging"]
     at.sidebar.button[0].click().run()
     assert metrics_of(at.sidebar) == {"Read": "7", "Accepted": "0", "Duplicates": "7", "Quarantined": "0"}
 
