@@ -8,7 +8,6 @@ when it must sit inside markdown. Nothing here renders HTML.
 from __future__ import annotations
 
 import html
-import importlib
 import string
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -183,15 +182,3 @@ def deployment_label(value: str) -> str:
 
 def page_link(title: str, label: str | None = None, **kwargs: Any) -> None:
     st.page_link(PAGE_FILES[title], label=label or f"Open {title}", **kwargs)
-
-
-def replay_module() -> Any | None:
-    """specdec_core.replay, imported on first use (torch and transformers are heavy); None when absent."""
-    try:
-        return importlib.import_module("specdec_core.replay")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("specdec_core.replay",):
-            raise
-        return None
-
-

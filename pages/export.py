@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import ui
-from specdec_core import report
+from specdec_core import replay, report
 
 ui.page_header("Export")
 ui.require_data()
@@ -34,9 +34,8 @@ else:
     st.dataframe(frame.head(PREVIEW_ROWS), hide_index=True)
 
 st.subheader("Replays")
-replay = ui.replay_module()
-replays = ui.cached(replay.replays_table) if replay is not None else None
-if replays is None or replays.empty:
+replays = ui.cached(replay.replays_table)
+if replays.empty:
     st.info("No request replayed in this database yet: replays run from the Replay page or "
             "`specdec replay --db FILE --request-id ID`.")
 else:

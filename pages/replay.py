@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 import ui
-from specdec_core import metrics
+from specdec_core import metrics, replay
 
 ui.page_header("Replay")
 ui.require_data()
@@ -130,7 +130,6 @@ def show_result(result) -> None:
 
 
 request_id = choose_request()
-replay = ui.replay_module()
 if request_id:
     record = ui.cached(metrics.request_record, request_id)
     if record is None:
@@ -141,9 +140,7 @@ if request_id:
         prompt = None
         if record["prompt"] is None:
             prompt = st.text_area("Prompt (checked against the logged hash)", key="replay_prompt") or None
-        if replay is None:
-            st.info("Replay is not part of this build yet (specdec_core.replay is missing).")
-        elif st.button("Replay with the full identity", type="primary"):
+        if st.button("Replay with the full identity", type="primary"):
             with st.spinner("Loading models and decoding"):
                 try:
                     results[request_id] = replay.replay(db, request_id, replay.default_decoder(), prompt=prompt)
@@ -161,9 +158,7 @@ which = st.radio("Replay", ["the most suspicious requests", f"the {len(queued)} 
                  index=1 if queued else 0, horizontal=True, key="batch_which")
 count = st.number_input("How many suspicious requests", min_value=1, max_value=1000, value=10, step=1,
                         key="batch_count", disabled=which != "the most suspicious requests")
-if replay is None:
-    st.info("Batch replay comes with specdec_core.replay.")
-elif st.button("Replay batch"):
+if st.button("Replay batch"):
     if which == "the most suspicious requests":
         ids = list(ui.cached(metrics.suspicious_requests, int(count), filters=filters).request_id)
     else:
@@ -178,8 +173,7 @@ elif st.button("Replay batch"):
         replay.replay_many(db, ids, replay.default_decoder(), progress=progress)
     except Exception as exc:  # the message is the user's next step; the page stays usable
         st.error(f"Batch replay stopped: {ui.md_escape(exc)}")
-if replay is not None:
-    stored = ui.cached(replay.replays_table)
-    if not stored.empty:
-        st.subheader("Replays stored in this database")
-        st.dataframe(stored, hide_index=True)
+stored = ui.cached(replay.replays_table)
+if not stored.empty:
+    st.subheader("Replays stored in this database")
+    st.dataframe(stored, hide_index=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import sys
-import types
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -390,7 +389,7 @@ def test_replay_page_says_when_a_request_is_unknown(monkeypatch, incident_db):
 
 
 def stand_in_replay_module(monkeypatch) -> list:
-    """specdec_core.replay's functions over its own result types; records the calls the pages make."""
+    """specdec_core.replay's functions replaced, its result types kept; records the calls the pages make."""
     from specdec_core.diff import OutputDiff, WordOp
     from specdec_core.replay import ReplayResult
 
@@ -422,10 +421,11 @@ def stand_in_replay_module(monkeypatch) -> list:
     def replays_table(store, limit=1000):
         return pd.DataFrame({"request_id": [c[1] for c in calls], "classification": "foreign"})
 
-    module = types.ModuleType("specdec_core.replay")
-    module.replay, module.replay_many, module.replays_table = replay, replay_many, replays_table
-    module.default_decoder = lambda: "decoder"
-    monkeypatch.setitem(sys.modules, "specdec_core.replay", module)
+    import specdec_core.replay as module
+
+    for name, stand_in in (("replay", replay), ("replay_many", replay_many), ("replays_table", replays_table),
+                           ("default_decoder", lambda: "decoder")):
+        monkeypatch.setattr(module, name, stand_in)
     return calls
 
 
