@@ -25,15 +25,11 @@ UPLOAD_TYPES = ["jsonl", "gz", "csv", "parquet"]
 
 st.set_page_config(page_title="specdec-triage", page_icon="🔎", layout="wide")
 
-navigation = st.navigation([
-    st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
-    st.Page("pages/cache.py", title="Cache", icon=":material/cached:"),
-    st.Page("pages/output_length.py", title="Output length", icon=":material/straighten:"),
-    st.Page("pages/mismatches.py", title="Mismatches", icon=":material/difference:"),
-    st.Page("pages/keys.py", title="Keys", icon=":material/key:"),
-    st.Page("pages/replay.py", title="Replay", icon=":material/replay:"),
-    st.Page("pages/export.py", title="Export", icon=":material/download:"),
-])
+ICONS = {"Overview": ":material/dashboard:", "Cache": ":material/cached:", "Output length": ":material/straighten:",
+         "Mismatches": ":material/difference:", "Keys": ":material/key:", "Replay": ":material/replay:",
+         "Export": ":material/download:"}
+navigation = st.navigation([st.Page(path, title=title, icon=ICONS[title], default=title == "Overview")
+                            for title, path in ui.PAGE_FILES.items()])
 
 
 def load_logs(paths: list[str]) -> None:
