@@ -45,7 +45,7 @@ else:
 
 st.subheader("Red flags")
 STATUS = {True: ":red[**Yes**]", False: ":green[**No**]", None: ":gray[**Unknown**]"}
-for flag in ui.cached(metrics.red_flags, filters=filters):
+for flag in ui.cached(metrics.red_flags, filters=filters, head=head):
     with st.container(border=True):
         st.markdown(f"{STATUS[flag.flagged]} · **{ui.md_escape(flag.title)}**")
         st.caption(ui.md_escape(flag.evidence))

@@ -402,13 +402,13 @@ class RedFlag:
 
 SHARED_OUTPUTS_SQL = """
 WITH o AS (
-    SELECT md5(r.output_text) AS out_hash, count(DISTINCT r.fingerprint) AS identities,
+    SELECT hash(r.output_text) AS out_hash, count(DISTINCT r.fingerprint) AS identities,
            count(*) FILTER (WHERE r.cache_hit) AS hits
     FROM requests r WHERE {where} GROUP BY 1
 )
 SELECT count(*) FILTER (WHERE identities > 1) AS shared_outputs,
-       coalesce(sum(hits) FILTER (WHERE identities > 1), 0) AS hits_with_shared_output,
-       coalesce(sum(hits), 0) AS hits
+       coalesce(sum(hits) FILTER (WHERE identities > 1), 0)::BIGINT AS hits_with_shared_output,
+       coalesce(sum(hits), 0)::BIGINT AS hits
 FROM o
 """
 
@@ -434,9 +434,12 @@ JOIN requests r USING (request_id) WHERE {where}
 """
 
 
-def red_flags(store: Store, filters: Filters = NO_FILTERS) -> list[RedFlag]:
-    """The six symptoms of a cache key narrower than the request identity, each with its evidence."""
-    head = headline(store, filters)
+def red_flags(store: Store, filters: Filters = NO_FILTERS, head: dict[str, Any] | None = None) -> list[RedFlag]:
+    """The six symptoms of a cache key narrower than the request identity, each with its evidence.
+
+    `head` is `headline(store, filters)` when the caller has it already.
+    """
+    head = head if head is not None else headline(store, filters)
     shared = _one(store, SHARED_OUTPUTS_SQL, filters)
     trend = _one(store, HIT_RATE_TREND_SQL, filters)
     arms = _df(store, EXPERIMENT_BIAS_SQL, filters)

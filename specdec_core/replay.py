@@ -33,7 +33,9 @@ from .request import DecodeRequest, differing_fields, identity, sha256_hex
 from .result import DecodeResult
 from .store import Store
 
-NEAR_TIE_LOGIT_MARGIN = 0.05
+# Logits closer than this are a near-tie: bf16 rounds logits of magnitude 16-32 to 0.125 steps,
+# so a bf16 deployment can flip a greedy choice whose top two logits are within about that.
+NEAR_TIE_LOGIT_MARGIN = 0.15
 CLASSIFICATIONS = ("match", "near_tie", "sampled", "foreign", "diverged", "unavailable", "redacted")
 
 
