@@ -1,0 +1,422 @@
+"""A speculative decoder on transformers + torch that returns acceptance counts.
+
+The speculation kind follows the request: a draft model from the registry
+(transformers' assisted generation), `ngram-N` (prompt lookup with n-grams up to N),
+or none. Everything that decides the output comes from the request, so the same
+request gives the same tokens every time in the same environment:
+
+- the draft length is constant (`num_speculative_tokens`, default 5): transformers'
+  draft-length heuristics and its confidence-threshold early exit (tuned with
+  scikit-learn when installed) are switched off, so no call depends on earlier ones;
+- sampling is seeded per request, from `seed`, or from the fingerprint when the
+  request has none; the process-wide RNG state is restored afterwards;
+- the prompt is preprocessed as the request's tokenizer version says.
+
+transformers does not return acceptance counts; the candidate generator's
+`update_candidate_strategy(input_ids, scores, num_matches)` sees them after every
+verification step, so `_record_acceptance` wraps it for the length of one call.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .models import ModelLoader, Registry, RegistryError, ngram_size
+from .request import DecodeRequest, fingerprint
+from .result import DecodeResult
+
+DEFAULT_DRAFT_TOKENS = 5
+# Below this many target parameters a CPU decode runs on one thread: splitting such small
+# matrices only adds overhead, and on a busy 2-core machine two contending threads made
+# the tiny models thirty times slower.
+SINGLE_THREAD_BELOW_PARAMS = 20_000_000
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """The target model's view of a given output, position by position (teacher forcing).
+
+    `logprobs` are under the request's sampling (temperature, then top-k, then top-p, as
+    transformers applies them; for a greedy request 0 for the argmax and -inf otherwise),
+    `raw_logprobs` under the plain softmax. `ranks` are 1 for the argmax; `margins` are the
+    top-1 minus top-2 raw logits, small where a different environment could flip the choice.
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    raw_logprobs: tuple[float, ...]
+    ranks: tuple[int, ...]
+    margins: tuple[float, ...]
+    argmax_ids: tuple[int, ...]
+    prompt_tokens: int
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def first_non_argmax(self) -> int | None:
+        """Index of the first token the target would not have picked greedily."""
+        return next((i for i, r in enumerate(self.ranks) if r != 1), None)
+
+    def impossible_positions(self) -> list[int]:
+        """Positions whose token the request's sampling could not have produced."""
+        return [i for i, lp in enumerate(self.logprobs) if lp == -math.inf]
+
+
+class BF16LogitRounding:
+    """Round the target's logits to bfloat16, as a bf16 GPU deployment computes them.
+
+    A greedy choice whose top two logits are closer than bf16's resolution can flip: the
+    near-ties that replay on float32 then classifies as numerics, not the cache.
+    """
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return scores.to(torch.bfloat16).to(scores.dtype)
+
+
+class _StopOnText:
+    """Stops generation once the decoded output contains a stop sequence (cut afterwards)."""
+
+    def __init__(self, tokenizer: Any, prompt_len: int, stops: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.prompt_len = prompt_len
+        self.stops = [s for s in stops if s]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        text = self.tokenizer.decode(input_ids[0, self.prompt_len :].tolist(), skip_special_tokens=True)
+        done = any(s in text for s in self.stops)
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+
+@contextmanager
+def _record_acceptance(target: Any) -> Iterator[list[tuple[int, int]]]:
+    """(proposed, accepted) per verification step of the next generate() call on `target`.
+
+    Patches the instance (not the class) so only this model and this call are affected;
+    callers hold the engine's lock. Steps where nothing was proposed (a prompt lookup
+    that found no match) are plain decoding steps and are not recorded.
+    """
+    steps: list[tuple[int, int]] = []
+    original = target._get_candidate_generator
+
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        generator = original(*args, **kwargs)
+        update = generator.update_candidate_strategy
+
+        def record(input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: Any) -> Any:
+            proposed = int(scores.shape[1]) - 1  # scores hold candidate_length + 1 positions
+            if proposed > 0:
+                steps.append((proposed, int(num_matches)))
+            return update(input_ids, scores, num_matches)
+
+        generator.update_candidate_strategy = record
+        return generator
+
+    target._get_candidate_generator = patched
+    try:
+        yield steps
+    finally:
+        target.__dict__.pop("_get_candidate_generator", None)
+
+
+def _cut_at_stop(text: str, stops: Sequence[str] | None) -> int | None:
+    hits = [i for i in (text.find(s) for s in (stops or ()) if s) if i >= 0]
+    return min(hits) if hits else None
+
+
+def request_seed(req: DecodeRequest) -> int:
+    """The sampling seed: the request's own, else one derived from its fingerprint."""
+    seed = req.seed if req.seed is not None else int(fingerprint(req)[:16], 16)
+    return seed % 2**64
+
+
+def resolve_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    return dev, (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+
+
+class SpecDecoder:
+    """Decodes a DecodeRequest with the speculation it names; reuses loaded models between calls."""
+
+    def __init__(
+        self,
+        registry: Registry | None = None,
+        device: str = "auto",
+        *,
+        capacity: int = 4,
+        logits_processors: Sequence[Any] = (),
+        threads: int | None = None,
+    ) -> None:
+        """threads: torch CPU threads during a call; None picks 1 for small models, else torch's setting."""
+        self.registry = registry if registry is not None else Registry.load()
+        # Extra transformers LogitsProcessors applied to the target's scores, e.g. to emulate another
+        # numeric environment (the demo's "production GPU"); none by default.
+        self.logits_processors = tuple(logits_processors)
+        self.device, self.dtype = resolve_device(device)
+        self.loader = ModelLoader(self.registry, device=str(self.device), dtype=self.dtype, capacity=capacity)
+        self.threads = threads
+        self._lock = threading.RLock()
+
+    def _threads_for(self, target: Any) -> int:
+        if self.threads is not None:
+            return self.threads
+        if self.device.type == "cpu" and sum(p.numel() for p in target.parameters()) < SINGLE_THREAD_BELOW_PARAMS:
+            return 1
+        return torch.get_num_threads()
+
+    @contextmanager
+    def _cpu_threads(self, target: Any) -> Iterator[int]:
+        """Run a call on the chosen number of CPU threads, then restore the process's setting."""
+        before = torch.get_num_threads()
+        wanted = self._threads_for(target)
+        if wanted != before:
+            torch.set_num_threads(wanted)
+        try:
+            yield wanted
+        finally:
+            if wanted != before:
+                torch.set_num_threads(before)
+
+    @property
+    def load_count(self) -> int:
+        """Models loaded from disk so far; stays put while requests reuse loaded models."""
+        return self.loader.load_count
+
+    # --- tokens in and out -------------------------------------------------------------------
+
+    def prompt_ids(self, req: DecodeRequest) -> list[int]:
+        """The prompt as the request's tokenizer version feeds it to the model."""
+        if req.prompt is None:
+            raise ValueError("prompt: the log holds only prompt_hash, so this request can't be decoded")
+        spec = self.registry.tokenizer(req.tokenizer_version)
+        tok = self.loader.tokenizer(req.tokenizer_version)
+        text = spec.preprocess(req.prompt)
+        if spec.chat_template:
+            if not getattr(tok, "chat_template", None):
+                raise RegistryError(f"tokenizer {spec.name}: chat_template = true but its tokenizer has no chat template")
+            rendered = tok.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            )
+            ids = tok.encode(rendered, add_special_tokens=False)
+        else:
+            ids = tok.encode(text, add_special_tokens=True)
+        if not ids:  # an empty prompt still needs one position to predict from
+            start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+            ids = [int(start)]
+        return list(ids)
+
+    def encode_output(self, req: DecodeRequest, text: str) -> list[int]:
+        """Token ids of an output text (a production output) under the request's tokenizer."""
+        tok = self.loader.tokenizer(req.tokenizer_version)
+        return list(tok.encode(text, add_special_tokens=False))
+
+    def decode(self, req: DecodeRequest, token_ids: Sequence[int]) -> str:
+        return self.loader.tokenizer(req.tokenizer_version).decode(list(token_ids), skip_special_tokens=True)
+
+    # --- environment -------------------------------------------------------------------------
+
+    def environment(self, req: DecodeRequest) -> dict[str, Any]:
+        """What a replay must match for its output to be comparable with this one."""
+        import transformers
+
+        kind, draft_len = self._speculation(req)
+        return {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            # scikit-learn switches on transformers' adaptive draft-confidence threshold
+            # (disabled here, but recorded: other engines may not disable it).
+            "sklearn": importlib.util.find_spec("sklearn") is not None,
+            "target_model": req.target_model,
+            "target_source": self.registry.model(req.target_model).source,
+            "draft_model": req.speculation,
+            "speculation": kind,
+            "num_speculative_tokens": draft_len,
+            "tokenizer_version": req.tokenizer_version,
+            "tokenizer": self.registry.tokenizer(req.tokenizer_version).settings(),
+            "seed": request_seed(req),
+            "logits_processors": [type(p).__name__ for p in self.logits_processors],
+        }
+
+    def _speculation(self, req: DecodeRequest) -> tuple[str, int | None]:
+        draft = req.speculation
+        if draft is None or req.num_speculative_tokens == 0:
+            return "none", None
+        length = req.num_speculative_tokens or DEFAULT_DRAFT_TOKENS
+        return ("ngram" if ngram_size(draft) is not None else "draft"), length
+
+    # --- decoding ----------------------------------------------------------------------------
+
+    def _eos_ids(self, model: Any, tok: Any) -> list[int]:
+        ids: list[int] = []
+        for source in (model.generation_config.eos_token_id, model.config.eos_token_id, tok.eos_token_id):
+            for i in source if isinstance(source, (list, tuple)) else [source]:
+                if i is not None and int(i) not in ids:
+                    ids.append(int(i))
+        return ids
+
+    def _generation_config(self, req: DecodeRequest, eos: list[int], kind: str, draft_len: int | None) -> Any:
+        from transformers import GenerationConfig
+
+        args: dict[str, Any] = {
+            "max_new_tokens": req.max_tokens,
+            "eos_token_id": eos or None,
+            "pad_token_id": eos[0] if eos else None,
+            "num_beams": 1,
+            "do_sample": not req.is_greedy,
+        }
+        if not req.is_greedy:
+            # top_k=0 explicitly: transformers' default is 50, which the request did not ask for.
+            args.update(temperature=float(req.temperature), top_p=float(req.top_p), top_k=req.top_k or 0)
+        if kind == "ngram":
+            args.update(prompt_lookup_num_tokens=draft_len, max_matching_ngram_size=ngram_size(req.speculation))
+        return GenerationConfig(**args)
+
+    def generate(self, req: DecodeRequest) -> DecodeResult:
+        with self._lock:
+            started = time.perf_counter()
+            kind, draft_len = self._speculation(req)
+            target = self.loader.model(req.target_model, "target model")
+            assistant = self.loader.model(req.speculation, "draft model") if kind == "draft" else None
+            tok = self.loader.tokenizer(req.tokenizer_version)
+            prompt = self.prompt_ids(req)
+            eos = self._eos_ids(target, tok)
+            config = self._generation_config(req, eos, kind, draft_len)
+            kwargs: dict[str, Any] = {}
+            if assistant is not None:
+                _check_same_vocabulary(req, target, assistant)
+                # A constant draft length and no confidence-based early exit: the assistant's
+                # generation_config persists between calls, so set it every time.
+                gc = assistant.generation_config
+                gc.num_assistant_tokens = draft_len
+                gc.num_assistant_tokens_schedule = "constant"
+                gc.assistant_confidence_threshold = 0.0
+                kwargs["assistant_model"] = assistant
+            if req.stop:
+                from transformers import StoppingCriteriaList
+
+                kwargs["stopping_criteria"] = StoppingCriteriaList([_StopOnText(tok, len(prompt), req.stop)])
+            if self.logits_processors:
+                from transformers import LogitsProcessorList
+
+                kwargs["logits_processor"] = LogitsProcessorList(self.logits_processors)
+            input_ids = torch.tensor([prompt], dtype=torch.long, device=target.device)
+            devices = [self.device.index or 0] if self.device.type == "cuda" else []
+            with (
+                self._cpu_threads(target) as threads,
+                torch.random.fork_rng(devices=devices),
+                _record_acceptance(target) as steps,
+            ):
+                torch.manual_seed(request_seed(req))
+                out = target.generate(
+                    input_ids=input_ids,
+                    attention_mask=torch.ones_like(input_ids),
+                    generation_config=config,
+                    **kwargs,
+                )
+            generated = out[0, len(prompt) :].tolist()
+            result = self._finish(req, tok, generated, eos, steps if kind != "none" else None)
+            latency = (time.perf_counter() - started) * 1000.0
+            return DecodeResult(
+                text=result[0],
+                token_ids=result[1],
+                finish_reason=result[2],
+                draft_tokens=result[3],
+                accepted_tokens=result[4],
+                accepted_per_step=result[5],
+                latency_ms=round(latency, 3),
+                environment={**self.environment(req), "cpu_threads": threads},
+            )
+
+    def _finish(
+        self,
+        req: DecodeRequest,
+        tok: Any,
+        generated: list[int],
+        eos: list[int],
+        steps: list[tuple[int, int]] | None,
+    ) -> tuple[str, list[int], str, int | None, int | None, tuple[int, ...]]:
+        """Cut at EOS and stop sequences; the token ids kept are those of the returned text."""
+        finish = "length" if len(generated) >= req.max_tokens else "stop"
+        eos_at = next((i for i, t in enumerate(generated) if t in eos), None)
+        if eos_at is not None:
+            generated, finish = generated[:eos_at], "stop"
+        text = tok.decode(generated, skip_special_tokens=True)
+        cut = _cut_at_stop(text, req.stop)
+        if cut is not None:
+            text, finish = text[:cut], "stop"
+            # The fewest tokens whose text covers the kept text; tokens wholly inside the stop go.
+            k = 0
+            while k < len(generated) and len(tok.decode(generated[:k], skip_special_tokens=True)) < cut:
+                k += 1
+            generated = generated[:k]
+        if steps is None:
+            return text, generated, finish, None, None, ()
+        accepted = tuple(a for _, a in steps)
+        return text, generated, finish, sum(p for p, _ in steps), sum(accepted), accepted
+
+    # --- scoring -----------------------------------------------------------------------------
+
+    def score(self, req: DecodeRequest, output_token_ids: Sequence[int]) -> TokenScores:
+        """Run the target over prompt + output (teacher forcing) and score every output token."""
+        with self._lock:
+            target = self.loader.model(req.target_model, "target model")
+            prompt = self.prompt_ids(req)
+            output = [int(t) for t in output_token_ids]
+            if not output:
+                return TokenScores((), (), (), (), (), (), len(prompt))
+            ids = torch.tensor([prompt + output], dtype=torch.long, device=target.device)
+            with self._cpu_threads(target), torch.inference_mode():
+                logits = target(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+            chosen = torch.tensor(output, device=logits.device)
+            raw = logits.log_softmax(-1)
+            picked = logits.gather(1, chosen[:, None])
+            ranks = (logits > picked).sum(-1) + 1
+            top2 = logits.topk(min(2, logits.shape[-1]), dim=-1).values
+            margins = top2[:, 0] - top2[:, -1]
+            argmax = logits.argmax(-1)
+            if req.is_greedy:
+                sampled = torch.where(chosen == argmax, 0.0, -math.inf)
+            else:
+                sampled = _sampling_logits(logits, req).log_softmax(-1).gather(1, chosen[:, None])[:, 0]
+            return TokenScores(
+                token_ids=tuple(output),
+                logprobs=tuple(float(x) for x in sampled.tolist()),
+                raw_logprobs=tuple(float(x) for x in raw.gather(1, chosen[:, None])[:, 0].tolist()),
+                ranks=tuple(int(x) for x in ranks.tolist()),
+                margins=tuple(float(x) for x in margins.tolist()),
+                argmax_ids=tuple(int(x) for x in argmax.tolist()),
+                prompt_tokens=len(prompt),
+            )
+
+
+def _check_same_vocabulary(req: DecodeRequest, target: Any, draft: Any) -> None:
+    sizes = (target.config.get_text_config().vocab_size, draft.config.get_text_config().vocab_size)
+    if sizes[0] != sizes[1]:
+        raise ValueError(
+            f"draft_model: {req.speculation} has a {sizes[1]}-token vocabulary but {req.target_model} has "
+            f"{sizes[0]}; a draft must share its target's tokenizer"
+        )
+
+
+def _sampling_logits(logits: torch.Tensor, req: DecodeRequest) -> torch.Tensor:
+    """Logits as transformers' sampling sees them: temperature, then top-k, then top-p."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    scores = logits / float(req.temperature)
+    if req.top_k:
+        scores = TopKLogitsWarper(top_k=req.top_k)(None, scores)
+    if req.top_p < 1.0:
+        scores = TopPLogitsWarper(top_p=float(req.top_p))(None, scores)
+    return scores

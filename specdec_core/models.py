@@ -1,0 +1,403 @@
+"""The model registry: logical names in request logs -> local weights, and the loaded-model cache.
+
+Production logs name models and tokenizer versions (`tiny-target`, `tok-v2`); replay
+needs the weights and the exact prompt preprocessing behind those names. Both come
+from one TOML file, `specdec.toml`:
+
+    [models.smollm2-135m]
+    path = "data/models/smollm2-135m/target"      # a save_pretrained folder
+    [models.smollm2-135m-gguf]
+    gguf = "data/models/smollm2-135m/model.gguf"   # loaded with transformers' gguf_file=
+    [models.my-hub-model]
+    hub_id = "org/name"                            # only when a user configures one
+    revision = "main"
+
+    [tokenizers.tok-v2]
+    path = "data/models/smollm2-135m/tokenizer"    # or gguf / hub_id / model = "<model name>"
+    chat_template = true
+    normalize = ["nfkc", "collapse_whitespace"]
+
+Relative paths are relative to the TOML file. Draft names `ngram-N` (prompt lookup
+with n-grams up to N) need no entry.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import unicodedata
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+CONFIG_ENV = "SPECDEC_CONFIG"
+CONFIG_NAME = "specdec.toml"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+NGRAM_DRAFT = re.compile(r"^ngram-([1-9][0-9]*)$")
+
+# Prompt normalisation steps a tokenizer version may apply, in the order listed.
+NORMALIZERS = {
+    "none": lambda s: s,
+    "nfkc": lambda s: unicodedata.normalize("NFKC", s),
+    "nfc": lambda s: unicodedata.normalize("NFC", s),
+    "lower": str.lower,
+    "strip": str.strip,
+    "collapse_whitespace": lambda s: re.sub(r"\s+", " ", s).strip(),
+}
+
+_MODEL_KEYS = {"path", "gguf", "hub_id", "revision", "description"}
+_TOKENIZER_KEYS = {"path", "gguf", "hub_id", "revision", "model", "chat_template", "normalize", "description"}
+_SOURCE_KEYS = ("path", "gguf", "hub_id")
+
+
+class RegistryError(ValueError):
+    """The registry file or one of its entries can't be used; the message is one line."""
+
+
+class UnknownModelError(ValueError):
+    """A logical name the registry has no entry for."""
+
+    def __init__(self, name: str, kind: str, known: list[str], source: Path | None = None) -> None:
+        self.name = name
+        self.kind = kind
+        self.known = list(known)
+        where = f" ({source})" if source else ""
+        names = ", ".join(self.known) if self.known else "nothing"
+        hint = "; drafts may also be ngram-N" if kind == "draft model" else ""
+        super().__init__(f"unknown {kind} {name!r}: the registry{where} knows {names}{hint}")
+
+
+def ngram_size(draft_name: str | None) -> int | None:
+    """N for a prompt-lookup draft named `ngram-N`, else None."""
+    m = NGRAM_DRAFT.match(draft_name or "")
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: Path | None = None
+    gguf: Path | None = None
+    hub_id: str | None = None
+    revision: str | None = None
+
+    @property
+    def source(self) -> str:
+        """Where the weights come from, as a string for environments and messages."""
+        if self.gguf is not None:
+            return str(self.gguf)
+        return str(self.path) if self.path is not None else f"hub:{self.hub_id}"
+
+    def is_available(self) -> bool:
+        """Whether the weights are on disk (a hub id is never checked: it needs the network)."""
+        if self.gguf is not None:
+            return self.gguf.is_file()
+        if self.path is not None:
+            return (self.path / "config.json").is_file()
+        return True
+
+    def from_pretrained_args(self) -> tuple[str, dict[str, Any]]:
+        """(name_or_path, kwargs) for transformers' from_pretrained, raising if the files are missing."""
+        if self.gguf is not None:
+            if not self.gguf.is_file():
+                raise RegistryError(f"{self.name}: GGUF file {self.gguf} not found; run `specdec models fetch`")
+            return str(self.gguf.parent), {"gguf_file": self.gguf.name}
+        if self.path is not None:
+            if not self.path.is_dir():
+                raise RegistryError(f"{self.name}: folder {self.path} not found; run `specdec models fetch`")
+            return str(self.path), {}
+        return str(self.hub_id), {"revision": self.revision} if self.revision else {}
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    name: str
+    path: Path | None = None
+    gguf: Path | None = None
+    hub_id: str | None = None
+    revision: str | None = None
+    model: str | None = None
+    chat_template: bool = False
+    normalize: tuple[str, ...] = ()
+
+    def preprocess(self, prompt: str) -> str:
+        """The prompt text after this version's normalisation (the chat template comes later)."""
+        for step in self.normalize:
+            prompt = NORMALIZERS[step](prompt)
+        return prompt
+
+    def settings(self) -> dict[str, Any]:
+        return {"chat_template": self.chat_template, "normalize": list(self.normalize)}
+
+
+def _resolve(base: Path, value: Any, where: str) -> Path:
+    if not isinstance(value, str) or not value:
+        raise RegistryError(f"{where}: expected a non-empty path string, got {value!r}")
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (base / p)
+
+
+def _check_keys(entry: Any, allowed: set[str], where: str) -> Mapping[str, Any]:
+    if not isinstance(entry, Mapping):
+        raise RegistryError(f"{where}: expected a table, got {type(entry).__name__}")
+    extra = sorted(set(entry) - allowed)
+    if extra:
+        raise RegistryError(f"{where}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
+    return entry
+
+
+def _one_source(entry: Mapping[str, Any], where: str, *, also: tuple[str, ...] = ()) -> str:
+    given = [k for k in (*_SOURCE_KEYS, *also) if k in entry]
+    if len(given) != 1:
+        options = " or ".join((*_SOURCE_KEYS, *also))
+        raise RegistryError(f"{where}: needs exactly one of {options}, got {given or 'none'}")
+    return given[0]
+
+
+def _parse_model(name: str, entry: Any, base: Path) -> ModelSpec:
+    where = f"[models.{name}]"
+    entry = _check_keys(entry, _MODEL_KEYS, where)
+    kind = _one_source(entry, where)
+    if kind == "hub_id":
+        if not isinstance(entry["hub_id"], str) or not entry["hub_id"]:
+            raise RegistryError(f"{where}: hub_id must be a non-empty string")
+        return ModelSpec(name, hub_id=entry["hub_id"], revision=entry.get("revision"))
+    return ModelSpec(name, **{kind: _resolve(base, entry[kind], f"{where} {kind}")})
+
+
+def _parse_tokenizer(name: str, entry: Any, base: Path, models: Mapping[str, ModelSpec]) -> TokenizerSpec:
+    where = f"[tokenizers.{name}]"
+    entry = _check_keys(entry, _TOKENIZER_KEYS, where)
+    kind = _one_source(entry, where, also=("model",))
+    chat = entry.get("chat_template", False)
+    if not isinstance(chat, bool):
+        raise RegistryError(f"{where}: chat_template must be true or false, got {chat!r}")
+    norm = entry.get("normalize", "none")
+    steps = norm.split("+") if isinstance(norm, str) else norm
+    if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
+        raise RegistryError(f"{where}: normalize must be a string or a list of strings, got {norm!r}")
+    bad = [s for s in steps if s not in NORMALIZERS]
+    if bad:
+        raise RegistryError(f"{where}: unknown normalize step(s) {bad}; known: {', '.join(NORMALIZERS)}")
+    common = {"chat_template": chat, "normalize": tuple(s for s in steps if s != "none")}
+    if kind == "model":
+        model = entry["model"]
+        if model not in models:
+            raise RegistryError(f"{where}: model {model!r} has no [models.{model}] entry")
+        return TokenizerSpec(name, model=model, **common)
+    if kind == "hub_id":
+        return TokenizerSpec(name, hub_id=entry["hub_id"], revision=entry.get("revision"), **common)
+    return TokenizerSpec(name, **{kind: _resolve(base, entry[kind], f"{where} {kind}")}, **common)
+
+
+class Registry:
+    """Logical model and tokenizer names -> where their weights and preprocessing come from."""
+
+    def __init__(
+        self,
+        models: Mapping[str, ModelSpec] | None = None,
+        tokenizers: Mapping[str, TokenizerSpec] | None = None,
+        source: Path | None = None,
+    ) -> None:
+        self.models: dict[str, ModelSpec] = dict(models or {})
+        self.tokenizers: dict[str, TokenizerSpec] = dict(tokenizers or {})
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"Registry({self.source or '<memory>'}: {len(self.models)} models, {len(self.tokenizers)} tokenizers)"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], base_dir: Path | str = ".", source: Path | None = None) -> Registry:
+        base = Path(base_dir)
+        extra = sorted(set(data) - {"models", "tokenizers"})
+        if extra:
+            raise RegistryError(f"{source or 'registry'}: unknown table(s) {', '.join(extra)}; use [models.NAME] and [tokenizers.NAME]")
+        models = {name: _parse_model(name, e, base) for name, e in (data.get("models") or {}).items()}
+        for name in models:
+            if ngram_size(name) is not None:
+                raise RegistryError(f"[models.{name}]: names ngram-N are reserved for prompt-lookup drafts")
+        tokenizers = {
+            name: _parse_tokenizer(name, e, base, models) for name, e in (data.get("tokenizers") or {}).items()
+        }
+        return cls(models, tokenizers, source)
+
+    @classmethod
+    def from_toml(cls, path: Path | str) -> Registry:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise RegistryError(
+                f"registry file {path} not found; create it or point {CONFIG_ENV} at one"
+            ) from None
+        except OSError as e:
+            raise RegistryError(f"registry file {path} can't be read: {e.strerror or e}") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            reason = " ".join(str(e).split())
+            raise RegistryError(f"registry file {path} is not valid TOML: {reason}") from None
+        return cls.from_dict(data, base_dir=path.resolve().parent, source=path)
+
+    @classmethod
+    def load(cls, path: Path | str | None = None) -> Registry:
+        """The registry at `path`, else $SPECDEC_CONFIG, else ./specdec.toml, else the repo's specdec.toml."""
+        return cls.from_toml(default_config_path() if path is None else path)
+
+    # --- names -----------------------------------------------------------------------------------
+
+    @property
+    def model_names(self) -> list[str]:
+        return sorted(self.models)
+
+    @property
+    def tokenizer_names(self) -> list[str]:
+        return sorted(self.tokenizers)
+
+    def knows(self, name: str | None, kind: str = "model") -> bool:
+        """Whether `name` resolves, without loading anything. kind: model, draft or tokenizer."""
+        if name is None:
+            return kind == "draft"
+        if kind == "tokenizer":
+            return name in self.tokenizers
+        if kind == "draft":
+            return name == "none" or ngram_size(name) is not None or name in self.models
+        if kind == "model":
+            return name in self.models
+        raise ValueError(f"kind: expected model, draft or tokenizer, got {kind!r}")
+
+    def unknown_names(self, req: Any) -> dict[str, str]:
+        """The request fields (log names) whose values the registry can't resolve: {field: value}."""
+        out: dict[str, str] = {}
+        if not self.knows(req.target_model, "model"):
+            out["target_model"] = req.target_model
+        if not self.knows(req.speculation, "draft"):
+            out["draft_model"] = req.speculation
+        if not self.knows(req.tokenizer_version, "tokenizer"):
+            out["tokenizer_version"] = req.tokenizer_version
+        return out
+
+    def is_available(self, name: str) -> bool:
+        """Whether a model or tokenizer's files are on disk (ngram drafts always are)."""
+        if ngram_size(name) is not None:
+            return True
+        if name in self.models:
+            return self.models[name].is_available()
+        if name in self.tokenizers:
+            tok = self.tokenizers[name]
+            if tok.model is not None:
+                return self.models[tok.model].is_available()
+            if tok.gguf is not None:
+                return tok.gguf.is_file()
+            return tok.path is None or tok.path.is_dir()
+        return False
+
+    def model(self, name: str, kind: str = "model") -> ModelSpec:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise UnknownModelError(name, kind, self.model_names, self.source) from None
+
+    def tokenizer(self, name: str) -> TokenizerSpec:
+        try:
+            return self.tokenizers[name]
+        except KeyError:
+            raise UnknownModelError(name, "tokenizer", self.tokenizer_names, self.source) from None
+
+    def tokenizer_source(self, name: str) -> tuple[str, dict[str, Any]]:
+        """(name_or_path, kwargs) for AutoTokenizer.from_pretrained."""
+        tok = self.tokenizer(name)
+        if tok.model is not None:
+            return self.model(tok.model).from_pretrained_args()
+        if tok.gguf is not None:
+            return ModelSpec(name, gguf=tok.gguf).from_pretrained_args()
+        if tok.path is not None:
+            return ModelSpec(name, path=tok.path).from_pretrained_args()
+        return str(tok.hub_id), {"revision": tok.revision} if tok.revision else {}
+
+
+def default_config_path() -> Path:
+    env = os.environ.get(CONFIG_ENV)
+    if env:
+        return Path(env)
+    local = Path.cwd() / CONFIG_NAME
+    return local if local.is_file() else REPO_ROOT / CONFIG_NAME
+
+
+class ModelLoader:
+    """Loads models and tokenizers by logical name and keeps the most recent ones (bounded LRU).
+
+    `load_count` counts model loads from disk, so a caller can show that repeated
+    requests reuse the loaded weights.
+    """
+
+    def __init__(self, registry: Registry, device: str = "cpu", dtype: Any = None, capacity: int = 4) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity: must be >= 1, got {capacity}")
+        self.registry = registry
+        self.device = device
+        self.dtype = dtype
+        self.capacity = capacity
+        self.load_count = 0
+        self.tokenizer_load_count = 0
+        self._models: OrderedDict[str, Any] = OrderedDict()
+        self._tokenizers: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._lock = threading.RLock()
+
+    def model(self, name: str, kind: str = "model") -> Any:
+        with self._lock:
+            if name in self._models:
+                self._models.move_to_end(name)
+                return self._models[name]
+            spec = self.registry.model(name, kind)
+            model = self._load_model(spec)
+            self._models[name] = model
+            self.load_count += 1
+            while len(self._models) > self.capacity:
+                self._models.popitem(last=False)
+            return model
+
+    def _load_model(self, spec: ModelSpec) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        where, kwargs = spec.from_pretrained_args()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(where, dtype=self.dtype, **kwargs)
+        except OSError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RegistryError(f"{spec.name}: can't load weights from {spec.source}: {first}") from e
+        return model.to(self.device).eval()
+
+    def tokenizer(self, name: str) -> Any:
+        """The tokenizer behind a tokenizer version; versions sharing files share one object."""
+        with self._lock:
+            where, kwargs = self.registry.tokenizer_source(name)
+            key = (where, repr(sorted(kwargs.items())))
+            if key in self._tokenizers:
+                self._tokenizers.move_to_end(key)
+                return self._tokenizers[key]
+            from transformers import AutoTokenizer
+
+            try:
+                tok = AutoTokenizer.from_pretrained(where, **kwargs)
+            except OSError as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise RegistryError(f"tokenizer {name}: can't load from {where}: {first}") from e
+            self._tokenizers[key] = tok
+            self.tokenizer_load_count += 1
+            while len(self._tokenizers) > 4 * self.capacity:
+                self._tokenizers.popitem(last=False)
+            return tok
+
+    def loaded(self) -> list[str]:
+        with self._lock:
+            return list(self._models)
