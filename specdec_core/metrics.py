@@ -54,10 +54,12 @@ def _draft_label(alias: str = "r") -> str:
     return f"coalesce(nullif({alias}.draft_model, 'none'), '{NO_DRAFT}')"
 
 
-def _df(store: Store, sql: str, filters: Filters, extra: list[Any] | None = None) -> pd.DataFrame:
+def _df(store: Store, sql: str, filters: Filters, extra: list[Any] | None = None,
+        leading: list[Any] | None = None) -> pd.DataFrame:
+    """Run a question's SQL with the filters' WHERE; `leading`/`extra` bind the ? before/after it."""
     where, params = filters.where()
     with store.read() as con:
-        return con.execute(sql.replace("{where}", where), params + (extra or [])).df()
+        return con.execute(sql.replace("{where}", where), (leading or []) + params + (extra or [])).df()
 
 
 def _one(store: Store, sql: str, filters: Filters) -> dict[str, Any]:
@@ -165,10 +167,7 @@ GROUP BY ALL ORDER BY bucket, combination
 
 
 def hit_rate_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
-    bucket = bucket or time_bucket(store, filters)
-    where, params = filters.where()
-    with store.read() as con:
-        return con.execute(HIT_RATE_OVER_TIME_SQL.replace("{where}", where), [bucket, *params]).df()
+    return _df(store, HIT_RATE_OVER_TIME_SQL, filters, leading=[bucket or time_bucket(store, filters)])
 
 
 KEY_RATIO_BY_DEPLOYMENT_SQL = """
@@ -283,10 +282,7 @@ GROUP BY ALL ORDER BY bucket, deployment
 
 def mismatch_rate_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
     """Contaminated hits per time bucket and deployment, as a share of all requests."""
-    bucket = bucket or time_bucket(store, filters)
-    where, params = filters.where()
-    with store.read() as con:
-        return con.execute(MISMATCH_RATE_OVER_TIME_SQL.replace("{where}", where), [bucket, *params]).df()
+    return _df(store, MISMATCH_RATE_OVER_TIME_SQL, filters, leading=[bucket or time_bucket(store, filters)])
 
 
 CONTAMINATION_WINDOW_SQL = """
