@@ -56,6 +56,8 @@ class TokenScores:
     raw_logprobs: tuple[float, ...]
     ranks: tuple[int, ...]
     margins: tuple[float, ...]
+    # The top raw logit at each position: a margin is small relative to it in half precision.
+    top_logits: tuple[float, ...]
     argmax_ids: tuple[int, ...]
     prompt_tokens: int
 
@@ -71,15 +73,21 @@ class TokenScores:
         return [i for i, lp in enumerate(self.logprobs) if lp == -math.inf]
 
 
-class BF16LogitRounding:
-    """Round the target's logits to bfloat16, as a bf16 GPU deployment computes them.
+class LogitRounding:
+    """Round the target's logits to a lower precision, as a bf16 or fp16 GPU deployment computes them.
 
-    A greedy choice whose top two logits are closer than bf16's resolution can flip: the
-    near-ties that replay on float32 then classifies as numerics, not the cache.
+    A greedy choice whose top two logits are closer than that precision's resolution can flip:
+    the near-ties that replay in float32 then classifies as numerics, not the cache.
     """
 
+    def __init__(self, dtype: torch.dtype = torch.bfloat16) -> None:
+        self.dtype = dtype
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        return scores.to(torch.bfloat16).to(scores.dtype)
+        return scores.to(self.dtype).to(scores.dtype)
+
+    def __repr__(self) -> str:
+        return f"LogitRounding({str(self.dtype).removeprefix('torch.')})"
 
 
 class _StopOnText:
@@ -246,7 +254,7 @@ class SpecDecoder:
             "tokenizer_version": req.tokenizer_version,
             "tokenizer": self.registry.tokenizer(req.tokenizer_version).settings(),
             "seed": request_seed(req),
-            "logits_processors": [type(p).__name__ for p in self.logits_processors],
+            "logits_processors": [repr(p) for p in self.logits_processors],
         }
 
     def _speculation(self, req: DecodeRequest) -> tuple[str, int | None]:
@@ -375,7 +383,7 @@ class SpecDecoder:
             prompt = self.prompt_ids(req)
             output = [int(t) for t in output_token_ids]
             if not output:
-                return TokenScores((), (), (), (), (), (), len(prompt))
+                return TokenScores((), (), (), (), (), (), (), len(prompt))
             ids = torch.tensor([prompt + output], dtype=torch.long, device=target.device)
             with self._cpu_threads(target), torch.inference_mode():
                 logits = target(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
@@ -396,6 +404,7 @@ class SpecDecoder:
                 raw_logprobs=tuple(float(x) for x in raw.gather(1, chosen[:, None])[:, 0].tolist()),
                 ranks=tuple(int(x) for x in ranks.tolist()),
                 margins=tuple(float(x) for x in margins.tolist()),
+                top_logits=tuple(float(x) for x in top2[:, 0].tolist()),
                 argmax_ids=tuple(int(x) for x in argmax.tolist()),
                 prompt_tokens=len(prompt),
             )

@@ -33,9 +33,11 @@ from .request import DecodeRequest, differing_fields, identity, sha256_hex
 from .result import DecodeResult
 from .store import Store
 
-# Logits closer than this are a near-tie: bf16 rounds logits of magnitude 16-32 to 0.125 steps,
-# so a bf16 deployment can flip a greedy choice whose top two logits are within about that.
-NEAR_TIE_LOGIT_MARGIN = 0.15
+# Top-two logits closer than this are a near-tie: numerics of another environment can flip them.
+NEAR_TIE_LOGIT_MARGIN = 0.05
+# ... or closer than half precision resolves at their magnitude: bf16 keeps 8 significant bits,
+# so two logits near 30 are only told apart to about 30 * 2**-7 = 0.23.
+NEAR_TIE_RELATIVE_MARGIN = 2.0**-7
 CLASSIFICATIONS = ("match", "near_tie", "sampled", "foreign", "diverged", "unavailable", "redacted")
 
 
@@ -156,11 +158,13 @@ def _classify_difference(decoder: Any, req: DecodeRequest, production_ids: list[
         }
         if d is not None and d < len(scores):
             margin = scores.margins[d]
+            threshold = max(near_tie_margin, NEAR_TIE_RELATIVE_MARGIN * abs(scores.top_logits[d]))
             evidence.update(margin_at_divergence=margin, production_rank_at_divergence=scores.ranks[d],
-                            near_tie_threshold=near_tie_margin)
-            if scores.ranks[d] == 2 and margin < near_tie_margin:
+                            top_logit_at_divergence=scores.top_logits[d], near_tie_threshold=threshold)
+            if scores.ranks[d] == 2 and margin < threshold:
                 return ("near_tie", f"greedy outputs part at token {d}, where the target's top two logits are "
-                        f"{margin:.4g} apart (< {near_tie_margin}): numerics, not the cache", evidence)
+                        f"{margin:.4g} apart (< {threshold:.3g}, below half-precision resolution at that "
+                        "magnitude): numerics, not the cache", evidence)
             return ("diverged", f"greedy outputs part at token {d}, where production took the target's "
                     f"rank-{scores.ranks[d]} token ({margin:.3g} logits behind the top one): not numerics; "
                     "no cache source is known", evidence)

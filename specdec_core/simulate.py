@@ -46,22 +46,24 @@ class ExperimentConfig:
     stop: tuple[str, ...] | None = None
 
 
-def _family_configs(target: str, draft: str, tok_v1: str, tok_v2: str) -> tuple[ExperimentConfig, ...]:
+def _family_configs(target: str, draft: str, other_draft: str, tok_v1: str, tok_v2: str
+                    ) -> tuple[ExperimentConfig, ...]:
     return (
-        ExperimentConfig("greedy-draft", target, draft, 4, 0.0, 48, tok_v1, 30),
+        ExperimentConfig("greedy-draft", target, draft, 4, 0.0, 32, tok_v1, 30),
         ExperimentConfig("greedy-ngram", target, "ngram-3", 4, 0.0, 48, tok_v1, 15),
         ExperimentConfig("greedy-plain-short", target, None, None, 0.0, 16, tok_v1, 10),
-        ExperimentConfig("sampled-draft", target, draft, 4, 0.7, 48, tok_v1, 15, top_p=0.95, seed=7),
+        ExperimentConfig("sampled-other-draft", target, other_draft, 4, 0.7, 32, tok_v1, 15, top_p=0.95, seed=7),
         ExperimentConfig("sampled-ngram-stop", target, "ngram-3", 3, 1.0, 32, tok_v1, 10, top_k=40, seed=42,
                          stop=(".",)),
-        ExperimentConfig("greedy-tok-v2", target, draft, 4, 0.0, 48, tok_v2, 10),
-        ExperimentConfig("greedy-draft-k2-short", target, draft, 2, 0.0, 24, tok_v1, 10, stop=("\n\n",)),
+        ExperimentConfig("greedy-ngram-tok-v2", target, "ngram-3", 4, 0.0, 48, tok_v2, 10),
+        ExperimentConfig("greedy-draft-k2-short", target, draft, 2, 0.0, 16, tok_v1, 10, stop=("\n\n",)),
     )
 
 
 FAMILIES: dict[str, tuple[ExperimentConfig, ...]] = {
-    "tiny": _family_configs("tiny-target", "tiny-draft-a", "tiny-tok-v1", "tiny-tok-v2"),
-    "smollm2": _family_configs("smollm2-135m", "smollm2-135m-draft-l4", "tok-v1", "tok-v2"),
+    "tiny": _family_configs("tiny-target", "tiny-draft-a", "tiny-draft-b", "tiny-tok-v1", "tiny-tok-v2"),
+    "smollm2": _family_configs("smollm2-135m", "smollm2-135m-draft-skip8", "smollm2-135m-draft-l4", "tok-v1",
+                               "tok-v2"),
 }
 
 # Hot prompts first: the first few take most of the traffic. Several languages, long and short,

@@ -18,7 +18,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         make_synthetic_log(out, args.rows, seed=args.seed)
         print(f"wrote {args.rows:,} synthetic rows to {out} in {time.perf_counter() - started:.1f} s")
         return 0
-    from ..engine import BF16LogitRounding, SpecDecoder
+    import torch
+
+    from ..engine import LogitRounding, SpecDecoder
     from ..models import RegistryError
     from ..simulate import simulate
 
@@ -26,8 +28,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if sys.stderr.isatty() and (n % 10 == 0 or n == total):
             print(f"\r{n}/{total} requests", end="\n" if n == total else "", file=sys.stderr, flush=True)
 
-    # Production is emulated as a bf16 GPU deployment; replay runs float32, as an on-call laptop would.
-    processors = [BF16LogitRounding()] if args.production_numerics == "bf16" else []
+    # Production is emulated as a half-precision GPU deployment; replay runs float32, as a laptop would.
+    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    processors = [LogitRounding(dtypes[args.production_numerics])] if args.production_numerics in dtypes else []
     try:
         summary = simulate(args.out, requests=args.requests, seed=args.seed, family=args.family,
                            engine=SpecDecoder(device=args.device, logits_processors=processors),
@@ -51,8 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--family", default="smollm2", choices=("tiny", "smollm2"))
     p.add_argument("--redis-url", help="use this Redis for the caches (default: in-process)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--production-numerics", default="bf16", choices=("bf16", "exact"),
-                   help="bf16: production's logits are rounded to bfloat16 (near-ties can flip); exact: as replay")
+    p.add_argument("--production-numerics", default="bf16", choices=("bf16", "fp16", "exact"),
+                   help="production's logits rounded to this precision, so near-ties can flip "
+                        "(exact: production computes as replay does)")
     p.add_argument("--synthetic", action="store_true", help="no model: realistic distributions at DuckDB speed")
     p.add_argument("--rows", type=int, default=1_000_000, help="with --synthetic")
     p.set_defaults(func=cmd_demo)
