@@ -34,8 +34,10 @@ system-deps:
 models: $(STAMP)
 	$(VENV)/bin/specdec models fetch
 
-$(DB): $(STAMP)
-	$(VENV)/bin/specdec ingest data/demo/ --db $(DB)
+DEMO_LOG := data/demo/requests.jsonl.gz
+
+$(DB): $(STAMP) $(DEMO_LOG)
+	$(VENV)/bin/specdec ingest $(DEMO_LOG) --db $(DB)
 
 run: models $(DB)
 	$(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \

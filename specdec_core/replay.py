@@ -147,29 +147,55 @@ def _score_evidence(decoder: Any, req: DecodeRequest, production_ids: list[int],
     }
 
 
+def _near_tie_threshold(top_logit: float, near_tie_margin: float) -> float:
+    return max(near_tie_margin, NEAR_TIE_RELATIVE_MARGIN * abs(top_logit))
+
+
+def _greedy_explains(decoder: Any, req: DecodeRequest, production_ids: list[int],
+                     near_tie_margin: float) -> tuple[bool, dict[str, Any]]:
+    """Whether greedy decoding of `req` gives these tokens up to near-ties, scored by teacher forcing.
+
+    Every token must be the target's first choice, or its second where the top two logits are
+    closer than half precision resolves: another environment's numerics could have picked it.
+    """
+    scores = decoder.score(req, production_ids)
+    near_ties: list[int] = []
+    for i, (rank, margin, top) in enumerate(zip(scores.ranks, scores.margins, scores.top_logits, strict=True)):
+        if rank == 1:
+            continue
+        threshold = _near_tie_threshold(top, near_tie_margin)
+        evidence = {"first_divergent_token": i, "production_rank_at_divergence": rank,
+                    "margin_at_divergence": margin, "top_logit_at_divergence": top, "near_tie_threshold": threshold}
+        if rank == 2 and margin < threshold:
+            near_ties.append(i)
+            if len(near_ties) == 1:
+                first = evidence
+            continue
+        return False, {**evidence, "near_tie_positions": near_ties}
+    return True, ({**first, "near_tie_positions": near_ties} if near_ties else {"near_tie_positions": []})
+
+
 def _classify_difference(decoder: Any, req: DecodeRequest, production_ids: list[int], result: DecodeResult,
-                         diff: OutputDiff, near_tie_margin: float) -> tuple[str, str, dict[str, Any]]:
-    if req.is_greedy:
-        scores = decoder.score(req, production_ids)
-        d = diff.first_divergent_token
-        evidence: dict[str, Any] = {
-            "first_divergent_token": d,
-            "production_tokens_not_argmax": sum(1 for r in scores.ranks if r != 1),
-        }
-        if d is not None and d < len(scores):
-            margin = scores.margins[d]
-            threshold = max(near_tie_margin, NEAR_TIE_RELATIVE_MARGIN * abs(scores.top_logits[d]))
-            evidence.update(margin_at_divergence=margin, production_rank_at_divergence=scores.ranks[d],
-                            top_logit_at_divergence=scores.top_logits[d], near_tie_threshold=threshold)
-            if scores.ranks[d] == 2 and margin < threshold:
-                return ("near_tie", f"greedy outputs part at token {d}, where the target's top two logits are "
-                        f"{margin:.4g} apart (< {threshold:.3g}, below half-precision resolution at that "
-                        "magnitude): numerics, not the cache", evidence)
-            return ("diverged", f"greedy outputs part at token {d}, where production took the target's "
-                    f"rank-{scores.ranks[d]} token ({margin:.3g} logits behind the top one): not numerics; "
-                    "no cache source is known", evidence)
-        return ("diverged", "production's output is a different length than the target produces greedily; "
-                "no cache source is known", evidence)
+                         greedy: tuple[bool, dict[str, Any]] | None) -> tuple[str, str, dict[str, Any]]:
+    """Why production differs from the replay, when no cache source explains it.
+
+    `greedy` is `_greedy_explains` of this request (None for a sampled request).
+    """
+    if greedy is not None:
+        explained, evidence = greedy
+        if explained and evidence["near_tie_positions"]:
+            d = evidence["first_divergent_token"]
+            return ("near_tie", f"greedy outputs part at token {d}, where the target's top two logits are "
+                    f"{evidence['margin_at_divergence']:.4g} apart (< {evidence['near_tie_threshold']:.3g}, below "
+                    "half-precision resolution at that magnitude); every other production token is the target's "
+                    "first choice: numerics, not the cache", evidence)
+        if explained:
+            return ("diverged", "every production token is the target's first choice, but production stops at "
+                    "another length than the replay; no cache source is known", evidence)
+        d = evidence["first_divergent_token"]
+        return ("diverged", f"at token {d} production took the target's rank-{evidence['production_rank_at_divergence']} "
+                f"token ({evidence['margin_at_divergence']:.3g} logits behind the top one): not numerics; no cache "
+                "source is known", evidence)
     evidence = _score_evidence(decoder, req, production_ids, result.token_ids)
     implausible = bool(evidence["production_impossible_tokens"]) or (
         evidence["production_mean_logprob"] is not None and evidence["replay_mean_logprob"] is not None
@@ -224,30 +250,44 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
         return ReplayResult(request_id, "match", "the replay returned production's output exactly",
                             {"output_tokens": len(result.token_ids), **length_note}, **common)
 
+    # Production's output may be right for this request up to numerics: then the cache is not to blame.
+    greedy = _greedy_explains(decoder, req, production_ids, near_tie_margin) if req.is_greedy else None
+    if greedy is not None and greedy[0] and greedy[1]["near_tie_positions"]:
+        classification, message, evidence = _classify_difference(decoder, req, production_ids, result, greedy)
+        return ReplayResult(request_id, classification, message, {**evidence, **length_note}, **common)
+
     source = _source_of(store, record)
     source_evidence: dict[str, Any] = {}
     if source is not None:
         source_req = _request_from(source, prompt if source.get("prompt") is None else None)
         if source_req.prompt is not None and not _unavailable(decoder, source_req):
             source_result = decoder.generate(source_req)
+            exact = source_result.text == production
             source_evidence = {
                 "source_request_id": source["request_id"],
-                "source_replay_equals_production": source_result.text == production,
+                "source_replay_equals_production": exact,
                 "differing_fields": differing_fields(identity(req), identity(source_req)),
                 "cache_key": record["cache_key"],
             }
-            if source_result.text == production:
+            near = False
+            if not exact and source_req.is_greedy:
+                # The source ran in production's numerics too: equal up to near-ties is still its output.
+                near, tie = _greedy_explains(decoder, source_req, decoder.encode_output(source_req, production),
+                                             near_tie_margin)
+                near = near and bool(tie["near_tie_positions"])
+                source_evidence["source_near_tie_positions"] = tie.get("near_tie_positions", [])
+            if exact or near:
                 fields = ", ".join(source_evidence["differing_fields"]) or "no identity field"
+                how = "equals production exactly" if exact else "equals production up to near-ties"
                 return ReplayResult(
                     request_id, "foreign",
                     f"production returned the output of request {source['request_id']} (differs in {fields}), "
-                    f"which populated cache key {record['cache_key']}: its replay equals production exactly",
+                    f"which populated cache key {record['cache_key']}: its replay {how}",
                     {**source_evidence, **length_note}, source_request_id=source["request_id"],
                     source_replay_text=source_result.text, **common)
             common["source_replay_text"] = source_result.text
         common["source_request_id"] = source["request_id"]
-    classification, message, evidence = _classify_difference(decoder, req, production_ids, result, diff,
-                                                             near_tie_margin)
+    classification, message, evidence = _classify_difference(decoder, req, production_ids, result, greedy)
     return ReplayResult(request_id, classification, message, {**evidence, **source_evidence, **length_note},
                         **common)
 
