@@ -16,8 +16,10 @@ results = st.session_state.setdefault(ui.REPLAY_RESULTS_KEY, {})
 
 MEANING = {
     "match": "The replay reproduces production's output.",
-    "near_tie": "The outputs part where two tokens were nearly tied: numerical noise, not the cache.",
-    "sampled": "Sampled decoding without a seed: production's output can't be reproduced exactly.",
+    "near_tie": "Production is this request's greedy output up to tokens whose top two logits were nearly tied: "
+                "numerics of another environment, not the cache.",
+    "sampled": "A sampled request whose replay differs: production's tokens are scored under this identity, "
+               "so an output this request could hardly have sampled stands out.",
     "foreign": "Production returned the output of another request identity (the cache entry's source).",
     "diverged": "A greedy output that differs beyond numerical noise, and no source explains it.",
     "unavailable": "This request can't be replayed here (its model or tokenizer isn't available).",
