@@ -479,9 +479,12 @@ WITH r AS (
 ), hits AS (SELECT * FROM r WHERE cache_hit), misses AS (SELECT * FROM r WHERE NOT cache_hit),
 joined AS (
     SELECT h.request_id, m.request_id AS source_request_id, h.fingerprint AS fp,
-           m.fingerprint AS source_fp, h.cached_identity_fingerprint AS cached_fp
-    FROM hits h ASOF LEFT JOIN misses m
-      ON h.dep = m.dep AND h.cache_key = m.cache_key AND h.ts >= m.ts
+           m.fingerprint AS source_fp, h.cached_identity_fingerprint AS cached_fp,
+           -- No earlier request of this deployment had this identity: a correct key could not hit here.
+           seen.request_id IS NULL AS first_sight
+    FROM hits h
+    ASOF LEFT JOIN misses m ON h.dep = m.dep AND h.cache_key = m.cache_key AND h.ts >= m.ts
+    ASOF LEFT JOIN r seen ON h.dep = seen.dep AND h.fingerprint = seen.fingerprint AND h.ts > seen.ts
 ), judged AS (
     SELECT *, coalesce(source_fp <> fp, false) AS source_differs,
            coalesce(cached_fp <> fp, false) AS fingerprint_mismatch,
@@ -509,7 +512,7 @@ joined AS (
 )
 SELECT j.request_id, j.source_request_id,
        j.source_differs OR j.fingerprint_mismatch AS contaminated,
-       j.fingerprint_mismatch, d.differing_fields
+       j.fingerprint_mismatch, d.differing_fields, j.first_sight
 FROM judged j LEFT JOIN diffs d ON d.fp = j.fp AND d.other_fp = j.other_fp
 """
 

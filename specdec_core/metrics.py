@@ -176,8 +176,12 @@ SELECT coalesce(r.deployment, '') AS deployment, count(*) AS requests,
        count(DISTINCT r.cache_key) / count(DISTINCT r.fingerprint) AS keys_per_identity,
        avg(r.cache_hit::INT) AS hit_rate,
        -- A correct key can't hit more often than this: every distinct identity misses at least once.
-       1 - count(DISTINCT r.fingerprint) / count(*) AS max_correct_hit_rate
-FROM requests r WHERE {where}
+       1 - count(DISTINCT r.fingerprint) / count(*) AS max_correct_hit_rate,
+       count(*) FILTER (WHERE r.cache_hit) AS hits,
+       -- Hits on an identity the deployment had never seen: only a shared key (or an entry older than
+       -- the log) can serve those.
+       count(*) FILTER (WHERE h.first_sight) AS first_sight_hits
+FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where}
 GROUP BY ALL ORDER BY deployment
 """
 
@@ -398,9 +402,14 @@ class RedFlag:
 
 SHARED_OUTPUTS_SQL = """
 WITH o AS (
-    SELECT hash(r.output_text) AS out_hash, count(DISTINCT r.fingerprint) AS identities,
+    -- Greedy speculative decoding is lossless: identities that differ only in their draft share outputs
+    -- legitimately, so the draft fields count only for sampled requests.
+    SELECT hash(r.output_text) AS out_hash,
+           count(DISTINCT hash(i.prompt, i.target_model, i.temperature, i.top_p, i.top_k, i.max_tokens, i.seed,
+                               i.stop, i.tokenizer_version, CASE WHEN NOT i.greedy THEN i.draft_model END,
+                               CASE WHEN NOT i.greedy THEN i.num_speculative_tokens END)) AS identities,
            count(*) FILTER (WHERE r.cache_hit) AS hits
-    FROM requests r WHERE {where} GROUP BY 1
+    FROM requests r JOIN identities i USING (fingerprint) WHERE {where} GROUP BY 1
 )
 SELECT count(*) FILTER (WHERE identities > 1) AS shared_outputs,
        coalesce(sum(hits) FILTER (WHERE identities > 1), 0)::BIGINT AS hits_with_shared_output,
@@ -430,6 +439,11 @@ JOIN requests r USING (request_id) WHERE {where}
 """
 
 
+# Hits on never-seen identities beyond this share of a deployment's hits are not explained by entries
+# that predate the log window.
+FIRST_SIGHT_HIT_SHARE = 0.05
+
+
 def red_flags(store: Store, filters: Filters = NO_FILTERS, head: dict[str, Any] | None = None) -> list[RedFlag]:
     """The six symptoms of a cache key narrower than the request identity, each with its evidence.
 
@@ -448,8 +462,8 @@ def red_flags(store: Store, filters: Filters = NO_FILTERS, head: dict[str, Any] 
     flags.append(RedFlag(
         "identical_outputs", "Identical outputs although parameters differ",
         bool(shared["shared_outputs"] > 0 and head["contaminated_hits"] > 0),
-        f"{shared['shared_outputs']} output texts were returned for more than one identity "
-        f"({shared_share:.0%} of hits); hit rate {_pct(trend['first_half'])} in the first half of the window, "
+        f"{shared['shared_outputs']} output texts were returned for requests that differ in more than their "
+        f"draft model ({shared_share:.0%} of hits are on such outputs); hit rate {_pct(trend['first_half'])} in the first half of the window, "
         f"{_pct(trend['second_half'])} in the second{' (rising)' if rising else ''}.",
         "Mismatches", {"shared_outputs": shared["shared_outputs"], "rising": rising},
     ))
@@ -480,13 +494,17 @@ def red_flags(store: Store, filters: Filters = NO_FILTERS, head: dict[str, Any] 
         f"{head['length_violations']} requests returned more tokens than their max_tokens.",
         "Output length", {"length_violations": head["length_violations"]},
     ))
-    too_good = ratios[ratios["hit_rate"] > ratios["max_correct_hit_rate"] + 1e-9]
+    first_sight_share = ratios["first_sight_hits"] / ratios["hits"].where(ratios["hits"] > 0)
+    too_good = ratios[(ratios["hit_rate"] > ratios["max_correct_hit_rate"] + 1e-9)
+                      | (first_sight_share > FIRST_SIGHT_HIT_SHARE)]
     flags.append(RedFlag(
         "hit_rate_too_good", "Hit rate too good for this workload",
         not too_good.empty,
-        "; ".join(f"{d.deployment or '(none)'}: hit rate {d.hit_rate:.0%} above the {d.max_correct_hit_rate:.0%} "
-                  "a correct key could reach" for d in too_good.itertuples())
-        or "Every deployment's hit rate is within what a correct key could reach.",
+        "; ".join(f"{d.deployment or '(none)'}: hit rate {d.hit_rate:.0%} (a correct key could reach at most "
+                  f"{d.max_correct_hit_rate:.0%}); {d.first_sight_hits:,} of {d.hits:,} hits were for an identity "
+                  "this deployment had never served before" for d in too_good.itertuples())
+        or "Every deployment's hit rate is within what a correct key could reach, and hits are on identities "
+           "seen before.",
         "Cache", {"deployments": len(too_good)},
     ))
     narrow = ratios[ratios["keys_per_identity"] < 1 - 1e-9]

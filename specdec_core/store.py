@@ -84,7 +84,8 @@ CREATE TABLE IF NOT EXISTS hit_sources (
     source_request_id VARCHAR,
     contaminated BOOLEAN NOT NULL,
     fingerprint_mismatch BOOLEAN NOT NULL,
-    differing_fields VARCHAR
+    differing_fields VARCHAR,
+    first_sight BOOLEAN  -- a hit on an identity its deployment had not seen before in the log
 );
 CREATE TABLE IF NOT EXISTS replays (
     replay_id VARCHAR PRIMARY KEY,

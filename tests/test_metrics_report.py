@@ -110,6 +110,8 @@ def test_unique_key_ratio_and_the_hit_rate_a_correct_key_could_reach(incident):
     assert (prod.unique_keys, prod.unique_identities) == (5, 6)
     assert prod.max_correct_hit_rate == pytest.approx(1 - 6 / 13)
     assert prod.hit_rate == pytest.approx(9 / 13)
+    # h1 (B), h3 (the base request: its entry predates the log) and h6 (D) hit on identities never seen before.
+    assert prod.first_sight_hits == 3
 
 
 def test_output_length_by_max_tokens_counts_violations(incident):
