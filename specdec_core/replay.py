@@ -175,6 +175,24 @@ def _greedy_explains(decoder: Any, req: DecodeRequest, production_ids: list[int]
     return True, ({**first, "near_tie_positions": near_ties} if near_ties else {"near_tie_positions": []})
 
 
+def _sampled_source_explains(decoder: Any, req: DecodeRequest, production_ids: list[int],
+                             greedy: tuple[bool, dict[str, Any]] | None, source_req: DecodeRequest,
+                             source_ids: list[int]) -> tuple[bool, dict[str, Any]]:
+    """Whether production is a plausible sample of a sampled source, and implausible for this request."""
+    source_scores = decoder.score(source_req, source_ids)
+    source_mean = _mean(source_scores.logprobs)
+    impossible_for_source = len(source_scores.impossible_positions())
+    evidence: dict[str, Any] = {"source_sample_mean_logprob": source_mean,
+                                "source_impossible_tokens": impossible_for_source}
+    if impossible_for_source or source_mean is None:
+        return False, evidence
+    if greedy is not None:  # this request is greedy: production must not be its greedy output
+        return not greedy[0], evidence
+    own_mean = _mean(decoder.score(req, production_ids).logprobs)
+    evidence["own_sample_mean_logprob"] = own_mean
+    return own_mean is None or own_mean < source_mean - 1.0, evidence
+
+
 def _classify_difference(decoder: Any, req: DecodeRequest, production_ids: list[int], result: DecodeResult,
                          greedy: tuple[bool, dict[str, Any]] | None) -> tuple[str, str, dict[str, Any]]:
     """Why production differs from the replay, when no cache source explains it.
@@ -269,16 +287,24 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
                 "differing_fields": differing_fields(identity(req), identity(source_req)),
                 "cache_key": record["cache_key"],
             }
-            near = False
+            near = plausible = False
+            source_ids = decoder.encode_output(source_req, production)
             if not exact and source_req.is_greedy:
                 # The source ran in production's numerics too: equal up to near-ties is still its output.
-                near, tie = _greedy_explains(decoder, source_req, decoder.encode_output(source_req, production),
-                                             near_tie_margin)
+                near, tie = _greedy_explains(decoder, source_req, source_ids, near_tie_margin)
                 near = near and bool(tie["near_tie_positions"])
                 source_evidence["source_near_tie_positions"] = tie.get("near_tie_positions", [])
-            if exact or near:
+            elif not exact:
+                # A sampled source drawn in production's numerics need not redraw the same tokens here; what
+                # can be shown is that production is a plausible sample of the source and not of this request.
+                plausible, more = _sampled_source_explains(decoder, req, production_ids, greedy, source_req,
+                                                           source_ids)
+                source_evidence.update(more)
+            if exact or near or plausible:
                 fields = ", ".join(source_evidence["differing_fields"]) or "no identity field"
-                how = "equals production exactly" if exact else "equals production up to near-ties"
+                how = ("equals production exactly" if exact else "equals production up to near-ties" if near
+                       else "differs, as sampling in another environment can, but production is a plausible sample "
+                            "of the source's identity and not an output this request could produce")
                 return ReplayResult(
                     request_id, "foreign",
                     f"production returned the output of request {source['request_id']} (differs in {fields}), "
