@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -147,6 +147,26 @@ def _score_evidence(decoder: Any, req: DecodeRequest, production_ids: list[int],
     }
 
 
+def _production_ids(decoder: Any, req: DecodeRequest, production: str, replay_ids: Sequence[int]) -> list[int]:
+    """Production's text as tokens, split the way the model split it wherever the replay says the same.
+
+    Re-tokenizing a generated text need not give back the generated tokens (a model may emit a
+    non-canonical split); scoring those would show ranks the model never chose. So the longest run
+    of replay tokens whose text starts production's is kept, and only the rest is tokenized.
+    """
+    replay_ids = list(replay_ids)
+    lo, hi = 0, len(replay_ids)
+    while lo < hi:  # the longest k with decode(replay_ids[:k]) a prefix of production
+        mid = (lo + hi + 1) // 2
+        if production.startswith(decoder.decode(req, replay_ids[:mid])):
+            lo = mid
+        else:
+            hi = mid - 1
+    kept = decoder.decode(req, replay_ids[:lo])
+    rest = production[len(kept):]
+    return replay_ids[:lo] + (decoder.encode_output(req, rest) if rest else [])
+
+
 def _near_tie_threshold(top_logit: float, near_tie_margin: float) -> float:
     return max(near_tie_margin, NEAR_TIE_RELATIVE_MARGIN * abs(top_logit))
 
@@ -253,7 +273,7 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
                             + ". To add it: " + _how_to_add(missing),
                             {"missing": missing}, production_text=production)
     result = decoder.generate(req)
-    production_ids = decoder.encode_output(req, production)
+    production_ids = _production_ids(decoder, req, production, result.token_ids)
     diff = diff_outputs(production, production_ids, result.text, result.token_ids, req.max_tokens)
     common = {
         "production_text": production, "replay_text": result.text, "replay_token_ids": result.token_ids,
@@ -288,7 +308,7 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
                 "cache_key": record["cache_key"],
             }
             near = plausible = False
-            source_ids = decoder.encode_output(source_req, production)
+            source_ids = _production_ids(decoder, source_req, production, source_result.token_ids)
             if not exact and source_req.is_greedy:
                 # The source ran in production's numerics too: equal up to near-ties is still its output.
                 near, tie = _greedy_explains(decoder, source_req, source_ids, near_tie_margin)
