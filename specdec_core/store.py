@@ -108,6 +108,13 @@ CREATE TABLE IF NOT EXISTS replays (
 """
 
 
+# Columns added after a table first shipped: databases written by an older version gain them on
+# their next write (hit_sources is rebuilt by every ingest).
+_MIGRATIONS = """
+ALTER TABLE hit_sources ADD COLUMN IF NOT EXISTS first_sight BOOLEAN;
+"""
+
+
 class StoreError(RuntimeError):
     """The database can't be opened or written; the message says which file and why."""
 
@@ -186,6 +193,7 @@ class Store:
                 con.execute(f"SET memory_limit = '{WRITER_MEMORY_LIMIT}'")
                 con.execute(f"SET temp_directory = '{_sql_literal(str(tmp) + '.spill')}'")
                 con.execute(_SCHEMA)
+                con.execute(_MIGRATIONS)
                 con.execute(
                     "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)]
                 )
