@@ -56,10 +56,12 @@ def _draft_label(alias: str = "r") -> str:
 
 def _df(store: Store, sql: str, filters: Filters, extra: list[Any] | None = None,
         leading: list[Any] | None = None) -> pd.DataFrame:
-    """Run a question's SQL with the filters' WHERE; `leading`/`extra` bind the ? before/after it."""
+    """Run a question's SQL with the filters' WHERE (as often as it says {where}); `leading`/`extra` bind
+    the ? before and after."""
     where, params = filters.where()
     with store.read() as con:
-        return con.execute(sql.replace("{where}", where), (leading or []) + params + (extra or [])).df()
+        return con.execute(sql.replace("{where}", where),
+                           (leading or []) + params * sql.count("{where}") + (extra or [])).df()
 
 
 def _one(store: Store, sql: str, filters: Filters) -> dict[str, Any]:
@@ -418,9 +420,11 @@ FROM o
 """
 
 HIT_RATE_TREND_SQL = """
-WITH b AS (SELECT ntile(2) OVER (ORDER BY r.ts) AS half, r.cache_hit FROM requests r WHERE {where})
-SELECT avg(cache_hit::INT) FILTER (WHERE half = 1) AS first_half, avg(cache_hit::INT) FILTER (WHERE half = 2)
-       AS second_half FROM b
+-- The window split at its midpoint in time: two aggregate passes, no sort.
+WITH w AS (SELECT min(r.ts) + (max(r.ts) - min(r.ts)) / 2 AS mid FROM requests r WHERE {where})
+SELECT avg(r.cache_hit::INT) FILTER (WHERE r.ts < w.mid) AS first_half,
+       avg(r.cache_hit::INT) FILTER (WHERE r.ts >= w.mid) AS second_half
+FROM requests r, w WHERE {where}
 """
 
 EXPERIMENT_BIAS_SQL = f"""
@@ -463,7 +467,8 @@ def red_flags(store: Store, filters: Filters = NO_FILTERS, head: dict[str, Any] 
         "identical_outputs", "Identical outputs although parameters differ",
         bool(shared["shared_outputs"] > 0 and head["contaminated_hits"] > 0),
         f"{shared['shared_outputs']} output texts were returned for requests that differ in more than their "
-        f"draft model ({shared_share:.0%} of hits are on such outputs); hit rate {_pct(trend['first_half'])} in the first half of the window, "
+        f"draft model ({shared_share:.0%} of hits are on such outputs); hit rate {_pct(trend['first_half'])} in the "
+        "first half of the window, "
         f"{_pct(trend['second_half'])} in the second{' (rising)' if rising else ''}.",
         "Mismatches", {"shared_outputs": shared["shared_outputs"], "rising": rising},
     ))

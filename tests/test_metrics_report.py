@@ -136,6 +136,8 @@ def test_filters_narrow_every_number_and_injection_is_data(incident):
                      end=datetime(2026, 3, 1, 10, 7, tzinfo=timezone.utc))
     assert metrics.headline(incident, window)["contaminated_hits"] == 2  # h5, h6
     assert metrics.headline(incident, Filters(draft_models=("d2",)))["contaminated_hits"] == 1
+    canary_flags = {f.key: f.flagged for f in metrics.red_flags(incident, Filters(deployments=("canary",)))}
+    assert canary_flags["impossible_lengths"] is False and canary_flags["few_keys"] is False
     injected = Filters(deployments=("x' OR 1=1 --",), target_models=("'; DROP TABLE requests; --",))
     assert metrics.headline(incident, injected)["requests"] == 0
     assert metrics.headline(incident)["requests"] == 14
