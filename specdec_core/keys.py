@@ -7,6 +7,7 @@ class on purpose; nothing in the service uses them unless asked by name.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 from typing import Any
 
 from .request import DecodeRequest, fingerprint, sha256_hex
@@ -19,6 +20,7 @@ KEY_PREFIX = "specdec"
 KeyFunction = Callable[[DecodeRequest, str], str]
 
 
+@lru_cache(maxsize=256)  # checked once per namespace, not once per key
 def namespace_prefix(namespace: str = DEFAULT_NAMESPACE) -> str:
     """Every key of a namespace starts with this; `delete_namespace` matches on it."""
     if not namespace or any(c in namespace for c in ":*?[]\n"):
