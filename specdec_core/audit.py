@@ -10,12 +10,11 @@ This module imports `keys` only inside functions: `keys` re-exports from here.
 
 from __future__ import annotations
 
-import base64
 import copy
+import dataclasses
 import importlib
 import json
 import os
-import pickle
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -34,7 +33,7 @@ _ADVICE = {
     "reorder": "serialise the request with sorted keys at every depth (json.dumps(..., sort_keys=True))",
     "repeat": "make the key a pure function of its argument: no caches keyed on part of the request, "
     "no counters or clocks, and never modify the argument",
-    "process": "derive the key with hashlib over a canonical serialisation; Python's hash() of str and "
+    "process": "derive the key with hashlib over a canonical serialisation; Python's built-in hash of str and "
     "bytes changes with every process (PYTHONHASHSEED)",
 }
 
@@ -364,12 +363,16 @@ def _try_change(key_fn: KeyFn, example: dict[str, Any], name: str, change: _Chan
 # --- the process check --------------------------------------------------------------------
 
 _CHILD = r"""
-import base64, importlib, importlib.util, json, pickle, sys
+import importlib, importlib.util, json, sys
 job = json.loads(sys.stdin.read())
 sys.path[:] = job["path"]
 how, target = job["how"], job["target"]
-if how == "pickle":
-    fn = pickle.loads(base64.b64decode(target))
+if how == "instance":
+    module, _, qualname = target[0].partition(":")
+    cls = importlib.import_module(module)
+    for part in qualname.split("."):
+        cls = getattr(cls, part)
+    fn = cls(**target[1])
 else:
     if how == "file":
         spec = importlib.util.spec_from_file_location("_specdec_audited", target[0])
@@ -410,7 +413,7 @@ def resolve_importable(spec: str) -> KeyFn:
 
 
 def _how_to_load(key_fn: KeyFn, importable: str | None) -> tuple[str, Any] | str:
-    """How a fresh interpreter gets key_fn: ("import"|"file"|"pickle", target), or why it can't."""
+    """How a fresh interpreter gets key_fn: ("import"|"file"|"instance", target), or why it can't."""
     if importable:
         return "import", importable
     qualname = getattr(key_fn, "__qualname__", "")
@@ -427,14 +430,29 @@ def _how_to_load(key_fn: KeyFn, importable: str | None) -> tuple[str, Any] | str
                 "key_fn lives in __main__ without a file to import it from; pass importable='module:function'"
             )
         return "file", [os.path.abspath(main_file), qualname]
-    try:
-        # By reference for functions: pickle checks that module.qualname is this very object.
-        return "pickle", base64.b64encode(pickle.dumps(key_fn)).decode("ascii")
-    except Exception as exc:
-        return (
-            f"key_fn cannot be loaded in a fresh interpreter ({type(exc).__name__}: {exc}); "
-            "define it at module level or pass importable='module:function'"
-        )
+    module = getattr(key_fn, "__module__", None)
+    if module and qualname:
+        spec = f"{module}:{qualname}"
+        try:
+            if resolve_importable(spec) is key_fn:
+                return "import", spec
+        except (ImportError, AttributeError, ValueError):
+            pass
+    # A callable dataclass instance (such as dict_key_adapter's) is rebuilt from its class and JSON fields.
+    if dataclasses.is_dataclass(key_fn) and not isinstance(key_fn, type):
+        cls = type(key_fn)
+        spec = f"{cls.__module__}:{cls.__qualname__}"
+        fields = {f.name: getattr(key_fn, f.name) for f in dataclasses.fields(key_fn)}
+        try:
+            json.dumps(fields)
+            if resolve_importable(spec) is cls:
+                return "instance", [spec, fields]
+        except (TypeError, ImportError, AttributeError, ValueError):
+            pass
+    return (
+        f"key_fn ({type(key_fn).__name__} {qualname or key_fn!r}) cannot be imported by a fresh interpreter; "
+        "define it at module level or pass importable='module:function'"
+    )
 
 
 def _check_process(

@@ -222,8 +222,8 @@ def _content_hash_sql(alias: str, prompt_hash: str) -> str:
     return "md5(concat_ws(chr(31), " + ", ".join(f"coalesce(to_json({c})::VARCHAR, '~')" for c in cols) + "))"
 
 
-# DuckDB's hash() makes the join an equi-join; the exact comparison after it rules out collisions.
-_ID_HASH = f"hash({', '.join(_IDENTITY_INPUT)})"
+# DuckDB's hash function makes the join an equi-join; the exact comparison after it rules out collisions.
+_ID_HASH = f"hash({', '.join(_IDENTITY_INPUT)})"  # hash-ok: DuckDB's, within one ingest
 _ID_JOIN = "t.id_hash = m.id_hash"
 # Only needed when two distinct identity tuples share a hash (checked per ingest): then the exact match decides.
 _ID_JOIN_EXACT = _ID_JOIN + " AND " + " AND ".join(f"t.{c} IS NOT DISTINCT FROM m.{c}" for c in _IDENTITY_INPUT)

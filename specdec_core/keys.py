@@ -38,7 +38,7 @@ def _prompt(req: DecodeRequest) -> str:
 
 
 def prompt_only_key(req: DecodeRequest, namespace: str = DEFAULT_NAMESPACE) -> str:
-    """The classic bug: Python's hash() of the prompt. Narrow, and different in every process."""
+    """The classic bug: Python's built-in hash of the prompt. Narrow, and different in every process."""
     return f"{namespace_prefix(namespace)}prompt_only:{hash(_prompt(req)) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 

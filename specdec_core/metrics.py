@@ -406,8 +406,8 @@ SHARED_OUTPUTS_SQL = """
 WITH o AS (
     -- Greedy speculative decoding is lossless: identities that differ only in their draft share outputs
     -- legitimately, so the draft fields count only for sampled requests.
-    SELECT hash(r.output_text) AS out_hash,
-           count(DISTINCT hash(i.prompt, i.target_model, i.temperature, i.top_p, i.top_k, i.max_tokens, i.seed,
+    SELECT hash(r.output_text) AS out_hash,  -- # hash-ok: DuckDB's 64-bit hash, a heuristic count
+           count(DISTINCT hash(i.prompt, i.target_model,  -- # hash-ok: DuckDB's, within one query i.temperature, i.top_p, i.top_k, i.max_tokens, i.seed,
                                i.stop, i.tokenizer_version, CASE WHEN NOT i.greedy THEN i.draft_model END,
                                CASE WHEN NOT i.greedy THEN i.num_speculative_tokens END)) AS identities,
            count(*) FILTER (WHERE r.cache_hit) AS hits

@@ -1,7 +1,7 @@
 """A demo incident: a realistic workload run through the real DecodeService and SpecDecoder.
 
 Three deployments serve the same traffic. `edge-a` keys its cache by the prompt alone
-(Python's hash(), the classic bug), `edge-b` by model + prompt, `core` by the full
+(Python's built-in hash, the classic bug), `edge-b` by model + prompt, `core` by the full
 identity. At `fix_at` the two narrow deployments roll out the full key in a new
 namespace with the fingerprint guard on: the charts show contamination stop.
 

@@ -53,14 +53,16 @@ def make_synthetic_log(path: str | Path, rows: int, *, seed: int = 1, prompts: i
                   "t0": int(start.timestamp() * 1000)}
         con.execute("""
             CREATE TEMP TABLE base AS
+            -- DuckDB's hash function, not Python's: the same in every process (it may change with DuckDB's version,
+            -- which only changes which synthetic log a seed gives).
             WITH g AS (
                 SELECT i,
-                       (hash(i, $seed, 1) % 1000000) / 1000000.0 AS u_prompt,
-                       hash(i, $seed, 2) % 100 AS u_config,
-                       hash(i, $seed, 3) % 3 AS u_dep,
-                       hash(i, $seed, 4) % 1000 AS u_len,
-                       hash(i, $seed, 5) % 100 AS u_ttl,
-                       $t0 + (i * $span) // $n + hash(i, $seed, 6) % 1000 AS ts_ms
+                       (hash(i, $seed, 1) % 1000000) / 1000000.0 AS u_prompt,  -- # hash-ok
+                       hash(i, $seed, 2) % 100 AS u_config,  -- # hash-ok
+                       hash(i, $seed, 3) % 3 AS u_dep,  -- # hash-ok
+                       hash(i, $seed, 4) % 1000 AS u_len,  -- # hash-ok
+                       hash(i, $seed, 5) % 100 AS u_ttl,  -- # hash-ok
+                       $t0 + (i * $span) // $n + hash(i, $seed, 6) % 1000 AS ts_ms  -- # hash-ok
                 FROM range($n) t(i)
             )
             SELECT g.i, g.ts_ms, g.u_len, g.u_ttl,
