@@ -19,7 +19,7 @@ from .readers import CHUNK_ROWS, JSONL_SUFFIXES, RawBatch, read_file, resolve_pa
 from .request import canonicalize_identity, fingerprint_of_identity, identity
 from .store import Store, scalar
 
-# (name, kind, required). Kinds: str, nonempty_str, int, int>=0, int>=1, num>=0, top_p,
+# (name, kind, required). Kinds: str, nonempty_str, int, int>=0, int>=1, num, num>=0, top_p,
 # bool, ts, str_list, object, hex64.
 FIELDS: tuple[tuple[str, str, bool], ...] = (
     ("request_id", "nonempty_str", True),
@@ -43,7 +43,7 @@ FIELDS: tuple[tuple[str, str, bool], ...] = (
     ("output_text", "str", True),
     ("output_tokens", "int>=0", True),
     ("finish_reason", "str", False),
-    ("latency_ms", "num>=0", False),
+    ("latency_ms", "num", False),  # the contract sets no range: a skewed clock can log a negative one
     ("draft_tokens", "int>=0", False),
     ("accepted_tokens", "int>=0", False),
 )
@@ -53,7 +53,7 @@ _INDEX = {name: i + 1 for i, name in enumerate(FIELD_NAMES)}  # DuckDB lists are
 _EXPECTED = {
     "str": "a string", "nonempty_str": "a non-empty string", "hex64": "64 hex characters",
     "int": "an integer", "int>=0": "an integer >= 0", "int>=1": "an integer >= 1",
-    "num>=0": "a number >= 0", "top_p": "a number in (0, 1]", "bool": "a boolean",
+    "num": "a number", "num>=0": "a number >= 0", "top_p": "a number in (0, 1]", "bool": "a boolean",
     "ts": "an RFC 3339 string or integer epoch milliseconds", "str_list": "a list of strings",
     "object": "a JSON object",
 }
@@ -102,7 +102,7 @@ def _value_sql(name: str, kind: str) -> str:
                 f"lambda x: x <> 'VARCHAR')) = 0 THEN json_extract_string({array}, '$[*]') END")
     if kind.startswith("int"):
         return integral
-    if kind in ("num>=0", "top_p"):
+    if kind in ("num", "num>=0", "top_p"):
         return f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN try_cast({s} AS DOUBLE) END"
     if kind == "ts":
         return (f"CASE WHEN {t} = 'VARCHAR' THEN try_cast({s} AS TIMESTAMPTZ) "
@@ -118,6 +118,7 @@ def _valid_sql(name: str, kind: str) -> str:
         "hex64": f" AND regexp_full_match({v}, '[0-9a-fA-F]{{64}}')",
         "int>=0": f" AND {v} >= 0",
         "int>=1": f" AND {v} >= 1",
+        "num": f" AND isfinite({v})",
         "num>=0": f" AND isfinite({v}) AND {v} >= 0",
         "top_p": f" AND isfinite({v}) AND {v} > 0 AND {v} <= 1",
     }.get(kind, "")

@@ -34,7 +34,8 @@ MISMATCH_REPORT_SQL = {
                "END",
     ) + " FROM requests r JOIN hit_sources h USING (request_id) WHERE {where} AND h.contaminated",
     "length_violation": "SELECT " + _COMMON.format(
-        kind="'length_violation'", source="h.source_request_id", differing="NULL", classification="NULL",
+        # The contract defines source_request_id for contaminated hits; the Mismatches page shows it here.
+        kind="'length_violation'", source="NULL", differing="NULL", classification="NULL",
         detail="'output_tokens ' || r.output_tokens || ' > max_tokens ' || r.max_tokens",
     ) + " FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where} "
         "AND r.output_tokens > r.max_tokens",

@@ -497,7 +497,7 @@ EXPECTED_CSV = (
     "r3,2026-03-01T10:02:00.000Z,contaminated_hit,k-1,r1,max_tokens,llama-8b,llama-1b,0.0,16,tok-v1,prod,3,,\n"
     "r4,2026-03-01T10:03:00.000Z,contaminated_hit,k-1,r1,draft_model;max_tokens,llama-8b,llama-3b,0.0,2,tok-v1,"
     "prod,3,,\n"
-    "r4,2026-03-01T10:03:00.000Z,length_violation,k-1,r1,,llama-8b,llama-3b,0.0,2,tok-v1,prod,3,,"
+    "r4,2026-03-01T10:03:00.000Z,length_violation,k-1,,,llama-8b,llama-3b,0.0,2,tok-v1,prod,3,,"
     "output_tokens 3 > max_tokens 2\n"
 )
 

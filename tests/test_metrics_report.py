@@ -172,7 +172,7 @@ EXPECTED_REPORT = [
      "llama-8b", "d1", "0.0", "64", "tok-v1"],
     ["h6", "2026-03-01T10:07:00.000Z", "contaminated_hit", "K1", "m2", "max_tokens",
      "llama-8b", "d1", "0.0", "8", "tok-v1"],
-    ["h6", "2026-03-01T10:07:00.000Z", "length_violation", "K1", "m2", "",
+    ["h6", "2026-03-01T10:07:00.000Z", "length_violation", "K1", "", "",
      "llama-8b", "d1", "0.0", "8", "tok-v1"],
 ]
 CONTRACT_COLUMNS = ["request_id", "ts", "kind", "cache_key", "source_request_id", "differing_fields",

@@ -37,7 +37,7 @@ def test_valid_records_are_accepted_with_fingerprints_equal_to_the_library(store
         rec("b", draft_model="none", top_k=0),
         rec("c", prompt=DROP, prompt_hash=hashlib.sha256(b"redacted prompt").hexdigest()),
         rec("d", prompt="Grüße, 世界 <b>", temperature=1.2345678, seed=2**40),
-        rec("e", draft_model=None, num_speculative_tokens=None, stop=[]),
+        rec("e", draft_model=None, num_speculative_tokens=None, stop=[], latency_ms=-3.5),  # a skewed clock
     ]
     result = ingest(store, [str(write_jsonl(tmp_path / "ok.jsonl", records))])
     assert (result.read, result.accepted, result.duplicates, result.quarantined) == (5, 5, 0, 0)
@@ -66,6 +66,7 @@ BAD_LINES = [
     (json.dumps(rec("r6", cached_fingerprint="abc")), "cached_fingerprint: expected a JSON object"),
     (json.dumps(rec("r7", prompt_hash="0" * 64)), "prompt_hash: does not match"),
     (json.dumps(rec("n1", max_tokens=None)), "max_tokens: required, got null"),
+    (json.dumps(rec("l1", latency_ms="fast")), "latency_ms: expected a number"),
 ]
 
 
