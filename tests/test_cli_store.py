@@ -43,6 +43,13 @@ def test_unreadable_path_exits_one_with_one_line_and_writes_nothing(tmp_path):
     assert not db.exists()
 
 
+def test_report_on_a_missing_database_exits_one_and_creates_nothing(tmp_path):
+    db = tmp_path / "none.duckdb"
+    done = specdec("report", "--db", str(db), "--out", str(tmp_path / "r.csv"))
+    assert done.returncode == 1 and "no such database" in done.stderr
+    assert not db.exists() and not (tmp_path / "r.csv").exists()
+
+
 def test_usage_errors_exit_two(tmp_path):
     assert specdec("ingest").returncode == 2
     assert specdec("report", "--db", str(tmp_path / "x.duckdb")).returncode == 2  # --out is required

@@ -53,6 +53,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     store = Store(args.db)
+    if not store.exists:
+        print(f"specdec report: {store.path}: no such database; load logs with `specdec ingest PATH --db FILE`",
+              file=sys.stderr)
+        return 1
     kinds = args.kind or list(KINDS)
     try:
         rows = write_report(store, args.out, kinds=kinds)
