@@ -94,12 +94,18 @@ def _value_sql(name: str, kind: str) -> str:
         return f"CASE WHEN {t} = 'VARCHAR' THEN {s} END"
     if kind == "bool":
         return f"CASE WHEN {t} = 'BOOLEAN' THEN try_cast({s} AS BOOLEAN) END"
+    # A writer that could only store text (a Parquet string column) may hold these two as JSON text,
+    # as CSV does: text that is itself a JSON object or array counts as one.
+    text_json = f"CASE WHEN {t} = 'VARCHAR' AND json_valid({s}) THEN {s} ELSE 'null' END"
     if kind == "object":
-        return f"CASE WHEN {t} = 'OBJECT' THEN {s} END"
+        return (f"CASE WHEN {t} = 'OBJECT' THEN {s} "
+                f"WHEN {t} = 'VARCHAR' AND json_type({text_json}) = 'OBJECT' THEN {s} END")
     if kind == "str_list":
-        array = f"CASE WHEN {t} = 'ARRAY' THEN {s} ELSE '[]' END"
-        return (f"CASE WHEN {t} = 'ARRAY' AND len(list_filter(json_type({array}, '$[*]'), "
-                f"lambda x: x <> 'VARCHAR')) = 0 THEN json_extract_string({array}, '$[*]') END")
+        array = (f"CASE WHEN {t} = 'ARRAY' THEN {s} WHEN {t} = 'VARCHAR' AND json_type({text_json}) = 'ARRAY' "
+                 f"THEN {s} ELSE '[]' END")
+        return (f"CASE WHEN ({t} = 'ARRAY' OR ({t} = 'VARCHAR' AND json_type({text_json}) = 'ARRAY')) "
+                f"AND len(list_filter(json_type({array}, '$[*]'), lambda x: x <> 'VARCHAR')) = 0 "
+                f"THEN json_extract_string({array}, '$[*]') END")
     if kind.startswith("int"):
         return integral
     if kind in ("num", "num>=0", "top_p"):

@@ -119,8 +119,8 @@ def _csv_cell(name: str, cell: str) -> object:
     if cell == "":
         return None
     try:
-        if name in _CSV_INTEGER:
-            return int(cell)
+        if name in _CSV_INTEGER or (name == "ts" and cell.strip().lstrip("-").isdigit()):
+            return int(cell)  # a ts of digits is epoch milliseconds
         if name in _CSV_NUMBER:
             return float(cell)
         if name in _CSV_BOOLEAN:

@@ -260,3 +260,29 @@ def test_whitespace_only_lines_are_blank_on_the_fast_path_too(store, tmp_path):
     assert (result.read, result.accepted, result.quarantined) == (2, 2, 0)
     with store.read() as con:
         assert sorted(con.execute("SELECT source_line FROM requests").fetchall()) == [(1,), (4,)]
+
+
+def test_csv_epoch_milliseconds_and_parquet_json_text_columns_are_read(store, tmp_path):
+    records = [rec("e1", ts=1772359200000, stop=["b", "a"]), rec("e2", cache_hit=True,
+                                                                  cached_fingerprint={"prompt": "x"})]
+    assert ingest(store, [str(_write_csv(tmp_path / "ms.csv", records))]).accepted == 2
+    with store.read() as con:
+        assert con.execute("SELECT epoch_ms(ts) FROM requests WHERE request_id = 'e1'").fetchall() == [
+            (1772359200000,)]
+    # A Parquet writer that stored the two JSON columns as text, as CSV does.
+    src = write_jsonl(tmp_path / "src.jsonl", [{**rec("p1"), "stop": json.dumps(["x", "y"]),
+                                                 "cached_fingerprint": json.dumps({"prompt": "z"})}])
+    con = duckdb.connect()
+    con.execute(f"COPY (SELECT * FROM read_json('{src}')) TO '{tmp_path / 'text.parquet'}' (FORMAT parquet)")
+    con.close()
+    other = Store(tmp_path / "text.duckdb")
+    assert ingest(other, [str(tmp_path / "text.parquet")]).accepted == 1
+    with other.read() as c:
+        stop, cached = c.execute("SELECT stop, cached_fingerprint::VARCHAR FROM requests").fetchall()[0]
+    assert stop == ["x", "y"] and json.loads(cached) == {"prompt": "z"}
+    assert fingerprint({**rec("p1"), "stop": ["x", "y"]}) == other_fingerprint(other, "p1")
+
+
+def other_fingerprint(store, request_id):
+    with store.read() as con:
+        return con.execute("SELECT fingerprint FROM requests WHERE request_id = ?", [request_id]).fetchall()[0][0]
