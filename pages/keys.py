@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import streamlit as st
 
 import ui
-from specdec_core import metrics
+from specdec_core import audit, metrics
 
 ui.page_header("Keys")
 ui.require_data()
@@ -17,16 +19,47 @@ st.caption(f"{head['unique_keys']:,} unique cache keys for {head['unique_identit
 collisions = ui.cached(metrics.key_collisions, filters=filters)
 if collisions.empty:
     st.success("No cache key was shared by different request identities in this selection.")
-    st.stop()
+else:
+    st.subheader(f"{head['key_collisions']:,} keys shared by more than one identity")
+    table = st.dataframe(collisions, hide_index=True, on_select="rerun", selection_mode="single-row",
+                         key="collision_table")
+    rows = [i for i in table.selection.rows if i < len(collisions)]
+    chosen = collisions.iloc[rows[0] if rows else 0]
 
-st.subheader(f"{head['key_collisions']:,} keys shared by more than one identity")
-table = st.dataframe(collisions, hide_index=True, on_select="rerun", selection_mode="single-row",
-                     key="collision_table")
-rows = [i for i in table.selection.rows if i < len(collisions)]
-chosen = collisions.iloc[rows[0] if rows else 0]
+    st.subheader("Identities behind one key")
+    st.caption("Select a row above to see another key. Showing:")
+    st.code(f"deployment: {ui.deployment_label(chosen.deployment)}\ncache_key:  {chosen.cache_key}", language=None)
+    identities = ui.cached(metrics.key_collision_identities, chosen.deployment, chosen.cache_key, filters=filters)
+    st.dataframe(identities, hide_index=True)
 
-st.subheader("Identities behind one key")
-st.caption("Select a row above to see another key. Showing:")
-st.code(f"deployment: {ui.deployment_label(chosen.deployment)}\ncache_key:  {chosen.cache_key}", language=None)
-identities = ui.cached(metrics.key_collision_identities, chosen.deployment, chosen.cache_key, filters=filters)
-st.dataframe(identities, hide_index=True)
+st.subheader("Audit a key function")
+st.caption("Changes every field of an example request and reports the fields the key ignores, and keys that "
+           "depend on dict order, on the process (Python's built-in hash) or on earlier calls. "
+           "`specdec audit-key MODULE:FUNCTION --example FILE.json` runs the same check in CI.")
+SCHEMES = {"our full key": "full", "prompt only (the classic bug)": "prompt_only", "model + prompt": "model_prompt"}
+OWN = "a function of yours (module:function)"
+choice = st.radio("Key function", [*SCHEMES, OWN], horizontal=True, key="audit_choice")
+target = st.text_input("module:function, importable where this dashboard runs", key="audit_target") \
+    if choice == OWN else ""
+example_text = st.text_area("Example request (JSON object)", value=json.dumps(audit.EXAMPLE_REQUEST, indent=2),
+                            height=260, key="audit_example")
+if st.button("Audit", key="audit_run"):
+    try:
+        example = json.loads(example_text)
+        if not isinstance(example, dict):
+            raise ValueError("the example must be a JSON object")
+        if choice == OWN:
+            key_fn, importable = audit.resolve_importable(target.strip()), target.strip()
+        else:
+            key_fn, importable = audit.dict_key_adapter(SCHEMES[choice]), None
+        with st.spinner("Auditing (the process check starts two interpreters)"):
+            result = audit.audit_key_function(key_fn, example, ignore=audit.NON_IDENTITY_FIELDS,
+                                              importable=importable)
+    except (ValueError, ImportError, AttributeError, audit.KeyAuditError) as exc:
+        st.error(f"Can't audit: {ui.md_escape(exc)}")
+    else:
+        verdict = st.columns(3)
+        verdict[0].metric("Verdict", "covers the request" if result.ok else "findings")
+        verdict[1].metric("Fields the key ignores", len(result.missing))
+        verdict[2].metric("Instabilities", len(result.unstable))
+        st.code(str(result), language=None, wrap_lines=True)

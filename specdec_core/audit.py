@@ -535,3 +535,19 @@ NON_IDENTITY_FIELDS: tuple[str, ...] = (
     "draft_tokens",
     "accepted_tokens",
 )
+
+# A sampled request with every identity field set: on a greedy one, seed/top_p/top_k rightly don't count.
+EXAMPLE_REQUEST: dict[str, Any] = {
+    "request_id": "example-1",
+    "prompt": "Summarise the incident in one sentence.",
+    "target_model": "smollm2-135m",
+    "draft_model": "smollm2-135m-draft-l4",
+    "num_speculative_tokens": 4,
+    "temperature": 0.7,
+    "top_p": 0.95,
+    "top_k": 40,
+    "max_tokens": 64,
+    "seed": 7,
+    "stop": ["\n\n"],
+    "tokenizer_version": "tok-v1",
+}

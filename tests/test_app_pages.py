@@ -573,3 +573,27 @@ def test_app_and_pages_never_allow_html():
     for source in sources:
         text = source.read_text()
         assert "unsafe_allow_html" not in text and "st.html" not in text, source
+
+
+@pytest.mark.parametrize(("choice", "ok", "missing"), [
+    ("our full key", True, None),
+    ("prompt only (the classic bug)", False, "temperature"),
+])
+def test_keys_page_audits_a_key_scheme(monkeypatch, incident_db, choice, ok, missing):
+    at = open_app(monkeypatch, incident_db, page="keys")
+    at.radio(key="audit_choice").set_value(choice).run()
+    at.button(key="audit_run").click().run(timeout=120)
+    assert not at.exception
+    assert metrics_of(at.main)["Verdict"] == ("covers the request" if ok else "findings")
+    report = texts(at, "code")[-1]
+    if missing:
+        assert "missing" in report.lower() and missing in report
+
+
+def test_keys_page_says_why_it_cannot_audit(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, page="keys")
+    at.radio(key="audit_choice").set_value("a function of yours (module:function)").run()
+    at.text_input(key="audit_target").set_value("no_such_module_xyz:key").run()
+    at.button(key="audit_run").click().run(timeout=60)
+    assert not at.exception
+    assert any("no_such_module_xyz" in markdown_unescape(e.value) for e in at.error)
