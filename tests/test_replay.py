@@ -71,7 +71,7 @@ def test_replaying_twice_stores_two_rows_with_the_same_result(incident_store, de
 
 
 def test_replay_many_reports_progress_and_loads_models_once(incident_store, decoder):
-    replay(incident_store, "a", decoder)  # warm
+    replay_many(incident_store, ["a", "b"], decoder)  # warm: every model both requests name is loaded
     loads = decoder.load_count
     seen = []
     results = replay_many(incident_store, ["a", "b", "a"], decoder, progress=lambda n, total, r: seen.append(

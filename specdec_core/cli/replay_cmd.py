@@ -9,7 +9,7 @@ import sys
 from ..metrics import suspicious_requests
 from ..models import RegistryError
 from ..replay import ReplayError, ReplayResult, replay, replay_many
-from ..store import Store
+from .store_cmds import existing_store
 
 
 def _print_result(r: ReplayResult) -> None:
@@ -35,9 +35,8 @@ def _progress(n: int, total: int, result: ReplayResult) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    store = Store(args.db)
-    if not store.exists:
-        print(f"specdec replay: {store.path}: no such database; load logs with `specdec ingest`", file=sys.stderr)
+    store = existing_store(args, "replay")
+    if store is None:
         return 1
     try:
         from ..engine import SpecDecoder

@@ -51,11 +51,19 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
+def existing_store(args: argparse.Namespace, command: str) -> Store | None:
+    """The --db store, or None after saying on stderr that it does not exist (reading never creates one)."""
     store = Store(args.db)
-    if not store.exists:
-        print(f"specdec report: {store.path}: no such database; load logs with `specdec ingest PATH --db FILE`",
-              file=sys.stderr)
+    if store.exists:
+        return store
+    print(f"specdec {command}: {store.path}: no such database; load logs with `specdec ingest PATH --db FILE`",
+          file=sys.stderr)
+    return None
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    store = existing_store(args, "report")
+    if store is None:
         return 1
     kinds = args.kind or list(KINDS)
     try:
@@ -68,10 +76,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    store = Store(args.db)
-    if not store.exists:
-        print(f"specdec stats: {store.path}: no such database; load logs with `specdec ingest PATH --db FILE`",
-              file=sys.stderr)
+    store = existing_store(args, "stats")
+    if store is None:
         return 1
     h = headline(store)
     if args.json:
