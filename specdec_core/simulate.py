@@ -155,7 +155,10 @@ def simulate(
     ttl_s: float = 45 * 60,
     progress: Callable[[int, int], None] | None = None,
 ) -> SimulationSummary:
-    """Run the workload and write the log (contract format) and `<log>.truth.jsonl`."""
+    """Run the workload; write the log (contract format) and its ground truth.
+
+    The truth goes to `<log>.truth.json`: JSON Lines, named so that ingesting the folder skips it.
+    """
     if family not in FAMILIES:
         raise ValueError(f"family {family!r} is unknown; known: {', '.join(FAMILIES)}")
     if engine is None:
@@ -165,7 +168,7 @@ def simulate(
     rng = random.Random(seed)
     configs = FAMILIES[family]
     out = Path(out_path)
-    truth_path = out.with_name(out.name.split(".")[0] + ".truth.jsonl")
+    truth_path = out.with_name(out.name.split(".")[0] + ".truth.json")
     span = hours * 3600.0
     arrivals = sorted(rng.uniform(0, span) for _ in range(requests))
     fix_at = START.timestamp() + span * fix_at_fraction

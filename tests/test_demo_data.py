@@ -17,7 +17,7 @@ from specdec_core.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_LOG = ROOT / "data" / "demo" / "requests.jsonl.gz"
-DEMO_TRUTH = ROOT / "data" / "demo" / "requests.truth.jsonl"
+DEMO_TRUTH = ROOT / "data" / "demo" / "requests.truth.json"
 MODELS = ROOT / "data" / "models"
 
 pytestmark = pytest.mark.demo_model
