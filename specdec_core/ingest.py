@@ -485,7 +485,7 @@ WITH r AS (
     FROM requests
 ), hits AS (SELECT * FROM r WHERE cache_hit), misses AS (SELECT * FROM r WHERE NOT cache_hit),
 joined AS (
-    SELECT h.request_id, m.request_id AS source_request_id, h.fingerprint AS fp,
+    SELECT h.request_id, m.request_id AS source_request_id, m.ts AS source_ts, h.fingerprint AS fp,
            m.fingerprint AS source_fp, h.cached_identity_fingerprint AS cached_fp,
            -- No earlier request of this deployment had this identity: a correct key could not hit here.
            seen.request_id IS NULL AS first_sight
@@ -519,7 +519,7 @@ joined AS (
 )
 SELECT j.request_id, j.source_request_id,
        j.source_differs OR j.fingerprint_mismatch AS contaminated,
-       j.fingerprint_mismatch, d.differing_fields, j.first_sight
+       j.fingerprint_mismatch, d.differing_fields, j.first_sight, j.source_ts
 FROM judged j LEFT JOIN diffs d ON d.fp = j.fp AND d.other_fp = j.other_fp
 """
 

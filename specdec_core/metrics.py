@@ -118,8 +118,8 @@ SELECT count(*) AS requests,
        count(*) FILTER (WHERE h.contaminated) / nullif(count(*) FILTER (WHERE r.cache_hit), 0)
            AS contaminated_rate,
        count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS length_violations,
-       count(DISTINCT coalesce(r.deployment, '') || chr(0) || r.cache_key) AS unique_keys,
-       count(DISTINCT coalesce(r.deployment, '') || chr(0) || r.fingerprint) AS unique_identities,
+       count(DISTINCT (r.deployment, r.cache_key)) AS unique_keys,
+       count(DISTINCT (r.deployment, r.fingerprint)) AS unique_identities,
        min(r.ts) AS first_ts, max(r.ts) AS last_ts
 FROM requests r LEFT JOIN hit_sources h USING (request_id)
 WHERE {where}
@@ -135,12 +135,18 @@ SELECT count(*) AS key_collisions FROM (
 
 def headline(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
     """Requests, hit rate, contaminated hits, length violations, collisions, keys per identity."""
-    out = _one(store, HEADLINE_SQL, filters)
-    out.update(_one(store, KEY_COLLISION_COUNT_SQL, filters))
-    out["keys_per_identity"] = (out["unique_keys"] / out["unique_identities"]) if out["unique_identities"] else None
-    with store.read() as con:
+    where, params = filters.where()
+    with store.read() as con:  # one connection for the three: opening one costs as much as a small query
+        out = _row(con.execute(HEADLINE_SQL.replace("{where}", where), params))
+        out.update(_row(con.execute(KEY_COLLISION_COUNT_SQL.replace("{where}", where), params)))
         out["quarantined"] = con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
+    out["keys_per_identity"] = (out["unique_keys"] / out["unique_identities"]) if out["unique_identities"] else None
     return out
+
+
+def _row(cursor: Any) -> dict[str, Any]:
+    names = [d[0] for d in cursor.description]
+    return {k: _native(v) for k, v in zip(names, cursor.fetchall()[0], strict=True)}
 
 
 # --- cache -------------------------------------------------------------------------------------------------
@@ -260,11 +266,10 @@ def length_violations(store: Store, filters: Filters = NO_FILTERS, limit: int = 
 
 CONTAMINATED_HITS_SQL = f"""
 SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, h.source_request_id,
-       s.ts AS source_ts, h.differing_fields, h.fingerprint_mismatch, r.target_model,
+       h.source_ts, h.differing_fields, h.fingerprint_mismatch, r.target_model,
        {_draft_label()} AS draft_model, r.temperature, r.max_tokens, r.seed::VARCHAR AS seed,
        r.tokenizer_version, r.output_tokens, left(r.output_text, 120) AS output_preview
 FROM requests r JOIN hit_sources h USING (request_id)
-LEFT JOIN requests s ON s.request_id = h.source_request_id
 WHERE {{where}} AND h.contaminated
 ORDER BY r.ts, r.request_id LIMIT ?
 """

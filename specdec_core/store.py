@@ -85,7 +85,8 @@ CREATE TABLE IF NOT EXISTS hit_sources (
     contaminated BOOLEAN NOT NULL,
     fingerprint_mismatch BOOLEAN NOT NULL,
     differing_fields VARCHAR,
-    first_sight BOOLEAN  -- a hit on an identity its deployment had not seen before in the log
+    first_sight BOOLEAN,  -- a hit on an identity its deployment had not seen before in the log
+    source_ts TIMESTAMPTZ
 );
 CREATE TABLE IF NOT EXISTS replays (
     replay_id VARCHAR PRIMARY KEY,
@@ -112,6 +113,7 @@ CREATE TABLE IF NOT EXISTS replays (
 # their next write (hit_sources is rebuilt by every ingest).
 _MIGRATIONS = """
 ALTER TABLE hit_sources ADD COLUMN IF NOT EXISTS first_sight BOOLEAN;
+ALTER TABLE hit_sources ADD COLUMN IF NOT EXISTS source_ts TIMESTAMPTZ;
 """
 
 
