@@ -15,6 +15,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from .contamination import judge_hits
 from .readers import CHUNK_ROWS, JSONL_SUFFIXES, RawBatch, read_file, resolve_paths
 from .request import canonicalize_identity, fingerprint_of_identity, identity
 from .store import Store, scalar
@@ -477,53 +478,6 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str) -> tuple[
     return accepted, quarantined
 
 
-HIT_SOURCES_SQL = """
-CREATE OR REPLACE TABLE hit_sources AS
-WITH r AS (
-    SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key, cache_hit,
-           fingerprint, cached_identity_fingerprint
-    FROM requests
-), hits AS (SELECT * FROM r WHERE cache_hit), misses AS (SELECT * FROM r WHERE NOT cache_hit),
-joined AS (
-    SELECT h.request_id, m.request_id AS source_request_id, m.ts AS source_ts, h.fingerprint AS fp,
-           m.fingerprint AS source_fp, h.cached_identity_fingerprint AS cached_fp,
-           -- No earlier request of this deployment had this identity: a correct key could not hit here.
-           seen.request_id IS NULL AS first_sight
-    FROM hits h
-    ASOF LEFT JOIN misses m ON h.dep = m.dep AND h.cache_key = m.cache_key AND h.ts >= m.ts
-    ASOF LEFT JOIN r seen ON h.dep = seen.dep AND h.fingerprint = seen.fingerprint AND h.ts > seen.ts
-), judged AS (
-    SELECT *, coalesce(source_fp <> fp, false) AS source_differs,
-           coalesce(cached_fp <> fp, false) AS fingerprint_mismatch,
-           CASE WHEN coalesce(source_fp <> fp, false) THEN source_fp ELSE cached_fp END AS other_fp
-    FROM joined
-), pairs AS (
-    -- Differing fields depend only on the two identities: work them out once per pair.
-    SELECT DISTINCT fp, other_fp FROM judged WHERE source_differs OR fingerprint_mismatch
-), diffs AS (
-    SELECT p.fp, p.other_fp, array_to_string(list_sort(list_filter([
-           CASE WHEN a.prompt IS DISTINCT FROM b.prompt THEN 'prompt' END,
-           CASE WHEN a.target_model IS DISTINCT FROM b.target_model THEN 'target_model' END,
-           CASE WHEN a.draft_model IS DISTINCT FROM b.draft_model THEN 'draft_model' END,
-           CASE WHEN a.num_speculative_tokens IS DISTINCT FROM b.num_speculative_tokens
-                THEN 'num_speculative_tokens' END,
-           CASE WHEN a.temperature IS DISTINCT FROM b.temperature THEN 'temperature' END,
-           CASE WHEN NOT (a.greedy OR b.greedy) AND a.top_p IS DISTINCT FROM b.top_p THEN 'top_p' END,
-           CASE WHEN NOT (a.greedy OR b.greedy) AND a.top_k IS DISTINCT FROM b.top_k THEN 'top_k' END,
-           CASE WHEN a.max_tokens IS DISTINCT FROM b.max_tokens THEN 'max_tokens' END,
-           CASE WHEN NOT (a.greedy OR b.greedy) AND a.seed IS DISTINCT FROM b.seed THEN 'seed' END,
-           CASE WHEN a.stop IS DISTINCT FROM b.stop THEN 'stop' END,
-           CASE WHEN a.tokenizer_version IS DISTINCT FROM b.tokenizer_version THEN 'tokenizer_version' END
-       ], lambda x: x IS NOT NULL)), ';') AS differing_fields
-    FROM pairs p JOIN identities a ON a.fingerprint = p.fp LEFT JOIN identities b ON b.fingerprint = p.other_fp
-)
-SELECT j.request_id, j.source_request_id,
-       j.source_differs OR j.fingerprint_mismatch AS contaminated,
-       j.fingerprint_mismatch, d.differing_fields, j.first_sight, j.source_ts
-FROM judged j LEFT JOIN diffs d ON d.fp = j.fp AND d.other_fp = j.other_fp
-"""
-
-
 def ingest(
     store: Store,
     paths: list[str],
@@ -547,7 +501,7 @@ def ingest(
         _classify(con, join)
         accepted, quarantined = _commit(con, ingest_id, join)
         if accepted:
-            con.execute(HIT_SOURCES_SQL)
+            judge_hits(con)
         duplicates = read - accepted - quarantined
         con.execute(
             "INSERT INTO ingests VALUES (?, now(), ?, ?, ?, ?, ?)",
