@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import random
 import subprocess
 import sys
@@ -198,3 +199,38 @@ def test_report_cli_writes_the_same_file(incident, tmp_path):
     subprocess.run([sys.executable, "-m", "specdec_core", "report", "--db", str(incident.path),
                     "--out", str(only), "--kind", "length_violation"], check=True, timeout=60)
     assert _contract_rows(only.read_bytes()) == EXPECTED_REPORT[-1:]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet", "jsonl.gz"])
+def test_the_same_incident_in_another_format_gives_the_same_report(tmp_path, incident, fmt):
+    import gzip
+
+    import duckdb
+
+    src = write_jsonl(tmp_path / "incident.jsonl", INCIDENT)
+    path = tmp_path / f"incident.{fmt}"
+    if fmt == "jsonl.gz":
+        path.write_bytes(gzip.compress(src.read_bytes()))
+    elif fmt == "parquet":
+        con = duckdb.connect()
+        con.execute(f"COPY (SELECT * FROM read_json('{src}', union_by_name = true)) TO '{path}' (FORMAT parquet)")
+        con.close()
+    else:
+        fields = sorted({k for r in INCIDENT for k in r})
+        with open(path, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(fields)
+            for r in INCIDENT:
+                row = []
+                for f in fields:
+                    v = r.get(f)
+                    if f in ("stop", "cached_fingerprint"):
+                        row.append("" if v is None else json.dumps(v))
+                    elif isinstance(v, bool):
+                        row.append(str(v).lower())
+                    else:
+                        row.append("" if v is None else v)
+                writer.writerow(row)
+    store = Store(tmp_path / f"{fmt}.duckdb")
+    assert ingest(store, [str(path)]).accepted == len(INCIDENT)
+    assert _contract_rows(report_csv(mismatch_report(store))) == EXPECTED_REPORT
