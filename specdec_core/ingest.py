@@ -196,8 +196,9 @@ def _typed_columns_sql() -> str:
         "f_draft_tokens::BIGINT AS draft_tokens",
         "f_accepted_tokens::BIGINT AS accepted_tokens",
         # Fields the contract does not name are kept: a JSON merge patch with null deletes the known ones.
-        "nullif(json_merge_patch(obj, '{" + ",".join(f'"{n}":null' for n in FIELD_NAMES)
-        + "}')::VARCHAR, '{}')::JSON AS extra",
+        # Only records with more keys than known fields present have any, so only they are patched.
+        "CASE WHEN len(json_keys(obj)) > n_known THEN nullif(json_merge_patch(obj, '{"
+        + ",".join(f'"{n}":null' for n in FIELD_NAMES) + "}')::VARCHAR, '{}')::JSON END AS extra",
     ])
 
 
@@ -293,10 +294,11 @@ def _validate_chunk(con: duckdb.DuckDBPyConnection, create: bool = False) -> Non
         lists AS (SELECT *, json_type(obj, {paths}) AS t, json_extract_string(obj, {paths}) AS s FROM o),
         -- One column per field: list indexing inside every later expression would repeat the work.
         fields AS (SELECT seq, source_file, source_line, raw, valid, root, obj,
+                          len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known,
                           {", ".join(f"t[{i}] AS {_t(n)}, s[{i}] AS {_s(n)}" for n, i in _INDEX.items())}
                    FROM lists),
         vals AS (SELECT *, {_values_sql()} FROM fields)
-        SELECT seq, source_file, source_line, raw, obj, {", ".join(f"f_{n}" for n in FIELD_NAMES)},
+        SELECT seq, source_file, source_line, raw, obj, n_known, {", ".join(f"f_{n}" for n in FIELD_NAMES)},
                {_reason_sql()} AS reason,
                CASE WHEN {_t('request_id')} = 'VARCHAR' THEN {_s('request_id')} END AS raw_request_id
         FROM vals
