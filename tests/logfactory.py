@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from typing import Any
@@ -49,4 +50,26 @@ DROP: Any = _DROP  # rec(..., field=DROP) leaves the field out of the record
 def write_jsonl(path: Path, records: list[Any]) -> Path:
     lines = [r if isinstance(r, str) else json.dumps(r, ensure_ascii=False) for r in records]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def write_csv(path: Path, records: list[dict[str, Any]], drop_column: str | None = None) -> Path:
+    """Records as the contract's CSV: every field any record has, stop and cached_fingerprint as JSON text."""
+    fields = ["request_id", *sorted({k for r in records for k in r} - {"request_id"})]
+    if drop_column:
+        fields.remove(drop_column)
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(fields)
+        for r in records:
+            row: list[Any] = []
+            for f in fields:
+                v = r.get(f)
+                if f in ("stop", "cached_fingerprint"):
+                    row.append("" if v is None else json.dumps(v))
+                elif isinstance(v, bool):
+                    row.append("true" if v else "false")
+                else:
+                    row.append("" if v is None else v)
+            writer.writerow(row)
     return path

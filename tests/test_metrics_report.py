@@ -5,14 +5,13 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
 import random
 import subprocess
 import sys
 from datetime import datetime, timezone
 
 import pytest
-from logfactory import DROP, rec, write_jsonl
+from logfactory import DROP, rec, write_csv, write_jsonl
 
 from specdec_core import metrics
 from specdec_core.ingest import ingest
@@ -216,21 +215,7 @@ def test_the_same_incident_in_another_format_gives_the_same_report(tmp_path, inc
         con.execute(f"COPY (SELECT * FROM read_json('{src}', union_by_name = true)) TO '{path}' (FORMAT parquet)")
         con.close()
     else:
-        fields = sorted({k for r in INCIDENT for k in r})
-        with open(path, "w", newline="", encoding="utf-8") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(fields)
-            for r in INCIDENT:
-                row = []
-                for f in fields:
-                    v = r.get(f)
-                    if f in ("stop", "cached_fingerprint"):
-                        row.append("" if v is None else json.dumps(v))
-                    elif isinstance(v, bool):
-                        row.append(str(v).lower())
-                    else:
-                        row.append("" if v is None else v)
-                writer.writerow(row)
+        write_csv(path, INCIDENT)
     store = Store(tmp_path / f"{fmt}.duckdb")
     assert ingest(store, [str(path)]).accepted == len(INCIDENT)
     assert _contract_rows(report_csv(mismatch_report(store))) == EXPECTED_REPORT

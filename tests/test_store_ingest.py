@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import gzip
 import hashlib
 import json
@@ -11,7 +10,7 @@ import threading
 
 import duckdb
 import pytest
-from logfactory import DROP, rec, write_jsonl
+from logfactory import DROP, rec, write_csv, write_jsonl
 
 from specdec_core.ingest import ingest
 from specdec_core.readers import LogReadError
@@ -139,38 +138,16 @@ def test_gzip_folder_and_glob_paths_are_read(store, tmp_path):
     assert ingest(other, [str(folder / "*.jsonl*")]).accepted == 3
 
 
-def _write_csv(path, records, drop_column=None):
-    fields = [f for f in ["request_id", *rec("x")] if f != "request_id"]
-    fields = ["request_id", *fields]
-    if drop_column:
-        fields.remove(drop_column)
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(fields)
-        for r in records:
-            row = []
-            for f in fields:
-                v = r.get(f)
-                if f in ("stop", "cached_fingerprint"):
-                    row.append("" if v is None else json.dumps(v))
-                elif isinstance(v, bool):
-                    row.append("true" if v else "false")
-                else:
-                    row.append("" if v is None else v)
-            writer.writerow(row)
-    return path
-
-
 def test_csv_records_equal_their_jsonl_twins_and_a_missing_column_quarantines_each_row(store, tmp_path):
     records = [rec("c1", stop=["b", "a"], temperature=0.5, seed=9), rec("c2", cache_hit=True)]
-    result = ingest(store, [str(_write_csv(tmp_path / "log.csv", records))])
+    result = ingest(store, [str(write_csv(tmp_path / "log.csv", records))])
     assert result.accepted == 2
     with store.read() as con:
         stored = dict(con.execute("SELECT request_id, fingerprint FROM requests").fetchall())
     assert stored == {r["request_id"]: fingerprint(r) for r in records}
 
     broken = Store(tmp_path / "broken.duckdb")
-    result = ingest(broken, [str(_write_csv(tmp_path / "nocol.csv", records, drop_column="max_tokens"))])
+    result = ingest(broken, [str(write_csv(tmp_path / "nocol.csv", records, drop_column="max_tokens"))])
     assert (result.read, result.accepted, result.quarantined) == (2, 0, 2)
     assert {reason for _, reason in quarantine_rows(broken)} == {"missing required field: max_tokens"}
 
@@ -265,7 +242,7 @@ def test_whitespace_only_lines_are_blank_on_the_fast_path_too(store, tmp_path):
 def test_csv_epoch_milliseconds_and_parquet_json_text_columns_are_read(store, tmp_path):
     records = [rec("e1", ts=1772359200000, stop=["b", "a"]), rec("e2", cache_hit=True,
                                                                   cached_fingerprint={"prompt": "x"})]
-    assert ingest(store, [str(_write_csv(tmp_path / "ms.csv", records))]).accepted == 2
+    assert ingest(store, [str(write_csv(tmp_path / "ms.csv", records))]).accepted == 2
     with store.read() as con:
         assert con.execute("SELECT epoch_ms(ts) FROM requests WHERE request_id = 'e1'").fetchall() == [
             (1772359200000,)]
