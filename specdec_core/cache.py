@@ -177,6 +177,19 @@ def _check_ttl(ttl_s: float | None) -> None:
         raise ValueError(f"ttl_s: expected a number of seconds > 0 or None (no expiry), got {ttl_s!r}")
 
 
+def _corrupt(stats: CacheStats, key: str, what: str, exc: Exception) -> CacheRead:
+    """A value we cannot trust is a miss: counted, logged, and the caller decodes and overwrites it."""
+    stats.incr("corrupt")
+    logger.warning(
+        "cache entry %s %s (%s); treating it as a miss",
+        key,
+        what,
+        exc,
+        extra={"event": "cache_corrupt_entry", "cache_key": key, "reason": str(exc)},
+    )
+    return CacheRead(None, "corrupt")
+
+
 def decode_entry(
     raw: str | bytes | None, key: str, expected_identity: Mapping[str, Any] | None, stats: CacheStats
 ) -> CacheRead:
@@ -195,15 +208,7 @@ def decode_entry(
         if stored is None and expected_identity is not None:
             raise ValueError("entry has no identity to check")
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        # A value we cannot trust is a miss: the caller decodes and overwrites it.
-        stats.incr("corrupt")
-        logger.warning(
-            "cache entry %s is unreadable (%s); treating it as a miss",
-            key,
-            exc,
-            extra={"event": "cache_corrupt_entry", "cache_key": key, "reason": str(exc)},
-        )
-        return CacheRead(None, "corrupt")
+        return _corrupt(stats, key, "is unreadable", exc)
 
     if expected_identity is None or stored == expected_identity:
         stats.incr("hits")
@@ -214,14 +219,7 @@ def decode_entry(
     try:
         stored_canonical = canonicalize_identity(stored)
     except ValueError as exc:
-        stats.incr("corrupt")
-        logger.warning(
-            "cache entry %s has an invalid identity (%s); treating it as a miss",
-            key,
-            exc,
-            extra={"event": "cache_corrupt_entry", "cache_key": key, "reason": str(exc)},
-        )
-        return CacheRead(None, "corrupt")
+        return _corrupt(stats, key, "has an invalid identity", exc)
     if stored_canonical == expected_identity:
         stats.incr("hits")
         return CacheRead(result, "hit", stored)
