@@ -227,6 +227,16 @@ def _has_reorderable(value: Any) -> bool:
     return False
 
 
+def _key_or_error(key_fn: KeyFn, params: dict[str, Any]) -> Any:
+    """The key, or a text naming the exception: a call that raises where the first did not is a different key."""
+    try:
+        return _call(key_fn, params)
+    except KeyAuditError:
+        raise
+    except Exception as exc:
+        return f"<raised {type(exc).__name__}: {exc}>"
+
+
 def audit_key_function(
     key_fn: KeyFn,
     example: Mapping[str, Any],
@@ -273,12 +283,7 @@ def audit_key_function(
         )
     else:
         for label, params in (("a second call", argument), ("a call with a copy", copy.deepcopy(example))):
-            try:
-                other = _call(key_fn, params)
-            except KeyAuditError:
-                raise
-            except Exception as exc:
-                other = f"<raised {type(exc).__name__}: {exc}>"
+            other = _key_or_error(key_fn, params)
             if other != base:
                 unstable["repeat"] = (
                     f"repeat: the same request gave {_fmt(base)}, then {_fmt(other)} on {label}; "
@@ -310,12 +315,7 @@ def audit_key_function(
     if not _has_reorderable(example):
         skipped["reorder"] = "no object in the example has two or more keys"
     else:
-        try:
-            reordered = _call(key_fn, _reordered(example))
-        except KeyAuditError:
-            raise
-        except Exception as exc:
-            reordered = f"<raised {type(exc).__name__}: {exc}>"
+        reordered = _key_or_error(key_fn, _reordered(example))
         if reordered != base:
             unstable["reorder"] = (
                 f"reorder: the same request with its keys in reverse order gave {_fmt(reordered)} "
