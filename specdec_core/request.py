@@ -36,8 +36,11 @@ NUMBER_DECIMALS = 6
 _SHA256_HEX = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
+_sha256 = hashlib.sha256
+
+
 def sha256_hex(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return _sha256(text.encode("utf-8")).hexdigest()
 
 
 def _is_int(value: Any) -> bool:
@@ -57,6 +60,7 @@ def _as_int(name: str, value: Any, *, minimum: int | None = None, optional: bool
         value = int(value)
     if not _is_int(value):
         raise ValueError(f"{name}: expected an integer, got {type(value).__name__} {value!r}")
+    value = int(value)  # an int subclass (IntEnum) would format as its name
     if minimum is not None and value < minimum:
         raise ValueError(f"{name}: must be >= {minimum}, got {value}")
     return value
@@ -73,7 +77,8 @@ def _as_str(name: str, value: Any, *, optional: bool = True) -> str | None:
 
 
 def _round(value: float) -> float:
-    return float(round(float(value), NUMBER_DECIMALS))
+    # `+ 0.0` turns -0.0 into 0.0: they compare equal, so they must serialise alike.
+    return float(round(float(value), NUMBER_DECIMALS)) + 0.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,10 @@ class DecodeRequest:
     seed: int | None = None
     stop: tuple[str, ...] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # The canonical identity JSON, filled on first use: the service needs it for the
+    # key, the guard and the log's prompt hash, and the request cannot change.
+    _identity_json: str | None = field(default=None, init=False, compare=False, repr=False)
+    _prompt_sha256: str | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.prompt is None and self.prompt_hash is None:
@@ -131,7 +140,13 @@ class DecodeRequest:
 
     @property
     def prompt_sha256(self) -> str:
-        return sha256_hex(self.prompt) if self.prompt is not None else str(self.prompt_hash)
+        if self.prompt_hash is not None:  # validated equal to the prompt's hash when both are given
+            return self.prompt_hash
+        digest = self._prompt_sha256
+        if digest is None:
+            digest = sha256_hex(str(self.prompt))
+            self.__dict__["_prompt_sha256"] = digest  # frozen: memo fields are written directly
+        return digest
 
     @property
     def is_greedy(self) -> bool:
@@ -225,45 +240,76 @@ def fingerprint_of_identity(identity_obj: Mapping[str, Any]) -> str:
     return sha256_hex(canonical_json(identity_obj))
 
 
+# Canonical JSON of the values that repeat across requests (temperatures, top_p,
+# stop lists): rounding and repr cost far more than a dict lookup. Bounded, and
+# equal keys (1 and 1.0, -0.0 and 0.0, equal tuples) have equal canonical text.
+_NUMBER_JSON: dict[float, str] = {}
+_STOP_JSON: dict[tuple[str, ...] | None, str] = {}
+_MEMO_MAX = 4096
+
+
+def _number_json(value: float) -> str:
+    text = _NUMBER_JSON.get(value)
+    if text is None:
+        if len(_NUMBER_JSON) >= _MEMO_MAX:
+            _NUMBER_JSON.clear()
+        text = _NUMBER_JSON[value] = repr(_round(value))
+    return text
+
+
+def _stop_json(stop: tuple[str, ...] | None) -> str:
+    text = _STOP_JSON.get(stop)
+    if text is None:
+        if len(_STOP_JSON) >= _MEMO_MAX:
+            _STOP_JSON.clear()
+        text = _STOP_JSON[stop] = "[" + ",".join([_json_str(x) for x in sorted(set(stop or ()))]) + "]"
+    return text
+
+
 def identity_json(req: DecodeRequest | Mapping[str, Any]) -> str:
-    """`canonical_json(identity(req))`, written out directly.
+    """`canonical_json(identity(req))`, written out directly, once per request.
 
     Every request computes its key, and building the dict then running the
-    generic encoder costs about three times as much. The keys are in sorted
-    order; strings go through json's own (C) string encoder with non-ASCII kept,
-    numbers through repr as json does. test_request pins it equal to the generic path.
+    generic encoder costs several times as much. The keys are in sorted order;
+    strings go through json's own (C) string encoder with non-ASCII kept, numbers
+    through repr as json does. test_request pins it equal to the generic path.
+    The memo lookups are written inline: a function call is a good part of the cost.
     """
-    r = _coerce(req)
-    s, i = _json_str, int.__repr__
-    draft, nst, stop = r.speculation, r.num_speculative_tokens, r.stop
-    if not stop:
-        stop_json = ""
-    elif len(stop) == 1:
-        stop_json = s(stop[0])
-    else:
-        stop_json = ",".join([s(x) for x in sorted(set(stop))])
+    r = req if type(req) is DecodeRequest else _coerce(req)
+    d = r.__dict__
+    text = d.get("_identity_json")
+    if text is not None:
+        return text
+    prompt = d["prompt_hash"] or d.get("_prompt_sha256")
+    if prompt is None:
+        prompt = d["_prompt_sha256"] = _sha256(d["prompt"].encode("utf-8")).hexdigest()
+    s, draft, nst, stop = _json_str, d["draft_model"], d["num_speculative_tokens"], d["stop"]
+    stop_json = _STOP_JSON.get(stop) or _stop_json(stop)
+    temperature = _NUMBER_JSON.get(d["temperature"]) or _number_json(d["temperature"])
     head = (
-        f'{{"draft_model":{"null" if draft is None else s(draft)},"max_tokens":{i(r.max_tokens)},'
-        f'"num_speculative_tokens":{"null" if nst is None else i(nst)},"prompt":"{r.prompt_sha256}",'
+        f'{{"draft_model":{"null" if draft is None or draft == "none" else s(draft)},"max_tokens":{d["max_tokens"]},'
+        f'"num_speculative_tokens":{"null" if nst is None else nst},"prompt":"{prompt}",'
     )
-    temperature = _round(r.temperature)
-    if temperature == 0.0:  # greedy: seed, top_k and top_p are left out
-        return (
-            f'{head}"stop":[{stop_json}],"target_model":{s(r.target_model)},"temperature":{temperature!r},'
-            f'"tokenizer_version":{s(r.tokenizer_version)}}}'
+    if temperature == "0.0":  # greedy: seed, top_k and top_p are left out
+        text = (
+            f'{head}"stop":{stop_json},"target_model":{s(d["target_model"])},"temperature":0.0,'
+            f'"tokenizer_version":{s(d["tokenizer_version"])}}}'
         )
-    seed, top_k = r.seed, r.top_k
-    return (
-        f'{head}"seed":{"null" if seed is None else i(seed)},"stop":[{stop_json}],'
-        f'"target_model":{s(r.target_model)},"temperature":{temperature!r},'
-        f'"tokenizer_version":{s(r.tokenizer_version)},"top_k":{i(top_k) if top_k else "null"},'
-        f'"top_p":{_round(r.top_p)!r}}}'
-    )
+    else:
+        seed, top_k = d["seed"], d["top_k"]
+        top_p = _NUMBER_JSON.get(d["top_p"]) or _number_json(d["top_p"])
+        text = (
+            f'{head}"seed":{"null" if seed is None else seed},"stop":{stop_json},'
+            f'"target_model":{s(d["target_model"])},"temperature":{temperature},'
+            f'"tokenizer_version":{s(d["tokenizer_version"])},"top_k":{top_k or "null"},"top_p":{top_p}}}'
+        )
+    d["_identity_json"] = text
+    return text
 
 
 def fingerprint(req: DecodeRequest | Mapping[str, Any]) -> str:
     """Lowercase hex SHA-256 of the canonical identity object."""
-    return hashlib.sha256(identity_json(req).encode("utf-8")).hexdigest()
+    return _sha256(identity_json(req).encode("utf-8")).hexdigest()
 
 
 def canonicalize_identity(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -227,3 +227,34 @@ def test_greedy_identity_ignores_seed_top_p_and_top_k(req, seed, top_p, top_k):
     assert identity(other) == identity(greedy)
     assert not {"seed", "top_p", "top_k"} & identity(greedy).keys()
     assert set(identity(greedy)) == set(IDENTITY_FIELDS) - {"seed", "top_p", "top_k"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    req=requests(),
+    temperature=st.floats(min_value=0, max_value=10, allow_nan=False) | st.sampled_from([-0.0, 0.0, 1, 2]),
+    top_p=st.floats(min_value=1e-9, max_value=1.0) | st.sampled_from([1, 0.5]),
+)
+def test_fast_identity_json_equals_the_generic_path_for_any_number(req, temperature, top_p):
+    # Off the 6-decimal grid too: the fast path's memo of rounded numbers must agree with json.dumps.
+    changed = dataclasses.replace(req, temperature=temperature, top_p=top_p)
+    assert identity_json(changed) == canonical_json(identity(changed))
+
+
+def test_negative_zero_temperature_is_greedy_and_keys_like_zero():
+    zero = DecodeRequest.from_record({**GOOD, "temperature": 0.0})
+    negative = DecodeRequest.from_record({**GOOD, "temperature": -0.0})
+    assert fingerprint(negative) == fingerprint(zero)
+    assert '"temperature":0.0' in identity_json(negative)
+
+
+def test_the_memoised_identity_leaves_equality_alone_and_is_not_copied():
+    a = DecodeRequest.from_record(GOOD)
+    b = DecodeRequest.from_record(GOOD)
+    first = fingerprint(a)
+    assert a == b and len({a, b}) == 1  # the memo fields are not part of eq or the dataclass hash
+    assert fingerprint(a) == first == fingerprint(b)
+    # A changed copy starts without the memo, so its key follows its own fields.
+    changed = dataclasses.replace(a, max_tokens=a.max_tokens + 1)
+    assert fingerprint(changed) != first
+    assert fingerprint(changed) == fingerprint_of_identity(identity(changed))
