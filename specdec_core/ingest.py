@@ -19,6 +19,7 @@ from .contamination import judge_hits
 from .readers import CHUNK_ROWS, JSONL_SUFFIXES, RawBatch, read_file, resolve_paths
 from .request import canonicalize_identity, fingerprint_of_identity, identity
 from .store import Store, scalar
+from .summary import build_summaries
 
 # (name, kind, required). Kinds: str, nonempty_str, int, int>=0, int>=1, num, num>=0, top_p,
 # bool, ts, str_list, object, hex64.
@@ -504,6 +505,7 @@ def ingest(
         accepted, quarantined = _commit(con, ingest_id, join)
         if accepted:
             judge_hits(con)
+            build_summaries(con)
         duplicates = read - accepted - quarantined
         con.execute(
             "INSERT INTO ingests VALUES (?, now(), ?, ?, ?, ?, ?)",

@@ -13,9 +13,9 @@ from typing import Any
 
 import pandas as pd
 
+from . import summary
 from .store import Store
-
-NO_DRAFT = "none"  # how "no speculation" is labelled in charts and filters
+from .summary import NO_DRAFT, histogram_quantiles, minute_source  # noqa: F401 (NO_DRAFT: the "no speculation" label)
 
 
 @dataclass(frozen=True)
@@ -50,22 +50,34 @@ class Filters:
 NO_FILTERS = Filters()
 
 
-def _draft_label(alias: str = "r") -> str:
-    return f"coalesce(nullif({alias}.draft_model, 'none'), '{NO_DRAFT}')"
+_draft_label = summary.draft_label
 
 
 def _df(store: Store, sql: str, filters: Filters, extra: list[Any] | None = None,
-        leading: list[Any] | None = None) -> pd.DataFrame:
-    """Run a question's SQL with the filters' WHERE (as often as it says {where}); `leading`/`extra` bind
-    the ? before and after."""
-    where, params = filters.where()
+        leading: list[Any] | None = None, *, minute: str | None = None, whole: str | None = None) -> pd.DataFrame:
+    """Answer a question: from the summaries when they can (`minute` SQL over {source}, a relation shaped
+    like summary_minute; `whole` SQL with {dims}, without a time range), else `sql` over the rows with the
+    filters' WHERE (as often as it says {where}). `leading`/`extra` bind the ? before and after."""
     with store.read() as con:
-        return con.execute(sql.replace("{where}", where),
-                           (leading or []) + params * sql.count("{where}") + (extra or [])).df()
+        return _run(con, sql, filters, extra, leading, minute=minute, whole=whole).df()
 
 
-def _one(store: Store, sql: str, filters: Filters) -> dict[str, Any]:
-    frame = _df(store, sql, filters)
+def _run(con: Any, sql: str, filters: Filters, extra: list[Any] | None = None, leading: list[Any] | None = None,
+         *, minute: str | None = None, whole: str | None = None) -> Any:
+    extra, leading = extra or [], leading or []
+    if (minute is not None or whole is not None) and summary.ready(con):
+        if minute is not None:
+            source, params = minute_source(filters, filters.where())
+            return con.execute(minute.replace("{source}", source), leading + params + extra)
+        if filters.start is None and filters.end is None:
+            dims, params = summary.dimension_where(filters)
+            return con.execute(whole.replace("{dims}", dims), leading + params * whole.count("{dims}") + extra)
+    where, params = filters.where()
+    return con.execute(sql.replace("{where}", where), leading + params * sql.count("{where}") + extra)
+
+
+def _one(store: Store, sql: str, filters: Filters, **summaries: str) -> dict[str, Any]:
+    frame = _df(store, sql, filters, **summaries)
     return {k: _native(v) for k, v in frame.iloc[0].items()}
 
 
@@ -85,8 +97,8 @@ def _bucket_for(span_seconds: float) -> str:
 
 def time_bucket(store: Store, filters: Filters) -> str:
     """An interval that gives a readable number of points over the filtered time range."""
-    span = _one(store, "SELECT epoch(max(ts)) - epoch(min(ts)) AS span FROM requests r WHERE {where}",
-                filters)["span"]
+    span = _one(store, "SELECT epoch(max(ts)) - epoch(min(ts)) AS span FROM requests r WHERE {where}", filters,
+                minute="SELECT epoch(max(last_ts)) - epoch(min(first_ts)) AS span FROM {source} c")["span"]
     return _bucket_for(float(span or 0))
 
 
@@ -98,11 +110,16 @@ def filter_options(store: Store) -> dict[str, Any]:
         def values(sql: str) -> list[str]:
             return [row[0] for row in con.execute(sql).fetchall()]
 
-        start, end = con.execute("SELECT min(ts), max(ts) FROM requests").fetchall()[0]
+        if summary.ready(con):  # the minute summary holds the labels already
+            start, end = con.execute("SELECT min(first_ts), max(last_ts) FROM summary_minute").fetchall()[0]
+            table, deployment, draft = "summary_minute r", "deployment", "draft_model"
+        else:
+            start, end = con.execute("SELECT min(ts), max(ts) FROM requests").fetchall()[0]
+            table, deployment, draft = "requests r", "coalesce(deployment, '')", _draft_label()
         return {
-            "deployments": values("SELECT DISTINCT coalesce(deployment, '') FROM requests ORDER BY 1"),
-            "target_models": values("SELECT DISTINCT target_model FROM requests ORDER BY 1"),
-            "draft_models": values(f"SELECT DISTINCT {_draft_label()} FROM requests r ORDER BY 1"),
+            "deployments": values(f"SELECT DISTINCT {deployment} FROM {table} ORDER BY 1"),
+            "target_models": values(f"SELECT DISTINCT target_model FROM {table} ORDER BY 1"),
+            "draft_models": values(f"SELECT DISTINCT {draft} FROM {table} ORDER BY 1"),
             "start": start,
             "end": end,
         }
@@ -118,27 +135,41 @@ SELECT count(*) AS requests,
        count(*) FILTER (WHERE h.contaminated) / nullif(count(*) FILTER (WHERE r.cache_hit), 0)
            AS contaminated_rate,
        count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS length_violations,
-       count(DISTINCT (r.deployment, r.cache_key)) AS unique_keys,
-       count(DISTINCT (r.deployment, r.fingerprint)) AS unique_identities,
        min(r.ts) AS first_ts, max(r.ts) AS last_ts
 FROM requests r LEFT JOIN hit_sources h USING (request_id)
 WHERE {where}
 """
+_HITS = "coalesce(sum(c.requests) FILTER (WHERE c.cache_hit), 0)"
+HEADLINE_MINUTE_SQL = f"""
+SELECT coalesce(sum(c.requests), 0)::BIGINT AS requests, {_HITS}::BIGINT AS hits,
+       {_HITS} / sum(c.requests) AS hit_rate,
+       coalesce(sum(c.contaminated), 0)::BIGINT AS contaminated_hits,
+       sum(c.contaminated) / nullif({_HITS}, 0) AS contaminated_rate,
+       coalesce(sum(c.violations), 0)::BIGINT AS length_violations,
+       min(c.first_ts) AS first_ts, max(c.last_ts) AS last_ts
+FROM {{source}} c
+"""
 
-KEY_COLLISION_COUNT_SQL = """
-SELECT count(*) AS key_collisions FROM (
-    SELECT 1 FROM requests r WHERE {where}
-    GROUP BY coalesce(r.deployment, ''), r.cache_key HAVING count(DISTINCT r.fingerprint) > 1
-)
+KEY_COUNTS_SQL = """
+WITH k AS (SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint FROM requests r WHERE {where})
+SELECT (SELECT count(DISTINCT (deployment, cache_key)) FROM k) AS unique_keys,
+       (SELECT count(DISTINCT (deployment, fingerprint)) FROM k) AS unique_identities,
+       (SELECT count(*) FROM (SELECT 1 FROM k GROUP BY deployment, cache_key HAVING count(DISTINCT fingerprint) > 1))
+           AS key_collisions
+"""
+KEY_COUNTS_WHOLE_SQL = """
+WITH k AS (SELECT deployment, key_id, fp_id FROM summary_keys c WHERE {dims})
+SELECT (SELECT count(DISTINCT key_id) FROM k) AS unique_keys,
+       (SELECT count(DISTINCT (deployment, fp_id)) FROM k) AS unique_identities,
+       (SELECT count(*) FROM (SELECT 1 FROM k GROUP BY key_id HAVING count(*) > 1)) AS key_collisions
 """
 
 
 def headline(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
     """Requests, hit rate, contaminated hits, length violations, collisions, keys per identity."""
-    where, params = filters.where()
     with store.read() as con:  # one connection for the three: opening one costs as much as a small query
-        out = _row(con.execute(HEADLINE_SQL.replace("{where}", where), params))
-        out.update(_row(con.execute(KEY_COLLISION_COUNT_SQL.replace("{where}", where), params)))
+        out = _row(_run(con, HEADLINE_SQL, filters, minute=HEADLINE_MINUTE_SQL))
+        out.update(_row(_run(con, KEY_COUNTS_SQL, filters, whole=KEY_COUNTS_WHOLE_SQL)))
         out["quarantined"] = con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
     out["keys_per_identity"] = (out["unique_keys"] / out["unique_identities"]) if out["unique_identities"] else None
     return out
@@ -161,8 +192,16 @@ GROUP BY ALL ORDER BY requests DESC, target_model, draft_model
 """
 
 
+HIT_RATE_BY_COMBINATION_MINUTE_SQL = f"""
+SELECT c.target_model, c.draft_model, sum(c.requests)::BIGINT AS requests, {_HITS}::BIGINT AS hits,
+       {_HITS} / sum(c.requests) AS hit_rate, sum(c.contaminated)::BIGINT AS contaminated_hits
+FROM {{source}} c
+GROUP BY ALL ORDER BY requests DESC, target_model, draft_model
+"""
+
+
 def hit_rate_by_combination(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
-    return _df(store, HIT_RATE_BY_COMBINATION_SQL, filters)
+    return _df(store, HIT_RATE_BY_COMBINATION_SQL, filters, minute=HIT_RATE_BY_COMBINATION_MINUTE_SQL)
 
 
 HIT_RATE_OVER_TIME_SQL = f"""
@@ -174,8 +213,18 @@ GROUP BY ALL ORDER BY bucket, combination
 """
 
 
+HIT_RATE_OVER_TIME_MINUTE_SQL = f"""
+SELECT time_bucket(CAST(? AS INTERVAL), c.minute) AS bucket, c.target_model || ' / ' || c.draft_model AS combination,
+       sum(c.requests)::BIGINT AS requests, {_HITS} / sum(c.requests) AS hit_rate
+FROM {{source}} c
+GROUP BY ALL ORDER BY bucket, combination
+"""
+
+
 def hit_rate_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
-    return _df(store, HIT_RATE_OVER_TIME_SQL, filters, leading=[bucket or time_bucket(store, filters)])
+    # Summary minutes align with every bucket offered (1 minute to 1 day, UTC).
+    return _df(store, HIT_RATE_OVER_TIME_SQL, filters, leading=[bucket or time_bucket(store, filters)],
+               minute=HIT_RATE_OVER_TIME_MINUTE_SQL)
 
 
 KEY_RATIO_BY_DEPLOYMENT_SQL = """
@@ -194,9 +243,21 @@ GROUP BY ALL ORDER BY deployment
 """
 
 
+KEY_RATIO_BY_DEPLOYMENT_WHOLE_SQL = """
+SELECT c.deployment, sum(c.requests)::BIGINT AS requests,
+       count(DISTINCT c.key_id) AS unique_keys, count(DISTINCT c.fp_id) AS unique_identities,
+       count(DISTINCT c.key_id) / count(DISTINCT c.fp_id) AS keys_per_identity,
+       sum(c.hits) / sum(c.requests) AS hit_rate,
+       1 - count(DISTINCT c.fp_id) / sum(c.requests) AS max_correct_hit_rate,
+       sum(c.hits)::BIGINT AS hits, sum(c.first_sight)::BIGINT AS first_sight_hits
+FROM summary_keys c WHERE {dims}
+GROUP BY ALL ORDER BY deployment
+"""
+
+
 def key_ratio_by_deployment(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Unique cache keys per unique identity; below 1 means identities share keys."""
-    return _df(store, KEY_RATIO_BY_DEPLOYMENT_SQL, filters)
+    return _df(store, KEY_RATIO_BY_DEPLOYMENT_SQL, filters, whole=KEY_RATIO_BY_DEPLOYMENT_WHOLE_SQL)
 
 
 LATENCY_HIT_VS_MISS_SQL = """
@@ -208,8 +269,18 @@ GROUP BY ALL ORDER BY outcome
 """
 
 
+LATENCY_HIT_VS_MISS_WHOLE_SQL = histogram_quantiles(
+    "(SELECT CASE WHEN c.cache_hit THEN 'hit' ELSE 'miss' END AS outcome, c.value, c.n "
+    "FROM summary_latency c WHERE {dims})",
+    ["outcome"], {"p50_ms": 0.5, "p95_ms": 0.95}, extra=", sum(value * n) / sum(n) AS mean_ms",
+)
+LATENCY_HIT_VS_MISS_WHOLE_SQL = f"""
+SELECT outcome, total AS requests, mean_ms, p50_ms, p95_ms FROM ({LATENCY_HIT_VS_MISS_WHOLE_SQL}) ORDER BY outcome
+"""
+
+
 def latency_hit_vs_miss(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
-    return _df(store, LATENCY_HIT_VS_MISS_SQL, filters)
+    return _df(store, LATENCY_HIT_VS_MISS_SQL, filters, whole=LATENCY_HIT_VS_MISS_WHOLE_SQL)
 
 
 ACCEPTANCE_BY_COMBINATION_SQL = f"""
@@ -225,9 +296,20 @@ GROUP BY ALL ORDER BY target_model, draft_model
 """
 
 
+ACCEPTANCE_BY_COMBINATION_MINUTE_SQL = f"""
+SELECT c.target_model, c.draft_model, sum(c.decoded_requests)::BIGINT AS decoded_requests,
+       sum(c.draft_tokens) AS draft_tokens, sum(c.accepted_tokens) AS accepted_tokens,
+       sum(c.accepted_tokens) / nullif(sum(c.draft_tokens), 0) AS acceptance_rate,
+       sum(c.accepted_tokens) / nullif(sum(c.steps), 0) AS mean_accepted_length
+FROM {{source}} c
+WHERE NOT c.cache_hit AND c.draft_model <> '{NO_DRAFT}'
+GROUP BY ALL HAVING sum(c.decoded_requests) > 0 ORDER BY target_model, draft_model
+"""
+
+
 def acceptance_by_combination(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Speculation health of decoded (missed) requests: acceptance rate and accepted length per step."""
-    return _df(store, ACCEPTANCE_BY_COMBINATION_SQL, filters)
+    return _df(store, ACCEPTANCE_BY_COMBINATION_SQL, filters, minute=ACCEPTANCE_BY_COMBINATION_MINUTE_SQL)
 
 
 # --- output length -----------------------------------------------------------------------------------------
@@ -242,9 +324,18 @@ GROUP BY ALL ORDER BY r.max_tokens
 """
 
 
+OUTPUT_LENGTH_BY_MAX_TOKENS_WHOLE_SQL = f"""
+SELECT max_tokens, total AS requests, min, q1, median, q3, max, violations
+FROM ({histogram_quantiles("(SELECT * FROM summary_lengths c WHERE {dims})", ["max_tokens"],
+                           {"q1": 0.25, "median": 0.5, "q3": 0.75},
+                           extra=", coalesce(sum(n) FILTER (WHERE value > max_tokens), 0) AS violations")})
+ORDER BY max_tokens
+"""
+
+
 def output_length_by_max_tokens(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Distribution of output tokens per max_tokens (box statistics), with violation counts."""
-    return _df(store, OUTPUT_LENGTH_BY_MAX_TOKENS_SQL, filters)
+    return _df(store, OUTPUT_LENGTH_BY_MAX_TOKENS_SQL, filters, whole=OUTPUT_LENGTH_BY_MAX_TOKENS_WHOLE_SQL)
 
 
 LENGTH_VIOLATIONS_SQL = f"""
@@ -275,9 +366,18 @@ ORDER BY r.ts, r.request_id LIMIT ?
 """
 
 
+CONTAMINATED_HITS_SUMMARY_SQL = """
+SELECT * FROM summary_contaminated c WHERE {where} ORDER BY ts, request_id LIMIT ?
+"""
+
+
 def contaminated_hits(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
     """Hits that served another identity's output, with the request that put it in the cache."""
-    return _df(store, CONTAMINATED_HITS_SQL, filters, [limit])
+    with store.read() as con:
+        if summary.ready(con):  # the same rows, joined and labelled at ingest; every filter applies
+            where, params = filters.where("c")
+            return con.execute(CONTAMINATED_HITS_SUMMARY_SQL.replace("{where}", where), params + [limit]).df()
+        return _run(con, CONTAMINATED_HITS_SQL, filters, [limit]).df()
 
 
 MISMATCH_RATE_OVER_TIME_SQL = """
@@ -291,9 +391,19 @@ GROUP BY ALL ORDER BY bucket, deployment
 """
 
 
+MISMATCH_RATE_OVER_TIME_MINUTE_SQL = f"""
+SELECT time_bucket(CAST(? AS INTERVAL), c.minute) AS bucket, c.deployment, {_HITS}::BIGINT AS hits,
+       sum(c.contaminated)::BIGINT AS contaminated_hits,
+       sum(c.contaminated) / nullif(sum(c.requests), 0) AS mismatch_rate
+FROM {{source}} c
+GROUP BY ALL ORDER BY bucket, deployment
+"""
+
+
 def mismatch_rate_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
     """Contaminated hits per time bucket and deployment, as a share of all requests."""
-    return _df(store, MISMATCH_RATE_OVER_TIME_SQL, filters, leading=[bucket or time_bucket(store, filters)])
+    return _df(store, MISMATCH_RATE_OVER_TIME_SQL, filters, leading=[bucket or time_bucket(store, filters)],
+               minute=MISMATCH_RATE_OVER_TIME_MINUTE_SQL)
 
 
 CONTAMINATION_WINDOW_SQL = """
@@ -305,9 +415,17 @@ GROUP BY ALL ORDER BY deployment
 """
 
 
+CONTAMINATION_WINDOW_MINUTE_SQL = """
+SELECT c.deployment, sum(c.contaminated)::BIGINT AS contaminated_hits,
+       min(c.first_contaminated) AS first_contaminated, max(c.last_contaminated) AS last_contaminated
+FROM {source} c
+GROUP BY ALL HAVING sum(c.contaminated) > 0 ORDER BY deployment
+"""
+
+
 def contamination_window(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Where and since when the cache mixed identities."""
-    return _df(store, CONTAMINATION_WINDOW_SQL, filters)
+    return _df(store, CONTAMINATION_WINDOW_SQL, filters, minute=CONTAMINATION_WINDOW_MINUTE_SQL)
 
 
 # --- keys --------------------------------------------------------------------------------------------------
@@ -322,9 +440,22 @@ ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
 """
 
 
+KEY_COLLISIONS_WHOLE_SQL = """
+WITH shared AS (
+    SELECT c.key_id, count(*) AS identities, sum(c.requests)::BIGINT AS requests, sum(c.hits)::BIGINT AS hits,
+           min(c.first_seen) AS first_seen, max(c.last_seen) AS last_seen,
+           any_value(c.deployment) AS deployment, any_value(c.cache_key) AS cache_key
+    FROM summary_keys c WHERE {dims}
+    GROUP BY c.key_id HAVING count(*) > 1
+)
+SELECT deployment, cache_key, identities, requests, hits, first_seen, last_seen FROM shared
+ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
+"""
+
+
 def key_collisions(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
     """Cache keys shared by more than one identity."""
-    return _df(store, KEY_COLLISIONS_SQL, filters, [limit])
+    return _df(store, KEY_COLLISIONS_SQL, filters, [limit], whole=KEY_COLLISIONS_WHOLE_SQL)
 
 
 KEY_COLLISION_IDENTITIES_SQL = """

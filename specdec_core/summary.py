@@ -1,0 +1,208 @@
+"""Summary tables, rebuilt by every ingest: the dashboard's questions answered from
+thousands of rows instead of millions.
+
+- `summary_minute`: additive counts per UTC minute and (deployment, target, draft,
+  temperature, cache_hit). Any filter is exact: whole minutes come from here, and
+  the rows of the (at most two) minutes a time range cuts through come from
+  `requests`, aggregated the same way (`minute_source`).
+- `summary_keys`: one row per (deployment, cache_key, fingerprint); distinct counts
+  and key collisions without a time range.
+- `summary_lengths`, `summary_latency`: exact histograms (a count per distinct value)
+  of output tokens and latency; quantiles without a time range come from these.
+- `summary_contaminated`: the contaminated hits with the columns the report shows.
+
+A question with a time range that the histograms or distinct counts can't answer
+goes to `requests`, as it would without summaries. `from_rows()` forces that path:
+the tests hold every summary answer equal to the row answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import datetime, timedelta
+from typing import Any
+
+import duckdb
+
+# Bump when a summary table changes shape: an older store then answers from rows until its next ingest.
+SUMMARY_VERSION = "2"
+NO_DRAFT = "none"
+MINUTE = timedelta(minutes=1)
+_ROWS_ONLY: ContextVar[bool] = ContextVar("specdec_rows_only", default=False)
+
+
+def draft_label(alias: str = "r") -> str:
+    return f"coalesce(nullif({alias}.draft_model, 'none'), '{NO_DRAFT}')"
+
+
+_SPECULATIVE = f"NOT r.cache_hit AND r.draft_tokens > 0 AND {draft_label()} <> '{NO_DRAFT}'"
+
+# The minute summary's columns as aggregates over `requests r LEFT JOIN hit_sources h`.
+MINUTE_DIMENSIONS = f"""
+time_bucket(INTERVAL 1 minute, r.ts) AS minute, coalesce(r.deployment, '') AS deployment, r.target_model,
+{draft_label()} AS draft_model, r.temperature, r.cache_hit"""
+MINUTE_MEASURES = f"""
+count(*) AS requests,
+count(*) FILTER (WHERE h.contaminated) AS contaminated,
+count(*) FILTER (WHERE h.first_sight) AS first_sight,
+count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS violations,
+min(r.ts) AS first_ts, max(r.ts) AS last_ts,
+min(r.ts) FILTER (WHERE h.contaminated) AS first_contaminated,
+max(r.ts) FILTER (WHERE h.contaminated) AS last_contaminated,
+count(*) FILTER (WHERE {_SPECULATIVE}) AS decoded_requests,
+sum(r.draft_tokens) FILTER (WHERE {_SPECULATIVE}) AS draft_tokens,
+sum(r.accepted_tokens) FILTER (WHERE {_SPECULATIVE}) AS accepted_tokens,
+sum(r.draft_tokens / nullif(r.num_speculative_tokens, 0)) FILTER (WHERE {_SPECULATIVE}) AS steps"""
+
+BUILD_SQL = f"""
+CREATE OR REPLACE TABLE summary_minute AS
+SELECT {MINUTE_DIMENSIONS}, {MINUTE_MEASURES}
+FROM requests r LEFT JOIN hit_sources h USING (request_id)
+GROUP BY ALL ORDER BY minute;
+
+CREATE OR REPLACE TABLE summary_keys AS
+-- key_id and fp_id number the keys and fingerprints densely: distinct counts over integers, not 64-char text.
+SELECT *, dense_rank() OVER (ORDER BY deployment, cache_key) AS key_id,
+       dense_rank() OVER (ORDER BY fingerprint) AS fp_id
+FROM (
+    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint,
+           any_value(r.target_model) AS target_model, any_value({draft_label()}) AS draft_model,
+           count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
+           count(*) FILTER (WHERE h.first_sight) AS first_sight,
+           min(r.ts) AS first_seen, max(r.ts) AS last_seen
+    FROM requests r LEFT JOIN hit_sources h USING (request_id)
+    GROUP BY 1, 2, 3
+);
+
+CREATE OR REPLACE TABLE summary_lengths AS
+SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {draft_label()} AS draft_model,
+       r.max_tokens, r.output_tokens AS value, count(*) AS n
+FROM requests r GROUP BY ALL;
+
+CREATE OR REPLACE TABLE summary_latency AS
+SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {draft_label()} AS draft_model,
+       r.cache_hit, r.latency_ms AS value, count(*) AS n
+FROM requests r WHERE r.latency_ms IS NOT NULL GROUP BY ALL;
+
+CREATE OR REPLACE TABLE summary_contaminated AS
+SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, h.source_request_id,
+       h.source_ts, h.differing_fields, h.fingerprint_mismatch, r.target_model,
+       {draft_label()} AS draft_model, r.temperature, r.max_tokens, r.seed::VARCHAR AS seed,
+       r.tokenizer_version, r.output_tokens, left(r.output_text, 120) AS output_preview
+FROM requests r JOIN hit_sources h USING (request_id)
+WHERE h.contaminated ORDER BY r.ts, r.request_id;
+
+INSERT OR REPLACE INTO meta VALUES ('summary_version', '{SUMMARY_VERSION}');
+"""
+
+
+def build_summaries(con: duckdb.DuckDBPyConnection) -> None:
+    """Rebuild every summary table from `requests` and `hit_sources` (inside the ingest's write)."""
+    con.execute(BUILD_SQL)
+
+
+@contextmanager
+def from_rows() -> Iterator[None]:
+    """Answer every question from `requests` within this block (the reference the tests compare with)."""
+    token = _ROWS_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _ROWS_ONLY.reset(token)
+
+
+def ready(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether this store's summaries exist, match this code and may be used."""
+    if _ROWS_ONLY.get():
+        return False
+    rows = con.execute("SELECT value FROM meta WHERE key = 'summary_version'").fetchall()
+    return bool(rows) and rows[0][0] == SUMMARY_VERSION
+
+
+def dimension_where(filters: Any, alias: str = "c") -> tuple[str, list[Any]]:
+    """The filters other than time over a summary table, whose columns hold the labels already."""
+    clauses, params = ["TRUE"], []
+    for values, column in ((filters.deployments, "deployment"), (filters.target_models, "target_model"),
+                           (filters.draft_models, "draft_model")):
+        if values:
+            clauses.append(f"list_contains(?, {alias}.{column})")
+            params.append(list(values))
+    return " AND ".join(clauses), params
+
+
+def _floor_minute(ts: datetime) -> datetime:
+    return ts.replace(second=0, microsecond=0)
+
+
+def _ceil_minute(ts: datetime) -> datetime:
+    floor = _floor_minute(ts)
+    return floor if floor == ts else floor + MINUTE
+
+
+def minute_source(filters: Any, row_where: tuple[str, list[Any]]) -> tuple[str, list[Any]]:
+    """A relation shaped like `summary_minute` holding exactly the filtered requests.
+
+    Whole minutes inside [start, end] come from the summary; the rows of a minute the
+    range cuts through are aggregated from `requests` (`row_where` is the full filter
+    over `requests r`, time included).
+    """
+    dims, dim_params = dimension_where(filters)
+    start, end = filters.start, filters.end
+    # Minutes wholly inside: [lo, hi). `end` is inclusive, so a row at `end` lies before end + 1 µs.
+    end_excl = None if end is None else end + timedelta(microseconds=1)
+    lo = None if start is None else _ceil_minute(start)
+    hi = None if end_excl is None else _floor_minute(end_excl)
+    whole, whole_params = [dims], list(dim_params)
+    if lo is not None:
+        whole.append("c.minute >= ?")
+        whole_params.append(lo)
+    if hi is not None:
+        whole.append("c.minute < ?")
+        whole_params.append(hi)
+    parts = [f"SELECT * FROM summary_minute c WHERE {' AND '.join(whole)}"]
+    params = whole_params
+    edges = []
+    if lo is not None and hi is not None and lo >= hi:
+        edges = [(start, end_excl)]  # no whole minute: every row comes from `requests`
+    else:
+        if lo is not None and start < lo:
+            edges.append((start, lo))
+        if hi is not None and hi < end_excl:
+            edges.append((hi, end_excl))
+    if edges:
+        where, row_params = row_where
+        spans = " OR ".join("(r.ts >= ? AND r.ts < ?)" for _ in edges)
+        parts.append(f"SELECT {MINUTE_DIMENSIONS}, {MINUTE_MEASURES} "
+                     f"FROM requests r LEFT JOIN hit_sources h USING (request_id) "
+                     f"WHERE {where} AND ({spans}) GROUP BY ALL")
+        params = params + row_params + [t for edge in edges for t in edge]
+    return "(" + " UNION ALL ".join(parts) + ")", params
+
+
+def histogram_quantiles(source: str, group: list[str], quantiles: dict[str, float], extra: str = "") -> str:
+    """SQL computing quantile_cont from a histogram relation (`value`, `n` plus the group columns).
+
+    quantile_cont interpolates between the values at 0-based positions floor(q(N-1))
+    and ceil(q(N-1)) of the sorted column; the value at position i is the smallest
+    one whose running count exceeds i. `extra` adds aggregates over `value` and `n`.
+    """
+    g = ", ".join(group)
+    lines = []
+    for name, q in quantiles.items():
+        pos = f"{q} * (total - 1)"
+        low = f"min(value) FILTER (WHERE upto > floor({pos}))"
+        high = f"min(value) FILTER (WHERE upto > ceil({pos}))"
+        lines.append(f"({low})::DOUBLE + ({pos} - floor({pos})) * (({high})::DOUBLE - ({low})::DOUBLE) AS {name}")
+    return f"""
+        WITH hist AS (SELECT {g}, value, sum(n) AS n FROM {source} GROUP BY ALL),
+        running AS (
+            SELECT {g}, value, n,
+                   sum(n) OVER (PARTITION BY {g} ORDER BY value ROWS UNBOUNDED PRECEDING) AS upto,
+                   sum(n) OVER (PARTITION BY {g}) AS total
+            FROM hist
+        )
+        SELECT {g}, total, min(value) AS min, max(value) AS max, {", ".join(lines)}{extra}
+        FROM running GROUP BY {g}, total
+    """

@@ -1,0 +1,142 @@
+"""The summary tables answer every dashboard question exactly as the rows do, under any filter."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import duckdb
+import pandas as pd
+import pytest
+from logfactory import rec, write_jsonl
+
+from specdec_core import metrics, summary
+from specdec_core.ingest import ingest
+from specdec_core.metrics import Filters
+from specdec_core.store import Store, release_snapshots
+from specdec_core.synthetic import make_synthetic_log
+
+START = datetime(2026, 11, 20, 8, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("summary")
+    log = make_synthetic_log(tmp / "synthetic.jsonl", 4000, seed=5, prompts=300, start=START, hours=0.5)
+    # Rows without a deployment, and one whose draft is spelled "none", join the synthetic traffic.
+    extra = write_jsonl(tmp / "extra.jsonl", [
+        rec("x1", ts="2026-11-20T08:03:30.5Z", deployment=None, cache_key="KX", latency_ms=12.25),
+        rec("x2", ts="2026-11-20T08:03:59.999Z", deployment=None, cache_key="KX", cache_hit=True,
+            max_tokens=8, output_tokens=12, temperature=0.5, seed=3, latency_ms=1.5),
+        rec("x3", ts="2026-11-20T08:04:00Z", deployment="", cache_key="KX", draft_model="none",
+            latency_ms=None),
+    ])
+    s = Store(tmp / "summary.duckdb")
+    result = ingest(s, [str(log), str(extra)])
+    assert result.quarantined == 0 and result.accepted == 4003
+    return s
+
+
+def _ts(store: Store, n: int) -> datetime:
+    """The n-th request's timestamp (a row lies exactly on the bound)."""
+    with store.read() as con:
+        return con.execute("SELECT ts FROM requests ORDER BY ts, request_id LIMIT 1 OFFSET ?", [n]).fetchall()[0][0]
+
+
+def _filters(store: Store) -> dict[str, Filters]:
+    options = metrics.filter_options(store)
+    deployments, targets, drafts = options["deployments"], options["target_models"], options["draft_models"]
+    return {
+        "none": Filters(),
+        "deployment": Filters(deployments=(deployments[-1],)),
+        "no deployment": Filters(deployments=("",)),
+        "target and draft": Filters(target_models=(targets[0],), draft_models=(drafts[0], "none")),
+        "off-minute range": Filters(start=START + timedelta(minutes=2, seconds=17.25),
+                                    end=START + timedelta(minutes=21, seconds=3.5)),
+        "range on row timestamps": Filters(start=_ts(store, 500), end=_ts(store, 3100)),
+        "range on minute bounds": Filters(start=START + timedelta(minutes=3), end=START + timedelta(minutes=4)),
+        "within one minute": Filters(start=START + timedelta(minutes=7, seconds=5),
+                                     end=START + timedelta(minutes=7, seconds=40)),
+        "start only": Filters(start=START + timedelta(minutes=11, seconds=59)),
+        "end only": Filters(end=START + timedelta(minutes=4)),
+        "range and deployment": Filters(start=START + timedelta(minutes=1, seconds=1),
+                                        end=START + timedelta(minutes=9, seconds=2), deployments=(deployments[0],)),
+        "injection": Filters(deployments=("x' OR 1=1 --",)),
+        "empty window": Filters(start=START - timedelta(days=2), end=START - timedelta(days=1)),
+    }
+
+
+QUESTIONS = {
+    "headline": lambda s, f: pd.DataFrame([metrics.headline(s, f)]),
+    "hit_rate_by_combination": metrics.hit_rate_by_combination,
+    "hit_rate_over_time": lambda s, f: metrics.hit_rate_over_time(s, f, bucket="1 minute"),
+    "hit_rate_over_time_auto": metrics.hit_rate_over_time,
+    "mismatch_rate_over_time": lambda s, f: metrics.mismatch_rate_over_time(s, f, bucket="5 minutes"),
+    "contamination_window": metrics.contamination_window,
+    "acceptance_by_combination": metrics.acceptance_by_combination,
+    "key_ratio_by_deployment": metrics.key_ratio_by_deployment,
+    "key_collisions": metrics.key_collisions,
+    "output_length_by_max_tokens": metrics.output_length_by_max_tokens,
+    "latency_hit_vs_miss": metrics.latency_hit_vs_miss,
+    "contaminated_hits": metrics.contaminated_hits,
+    "time_bucket": lambda s, f: pd.DataFrame([{"bucket": metrics.time_bucket(s, f)}]),
+}
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    # Sums of doubles may differ in the last bits when added in another order.
+    pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True), check_dtype=False,
+                                  rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("question", QUESTIONS)
+def test_every_question_answers_the_same_from_summaries_and_rows(store, question):
+    ask = QUESTIONS[question]
+    checked = 0
+    for name, f in _filters(store).items():
+        with summary.from_rows():
+            expected = ask(store, f)
+        got = ask(store, f)
+        try:
+            _same(got, expected)
+        except AssertionError as exc:
+            raise AssertionError(f"{question} under filter {name!r}: {exc}") from None
+        checked += len(expected)
+    assert checked > 0  # the filters select something
+
+
+def test_filter_options_come_from_the_summary_alike(store):
+    with summary.from_rows():
+        expected = metrics.filter_options(store)
+    assert metrics.filter_options(store) == expected
+    assert "" in expected["deployments"] and "none" in expected["draft_models"]
+
+
+def test_summaries_answer_when_ready_and_rows_otherwise(store, tmp_path):
+    # Plant a wrong count in a copy's summary: the default path must show it, the row path must not.
+    copy = Store(tmp_path / "copy.duckdb")
+    copy.path.write_bytes(store.path.read_bytes())
+    release_snapshots()  # our read views hold the file: let go before writing it in place
+    con = duckdb.connect(str(copy.path))
+    con.execute("UPDATE summary_minute SET requests = requests + 1000 WHERE rowid = 0")
+    con.close()
+    real = metrics.headline(store)["requests"]
+    assert metrics.headline(copy)["requests"] == real + 1000
+    with summary.from_rows():
+        assert metrics.headline(copy)["requests"] == real
+    # A store written before summaries existed (or by another summary version) answers from rows.
+    release_snapshots()
+    con = duckdb.connect(str(copy.path))
+    con.execute("UPDATE meta SET value = 'old' WHERE key = 'summary_version'")
+    con.close()
+    assert metrics.headline(copy)["requests"] == real
+
+
+def test_a_later_ingest_rebuilds_the_summaries(tmp_path):
+    s = Store(tmp_path / "two.duckdb")
+    ingest(s, [str(write_jsonl(tmp_path / "a.jsonl", [rec("m1", ts="2026-03-01T10:00:00Z", cache_key="K")]))])
+    assert metrics.headline(s)["contaminated_hits"] == 0
+    later = [rec("h1", ts="2026-03-01T10:00:30Z", cache_key="K", cache_hit=True, max_tokens=99)]
+    ingest(s, [str(write_jsonl(tmp_path / "b.jsonl", later))])
+    head = metrics.headline(s)
+    assert (head["requests"], head["hits"], head["contaminated_hits"]) == (2, 1, 1)
+    assert list(metrics.contaminated_hits(s)["source_request_id"]) == ["m1"]
