@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 import streamlit as st  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from specdec_core import summary  # noqa: E402
 from specdec_core.ingest import ingest  # noqa: E402
 from specdec_core.metrics import headline  # noqa: E402
 from specdec_core.store import Store  # noqa: E402
@@ -34,7 +35,10 @@ TARGET_S = 2.0
 def build_db(rows: int, out: Path, rebuild: bool) -> Store:
     db = Store(out / f"pages-{rows}.duckdb")
     if db.exists and not rebuild:
-        return db
+        with db.read() as con:
+            if summary.ready(con):
+                return db
+        # Written by an older version: rebuild, so the pages read what a fresh ingest writes.
     db.path.unlink(missing_ok=True)
     log = out / f"pages-{rows}.jsonl"
     t0 = time.perf_counter()
