@@ -139,37 +139,57 @@ _SNAPSHOT_ALIAS = "store"
 _snapshots = threading.local()
 
 
-def _snapshot(path: Path, version: tuple[int, int]) -> duckdb.DuckDBPyConnection:
+class _View:
+    """One read-only state of a file, and how many reads of this thread are using it."""
+
+    def __init__(self, version: tuple[int, int], con: duckdb.DuckDBPyConnection) -> None:
+        self.version, self.con, self.in_use, self.current = version, con, 0, True
+
+    def release(self) -> None:
+        self.in_use -= 1
+        if not self.current and self.in_use == 0:
+            self.con.close()
+
+
+def _views() -> dict[str, _View]:
+    return _snapshots.__dict__.setdefault("views", {})
+
+
+def _snapshot(path: Path, version: tuple[int, int]) -> _View:
     """This thread's read-only view of `path` as of `version` (its mtime and inode).
 
     The file is ATTACHed to a private in-memory database rather than opened by path:
     DuckDB hands every `connect(path)` the instance already open for that path, which
-    would keep showing a state the writer has since replaced. A thread's own view is
-    never used by another thread, so closing the stale one is safe.
+    would keep showing a state the writer has since replaced. A thread's views are
+    never used by another thread; a stale one closes once its last read ends.
     """
     key = str(path.resolve())
-    views: dict[str, tuple[tuple[int, int], duckdb.DuckDBPyConnection]] = _snapshots.__dict__.setdefault("views", {})
+    views = _views()
     held = views.get(key)
-    if held is not None and held[0] == version:
-        return held[1]
-    if held is not None:
-        views.pop(key)
-        held[1].close()
+    if held is not None and held.version == version:
+        return held
     con = duckdb.connect(":memory:")
     try:
         con.execute(f"ATTACH ? AS {_SNAPSHOT_ALIAS} (READ_ONLY)", [key])
     except duckdb.Error as exc:
         con.close()
         raise StoreError(f"{path}: cannot open for reading: {exc}") from exc
-    views[key] = (version, con)
-    return con
+    if held is not None:
+        held.current = False
+        if held.in_use == 0:
+            held.con.close()
+    views[key] = view = _View(version, con)
+    return view
 
 
 def release_snapshots() -> None:
-    """Close this thread's read-only views, letting go of their files (e.g. before writing one in place)."""
-    views = _snapshots.__dict__.pop("views", {})
-    for _, con in views.values():
-        con.close()
+    """Close this thread's idle read-only views, letting go of their files (e.g. before writing one in place)."""
+    views = _views()
+    for key, view in list(views.items()):
+        view.current = False
+        if view.in_use == 0:
+            view.con.close()
+        del views[key]
 
 
 class Store:
@@ -207,14 +227,18 @@ class Store:
         one per file and state (see `_snapshot`); a writer's swap gives the next read a new one.
         """
         self.ensure()
-        base = _snapshot(self.path, self.version())
-        con = base.cursor()
+        view = _snapshot(self.path, self.version())
+        view.in_use += 1
         try:
-            con.execute(f"USE {_SNAPSHOT_ALIAS}")
-            _configure(con)
-            yield con
+            con = view.con.cursor()
+            try:
+                con.execute(f"USE {_SNAPSHOT_ALIAS}")
+                _configure(con)
+                yield con
+            finally:
+                con.close()
         finally:
-            con.close()
+            view.release()
 
     @contextmanager
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:

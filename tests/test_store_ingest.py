@@ -263,3 +263,18 @@ def test_csv_epoch_milliseconds_and_parquet_json_text_columns_are_read(store, tm
 def other_fingerprint(store, request_id):
     with store.read() as con:
         return con.execute("SELECT fingerprint FROM requests WHERE request_id = ?", [request_id]).fetchall()[0][0]
+
+
+def test_a_read_in_progress_keeps_its_state_while_later_reads_see_the_new_one(tmp_path):
+    # DuckDB gives connect(path) the instance already open for that path: a held reader must
+    # neither make later reads stale nor be closed under its user when the file is replaced.
+    s = Store(tmp_path / "states.duckdb")
+    ingest(s, [str(write_jsonl(tmp_path / "one.jsonl", [rec("a")]))])
+    with s.read() as old:
+        assert old.execute("SELECT count(*) FROM requests").fetchall() == [(1,)]
+        ingest(s, [str(write_jsonl(tmp_path / "two.jsonl", [rec("b")]))])
+        with s.read() as new:
+            assert new.execute("SELECT count(*) FROM requests").fetchall() == [(2,)]
+        assert old.execute("SELECT count(*) FROM requests").fetchall() == [(1,)]
+    with s.read() as again:
+        assert again.execute("SELECT count(*) FROM requests").fetchall() == [(2,)]
