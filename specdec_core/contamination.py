@@ -17,14 +17,16 @@ WITH r AS (
            fingerprint, cached_identity_fingerprint
     FROM requests
 ), hits AS (SELECT * FROM r WHERE cache_hit), misses AS (SELECT * FROM r WHERE NOT cache_hit),
+-- When each deployment first saw each identity: a grouped minimum, cheaper than a second ASOF join.
+firsts AS (SELECT dep, fingerprint, min(ts) AS first_ts FROM r GROUP BY ALL),
 joined AS (
     SELECT h.request_id, m.request_id AS source_request_id, m.ts AS source_ts, h.fingerprint AS fp,
            m.fingerprint AS source_fp, h.cached_identity_fingerprint AS cached_fp,
            -- No earlier request of this deployment had this identity: a correct key could not hit here.
-           seen.request_id IS NULL AS first_sight
+           h.ts <= f.first_ts AS first_sight
     FROM hits h
     ASOF LEFT JOIN misses m ON h.dep = m.dep AND h.cache_key = m.cache_key AND h.ts >= m.ts
-    ASOF LEFT JOIN r seen ON h.dep = seen.dep AND h.fingerprint = seen.fingerprint AND h.ts > seen.ts
+    JOIN firsts f ON f.dep = h.dep AND f.fingerprint = h.fingerprint
 ), judged AS (
     SELECT *, coalesce(source_fp <> fp, false) AS source_differs,
            coalesce(cached_fp <> fp, false) AS fingerprint_mismatch,

@@ -196,11 +196,14 @@ def _typed_columns_sql() -> str:
         "f_latency_ms AS latency_ms",
         "f_draft_tokens::BIGINT AS draft_tokens",
         "f_accepted_tokens::BIGINT AS accepted_tokens",
-        # Fields the contract does not name are kept: a JSON merge patch with null deletes the known ones.
-        # Only records with more keys than known fields present have any, so only they are patched.
-        "CASE WHEN len(json_keys(obj)) > n_known THEN nullif(json_merge_patch(obj, '{"
-        + ",".join(f'"{n}":null' for n in FIELD_NAMES) + "}')::VARCHAR, '{}')::JSON END AS extra",
+        "extra",
     ])
+
+
+# Fields the contract does not name are kept: a JSON merge patch with null deletes the known ones.
+# Only records with more keys than known fields present have any, so only they are patched.
+_EXTRA_SQL = ("CASE WHEN len(json_keys(obj)) > n_known THEN nullif(json_merge_patch(obj, '{"
+              + ",".join(f'"{n}":null' for n in FIELD_NAMES) + "}')::VARCHAR, '{}')::JSON END")
 
 
 _CONTENT_COLUMNS = (
@@ -288,7 +291,9 @@ def _validate_chunk(con: duckdb.DuckDBPyConnection, create: bool = False) -> Non
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE checked AS
         WITH p AS (SELECT *, json_valid(raw) AS valid FROM staging),
-        q AS (SELECT *, CASE WHEN valid THEN json_type(CASE WHEN valid THEN raw ELSE '{{}}' END) END AS root
+        -- Valid JSON that opens with '{{' is an object; only other lines pay for a second parse.
+        q AS (SELECT *, CASE WHEN NOT valid THEN NULL WHEN raw[1] = '{{' THEN 'OBJECT'
+                             ELSE json_type(CASE WHEN valid THEN raw ELSE '{{}}' END) END AS root
               FROM p),
         -- JSON functions are evaluated on every row of a vector: give the broken ones an empty object.
         o AS (SELECT *, CASE WHEN root = 'OBJECT' THEN raw ELSE '{{}}' END AS obj FROM q),
@@ -299,19 +304,21 @@ def _validate_chunk(con: duckdb.DuckDBPyConnection, create: bool = False) -> Non
                           {", ".join(f"t[{i}] AS {_t(n)}, s[{i}] AS {_s(n)}" for n, i in _INDEX.items())}
                    FROM lists),
         vals AS (SELECT *, {_values_sql()} FROM fields)
-        SELECT seq, source_file, source_line, raw, obj, n_known, {", ".join(f"f_{n}" for n in FIELD_NAMES)},
+        -- The raw text stays in `staging`: a second copy of every line here costs more than the joins below.
+        SELECT seq, source_file, source_line, {_EXTRA_SQL} AS extra, {", ".join(f"f_{n}" for n in FIELD_NAMES)},
                {_reason_sql()} AS reason,
                CASE WHEN {_t('request_id')} = 'VARCHAR' THEN {_s('request_id')} END AS raw_request_id
         FROM vals
     """)
     con.execute("""
         INSERT INTO checked_bad
-        SELECT seq, source_file, source_line, raw_request_id, reason, raw FROM checked WHERE reason IS NOT NULL
+        SELECT c.seq, c.source_file, c.source_line, c.raw_request_id, c.reason, s.raw
+        FROM checked c JOIN staging s USING (seq) WHERE c.reason IS NOT NULL
     """)
     select = f"""
         WITH typed_chunk AS (
-            SELECT seq, source_file, source_line, raw, {_typed_columns_sql()}
-            FROM checked WHERE reason IS NULL
+            SELECT c.seq, c.source_file, c.source_line, s.raw, {_typed_columns_sql()}
+            FROM checked c JOIN staging s USING (seq) WHERE c.reason IS NULL
         )
         SELECT *, {_ID_HASH} AS id_hash FROM typed_chunk
     """

@@ -64,9 +64,7 @@ GROUP BY ALL ORDER BY minute;
 
 CREATE OR REPLACE TABLE summary_keys AS
 -- key_id and fp_id number the keys and fingerprints densely: distinct counts over integers, not 64-char text.
-SELECT *, dense_rank() OVER (ORDER BY deployment, cache_key) AS key_id,
-       dense_rank() OVER (ORDER BY fingerprint) AS fp_id
-FROM (
+WITH pairs AS (
     SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint,
            any_value(r.target_model) AS target_model, any_value({draft_label()}) AS draft_model,
            count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
@@ -74,7 +72,13 @@ FROM (
            min(r.ts) AS first_seen, max(r.ts) AS last_seen
     FROM requests r LEFT JOIN hit_sources h USING (request_id)
     GROUP BY 1, 2, 3
-);
+), keys AS (
+    SELECT deployment, cache_key, row_number() OVER () AS key_id FROM (SELECT DISTINCT deployment, cache_key FROM pairs)
+), fps AS (
+    SELECT fingerprint, row_number() OVER () AS fp_id FROM (SELECT DISTINCT fingerprint FROM pairs)
+)
+SELECT pairs.*, keys.key_id, fps.fp_id
+FROM pairs JOIN keys USING (deployment, cache_key) JOIN fps USING (fingerprint);
 
 CREATE OR REPLACE TABLE summary_lengths AS
 SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {draft_label()} AS draft_model,
