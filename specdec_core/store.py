@@ -1,14 +1,17 @@
 """The DuckDB file behind triage: schema, and connections that never see a half-written batch.
 
 Writers work on a copy of the database and swap it in with an atomic rename, under an
-exclusive lock file; readers open short-lived read-only connections. A dashboard
-process can therefore read while `specdec ingest` writes in another process, and
-sees either the state before the batch or after it, never a part of it.
+exclusive lock file; readers use a read-only view of one state of the file, kept per
+thread until the file changes. A dashboard process can therefore read while
+`specdec ingest` writes in another process, and sees either the state before the
+batch or after it, never a part of it. A file written by an older version has its
+derived tables (hit_sources, summaries) rebuilt the first time it is read.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 import threading
@@ -17,6 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
+
+from .contamination import judge_hits
+from .summary import SUMMARY_VERSION, build_summaries
 
 DEFAULT_DB = "data/specdec.duckdb"
 SCHEMA_VERSION = 1
@@ -135,6 +141,7 @@ def _configure(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("SET enable_progress_bar = false")  # it would write into --json output
 
 
+log = logging.getLogger(__name__)
 _SNAPSHOT_ALIAS = "store"
 _snapshots = threading.local()
 
@@ -144,6 +151,7 @@ class _View:
 
     def __init__(self, version: tuple[int, int], con: duckdb.DuckDBPyConnection) -> None:
         self.version, self.con, self.in_use, self.current = version, con, 0, True
+        self.checked = False  # whether its derived tables were checked against this code
 
     def release(self) -> None:
         self.in_use -= 1
@@ -180,6 +188,14 @@ def _snapshot(path: Path, version: tuple[int, int]) -> _View:
             held.con.close()
     views[key] = view = _View(version, con)
     return view
+
+
+def _derived_current(con: duckdb.DuckDBPyConnection, alias: str = _SNAPSHOT_ALIAS) -> bool:
+    """Whether the tables derived from `requests` were built by this version (or there is nothing to derive)."""
+    version = con.execute(f"SELECT value FROM {alias}.meta WHERE key = 'summary_version'").fetchall()
+    if version and version[0][0] == SUMMARY_VERSION:
+        return True
+    return not con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {alias}.requests LIMIT 1)").fetchall()[0][0]
 
 
 def release_snapshots() -> None:
@@ -228,6 +244,11 @@ class Store:
         """
         self.ensure()
         view = _snapshot(self.path, self.version())
+        if not view.checked:
+            view.checked = True
+            if not _derived_current(view.con) and self._rebuild_derived():
+                view = _snapshot(self.path, self.version())
+                view.checked = True
         view.in_use += 1
         try:
             con = view.con.cursor()
@@ -239,6 +260,23 @@ class Store:
                 con.close()
         finally:
             view.release()
+
+    def _rebuild_derived(self) -> bool:
+        """Bring a database written by an older version up to date: rejudge its hits, rebuild its summaries.
+
+        Readers cannot migrate a read-only view, and an old `hit_sources` lacks columns the
+        pages read. Returns whether it was done; a file that can't be written stays as it is.
+        """
+        try:
+            with self.write() as con:
+                if not _derived_current(con, alias="main"):
+                    judge_hits(con)
+                    build_summaries(con)
+        except (StoreError, OSError, duckdb.Error) as exc:
+            log.warning("%s: written by an older specdec and could not be brought up to date: %s", self.path, exc)
+            return False
+        log.info("%s: rejudged hits and rebuilt summaries for this version", self.path)
+        return True
 
     @contextmanager
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:

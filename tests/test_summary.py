@@ -123,12 +123,29 @@ def test_summaries_answer_when_ready_and_rows_otherwise(store, tmp_path):
     assert metrics.headline(copy)["requests"] == real + 1000
     with summary.from_rows():
         assert metrics.headline(copy)["requests"] == real
-    # A store written before summaries existed (or by another summary version) answers from rows.
+    # Summaries of another version are rebuilt on the next read, which drops the planted count.
     release_snapshots()
     con = duckdb.connect(str(copy.path))
     con.execute("UPDATE meta SET value = 'old' WHERE key = 'summary_version'")
     con.close()
     assert metrics.headline(copy)["requests"] == real
+    with copy.read() as con:
+        assert summary.ready(con)
+
+
+def test_a_store_from_an_older_version_is_brought_up_to_date_when_read(store, tmp_path):
+    # Written before summaries and before hit_sources had source_ts: the Mismatches page reads both.
+    old = Store(tmp_path / "old.duckdb")
+    old.path.write_bytes(store.path.read_bytes())
+    release_snapshots()
+    con = duckdb.connect(str(old.path))
+    con.execute("DROP TABLE summary_minute; DROP TABLE summary_contaminated; "
+                "ALTER TABLE hit_sources DROP COLUMN source_ts; DELETE FROM meta WHERE key = 'summary_version'")
+    con.close()
+    hits = metrics.contaminated_hits(old)
+    assert len(hits) == len(metrics.contaminated_hits(store)) > 0 and hits["source_ts"].notna().any()
+    with old.read() as con:
+        assert summary.ready(con)
 
 
 def test_a_later_ingest_rebuilds_the_summaries(tmp_path):
