@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import duckdb
@@ -136,6 +136,11 @@ def dimension_where(filters: Any, alias: str = "c") -> tuple[str, list[Any]]:
     return " AND ".join(clauses), params
 
 
+def _utc(ts: datetime | None) -> datetime | None:
+    """A naive time is UTC, as the store's session reads it; aware ones are compared as they are."""
+    return ts.replace(tzinfo=timezone.utc) if ts is not None and ts.tzinfo is None else ts
+
+
 def _floor_minute(ts: datetime) -> datetime:
     return ts.replace(second=0, microsecond=0)
 
@@ -153,7 +158,7 @@ def minute_source(filters: Any, row_where: tuple[str, list[Any]]) -> tuple[str, 
     over `requests r`, time included).
     """
     dims, dim_params = dimension_where(filters)
-    start, end = filters.start, filters.end
+    start, end = _utc(filters.start), _utc(filters.end)
     # Minutes wholly inside: [lo, hi). `end` is inclusive, so a row at `end` lies before end + 1 µs.
     end_excl = None if end is None else end + timedelta(microseconds=1)
     lo = None if start is None else _ceil_minute(start)

@@ -60,6 +60,9 @@ def _filters(store: Store) -> dict[str, Filters]:
         "end only": Filters(end=START + timedelta(minutes=4)),
         "range and deployment": Filters(start=START + timedelta(minutes=1, seconds=1),
                                         end=START + timedelta(minutes=9, seconds=2), deployments=(deployments[0],)),
+        "naive and other-zone bounds": Filters(start=(START + timedelta(minutes=5, seconds=30)).replace(tzinfo=None),
+                                               end=(START + timedelta(minutes=9, seconds=45)).astimezone(
+                                                   timezone(timedelta(hours=5, minutes=30)))),
         "injection": Filters(deployments=("x' OR 1=1 --",)),
         "empty window": Filters(start=START - timedelta(days=2), end=START - timedelta(days=1)),
     }
