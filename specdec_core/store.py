@@ -190,12 +190,15 @@ def _snapshot(path: Path, version: tuple[int, int]) -> _View:
     return view
 
 
-def _derived_current(con: duckdb.DuckDBPyConnection, alias: str = _SNAPSHOT_ALIAS) -> bool:
+def _derived_current(con: duckdb.DuckDBPyConnection, path: Path, alias: str = _SNAPSHOT_ALIAS) -> bool:
     """Whether the tables derived from `requests` were built by this version (or there is nothing to derive)."""
-    version = con.execute(f"SELECT value FROM {alias}.meta WHERE key = 'summary_version'").fetchall()
-    if version and version[0][0] == SUMMARY_VERSION:
-        return True
-    return not con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {alias}.requests LIMIT 1)").fetchall()[0][0]
+    try:
+        version = con.execute(f"SELECT value FROM {alias}.meta WHERE key = 'summary_version'").fetchall()
+        if version and version[0][0] == SUMMARY_VERSION:
+            return True
+        return not con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {alias}.requests LIMIT 1)").fetchall()[0][0]
+    except duckdb.CatalogException:
+        raise StoreError(f"{path}: a DuckDB file, but not a specdec database (no meta or requests table)") from None
 
 
 def release_snapshots() -> None:
@@ -246,7 +249,7 @@ class Store:
         view = _snapshot(self.path, self.version())
         if not view.checked:
             view.checked = True
-            if not _derived_current(view.con) and self._rebuild_derived():
+            if not _derived_current(view.con, self.path) and self._rebuild_derived():
                 view = _snapshot(self.path, self.version())
                 view.checked = True
         view.in_use += 1
@@ -269,7 +272,7 @@ class Store:
         """
         try:
             with self.write() as con:
-                if not _derived_current(con, alias="main"):
+                if not _derived_current(con, self.path, alias="main"):
                     judge_hits(con)
                     build_summaries(con)
         except (StoreError, OSError, duckdb.Error) as exc:

@@ -26,7 +26,7 @@ from typing import Any
 
 import duckdb
 
-# Bump when a summary table changes shape: an older store then answers from rows until its next ingest.
+# Bump when a summary table changes shape: an older store is rebuilt when next read (Store.read).
 SUMMARY_VERSION = "2"
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)

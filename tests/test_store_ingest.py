@@ -15,7 +15,7 @@ from logfactory import DROP, rec, write_csv, write_jsonl
 from specdec_core.ingest import ingest
 from specdec_core.readers import LogReadError
 from specdec_core.request import fingerprint
-from specdec_core.store import Store
+from specdec_core.store import Store, StoreError
 
 
 @pytest.fixture
@@ -278,3 +278,14 @@ def test_a_read_in_progress_keeps_its_state_while_later_reads_see_the_new_one(tm
         assert old.execute("SELECT count(*) FROM requests").fetchall() == [(1,)]
     with s.read() as again:
         assert again.execute("SELECT count(*) FROM requests").fetchall() == [(2,)]
+
+
+def test_a_duckdb_file_that_is_not_a_store_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE t AS SELECT 1 AS x")
+    con.close()
+    with pytest.raises(StoreError, match=r"other\.duckdb: a DuckDB file, but not a specdec database") as err:
+        with Store(path).read():
+            pass
+    assert "\n" not in str(err.value)
