@@ -21,7 +21,7 @@ OUT = Path(__file__).resolve().parent / "out"
 ROOT = OUT.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from specdec_core import metrics, summary  # noqa: E402
+from specdec_core import metrics  # noqa: E402
 from specdec_core.ingest import ingest  # noqa: E402
 from specdec_core.store import Store  # noqa: E402
 from specdec_core.synthetic import make_synthetic_log  # noqa: E402
@@ -110,12 +110,7 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     db = OUT / f"metrics-{args.rows}.duckdb"
     store = Store(db)
-    if db.exists():
-        with store.read() as con:
-            fresh = summary.ready(con)
-        if not fresh:  # written by an older version: rebuild so the summaries exist
-            db.unlink()
-    if not db.exists():
+    if not db.exists():  # one written by an older version is brought up to date by its first read
         log = OUT / f"synthetic-{args.rows}.jsonl"
         if not log.exists():
             make_synthetic_log(log, args.rows)
