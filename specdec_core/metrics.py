@@ -161,7 +161,8 @@ KEY_COUNTS_WHOLE_SQL = """
 WITH k AS (SELECT deployment, key_id, fp_id FROM summary_keys c WHERE {dims})
 SELECT (SELECT count(DISTINCT key_id) FROM k) AS unique_keys,
        (SELECT count(DISTINCT (deployment, fp_id)) FROM k) AS unique_identities,
-       (SELECT count(*) FROM (SELECT 1 FROM k GROUP BY key_id HAVING count(*) > 1)) AS key_collisions
+       (SELECT count(*) FROM (SELECT 1 FROM summary_shared_keys c WHERE {dims} GROUP BY key_id HAVING count(*) > 1))
+           AS key_collisions
 """
 
 
@@ -445,7 +446,7 @@ WITH shared AS (
     SELECT c.key_id, count(*) AS identities, sum(c.requests)::BIGINT AS requests, sum(c.hits)::BIGINT AS hits,
            min(c.first_seen) AS first_seen, max(c.last_seen) AS last_seen,
            any_value(c.deployment) AS deployment, any_value(c.cache_key) AS cache_key
-    FROM summary_keys c WHERE {dims}
+    FROM summary_shared_keys c WHERE {dims}
     GROUP BY c.key_id HAVING count(*) > 1
 )
 SELECT deployment, cache_key, identities, requests, hits, first_seen, last_seen FROM shared

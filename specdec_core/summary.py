@@ -6,7 +6,7 @@ thousands of rows instead of millions.
   the rows of the (at most two) minutes a time range cuts through come from
   `requests`, aggregated the same way (`minute_source`).
 - `summary_keys`: one row per (deployment, cache_key, fingerprint); distinct counts
-  and key collisions without a time range.
+  and key collisions without a time range (`summary_shared_keys`: the keys' rows that collide).
 - `summary_lengths`, `summary_latency`: exact histograms (a count per distinct value)
   of output tokens and latency; quantiles without a time range come from these.
 - `summary_contaminated`: the contaminated hits with the columns the report shows.
@@ -27,7 +27,7 @@ from typing import Any
 import duckdb
 
 # Bump when a summary table changes shape: an older store is rebuilt when next read (Store.read).
-SUMMARY_VERSION = "2"
+SUMMARY_VERSION = "3"
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)
 _ROWS_ONLY: ContextVar[bool] = ContextVar("specdec_rows_only", default=False)
@@ -79,6 +79,12 @@ WITH pairs AS (
 )
 SELECT pairs.*, keys.key_id, fps.fp_id
 FROM pairs JOIN keys USING (deployment, cache_key) JOIN fps USING (fingerprint);
+
+-- The pairs of keys that more than one identity used. A filter only removes pairs, so a key
+-- shared under any filter is among these: collisions are counted over this small table.
+CREATE OR REPLACE TABLE summary_shared_keys AS
+SELECT * FROM summary_keys
+WHERE key_id IN (SELECT key_id FROM summary_keys GROUP BY key_id HAVING count(*) > 1);
 
 CREATE OR REPLACE TABLE summary_lengths AS
 SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {draft_label()} AS draft_model,
