@@ -8,7 +8,7 @@ the distinct identity tuples, so the store and the library cannot disagree.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 
 from .contamination import judge_hits
-from .readers import CHUNK_ROWS, JSONL_SUFFIXES, RawBatch, read_file, resolve_paths
+from .readers import JSONL_SUFFIXES, read_file, resolve_paths
 from .request import canonicalize_identity, fingerprint_of_identity, identity
 from .store import Store, scalar
 from .summary import build_summaries
@@ -216,19 +216,6 @@ _IDENTITY_INPUT = ("prompt", "prompt_hash", "target_model", "draft_model", "num_
                    "top_p", "top_k", "max_tokens", "seed", "stop", "tokenizer_version")
 
 
-def _load_staging(con: duckdb.DuckDBPyConnection, batch: RawBatch, first_seq: int) -> int:
-    staging = pa.table({
-        "seq": pa.array(range(first_seq, first_seq + len(batch.raws)), pa.int64()),
-        "source_file": pa.array([batch.source_file] * len(batch.raws), pa.string()),
-        "source_line": pa.array(batch.line_numbers, pa.int64()),
-        "raw": pa.array(batch.raws, pa.string()),
-    })
-    con.register("staging_arrow", staging)
-    con.execute("CREATE OR REPLACE TEMP TABLE staging AS SELECT * FROM staging_arrow")
-    con.unregister("staging_arrow")
-    return len(batch.raws)
-
-
 def _content_hash_sql(alias: str, prompt_hash: str) -> str:
     """A digest of a stored row's content; computed alike for new rows and loaded ones, only where ids repeat."""
     cols = [prompt_hash if c == "prompt_hash" else f"{alias}.{c}" for c in _CONTENT_COLUMNS]
@@ -242,55 +229,63 @@ _ID_JOIN = "t.id_hash = m.id_hash"
 _ID_JOIN_EXACT = _ID_JOIN + " AND " + " AND ".join(f"t.{c} IS NOT DISTINCT FROM m.{c}" for c in _IDENTITY_INPUT)
 
 
-# DuckDB reads JSON Lines as raw lines, in parallel and in file order (insertion order is kept);
-# the separator is a control character, so a line holding one fails the strict read and the file
-# is read by the Python reader instead, which takes anything.
+# DuckDB reads JSON Lines as raw lines, in parallel and in file order (insertion order is kept, so a
+# row's rowid is its line number - 1); the separator is a control character, so a line holding one
+# fails the strict read and the file is read by the Python reader instead, which takes anything.
 _RAW_LINES_SQL = (
-    "CREATE OR REPLACE TEMP TABLE raw_lines AS SELECT raw FROM read_csv(?, columns = {'raw': 'VARCHAR'}, "
+    "CREATE OR REPLACE TEMP TABLE {table} AS SELECT raw FROM read_csv(?, columns = {{'raw': 'VARCHAR'}}, "
     "delim = chr(1), quote = '', escape = '', header = false, auto_detect = false, strict_mode = true, "
     "max_line_size = 1000000000)"
 )
 
 
-def _stage_file(con: duckdb.DuckDBPyConnection, path: Path, first_seq: int) -> Iterator[int]:
-    """Stage a file chunk by chunk into `staging`; yield how many records each chunk holds."""
+@dataclass(frozen=True)
+class _Lines:
+    """One file's lines in a temp table, listed by `sql` as (seq, source_line, raw)."""
+
+    table: str
+    first_seq: int
+    count: int  # rows in the table, blank lines included: the seq values this file uses
+    sql: str
+
+
+def _stage_file(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: int) -> _Lines:
+    """Load a file's lines or records, as they were, into the temp table `table`."""
     name = str(path.resolve())
     if path.name.lower().endswith(JSONL_SUFFIXES):
         try:
-            con.execute(_RAW_LINES_SQL, [str(path)])
+            con.execute(_RAW_LINES_SQL.format(table=table), [str(path)])
         except duckdb.Error:
             pass  # not clean UTF-8 text, or a control character in a line: the Python reader copes
         else:
-            lines = scalar(con, "SELECT count(*) FROM raw_lines")
-            for start in range(0, max(lines, 1), CHUNK_ROWS):
-                con.execute(
-                    "CREATE OR REPLACE TEMP TABLE staging AS SELECT ? + rowid AS seq, ? AS source_file, "
-                    "rowid + 1 AS source_line, raw FROM raw_lines "
-                    "WHERE rowid >= ? AND rowid < ? AND raw IS NOT NULL AND NOT regexp_full_match(raw, '\\s*')",
-                    [first_seq, name, start, start + CHUNK_ROWS])
-                yield scalar(con, "SELECT count(*) FROM staging")
-            con.execute("DROP TABLE raw_lines")
-            return
-    seq = first_seq
+            count = scalar(con, f"SELECT count(*) FROM {table}")
+            return _Lines(table, first_seq, count,
+                          f"SELECT {first_seq} + rowid AS seq, rowid + 1 AS source_line, raw FROM {table}")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (source_line BIGINT, raw VARCHAR)")
     for chunk in read_file(path, resolved_name=name):
-        seq += _load_staging(con, chunk, seq)
-        yield len(chunk.raws)
+        con.register("chunk_arrow", pa.table({"source_line": pa.array(chunk.line_numbers, pa.int64()),
+                                              "raw": pa.array(chunk.raws, pa.string())}))
+        con.execute(f"INSERT INTO {table} SELECT * FROM chunk_arrow")
+        con.unregister("chunk_arrow")
+    count = scalar(con, f"SELECT count(*) FROM {table}")
+    return _Lines(table, first_seq, count, f"SELECT {first_seq} + rowid AS seq, source_line, raw FROM {table}")
 
 
-def _create_work_tables(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute("CREATE OR REPLACE TEMP TABLE checked_bad (seq BIGINT, source_file VARCHAR, source_line BIGINT, "
-                "raw_request_id VARCHAR, reason VARCHAR, raw VARCHAR)")
-    # Validating an empty chunk creates `typed` with the column types the SQL produces.
-    _load_staging(con, RawBatch("", [], []), 0)
-    _validate_chunk(con, create=True)
+_NO_LINES = _Lines("", 0, 0, "SELECT NULL::BIGINT AS seq, NULL::BIGINT AS source_line, NULL::VARCHAR AS raw LIMIT 0")
 
 
-def _validate_chunk(con: duckdb.DuckDBPyConnection, create: bool = False) -> None:
-    """Check the staged chunk: rejected rows to `checked_bad`, the others typed into `typed`."""
+def _validate(con: duckdb.DuckDBPyConnection, lines: _Lines, source_file: str, create: bool = False) -> int:
+    """Check every record of a file in one pass into `checked`: its typed columns, or why it is rejected.
+
+    Blank lines are not records. Returns how many records the file holds.
+    """
     paths = _paths_literal()
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE checked AS
-        WITH p AS (SELECT *, json_valid(raw) AS valid FROM staging),
+    select = f"""
+        WITH staging AS (
+            SELECT seq, ?::VARCHAR AS source_file, source_line, raw FROM ({lines.sql})
+            WHERE raw IS NOT NULL AND (raw[1] = '{{' OR NOT regexp_full_match(raw, '\\s*'))
+        ),
+        p AS (SELECT *, json_valid(raw) AS valid FROM staging),
         -- Valid JSON that opens with '{{' is an object; only other lines pay for a second parse.
         q AS (SELECT *, CASE WHEN NOT valid THEN NULL WHEN raw[1] = '{{' THEN 'OBJECT'
                              ELSE json_type(CASE WHEN valid THEN raw ELSE '{{}}' END) END AS root
@@ -303,27 +298,36 @@ def _validate_chunk(con: duckdb.DuckDBPyConnection, create: bool = False) -> Non
                           len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known,
                           {", ".join(f"t[{i}] AS {_t(n)}, s[{i}] AS {_s(n)}" for n, i in _INDEX.items())}
                    FROM lists),
-        vals AS (SELECT *, {_values_sql()} FROM fields)
-        -- The raw text stays in `staging`: a second copy of every line here costs more than the joins below.
-        SELECT seq, source_file, source_line, {_EXTRA_SQL} AS extra, {", ".join(f"f_{n}" for n in FIELD_NAMES)},
-               {_reason_sql()} AS reason,
-               CASE WHEN {_t('request_id')} = 'VARCHAR' THEN {_s('request_id')} END AS raw_request_id
-        FROM vals
-    """)
-    con.execute("""
-        INSERT INTO checked_bad
-        SELECT c.seq, c.source_file, c.source_line, c.raw_request_id, c.reason, s.raw
-        FROM checked c JOIN staging s USING (seq) WHERE c.reason IS NOT NULL
-    """)
-    select = f"""
-        WITH typed_chunk AS (
-            SELECT c.seq, c.source_file, c.source_line, s.raw, {_typed_columns_sql()}
-            FROM checked c JOIN staging s USING (seq) WHERE c.reason IS NULL
+        vals AS (SELECT *, {_values_sql()} FROM fields),
+        -- The raw text stays in the file's table: rejected rows are joined back to it by seq.
+        verdict AS (
+            SELECT seq, source_file, source_line, {_EXTRA_SQL} AS extra, {", ".join(f"f_{n}" for n in FIELD_NAMES)},
+                   {_reason_sql()} AS reason,
+                   CASE WHEN {_t('request_id')} = 'VARCHAR' THEN {_s('request_id')} END AS raw_request_id
+            FROM vals
+        ),
+        typed_rows AS (
+            SELECT seq, source_file, source_line, reason, raw_request_id, {_typed_columns_sql()} FROM verdict
         )
-        SELECT *, {_ID_HASH} AS id_hash FROM typed_chunk
+        SELECT *, {_ID_HASH} AS id_hash FROM typed_rows
     """
-    con.execute(f"CREATE OR REPLACE TEMP TABLE typed AS {select}" if create else f"INSERT INTO typed {select}")
-    con.execute("DROP TABLE checked; DROP TABLE staging")
+    if create:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE checked AS {select}", [source_file])
+        return 0
+    return con.execute(f"INSERT INTO checked {select}", [source_file]).fetchall()[0][0]
+
+
+def _create_work_tables(con: duckdb.DuckDBPyConnection) -> None:
+    # Validating no lines creates `checked` with the column types the SQL produces; the rows that
+    # pass are `typed`.
+    _validate(con, _NO_LINES, "", create=True)
+    con.execute("CREATE OR REPLACE TEMP VIEW typed AS SELECT * FROM checked WHERE reason IS NULL")
+
+
+def _raws_view(con: duckdb.DuckDBPyConnection, staged: list[_Lines]) -> None:
+    """`raws` (seq, raw): the text of every staged line, to quote rejected records exactly."""
+    parts = [f"SELECT {s.first_seq} + rowid AS seq, raw FROM {s.table}" for s in staged]
+    con.execute("CREATE OR REPLACE TEMP VIEW raws AS " + " UNION ALL ".join(parts or ["SELECT NULL::BIGINT AS seq, NULL::VARCHAR AS raw LIMIT 0"]))
 
 
 def _compute_identities(con: duckdb.DuckDBPyConnection) -> str:
@@ -465,13 +469,15 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str) -> tuple[
     """, [ingest_id]).fetchall()[0][0]
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE bad AS
-        SELECT seq, source_file, source_line, raw_request_id AS request_id, reason, raw, md5(raw) AS raw_hash
-        FROM checked_bad
-        UNION ALL
-        SELECT t.seq, t.source_file, t.source_line, t.request_id, coalesce(m.reject_reason, o.outcome), t.raw,
-               md5(t.raw)
-        FROM typed t JOIN idmap m ON {join} LEFT JOIN outcome o USING (seq)
-        WHERE m.reject_reason IS NOT NULL OR o.outcome LIKE 'conflict:%'
+        WITH b AS (
+            SELECT seq, source_file, source_line, raw_request_id AS request_id, reason
+            FROM checked WHERE reason IS NOT NULL
+            UNION ALL
+            SELECT t.seq, t.source_file, t.source_line, t.request_id, coalesce(m.reject_reason, o.outcome)
+            FROM typed t JOIN idmap m ON {join} LEFT JOIN outcome o USING (seq)
+            WHERE m.reject_reason IS NOT NULL OR o.outcome LIKE 'conflict:%'
+        )
+        SELECT b.*, r.raw, md5(r.raw) AS raw_hash FROM b JOIN raws r USING (seq)
     """)
     # A bad line quarantined by an earlier ingest of the same file is a duplicate, not a new record.
     con.execute("""
@@ -499,12 +505,14 @@ def ingest(
         ingest_id = scalar(con, "SELECT coalesce(max(ingest_id), 0) + 1 FROM ingests")
         _create_work_tables(con)
         read = 0
+        staged: list[_Lines] = []
         for n, f in enumerate(files):
             if progress:
                 progress(n, len(files), str(f))
-            for staged in _stage_file(con, f, read):
-                read += staged
-                _validate_chunk(con)
+            first_seq = staged[-1].first_seq + staged[-1].count if staged else 0
+            staged.append(_stage_file(con, f, f"lines_{n}", first_seq))
+            read += _validate(con, staged[-1], str(f.resolve()))
+        _raws_view(con, staged)
         if progress:
             progress(len(files), len(files), "")
         join = _compute_identities(con)

@@ -289,3 +289,29 @@ def test_a_duckdb_file_that_is_not_a_store_is_refused_in_one_line(tmp_path):
         with Store(path).read():
             pass
     assert "\n" not in str(err.value)
+
+
+def test_rejects_in_several_files_of_one_ingest_keep_their_own_file_line_and_text(store, tmp_path):
+    # A gzip file (the Python reader), a plain one (DuckDB's line reader) and a CSV, in one ingest:
+    # each file's lines are numbered in that file, and a rejected record is quoted from that file.
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    with gzip.open(folder / "a.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write("\n".join([json.dumps(rec("a-1")), "", "[1, 2]", json.dumps(rec("shared", output_text="A"))]) + "\n")
+    write_jsonl(folder / "b.jsonl", [rec("b-1"), "{truncated", rec("shared", output_text="B"), rec("b-2")])
+    write_csv(folder / "c.csv", [rec("c-1"), rec("c-2", max_tokens=0)])
+    result = ingest(store, [str(folder)])
+    assert (result.read, result.accepted, result.duplicates, result.quarantined) == (9, 5, 0, 4)
+    with store.read() as con:
+        rows = con.execute("SELECT regexp_extract(source_file, '[^/]+$'), source_line, reason, raw "
+                           "FROM quarantine ORDER BY source_file, source_line").fetchall()
+        accepted = con.execute("SELECT request_id, regexp_extract(source_file, '[^/]+$'), source_line "
+                               "FROM requests ORDER BY request_id").fetchall()
+    assert [(f, line) for f, line, _, _ in rows] == [("a.jsonl.gz", 3), ("b.jsonl", 2), ("b.jsonl", 3),
+                                                      ("c.csv", 2)]
+    assert rows[0][3] == "[1, 2]" and "not a JSON object" in rows[0][2]
+    assert rows[1][3] == "{truncated" and "bad JSON" in rows[1][2]
+    assert rows[2][3] == json.dumps(rec("shared", output_text="B")) and "a.jsonl.gz:4" in rows[2][2]
+    assert json.loads(rows[3][3])["request_id"] == "c-2" and "max_tokens" in rows[3][2]
+    assert accepted == [("a-1", "a.jsonl.gz", 1), ("b-1", "b.jsonl", 1), ("b-2", "b.jsonl", 4),
+                        ("c-1", "c.csv", 1), ("shared", "a.jsonl.gz", 4)]
