@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from .contamination import judge_hits
 from .readers import JSONL_SUFFIXES, read_file, resolve_paths
-from .request import canonicalize_identity, fingerprint_of_identity, identity
+from .request import DecodeRequest, canonical_json, canonicalize_identity, identity_json, sha256_hex
 from .store import Store, scalar
 from .summary import build_summaries
 
@@ -340,20 +340,21 @@ def _compute_identities(con: duckdb.DuckDBPyConnection) -> str:
     fps: list[str | None] = []
     prompt_shas: list[str | None] = []
     reasons: list[str | None] = []
-    identity_rows: dict[str, dict] = {}
+    identity_rows: dict[str, str] = {}  # fingerprint -> canonical identity JSON
     for row in tuples:
         try:
-            obj = identity(dict(zip(_IDENTITY_INPUT, row[:-1], strict=True)))
+            req = DecodeRequest.from_record(dict(zip(_IDENTITY_INPUT, row[:-1], strict=True)))
+            text = identity_json(req)  # canonical_json(identity(req)), pinned equal by test_request
         except ValueError as exc:
             fps.append(None)
             prompt_shas.append(None)
             reasons.append(str(exc))
             continue
-        fp = fingerprint_of_identity(obj)
+        fp = sha256_hex(text)
         fps.append(fp)
-        prompt_shas.append(obj["prompt"])
+        prompt_shas.append(req.prompt_sha256)
         reasons.append(None)
-        identity_rows[fp] = obj
+        identity_rows[fp] = text
     columns = {c: [row[i] for row in tuples] for i, c in enumerate(_IDENTITY_INPUT)}
     columns["id_hash"] = [row[-1] for row in tuples]
     join = _ID_JOIN if len(set(columns["id_hash"])) == len(tuples) else _ID_JOIN_EXACT
@@ -378,10 +379,11 @@ def _compute_identities(con: duckdb.DuckDBPyConnection) -> str:
             obj = canonicalize_identity(json.loads(text))
         except (ValueError, TypeError, KeyError):
             continue  # not an identity object we can read: the row keeps it, the guard can't use it
-        fp = fingerprint_of_identity(obj)
+        canonical = canonical_json(obj)
+        fp = sha256_hex(canonical)
         cached_texts.append(text)
         cached_fps.append(fp)
-        identity_rows[fp] = obj
+        identity_rows[fp] = canonical
     con.register("cachedmap_arrow", pa.table({"text": pa.array(cached_texts, pa.string()),
                                               "fingerprint": pa.array(cached_fps, pa.string())}))
     con.execute("CREATE OR REPLACE TEMP TABLE cachedmap AS SELECT * FROM cachedmap_arrow")
@@ -395,19 +397,19 @@ def _arrow_type(column: str) -> pa.DataType | None:
     return {"seed": pa.string(), "stop": pa.list_(pa.string()), "id_hash": pa.uint64()}.get(column)
 
 
-def _insert_identities(con: duckdb.DuckDBPyConnection, rows: dict[str, dict]) -> None:
+def _insert_identities(con: duckdb.DuckDBPyConnection, rows: dict[str, str]) -> None:
     if not rows:
         return
+    objs = [json.loads(text) for text in rows.values()]
     table = pa.table({
         "fingerprint": list(rows),
-        "identity": [json.dumps(o, sort_keys=True, ensure_ascii=False) for o in rows.values()],
-        "greedy": ["seed" not in o for o in rows.values()],
-        **{name: [o.get(name) for o in rows.values()]
+        "identity": list(rows.values()),
+        "greedy": ["seed" not in o for o in objs],
+        **{name: [o.get(name) for o in objs]
            for name in ("prompt", "target_model", "draft_model", "num_speculative_tokens", "temperature",
                         "top_p", "top_k", "max_tokens", "tokenizer_version")},
-        "seed": pa.array([None if o.get("seed") is None else str(o["seed"]) for o in rows.values()],
-                         pa.string()),
-        "stop": [json.dumps(o["stop"], ensure_ascii=False) for o in rows.values()],
+        "seed": pa.array([None if o.get("seed") is None else str(o["seed"]) for o in objs], pa.string()),
+        "stop": [json.dumps(o["stop"], ensure_ascii=False) for o in objs],
     })
     con.register("identities_arrow", table)
     con.execute("""

@@ -14,7 +14,7 @@ from logfactory import DROP, rec, write_csv, write_jsonl
 
 from specdec_core.ingest import ingest
 from specdec_core.readers import LogReadError
-from specdec_core.request import fingerprint
+from specdec_core.request import canonical_json, fingerprint, identity
 from specdec_core.store import Store, StoreError
 
 
@@ -42,7 +42,12 @@ def test_valid_records_are_accepted_with_fingerprints_equal_to_the_library(store
     assert (result.read, result.accepted, result.duplicates, result.quarantined) == (5, 5, 0, 0)
     with store.read() as con:
         stored = dict(con.execute("SELECT request_id, fingerprint FROM requests").fetchall())
+        kept = dict(con.execute("SELECT fingerprint, identity::VARCHAR FROM identities").fetchall())
     assert stored == {r["request_id"]: fingerprint(r) for r in records}
+    # The stored identity is the canonical text itself: its SHA-256 is the fingerprint beside it.
+    assert set(kept) == set(stored.values())
+    assert {fp: canonical_json(identity(r)) for r in records for fp in [fingerprint(r)]} == kept
+    assert all(hashlib.sha256(text.encode()).hexdigest() == fp for fp, text in kept.items())
 
 
 BAD_LINES = [
