@@ -2,8 +2,10 @@
 
 The contract's rules (shared/log-schema.md, "Contamination"): a hit's *source* is the latest
 earlier miss with the same deployment and cache_key; the hit is contaminated when its identity
-differs from the source's, or from the `cached_fingerprint` it logged. Judged over the whole
-store after every ingest, since a new file may hold an earlier miss or a later hit.
+differs from the source's, or from the `cached_fingerprint` it logged. A miss at the same instant
+as the hit counts as earlier; of several misses at one instant, the one logged last (file, line)
+is the source, since it wrote the entry last. Judged over the whole store after every ingest,
+since a new file may hold an earlier miss or a later hit.
 """
 
 from __future__ import annotations
@@ -14,9 +16,17 @@ HIT_SOURCES_SQL = """
 CREATE OR REPLACE TABLE hit_sources AS
 WITH r AS (
     SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key, cache_hit,
-           fingerprint, cached_identity_fingerprint
+           fingerprint, cached_identity_fingerprint, source_file, source_line
     FROM requests
-), hits AS (SELECT * FROM r WHERE cache_hit), misses AS (SELECT * FROM r WHERE NOT cache_hit),
+), hits AS (SELECT * FROM r WHERE cache_hit),
+-- Misses of one entry at the same instant: the one logged last wrote the entry last. One per instant
+-- also makes the ASOF join's pick deterministic.
+misses AS (
+    SELECT dep, cache_key, ts, m.request_id, m.fingerprint
+    FROM (SELECT dep, cache_key, ts,
+                 arg_max(struct_pack(request_id, fingerprint), (source_file, source_line)) AS m
+          FROM r WHERE NOT cache_hit GROUP BY ALL)
+),
 -- When each deployment first saw each identity: a grouped minimum, cheaper than a second ASOF join.
 firsts AS (SELECT dep, fingerprint, min(ts) AS first_ts FROM r GROUP BY ALL),
 joined AS (

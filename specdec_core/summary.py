@@ -26,8 +26,9 @@ from typing import Any
 
 import duckdb
 
-# Bump when a summary table changes shape: an older store is rebuilt when next read (Store.read).
-SUMMARY_VERSION = "3"
+# Bump when a summary table, or how hits are judged, changes: an older store is rejudged and rebuilt
+# when next read (Store.read). 4: ties among misses at one instant go to the one logged last.
+SUMMARY_VERSION = "4"
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)
 _ROWS_ONLY: ContextVar[bool] = ContextVar("specdec_rows_only", default=False)
