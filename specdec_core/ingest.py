@@ -56,7 +56,7 @@ _EXPECTED = {
     "str": "a string", "nonempty_str": "a non-empty string", "hex64": "64 hex characters",
     "int": "an integer", "int>=0": "an integer >= 0", "int>=1": "an integer >= 1",
     "num": "a number", "num>=0": "a number >= 0", "top_p": "a number in (0, 1]", "bool": "a boolean",
-    "ts": "an RFC 3339 string or integer epoch milliseconds", "str_list": "a list of strings",
+    "ts": "an RFC 3339 string or integer epoch milliseconds, in the years 1 to 9999", "str_list": "a list of strings",
     "object": "a JSON object",
 }
 
@@ -85,10 +85,19 @@ def _s(name: str) -> str:
     return f"s_{name}"  # the field as text: strings unquoted, anything else as JSON
 
 
+_RFC3339_RE = (r"\s*[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?"
+               r"([Zz]|[+-]([01][0-9]|2[0-3])(:?[0-5][0-9])?)?\s*")
+_EPOCH_MS_MIN, _EPOCH_MS_MAX = -62135596800000, 253402300799999  # 0001-01-01 to 9999-12-31, UTC
+_BIGINT_MAX = 2**63 - 1
+_BIGINT_KINDS = ("int>=0", "int>=1")  # stored as BIGINT; `int` (the seed) is HUGEINT
+
+
 def _value_sql(name: str, kind: str) -> str:
     """The field's typed value, or NULL when it is absent, null or of the wrong JSON type."""
     t, s = _t(name), _s(name)
     integral = (f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT') THEN try_cast({s} AS HUGEINT) "
+                # Digits beyond 64 bits come as a DOUBLE holding their exact text: read the text.
+                f"WHEN {t} = 'DOUBLE' AND regexp_full_match({s}, '-?[0-9]+') THEN try_cast({s} AS HUGEINT) "
                 # An integral double (64.0) is accepted: CSV and some writers produce them.
                 f"WHEN {t} = 'DOUBLE' AND try_cast({s} AS DOUBLE) = floor(try_cast({s} AS DOUBLE)) "
                 f"THEN try_cast(try_cast({s} AS DOUBLE) AS HUGEINT) END")
@@ -113,8 +122,13 @@ def _value_sql(name: str, kind: str) -> str:
     if kind in ("num", "num>=0", "top_p"):
         return f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN try_cast({s} AS DOUBLE) END"
     if kind == "ts":
-        return (f"CASE WHEN {t} = 'VARCHAR' THEN try_cast({s} AS TIMESTAMPTZ) "
-                f"ELSE try_cast(epoch_ms(try_cast(({integral}) AS BIGINT)) AS TIMESTAMPTZ) END")
+        # The text must look like an RFC 3339 date-time before DuckDB's cast, which also takes a bare
+        # date, 'epoch' and 'infinity'. No offset is read as UTC. Epoch milliseconds are bounded to
+        # the years an RFC 3339 string can name, so a wild integer is rejected, not an error.
+        return (f"CASE WHEN {t} = 'VARCHAR' THEN CASE WHEN regexp_full_match({s}, '{_RFC3339_RE}') "
+                f"THEN try_cast(upper({s}) AS TIMESTAMPTZ) END "
+                f"WHEN ({integral}) BETWEEN {_EPOCH_MS_MIN} AND {_EPOCH_MS_MAX} "
+                f"THEN try_cast(epoch_ms(try_cast(({integral}) AS BIGINT)) AS TIMESTAMPTZ) END")
     raise AssertionError(kind)
 
 
@@ -124,8 +138,8 @@ def _valid_sql(name: str, kind: str) -> str:
     extra = {
         "nonempty_str": f" AND length({v}) > 0",
         "hex64": f" AND regexp_full_match({v}, '[0-9a-fA-F]{{64}}')",
-        "int>=0": f" AND {v} >= 0",
-        "int>=1": f" AND {v} >= 1",
+        "int>=0": f" AND {v} >= 0 AND {v} <= {_BIGINT_MAX}",
+        "int>=1": f" AND {v} >= 1 AND {v} <= {_BIGINT_MAX}",
         "num": f" AND isfinite({v})",
         "num>=0": f" AND isfinite({v}) AND {v} >= 0",
         "top_p": f" AND isfinite({v}) AND {v} > 0 AND {v} <= 1",
@@ -149,10 +163,16 @@ def _reason_sql() -> str:
         if required:
             branches.append(f"WHEN {t} IS NULL THEN 'missing required field: {name}'")
             branches.append(f"WHEN {t} = 'NULL' THEN '{name}: required, got null'")
+        got = f"left(CASE WHEN {t} = 'VARCHAR' THEN to_json({_s(name)})::VARCHAR ELSE {_s(name)} END, 80)"
+        if kind in _BIGINT_KINDS:
+            # Past 2^127 even the wide integer read fails: a finite number that large is out of range too.
+            huge = f"(f_{name} IS NULL AND {t} = 'DOUBLE' AND try_cast({_s(name)} AS DOUBLE) > {_BIGINT_MAX} " \
+                   f"AND isfinite(try_cast({_s(name)} AS DOUBLE)))"
+            branches.append(f"WHEN f_{name} > {_BIGINT_MAX} OR {huge} THEN '{name}: out of range "
+                            f"(at most {_BIGINT_MAX}), got ' || {got}")
         cond = f"{t} IS NOT NULL AND {t} <> 'NULL' AND NOT {_valid_sql(name, kind)}"
         branches.append(
-            f"WHEN {cond} THEN '{name}: expected {_EXPECTED[kind]}, got ' || "
-            f"left(CASE WHEN {t} = 'VARCHAR' THEN to_json({_s(name)})::VARCHAR ELSE {_s(name)} END, 80)"
+            f"WHEN {cond} THEN '{name}: expected {_EXPECTED[kind]}, got ' || {got}"
         )
     branches.append(
         "WHEN f_prompt IS NULL AND f_prompt_hash IS NULL "
@@ -178,11 +198,11 @@ def _typed_columns_sql() -> str:
         "lower(f_prompt_hash) AS prompt_hash",
         "f_target_model AS target_model",
         "f_draft_model AS draft_model",
-        "f_num_speculative_tokens::BIGINT AS num_speculative_tokens",
+        "try_cast(f_num_speculative_tokens AS BIGINT) AS num_speculative_tokens",
         "f_temperature AS temperature",
         "coalesce(f_top_p, 1.0) AS top_p",
-        "f_top_k::BIGINT AS top_k",
-        "f_max_tokens::BIGINT AS max_tokens",
+        "try_cast(f_top_k AS BIGINT) AS top_k",
+        "try_cast(f_max_tokens AS BIGINT) AS max_tokens",
         "f_seed AS seed",
         "f_stop AS stop",
         "f_tokenizer_version AS tokenizer_version",
@@ -191,11 +211,11 @@ def _typed_columns_sql() -> str:
         "f_cache_hit AS cache_hit",
         "f_cached_fingerprint::JSON AS cached_fingerprint",
         "f_output_text AS output_text",
-        "f_output_tokens::BIGINT AS output_tokens",
+        "try_cast(f_output_tokens AS BIGINT) AS output_tokens",
         "f_finish_reason AS finish_reason",
         "f_latency_ms AS latency_ms",
-        "f_draft_tokens::BIGINT AS draft_tokens",
-        "f_accepted_tokens::BIGINT AS accepted_tokens",
+        "try_cast(f_draft_tokens AS BIGINT) AS draft_tokens",
+        "try_cast(f_accepted_tokens AS BIGINT) AS accepted_tokens",
         "extra",
     ])
 

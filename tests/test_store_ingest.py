@@ -37,12 +37,16 @@ def test_valid_records_are_accepted_with_fingerprints_equal_to_the_library(store
         rec("c", prompt=DROP, prompt_hash=hashlib.sha256(b"redacted prompt").hexdigest()),
         rec("d", prompt="Grüße, 世界 <b>", temperature=1.2345678, seed=2**40),
         rec("e", draft_model=None, num_speculative_tokens=None, stop=[], latency_ms=-3.5),  # a skewed clock
+        # A seed past 64 bits is kept exactly; RFC 3339 allows a lower-case t and z.
+        rec("f", temperature=0.5, seed=-(2**63) - 1, ts="2026-03-01t10:00:00.250z"),
     ]
     result = ingest(store, [str(write_jsonl(tmp_path / "ok.jsonl", records))])
-    assert (result.read, result.accepted, result.duplicates, result.quarantined) == (5, 5, 0, 0)
+    assert (result.read, result.accepted, result.duplicates, result.quarantined) == (6, 6, 0, 0)
     with store.read() as con:
         stored = dict(con.execute("SELECT request_id, fingerprint FROM requests").fetchall())
         kept = dict(con.execute("SELECT fingerprint, identity::VARCHAR FROM identities").fetchall())
+        assert con.execute("SELECT seed::VARCHAR, strftime(ts, '%H:%M:%S.%g') FROM requests "
+                           "WHERE request_id = 'f'").fetchall() == [(str(-(2**63) - 1), "10:00:00.250")]
     assert stored == {r["request_id"]: fingerprint(r) for r in records}
     # The stored identity is the canonical text itself: its SHA-256 is the fingerprint beside it.
     assert set(kept) == set(stored.values())
@@ -71,6 +75,15 @@ BAD_LINES = [
     (json.dumps(rec("r7", prompt_hash="0" * 64)), "prompt_hash: does not match"),
     (json.dumps(rec("n1", max_tokens=None)), "max_tokens: required, got null"),
     (json.dumps(rec("l1", latency_ms="fast")), "latency_ms: expected a number"),
+    # DuckDB's own cast takes these; the contract's ts doesn't.
+    (json.dumps(rec("ts1", ts="infinity")), "ts: expected an RFC 3339 string"),
+    (json.dumps(rec("ts2", ts="2026-03-01")), "ts: expected an RFC 3339 string"),
+    (json.dumps(rec("ts3", ts="2026-03-01T10:00:00+25:00")), "ts: expected an RFC 3339 string"),
+    # Numbers past what a column holds are rejected one by one, never an error for the whole file.
+    (json.dumps(rec("ts4", ts=10**17)), "ts: expected an RFC 3339 string"),
+    (json.dumps(rec("o1", max_tokens=2**64)), "max_tokens: out of range"),
+    (json.dumps(rec("o2", output_tokens=10**30)), "output_tokens: out of range"),
+    (json.dumps(rec("o3", top_k=1e300)), "top_k: out of range"),
 ]
 
 
