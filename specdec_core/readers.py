@@ -86,9 +86,10 @@ def resolve_paths(paths: list[str]) -> list[Path]:
 
 
 def _open_text(path: Path) -> io.TextIOBase:
+    # utf-8-sig: a byte order mark (as Windows tools write) is not part of the first record or header.
     if path.name.lower().endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="surrogateescape", newline="")
-    return open(path, encoding="utf-8", errors="surrogateescape", newline="")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", errors="surrogateescape", newline="")
+    return open(path, encoding="utf-8-sig", errors="surrogateescape", newline="")
 
 
 def _safe_text(line: str) -> str:

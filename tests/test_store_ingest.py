@@ -333,3 +333,14 @@ def test_rejects_in_several_files_of_one_ingest_keep_their_own_file_line_and_tex
     assert json.loads(rows[3][3])["request_id"] == "c-2" and "max_tokens" in rows[3][2]
     assert accepted == [("a-1", "a.jsonl.gz", 1), ("b-1", "b.jsonl", 1), ("b-2", "b.jsonl", 4),
                         ("c-1", "c.csv", 1), ("shared", "a.jsonl.gz", 4)]
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_record_or_header(store, tmp_path):
+    lines = json.dumps(rec("bom-1")) + "\n" + json.dumps(rec("bom-2")) + "\n"
+    (tmp_path / "plain.jsonl").write_text(lines.replace("bom-", "plain-"), encoding="utf-8-sig")
+    with gzip.open(tmp_path / "packed.jsonl.gz", "wt", encoding="utf-8-sig") as fh:
+        fh.write(lines)
+    csv_text = write_csv(tmp_path / "plain.csv", [rec("csv-1")]).read_text(encoding="utf-8")
+    (tmp_path / "plain.csv").write_text(csv_text, encoding="utf-8-sig")
+    result = ingest(store, [str(tmp_path)])
+    assert (result.read, result.accepted, result.quarantined) == (5, 5, 0)
