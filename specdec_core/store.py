@@ -284,18 +284,27 @@ class Store:
     @contextmanager
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A connection whose changes become visible all at once when the block exits cleanly."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():
+            raise StoreError(f"{self.path}: is a folder, not a database file")
         lock_path = self.path.with_name(self.path.name + ".lock")
-        with open(lock_path, "w") as lock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(lock_path, "w")  # noqa: SIM115 - closed by the with below
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot write here: {exc.strerror or exc}") from exc
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
             tmp.unlink(missing_ok=True)
-            if self.path.exists():
-                shutil.copyfile(self.path, tmp)
             try:
+                if self.path.exists():
+                    shutil.copyfile(self.path, tmp)
                 con = duckdb.connect(str(tmp))
-            except duckdb.Error as exc:
-                raise StoreError(f"{self.path}: cannot open for writing: {exc}") from exc
+            except (OSError, duckdb.Error) as exc:
+                tmp.unlink(missing_ok=True)
+                # DuckDB names the working copy; the user knows the file they passed.
+                reason = str(exc).replace(str(tmp.resolve()), str(self.path))
+                raise StoreError(f"{self.path}: cannot open for writing: {reason}") from exc
             try:
                 _configure(con)
                 con.execute(f"SET memory_limit = '{WRITER_MEMORY_LIMIT}'")

@@ -93,3 +93,21 @@ def test_store_fingerprints_agree_with_the_library_on_varied_records(tmp_path):
     with store.read() as con:
         stored = dict(con.execute("SELECT request_id, fingerprint FROM requests").fetchall())
     assert stored == {r["request_id"]: fingerprint(r) for r in records}
+
+
+def test_a_database_path_that_is_not_a_database_is_one_line_naming_it(tmp_path):
+    log = write_jsonl(tmp_path / "log.jsonl", [rec("a")])
+    text = tmp_path / "notes.duckdb"
+    text.write_text("not a database")
+    folder = tmp_path / "folder.duckdb"
+    folder.mkdir()
+    for args, name in ((("ingest", str(log), "--db", str(text)), "notes.duckdb"),
+                       (("ingest", str(log), "--db", str(folder)), "folder.duckdb"),
+                       (("stats", "--db", str(text)), "notes.duckdb"),
+                       (("report", "--db", str(text), "--out", str(tmp_path / "r.csv")), "notes.duckdb")):
+        done = specdec(*args)
+        assert done.returncode == 1, args
+        assert done.stderr.strip().count("\n") == 0 and name in done.stderr and ".tmp" not in done.stderr, done.stderr
+    assert text.read_text() == "not a database"  # nothing lost either
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.duckdb", "log.jsonl", "notes.duckdb",
+                                                          "notes.duckdb.lock"]

@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from ..store import StoreError
+
 # Each module defines `register(subparsers)`; its parsers set `func(args) -> int`.
 COMMAND_MODULES: tuple[str, ...] = (
     "specdec_core.cli.store_cmds",
@@ -39,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except (StoreError, OSError) as exc:  # what a command didn't say itself: still one line, naming the file
+        print(f"specdec {args.command}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("specdec: interrupted", file=sys.stderr)
         return 130
