@@ -87,7 +87,9 @@ def keep_valid(key: str, options: list) -> None:
 
 
 def time_range(options: dict) -> tuple:
-    start, end = options["start"], options["end"]
+    # The slider spans the bulk of the requests (see metrics.filter_options): a few lines with an unset
+    # clock (epoch 0, year 1) neither break it nor stretch it past the incident's hours.
+    start, end = options["span_start"], options["span_end"]
     if end <= start:
         return None, None
     chosen = st.session_state.get("f_time")
@@ -95,9 +97,13 @@ def time_range(options: dict) -> tuple:
         st.session_state["f_time"] = (start, end)
     step = max(timedelta(seconds=1), timedelta(seconds=round((end - start).total_seconds() / 1000)))
     low, high = st.slider("Time range (UTC)", min_value=start, max_value=end, step=step,
-                          format="MM-DD HH:mm", key="f_time")
+                          format="YYYY-MM-DD HH:mm" if (end - start).days > 300 else "MM-DD HH:mm", key="f_time")
     st.caption(f"{ui.fmt_ts(low)} to {ui.fmt_ts(high)}")
-    # The full range is no filter: requests loaded later stay in view.
+    if options["outside_span"]:
+        st.caption(f"{options['outside_span']:,} requests have timestamps beyond this slider (earliest "
+                   f"{ui.fmt_ts(options['start'])}, latest {ui.fmt_ts(options['end'])}); a handle at its end "
+                   "keeps them in.")
+    # A handle at its end is no bound on that side: requests loaded later, or beyond the slider, stay in view.
     return (None if low <= start else low), (None if high >= end else high)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -261,6 +261,26 @@ def test_time_range_narrows_the_requests_but_keeps_sources_outside_it(monkeypatc
     assert (shown["Requests"], shown["Contaminated hits"]) == ("4", "2")
     assert at.session_state[ui.FILTERS_KEY].start == datetime(2026, 3, 1, 10, 2, tzinfo=UTC)
     assert at.session_state[ui.FILTERS_KEY].end is None
+
+
+def test_an_unset_clock_on_a_few_lines_keeps_every_page_and_the_time_slider_usable(monkeypatch, tmp_path):
+    # Go's zero time and epoch 0 are what a service logs before its clock is set; a slider from
+    # year 1 would break the page (browsers can't place it) and one from 1970 would hide the hour.
+    start = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
+    records = [rec(f"n{i}", ts=(start + timedelta(minutes=i)).isoformat(), cache_hit=i > 0) for i in range(600)]
+    records += [rec("zero-go", ts="0001-01-01T00:00:00Z", cache_key="k-z"), rec("zero-epoch", ts=0, cache_key="k-e")]
+    db = build_db(tmp_path, records, "clock")
+    at = open_app(monkeypatch, db)
+    slider = at.sidebar.slider(key="f_time")
+    assert slider.value == (datetime(2026, 3, 1, 10, 0, tzinfo=UTC), datetime(2026, 3, 1, 19, 59, tzinfo=UTC))
+    assert any("2 requests have timestamps beyond this slider" in c.value.replace("\\", "")
+               for c in at.sidebar.caption)
+    assert metrics_of(at.main)["Requests"] == "602"  # handles at their ends: every request counts
+    slider.set_value((datetime(2026, 3, 1, 11, 0, tzinfo=UTC), datetime(2026, 3, 1, 19, 59, tzinfo=UTC))).run()
+    assert metrics_of(at.main)["Requests"] == "540"
+    for page in ("cache", "output_length", "mismatches", "keys", "replay", "export"):
+        at.switch_page(f"pages/{page}.py").run()
+        assert not at.exception, (page, [e.value for e in at.exception])
 
 
 def test_loading_a_log_path_shows_the_counts_and_new_numbers(monkeypatch, tmp_path):
