@@ -36,9 +36,8 @@ def load_logs(paths: list[str]) -> None:
     """Ingest with a progress bar; the counts stay in the sidebar until the next load."""
     bar = st.progress(0.0, text="Reading logs")
 
-    def progress(done: int, total: int, name: str) -> None:
-        current = f": {ui.md_escape(Path(name).name)}" if name else ""
-        bar.progress(done / total if total else 1.0, text=f"{done} of {total} files read{current}")
+    def progress(done: int, total: int, what: str) -> None:
+        bar.progress(done / total if total else 1.0, text=ui.md_escape(what[:1].upper() + what[1:]))
 
     try:
         result = ingest(ui.store(), paths, progress=progress)

@@ -74,7 +74,10 @@ class IngestResult:
         return asdict(self)
 
 
-ProgressCallback = Callable[[int, int, str], None]  # (files done, files total, current file)
+# (steps done, steps total, what is under way): reading then checking each file, then the four
+# steps over the whole batch, so a single large file still moves the bar.
+ProgressCallback = Callable[[int, int, str], None]
+_BATCH_STEPS = ("fingerprinting identities", "writing requests", "finding each hit's source", "summarising")
 
 
 def _t(name: str) -> str:
@@ -528,24 +531,35 @@ def ingest(
         _create_work_tables(con)
         read = 0
         staged: list[_Lines] = []
-        for n, f in enumerate(files):
+        total = 2 * len(files) + len(_BATCH_STEPS)
+        step = iter(range(total + 1))
+
+        def say(what: str) -> None:
             if progress:
-                progress(n, len(files), str(f))
+                progress(next(step), total, what)
+
+        for n, f in enumerate(files):
+            say(f"reading {f.name}")
             first_seq = staged[-1].first_seq + staged[-1].count if staged else 0
             staged.append(_stage_file(con, f, f"lines_{n}", first_seq))
+            say(f"checking {f.name}")
             read += _validate(con, staged[-1], str(f.resolve()))
         _raws_view(con, staged)
-        if progress:
-            progress(len(files), len(files), "")
+        say(_BATCH_STEPS[0])
         join = _compute_identities(con)
         _classify(con, join)
+        say(_BATCH_STEPS[1])
         accepted, quarantined = _commit(con, ingest_id, join)
+        say(_BATCH_STEPS[2])
         if accepted:
             judge_hits(con)
+        say(_BATCH_STEPS[3])
+        if accepted:
             build_summaries(con)
         duplicates = read - accepted - quarantined
         con.execute(
             "INSERT INTO ingests VALUES (?, now(), ?, ?, ?, ?, ?)",
             [ingest_id, [str(f) for f in files], read, accepted, duplicates, quarantined],
         )
+    say("done")
     return IngestResult(read, accepted, duplicates, quarantined, len(files), ingest_id)

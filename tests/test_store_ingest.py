@@ -344,3 +344,14 @@ def test_a_byte_order_mark_is_not_part_of_the_first_record_or_header(store, tmp_
     (tmp_path / "plain.csv").write_text(csv_text, encoding="utf-8-sig")
     result = ingest(store, [str(tmp_path)])
     assert (result.read, result.accepted, result.quarantined) == (5, 5, 0)
+
+
+def test_progress_moves_through_each_file_and_the_batch_steps(store, tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", [rec("p1")])
+    b = write_jsonl(tmp_path / "b.jsonl", [rec("p2", cache_hit=True)])
+    seen = []
+    ingest(store, [str(a), str(b)], progress=lambda done, total, what: seen.append((done, total, what)))
+    assert [done for done, _, _ in seen] == list(range(9)) and {total for _, total, _ in seen} == {8}
+    assert [what for _, _, what in seen] == [
+        "reading a.jsonl", "checking a.jsonl", "reading b.jsonl", "checking b.jsonl", "fingerprinting identities",
+        "writing requests", "finding each hit's source", "summarising", "done"]

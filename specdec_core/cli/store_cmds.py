@@ -21,8 +21,7 @@ def _progress_bar(enabled: bool):
     def show(done: int, total: int, current: str) -> None:
         width = 30
         filled = width * done // max(total, 1)
-        name = current[-40:] if current else "validating"
-        print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} files  {name:<40}",
+        print(f"\r[{'#' * filled}{'.' * (width - filled)}] {current[-50:]:<50}",
               end="" if done < total else "\n", file=sys.stderr, flush=True)
 
     return show if enabled else None
