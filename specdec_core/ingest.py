@@ -154,12 +154,20 @@ def _values_sql() -> str:
     return ",\n".join(f"{_value_sql(name, kind)} AS f_{name}" for name, kind, _ in FIELDS)
 
 
+# The first contract field that a record names twice (only records with more keys than known fields
+# present can have one, so only they pay for the look).
+_REPEATED_FIELD = ("list_filter(json_keys(obj), lambda k, i: list_position(json_keys(obj), k) < i "
+                   "AND k IN (" + ", ".join(f"'{n}'" for n in FIELD_NAMES) + "))[1]")
+
+
 def _reason_sql() -> str:
     """The first rule a record breaks, as a one-line reason; NULL when it breaks none."""
     branches = [
         "WHEN NOT valid THEN 'bad JSON: the line is not valid JSON'",
         "WHEN root <> 'OBJECT' THEN 'not a JSON object: got ' || lower(root)",
         "WHEN json_exists(obj, '$.__csv_error__') THEN 'bad CSV row: ' || (obj ->> '$.__csv_error__')",
+        # A field named twice: this store would read the first value, most JSON readers the last.
+        "WHEN repeated_field IS NOT NULL THEN 'duplicate field: ' || repeated_field || ' appears more than once'",
     ]
     for name, kind, required in FIELDS:
         t = _t(name)
@@ -225,7 +233,7 @@ def _typed_columns_sql() -> str:
 
 # Fields the contract does not name are kept: a JSON merge patch with null deletes the known ones.
 # Only records with more keys than known fields present have any, so only they are patched.
-_EXTRA_SQL = ("CASE WHEN len(json_keys(obj)) > n_known THEN nullif(json_merge_patch(obj, '{"
+_EXTRA_SQL = ("CASE WHEN n_keys > n_known THEN nullif(json_merge_patch(obj, '{"
               + ",".join(f'"{n}":null' for n in FIELD_NAMES) + "}')::VARCHAR, '{}')::JSON END")
 
 
@@ -318,10 +326,11 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: _Lines, source_file: str, c
         lists AS (SELECT *, json_type(obj, {paths}) AS t, json_extract_string(obj, {paths}) AS s FROM o),
         -- One column per field: list indexing inside every later expression would repeat the work.
         fields AS (SELECT seq, source_file, source_line, raw, valid, root, obj,
-                          len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known,
+                          len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known, len(json_keys(obj)) AS n_keys,
                           {", ".join(f"t[{i}] AS {_t(n)}, s[{i}] AS {_s(n)}" for n, i in _INDEX.items())}
                    FROM lists),
-        vals AS (SELECT *, {_values_sql()} FROM fields),
+        vals AS (SELECT *, {_values_sql()},
+                        CASE WHEN n_keys > n_known THEN {_REPEATED_FIELD} END AS repeated_field FROM fields),
         -- The raw text stays in the file's table: rejected rows are joined back to it by seq.
         verdict AS (
             SELECT seq, source_file, source_line, {_EXTRA_SQL} AS extra, {", ".join(f"f_{n}" for n in FIELD_NAMES)},

@@ -84,6 +84,8 @@ BAD_LINES = [
     (json.dumps(rec("o1", max_tokens=2**64)), "max_tokens: out of range"),
     (json.dumps(rec("o2", output_tokens=10**30)), "output_tokens: out of range"),
     (json.dumps(rec("o3", top_k=1e300)), "top_k: out of range"),
+    # Named twice: this store would read one value and most JSON readers the other.
+    (json.dumps(rec("k1"))[:-1] + ', "max_tokens": 0}', "duplicate field: max_tokens appears more than once"),
 ]
 
 
@@ -187,6 +189,9 @@ def test_unknown_fields_are_kept(store, tmp_path):
     with store.read() as con:
         extra = con.execute("SELECT extra::VARCHAR FROM requests").fetchall()[0][0]
     assert json.loads(extra) == {"experiment": "arm-b", "tags": {"a": [1]}}
+    # A field of the user's own named twice is kept, not a reason to quarantine.
+    line = json.dumps(rec("u2", note="a"))[:-1] + ', "note": "b"}'
+    assert ingest(store, [str(write_jsonl(tmp_path / "y.jsonl", [line]))]).accepted == 1
 
 
 def test_mixed_timestamp_formats_are_stored_in_utc(store, tmp_path):
