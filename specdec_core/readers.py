@@ -150,13 +150,17 @@ def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[Ra
                 yield RawBatch(name, [], [])
                 return
             header = [h.strip() for h in header]
+            repeated = sorted({h for h in header if header.count(h) > 1})
             for row_number, row in enumerate(reader, start=1):
                 if not any(cell.strip() for cell in row):
                     continue
-                if len(row) != len(header):
-                    # Rejected by the SQL pass with this reason; the row is kept as it was read.
-                    obj: object = {"__csv_error__": f"row has {len(row)} cells, header has {len(header)}",
+                if repeated:
+                    # Which of the two columns holds the value? Each row says so, rather than guessing.
+                    obj: object = {"__csv_error__": f"the header names {', '.join(repeated)} more than once",
                                    "__raw__": row}
+                elif len(row) != len(header):
+                    # Rejected by the SQL pass with this reason; the row is kept as it was read.
+                    obj = {"__csv_error__": f"row has {len(row)} cells, header has {len(header)}", "__raw__": row}
                 else:
                     obj = {h: _csv_cell(h, _safe_text(cell)) for h, cell in zip(header, row, strict=True)}
                 numbers.append(row_number)

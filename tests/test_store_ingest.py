@@ -172,6 +172,16 @@ def test_csv_records_equal_their_jsonl_twins_and_a_missing_column_quarantines_ea
     assert {reason for _, reason in quarantine_rows(broken)} == {"missing required field: max_tokens"}
 
 
+def test_a_csv_header_naming_a_field_twice_quarantines_each_row_with_why(store, tmp_path):
+    path = write_csv(tmp_path / "twice.csv", [rec("t1"), rec("t2")])
+    lines = path.read_text(encoding="utf-8").splitlines()
+    path.write_text("\n".join([lines[0] + ",max_tokens"] + [line + ",1" for line in lines[1:]]) + "\n")
+    result = ingest(store, [str(path)])
+    assert (result.read, result.accepted, result.quarantined) == (2, 0, 2)
+    assert {reason for _, reason in quarantine_rows(store)} == {
+        "bad CSV row: the header names max_tokens more than once"}
+
+
 def test_parquet_is_read(store, tmp_path):
     records = [rec("p1", stop=["x"]), rec("p2", temperature=0.3, seed=1)]
     src = write_jsonl(tmp_path / "src.jsonl", records)
