@@ -12,6 +12,7 @@ import glob
 import gzip
 import io
 import json
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -117,12 +118,28 @@ def read_jsonl(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[
     yield RawBatch(name, numbers, raws)
 
 
+def _csv_integer(cell: str) -> object:
+    """An integer cell; `4.0` stays a number, as in JSON, for the checks to accept as integral.
+
+    pandas writes an integer column holding a missing value as floats (`4.0`), so a CSV of a real
+    log often spells integers that way. Anything else that is not an integer stays text, to be
+    quarantined with its own spelling.
+    """
+    try:
+        return int(cell)
+    except ValueError:
+        number = float(cell)  # ValueError: the caller keeps the text
+        return number if math.isfinite(number) else cell
+
+
 def _csv_cell(name: str, cell: str) -> object:
     if cell == "":
         return None
     try:
-        if name in _CSV_INTEGER or (name == "ts" and cell.strip().lstrip("-").isdigit()):
+        if name == "ts" and cell.strip().lstrip("-").isdigit():
             return int(cell)  # a ts of digits is epoch milliseconds
+        if name in _CSV_INTEGER:
+            return _csv_integer(cell)
         if name in _CSV_NUMBER:
             return float(cell)
         if name in _CSV_BOOLEAN:
