@@ -7,6 +7,7 @@ source may lie outside the filtered window); filters choose which hits are shown
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -53,12 +54,22 @@ NO_FILTERS = Filters()
 _draft_label = summary.draft_label
 
 
+# Answers a question without a time range from the summaries: (connection, {dims} clause, its params).
+WholeAnswer = Callable[[Any, str, list[Any]], pd.DataFrame]
+
+
 def _df(store: Store, sql: str, filters: Filters, extra: list[Any] | None = None,
-        leading: list[Any] | None = None, *, minute: str | None = None, whole: str | None = None) -> pd.DataFrame:
+        leading: list[Any] | None = None, *, minute: str | None = None,
+        whole: str | WholeAnswer | None = None) -> pd.DataFrame:
     """Answer a question: from the summaries when they can (`minute` SQL over {source}, a relation shaped
-    like summary_minute; `whole` SQL with {dims}, without a time range), else `sql` over the rows with the
-    filters' WHERE (as often as it says {where}). `leading`/`extra` bind the ? before and after."""
+    like summary_minute; `whole` SQL with {dims}, or a function of it, without a time range), else `sql`
+    over the rows with the filters' WHERE (as often as it says {where}). `leading`/`extra` bind the ?
+    before and after."""
     with store.read() as con:
+        if callable(whole):
+            if filters.start is None and filters.end is None and summary.ready(con):
+                return whole(con, *summary.dimension_where(filters))
+            whole = None
         return _run(con, sql, filters, extra, leading, minute=minute, whole=whole).df()
 
 
@@ -304,18 +315,16 @@ GROUP BY ALL ORDER BY outcome
 """
 
 
-LATENCY_HIT_VS_MISS_WHOLE_SQL = histogram_quantiles(
-    "(SELECT CASE WHEN c.cache_hit THEN 'hit' ELSE 'miss' END AS outcome, c.value, c.n "
-    "FROM summary_latency c WHERE {dims})",
-    ["outcome"], {"p50_ms": 0.5, "p95_ms": 0.95}, extra=", sum(value * n) / sum(n) AS mean_ms",
-)
-LATENCY_HIT_VS_MISS_WHOLE_SQL = f"""
-SELECT outcome, total AS requests, mean_ms, p50_ms, p95_ms FROM ({LATENCY_HIT_VS_MISS_WHOLE_SQL}) ORDER BY outcome
-"""
+def _latency_from_histogram(con: Any, dims: str, params: list[Any]) -> pd.DataFrame:
+    source = ("(SELECT CASE WHEN c.cache_hit THEN 'hit' ELSE 'miss' END AS key, c.value, c.n "
+              f"FROM summary_latency c WHERE {dims})")
+    s = histogram_quantiles(con, source, params, {"p50_ms": 0.5, "p95_ms": 0.95})
+    return pd.DataFrame({"outcome": s["key"], "requests": s["total"], "mean_ms": s["mean"], "p50_ms": s["p50_ms"],
+                         "p95_ms": s["p95_ms"]})
 
 
 def latency_hit_vs_miss(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
-    return _df(store, LATENCY_HIT_VS_MISS_SQL, filters, whole=LATENCY_HIT_VS_MISS_WHOLE_SQL)
+    return _df(store, LATENCY_HIT_VS_MISS_SQL, filters, whole=_latency_from_histogram)
 
 
 ACCEPTANCE_BY_COMBINATION_SQL = f"""
@@ -359,18 +368,16 @@ GROUP BY ALL ORDER BY r.max_tokens
 """
 
 
-OUTPUT_LENGTH_BY_MAX_TOKENS_WHOLE_SQL = f"""
-SELECT max_tokens, total AS requests, min, q1, median, q3, max, violations
-FROM ({histogram_quantiles("(SELECT * FROM summary_lengths c WHERE {dims})", ["max_tokens"],
-                           {"q1": 0.25, "median": 0.5, "q3": 0.75},
-                           extra=", coalesce(sum(n) FILTER (WHERE value > max_tokens), 0) AS violations")})
-ORDER BY max_tokens
-"""
+def _lengths_from_histogram(con: Any, dims: str, params: list[Any]) -> pd.DataFrame:
+    source = f"(SELECT c.max_tokens AS key, c.value, c.n FROM summary_lengths c WHERE {dims})"
+    s = histogram_quantiles(con, source, params, {"q1": 0.25, "median": 0.5, "q3": 0.75}, count_above_key=True)
+    return pd.DataFrame({"max_tokens": s["key"], "requests": s["total"], "min": s["min"], "q1": s["q1"],
+                         "median": s["median"], "q3": s["q3"], "max": s["max"], "violations": s["above_key"]})
 
 
 def output_length_by_max_tokens(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Distribution of output tokens per max_tokens (box statistics), with violation counts."""
-    return _df(store, OUTPUT_LENGTH_BY_MAX_TOKENS_SQL, filters, whole=OUTPUT_LENGTH_BY_MAX_TOKENS_WHOLE_SQL)
+    return _df(store, OUTPUT_LENGTH_BY_MAX_TOKENS_SQL, filters, whole=_lengths_from_histogram)
 
 
 LENGTH_VIOLATIONS_SQL = f"""
