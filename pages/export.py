@@ -17,21 +17,24 @@ st.caption("One row per flagged request and kind, with the sidebar's filters app
            f"`specdec report --db {ui.md_escape(ui.store().path)} --out report.csv` writes for an unfiltered "
            "database.")
 kinds = st.multiselect("Kinds", report.KINDS, default=list(report.KINDS), key="export_kinds")
-frame = ui.cached(report.mismatch_report, filters=filters, kinds=tuple(kinds))
-counts = frame.kind.value_counts()
+counts = ui.cached(report.report_counts, filters=filters, kinds=tuple(kinds))
+total = sum(counts.values())
 row = st.columns(len(report.KINDS))
 for column, kind in zip(row, report.KINDS, strict=True):
     column.metric(kind, ui.fmt_int(counts.get(kind, 0)) if kind in kinds else "–")
 # The CSV is built on click: at a million requests it is hundreds of thousands of rows.
-st.download_button("Download mismatch report (CSV)", data=lambda: report.report_csv(frame),
+store = ui.store()
+st.download_button("Download mismatch report (CSV)",
+                   data=lambda: report.report_csv(report.mismatch_report(store, filters, kinds)),
                    file_name="specdec-mismatch-report.csv", mime="text/csv", type="primary",
-                   on_click="ignore", disabled=frame.empty, key="download_report")
-if frame.empty:
+                   on_click="ignore", disabled=total == 0, key="download_report")
+if total == 0:
     st.success("Nothing to report for these kinds in this selection.")
 else:
-    shown = "" if len(frame) <= PREVIEW_ROWS else f" (the first {PREVIEW_ROWS:,} shown; the CSV has all)"
-    st.caption(f"{len(frame):,} rows{shown}.")
-    st.dataframe(frame.head(PREVIEW_ROWS), hide_index=True)
+    preview = ui.cached(report.mismatch_report, filters=filters, kinds=tuple(kinds), limit=PREVIEW_ROWS)
+    shown = "" if total <= PREVIEW_ROWS else f" (the first {PREVIEW_ROWS:,} shown; the CSV has all)"
+    st.caption(f"{total:,} rows{shown}.")
+    st.dataframe(preview, hide_index=True)
 
 st.subheader("Replays")
 replays = ui.cached(replay.replays_table)

@@ -51,22 +51,37 @@ MISMATCH_REPORT_SQL = {
 }
 
 
-def mismatch_report(store: Store, filters: Filters = NO_FILTERS,
-                    kinds: Iterable[str] = KINDS) -> pd.DataFrame:
-    """Every flagged (request, kind) in time order, as the report's rows."""
+def _parts(filters: Filters, kinds: Iterable[str]) -> tuple[list[tuple[str, str]], list]:
+    """(kind, SQL) of each chosen kind, in the report's order, and the filters' parameters for one part."""
     kinds = list(kinds)
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise ValueError(f"report kind {', '.join(unknown)} is unknown; known: {', '.join(KINDS)}")
     where, params = filters.where()
-    parts = [MISMATCH_REPORT_SQL[k].replace("{where}", where) for k in KINDS if k in kinds]
+    return [(k, MISMATCH_REPORT_SQL[k].replace("{where}", where)) for k in KINDS if k in kinds], params
+
+
+def mismatch_report(store: Store, filters: Filters = NO_FILTERS,
+                    kinds: Iterable[str] = KINDS, limit: int | None = None) -> pd.DataFrame:
+    """Every flagged (request, kind) in time order, as the report's rows (the first `limit` of them)."""
+    parts, params = _parts(filters, kinds)
     if not parts:
         return pd.DataFrame(columns=list(COLUMNS))
-    sql = (" UNION ALL ".join(f"({p})" for p in parts)
-           + " ORDER BY sort_ts, request_id, kind")
+    sql = (" UNION ALL ".join(f"({p})" for _, p in parts)
+           + " ORDER BY sort_ts, request_id, kind" + ("" if limit is None else " LIMIT ?"))
     with store.read() as con:
-        frame = con.execute(sql, params * len(parts)).df()
+        frame = con.execute(sql, params * len(parts) + ([] if limit is None else [limit])).df()
     return frame[list(COLUMNS)]
+
+
+def report_counts(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable[str] = KINDS) -> dict[str, int]:
+    """How many rows of each chosen kind the report holds, without building it."""
+    parts, params = _parts(filters, kinds)
+    if not parts:
+        return {}
+    sql = " UNION ALL ".join(f"SELECT '{k}' AS kind, count(*) AS n FROM ({p})" for k, p in parts)
+    with store.read() as con:
+        return dict(con.execute(sql, params * len(parts)).fetchall())
 
 
 def _cell(value: object) -> object:

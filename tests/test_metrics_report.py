@@ -16,7 +16,7 @@ from logfactory import DROP, rec, write_csv, write_jsonl
 from specdec_core import metrics
 from specdec_core.ingest import ingest
 from specdec_core.metrics import Filters
-from specdec_core.report import mismatch_report, report_csv
+from specdec_core.report import mismatch_report, report_counts, report_csv
 from specdec_core.request import identity
 from specdec_core.store import Store
 
@@ -186,6 +186,17 @@ def _contract_rows(data: bytes) -> list[list[str]]:
 
 def test_report_rows_for_the_planted_incident(incident):
     assert _contract_rows(report_csv(mismatch_report(incident))) == EXPECTED_REPORT
+
+
+def test_report_counts_and_a_preview_agree_with_the_whole_report(incident):
+    # The Export page shows these two without building the whole report.
+    assert report_counts(incident) == {"contaminated_hit": 4, "length_violation": 1, "replay_mismatch": 0}
+    assert report_counts(incident, kinds=["length_violation"]) == {"length_violation": 1}
+    late = Filters(start=datetime(2026, 3, 1, 10, 5, tzinfo=timezone.utc))
+    assert report_counts(incident, late) == {"contaminated_hit": 2, "length_violation": 1, "replay_mismatch": 0}
+    assert _contract_rows(report_csv(mismatch_report(incident, limit=2))) == EXPECTED_REPORT[:2]
+    with pytest.raises(ValueError, match="report kind nope is unknown"):
+        report_counts(incident, kinds=["nope"])
 
 
 def test_report_cli_writes_the_same_file(incident, tmp_path):
