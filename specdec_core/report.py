@@ -84,19 +84,12 @@ def report_counts(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable[s
         return dict(con.execute(sql, params * len(parts)).fetchall())
 
 
-def _cell(value: object) -> object:
-    if value is None or (isinstance(value, float) and pd.isna(value)) or value is pd.NA:
-        return ""
-    return value
-
-
 def report_csv(frame: pd.DataFrame) -> bytes:
-    """The report as CSV bytes (UTF-8, header row), identical for the CLI and the dashboard."""
+    """The report as CSV bytes (UTF-8, header row), identical for the CLI and the dashboard; missing is empty."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(frame.columns)
-    for row in frame.itertuples(index=False):
-        writer.writerow([_cell(v) for v in row])
+    writer.writerows(frame.astype(object).where(frame.notna(), "").itertuples(index=False, name=None))
     return buf.getvalue().encode("utf-8")
 
 
