@@ -174,8 +174,8 @@ def test_csv_records_equal_their_jsonl_twins_and_a_missing_column_quarantines_ea
 
 def test_csv_integers_written_as_floats_are_read_as_integers_and_fractions_are_not(store, tmp_path):
     # pandas writes an integer column that holds a missing value as floats: 4 becomes 4.0.
-    records = [rec("f1", num_speculative_tokens=4, top_k=None, seed=None), rec("f2", temperature=0.8, seed=7),
-               rec("f3", max_tokens=64)]
+    records = [rec("f1", num_speculative_tokens=4, top_k=None, seed=None),
+               rec("f2", temperature=0.8, seed=7, ts=1772359200000), rec("f3", max_tokens=64)]
     path = write_csv(tmp_path / "floats.csv", records)
     lines = path.read_text(encoding="utf-8").splitlines()
     header = lines[0].split(",")
@@ -184,6 +184,7 @@ def test_csv_integers_written_as_floats_are_read_as_integers_and_fractions_are_n
         i = header.index(column)
         for row in rows:
             row[i] = row[i] and f"{row[i]}.0"
+    rows[1][header.index("ts")] += ".0"  # epoch milliseconds
     rows[2][header.index("max_tokens")] = "64.5"
     path.write_text("\n".join([lines[0]] + [",".join(r) for r in rows]) + "\n", encoding="utf-8")
     result = ingest(store, [str(path)])
@@ -192,6 +193,9 @@ def test_csv_integers_written_as_floats_are_read_as_integers_and_fractions_are_n
         stored = dict(con.execute("SELECT request_id, fingerprint FROM requests").fetchall())
     assert stored == {r["request_id"]: fingerprint(r) for r in records[:2]}
     assert quarantine_rows(store) == [(3, 'max_tokens: expected an integer >= 1, got 64.5')]
+    with store.read() as con:
+        assert con.execute("SELECT epoch_ms(ts) FROM requests WHERE request_id = 'f2'").fetchall() == [
+            (1772359200000,)]
 
 
 def test_a_csv_header_naming_a_field_twice_quarantines_each_row_with_why(store, tmp_path):
