@@ -118,14 +118,6 @@ def read_jsonl(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[
     yield RawBatch(name, numbers, raws)
 
 
-def _is_number(cell: str) -> bool:
-    try:
-        float(cell)
-    except ValueError:
-        return False
-    return True
-
-
 def _csv_integer(cell: str) -> object:
     """An integer cell; `4.0` stays a number, as in JSON, for the checks to accept as integral.
 
@@ -136,7 +128,7 @@ def _csv_integer(cell: str) -> object:
     try:
         return int(cell)
     except ValueError:
-        number = float(cell)  # ValueError: the caller keeps the text
+        number = float(cell)  # ValueError: the caller keeps the text (a date-time, for `ts`)
         return number if math.isfinite(number) else cell
 
 
@@ -144,8 +136,8 @@ def _csv_cell(name: str, cell: str) -> object:
     if cell == "":
         return None
     try:
-        if name in _CSV_INTEGER or (name == "ts" and _is_number(cell)):
-            return _csv_integer(cell)  # a ts that is a number is epoch milliseconds
+        if name in _CSV_INTEGER or name == "ts":
+            return _csv_integer(cell)  # a ts that is a number is epoch milliseconds; RFC 3339 text stays text
         if name in _CSV_NUMBER:
             return float(cell)
         if name in _CSV_BOOLEAN:
