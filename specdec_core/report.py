@@ -20,7 +20,9 @@ COLUMNS = (
     "deployment", "output_tokens", "classification", "detail",
 )
 
-_RFC3339 = "strftime(r.ts, '%Y-%m-%dT%H:%M:%S.%gZ')"
+# Milliseconds, as most logs write them; microseconds where the log had them, so the report's ts is exact.
+_RFC3339 = ("CASE WHEN microsecond(r.ts) % 1000 = 0 THEN strftime(r.ts, '%Y-%m-%dT%H:%M:%S.%gZ') "
+            "ELSE strftime(r.ts, '%Y-%m-%dT%H:%M:%S.%fZ') END")
 _COMMON = (f"r.request_id, {_RFC3339} AS ts, {{kind}} AS kind, r.cache_key, {{source}} AS source_request_id, "
            "{differing} AS differing_fields, r.target_model, r.draft_model, r.temperature, r.max_tokens, "
            "r.tokenizer_version, r.deployment, r.output_tokens, {classification} AS classification, "

@@ -199,6 +199,19 @@ def test_report_counts_and_a_preview_agree_with_the_whole_report(incident):
         report_counts(incident, kinds=["nope"])
 
 
+def test_report_ts_keeps_the_precision_the_log_had(tmp_path):
+    store = Store(tmp_path / "us.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "us.jsonl", [
+        rec("m", ts="2026-03-01T10:00:00.5Z"),
+        rec("h", ts="2026-03-01T12:00:00.123456+02:00", cache_hit=True, max_tokens=8),
+        rec("v", ts=1772359200007, output_tokens=99),
+    ]))])
+    rows = {(r["request_id"], r["kind"]): r["ts"]
+            for r in csv.DictReader(io.StringIO(report_csv(mismatch_report(store)).decode()))}
+    assert rows == {("h", "contaminated_hit"): "2026-03-01T10:00:00.123456Z",
+                    ("v", "length_violation"): "2026-03-01T10:00:00.007Z"}
+
+
 def test_report_cli_writes_the_same_file(incident, tmp_path):
     out = tmp_path / "report.csv"
     done = subprocess.run([sys.executable, "-m", "specdec_core", "report", "--db", str(incident.path),
