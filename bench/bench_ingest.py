@@ -26,12 +26,17 @@ con.close()
 """
 
 OURS = """
-import sys
+import sys, time
 from specdec_core.ingest import ingest
 from specdec_core.store import Store
-r = ingest(Store(sys.argv[2]), [sys.argv[1]])
+phases, last = [], [time.perf_counter(), "opening the store"]
+def progress(step, total, what):
+    now = time.perf_counter()
+    phases.append((last[1].split(" ")[0], now - last[0]))
+    last[:] = [now, what]
+r = ingest(Store(sys.argv[2]), [sys.argv[1]], progress=progress)
 assert r.accepted + r.duplicates + r.quarantined == r.read, r
-print(r.read, r.accepted, file=sys.stderr)
+print("ours by phase: " + ", ".join(f"{what} {s:.1f} s" for what, s in phases[1:]), file=sys.stderr)
 """
 
 
