@@ -67,22 +67,26 @@ def _df(store: Store, sql: str, filters: Filters, extra: list[Any] | None = None
     before and after."""
     with store.read() as con:
         if callable(whole):
-            if filters.start is None and filters.end is None and summary.ready(con):
+            if _whole_from_summaries(con, filters):
                 return whole(con, *summary.dimension_where(filters))
             whole = None
         return _run(con, sql, filters, extra, leading, minute=minute, whole=whole).df()
 
 
+def _whole_from_summaries(con: Any, filters: Filters) -> bool:
+    """Whether a `whole` answer applies: no time range, and summaries this code may use."""
+    return filters.start is None and filters.end is None and summary.ready(con)
+
+
 def _run(con: Any, sql: str, filters: Filters, extra: list[Any] | None = None, leading: list[Any] | None = None,
          *, minute: str | None = None, whole: str | None = None) -> Any:
     extra, leading = extra or [], leading or []
-    if (minute is not None or whole is not None) and summary.ready(con):
-        if minute is not None:
-            source, params = minute_source(filters, filters.where())
-            return con.execute(minute.replace("{source}", source), leading + params + extra)
-        if filters.start is None and filters.end is None:
-            dims, params = summary.dimension_where(filters)
-            return con.execute(whole.replace("{dims}", dims), leading + params * whole.count("{dims}") + extra)
+    if minute is not None and summary.ready(con):
+        source, params = minute_source(filters, filters.where())
+        return con.execute(minute.replace("{source}", source), leading + params + extra)
+    if whole is not None and _whole_from_summaries(con, filters):
+        dims, params = summary.dimension_where(filters)
+        return con.execute(whole.replace("{dims}", dims), leading + params * whole.count("{dims}") + extra)
     where, params = filters.where()
     return con.execute(sql.replace("{where}", where), leading + params * sql.count("{where}") + extra)
 
