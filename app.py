@@ -14,11 +14,11 @@ from pathlib import Path
 import streamlit as st
 
 import ui
-from specdec_core import metrics
-from specdec_core.ingest import ingest
-from specdec_core.metrics import NO_FILTERS, Filters
-from specdec_core.readers import LogReadError
-from specdec_core.store import StoreError
+from specdec_core.analysis import metrics
+from specdec_core.analysis.metrics import NO_FILTERS, Filters
+from specdec_core.store.connection import StoreError
+from specdec_core.store.ingest import ingest
+from specdec_core.store.readers import LogReadError
 
 LAST_INGEST_KEY = "last_ingest"
 UPLOAD_TYPES = ["jsonl", "gz", "csv", "parquet"]

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import streamlit as st
 
-from specdec_core.metrics import NO_FILTERS, Filters
-from specdec_core.store import Store, StoreError, resolve_db
+from specdec_core.analysis.metrics import NO_FILTERS, Filters
+from specdec_core.store.connection import Store, StoreError, resolve_db
 
 DB_KEY = "db_path"
 FILTERS_KEY = "filters"
@@ -79,7 +79,7 @@ def cached(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 def has_data() -> bool:
     """Whether the database exists and holds at least one request (never creates the file)."""
-    from specdec_core import metrics
+    from specdec_core.analysis import metrics
 
     db = store()
     if not db.exists:

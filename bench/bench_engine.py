@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from specdec_core.demo_models import DEFAULT_MODELS_DIR, fetch, registry_dict  # noqa: E402
-from specdec_core.engine import SpecDecoder  # noqa: E402
-from specdec_core.models import Registry  # noqa: E402
-from specdec_core.request import DecodeRequest  # noqa: E402
+from specdec_core.contract.identity import DecodeRequest  # noqa: E402
+from specdec_core.decoding.engine import SpecDecoder  # noqa: E402
+from specdec_core.decoding.registry import Registry  # noqa: E402
+from specdec_core.demo.models import DEFAULT_MODELS_DIR, fetch, registry_dict  # noqa: E402
 
 TARGET = "smollm2-135m"
 PROMPTS = [

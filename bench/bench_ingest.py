@@ -27,8 +27,8 @@ con.close()
 
 OURS = """
 import sys, time
-from specdec_core.ingest import ingest
-from specdec_core.store import Store
+from specdec_core.store.ingest import ingest
+from specdec_core.store.connection import Store
 phases, last = [], [time.perf_counter(), "opening the store"]
 def progress(step, total, what):
     now = time.perf_counter()
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from specdec_core.synthetic import make_synthetic_log
+    from specdec_core.demo.synthetic import make_synthetic_log
 
     OUT.mkdir(exist_ok=True)
     log = OUT / f"synthetic-{args.rows}.jsonl"

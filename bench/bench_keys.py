@@ -27,14 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdec_core.keys import cache_key, model_prompt_key  # noqa: E402
-from specdec_core.request import (  # noqa: E402
+from specdec_core.contract.identity import (  # noqa: E402
     DecodeRequest,
     canonical_json,
     fingerprint,
     fingerprint_of_identity,
     identity,
 )
+from specdec_core.keys.schemes import cache_key, model_prompt_key  # noqa: E402
 
 
 def workload(n: int, seed: int = 0) -> list[DecodeRequest]:

@@ -22,9 +22,9 @@ ROOT = OUT.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from specdec_core import metrics  # noqa: E402
-from specdec_core.ingest import ingest  # noqa: E402
-from specdec_core.store import Store  # noqa: E402
-from specdec_core.synthetic import make_synthetic_log  # noqa: E402
+from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
+from specdec_core.store.connection import Store  # noqa: E402
+from specdec_core.store.ingest import ingest  # noqa: E402
 
 
 def best_of(fn: Callable[[], object], runs: int = 3) -> float:

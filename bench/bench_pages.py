@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_pages.py [--rows 1000000] [--rebuild]
 
-Builds bench/out/pages-<rows>.duckdb once (specdec_core.synthetic writes the log,
+Builds bench/out/pages-<rows>.duckdb once (specdec_core.demo.synthetic writes the log,
 ingest loads it) and reuses it afterwards. Each page is timed cold (Streamlit's
 data cache cleared: what the first visitor after a load waits for) and warm (the
 same page again: what filters left unchanged cost). Target: cold < 2 s per page.
@@ -22,10 +22,10 @@ sys.path.insert(0, str(ROOT))
 import streamlit as st  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from specdec_core.ingest import ingest  # noqa: E402
-from specdec_core.metrics import headline  # noqa: E402
-from specdec_core.store import Store  # noqa: E402
-from specdec_core.synthetic import make_synthetic_log  # noqa: E402
+from specdec_core.analysis.metrics import headline  # noqa: E402
+from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
+from specdec_core.store.connection import Store  # noqa: E402
+from specdec_core.store.ingest import ingest  # noqa: E402
 
 PAGES = ("overview", "cache", "output_length", "mismatches", "keys", "replay", "export")
 TARGET_S = 2.0

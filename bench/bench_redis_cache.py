@@ -25,9 +25,9 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdec_core.cache import CacheStats, RedisCache, decode_entry, encode_entry  # noqa: E402
-from specdec_core.keys import cache_key  # noqa: E402
-from specdec_core.request import DecodeRequest, identity  # noqa: E402
-from specdec_core.result import DecodeResult  # noqa: E402
+from specdec_core.contract.identity import DecodeRequest, identity  # noqa: E402
+from specdec_core.contract.result import DecodeResult  # noqa: E402
+from specdec_core.keys.schemes import cache_key  # noqa: E402
 
 
 def free_port() -> int:

@@ -18,14 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from specdec_core.cache import MemoryCache  # noqa: E402
-from specdec_core.demo_models import fetch  # noqa: E402
-from specdec_core.engine import SpecDecoder  # noqa: E402
-from specdec_core.ingest import ingest  # noqa: E402
-from specdec_core.replay import replay, replay_many  # noqa: E402
-from specdec_core.request import DecodeRequest  # noqa: E402
+from specdec_core.contract.identity import DecodeRequest  # noqa: E402
+from specdec_core.decoding.engine import SpecDecoder  # noqa: E402
+from specdec_core.demo.models import fetch  # noqa: E402
+from specdec_core.demo.simulate import PROMPTS  # noqa: E402
+from specdec_core.replay.run import replay, replay_many  # noqa: E402
 from specdec_core.service import DecodeService  # noqa: E402
-from specdec_core.simulate import PROMPTS  # noqa: E402
-from specdec_core.store import Store  # noqa: E402
+from specdec_core.store.connection import Store  # noqa: E402
+from specdec_core.store.ingest import ingest  # noqa: E402
 
 SPECULATION = {"plain": (None, None), "ngram-3": ("ngram-3", 4), "draft-skip8": ("smollm2-135m-draft-skip8", 4)}
 

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 import ui
-from specdec_core import metrics
+from specdec_core.analysis import metrics
 
 ui.page_header("Cache")
 ui.require_data()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 import ui
-from specdec_core import replay, report
+from specdec_core.analysis import report
+from specdec_core.replay import run as replay
 
 ui.page_header("Export")
 ui.require_data()

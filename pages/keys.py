@@ -7,7 +7,9 @@ import json
 import streamlit as st
 
 import ui
-from specdec_core import audit, metrics
+from specdec_core import contract, keys
+from specdec_core.analysis import metrics
+from specdec_core.keys import audit
 
 ui.page_header("Keys")
 ui.require_data()
@@ -41,7 +43,7 @@ OWN = "a function of yours (module:function)"
 choice = st.radio("Key function", [*SCHEMES, OWN], horizontal=True, key="audit_choice")
 target = st.text_input("module:function, importable where this dashboard runs", key="audit_target") \
     if choice == OWN else ""
-example_text = st.text_area("Example request (JSON object)", value=json.dumps(audit.EXAMPLE_REQUEST, indent=2),
+example_text = st.text_area("Example request (JSON object)", value=json.dumps(keys.EXAMPLE_REQUEST, indent=2),
                             height=260, key="audit_example")
 if st.button("Audit", key="audit_run"):
     try:
@@ -51,9 +53,9 @@ if st.button("Audit", key="audit_run"):
         if choice == OWN:
             key_fn, importable = audit.resolve_importable(target.strip()), target.strip()
         else:
-            key_fn, importable = audit.dict_key_adapter(SCHEMES[choice]), None
+            key_fn, importable = keys.dict_key_adapter(SCHEMES[choice]), None
         with st.spinner("Auditing (the process check starts two interpreters)"):
-            result = audit.audit_key_function(key_fn, example, ignore=audit.NON_IDENTITY_FIELDS,
+            result = audit.audit_key_function(key_fn, example, ignore=contract.NON_IDENTITY_FIELDS,
                                               importable=importable)
     except (ValueError, ImportError, AttributeError, audit.KeyAuditError) as exc:
         st.error(f"Can't audit: {ui.md_escape(exc)}")

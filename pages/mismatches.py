@@ -6,7 +6,7 @@ import plotly.express as px
 import streamlit as st
 
 import ui
-from specdec_core import metrics
+from specdec_core.analysis import metrics
 
 ui.page_header("Mismatches")
 ui.require_data()

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 import ui
-from specdec_core import metrics
+from specdec_core.analysis import metrics
 
 ui.page_header("Output length")
 ui.require_data()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import ui
-from specdec_core import metrics
+from specdec_core.analysis import metrics
 
 ui.page_header("Overview")
 ui.require_data()

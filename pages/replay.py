@@ -6,7 +6,8 @@ import pandas as pd
 import streamlit as st
 
 import ui
-from specdec_core import metrics, replay
+from specdec_core.analysis import metrics
+from specdec_core.replay import run as replay
 
 ui.page_header("Replay")
 ui.require_data()

@@ -10,9 +10,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .keys import SCHEMA_VERSION, cache_key, key_scheme
-from .request import DecodeRequest, differing_fields, fingerprint, identity
-from .result import DecodeResult
+from specdec_core.contract import (
+    FIELDS,
+    IDENTITY_FIELDS,
+    DecodeRequest,
+    DecodeResult,
+    canonical_json,
+    differing_fields,
+    fingerprint,
+    identity,
+)
+from specdec_core.keys import SCHEMA_VERSION, cache_key, key_scheme
 
 # name -> module that defines it; imported when first touched.
 _LAZY: dict[str, str] = {
@@ -22,27 +30,36 @@ _LAZY: dict[str, str] = {
     "RedisCache": "cache",
     "open_cache": "cache",
     "DecodeService": "service",
-    "SpecDecoder": "engine",
-    "TokenScores": "engine",
-    "Registry": "models",
-    "RegistryError": "models",
-    "UnknownModelError": "models",
+    "SpecDecoder": "decoding",
+    "TokenScores": "decoding",
+    "Registry": "decoding",
+    "RegistryError": "decoding",
+    "UnknownModelError": "decoding",
     "ReplayResult": "replay",
+    "replay": "replay",
     "replay_many": "replay",
     "Store": "store",
-    "IngestResult": "ingest",
-    "Filters": "metrics",
-    "mismatch_report": "report",
-    "write_report": "report",
-    "KeyAudit": "audit",
-    "audit_key_function": "audit",
+    "StoreError": "store",
+    "IngestResult": "store",
+    "ingest": "store",
+    "migrate": "store",
+    "Filters": "analysis",
+    "headline": "analysis",
+    "red_flags": "analysis",
+    "mismatch_report": "analysis",
+    "write_report": "analysis",
+    "KeyAudit": "keys.audit",
+    "audit_key_function": "keys.audit",
 }
 
 __all__ = [
+    "FIELDS",
+    "IDENTITY_FIELDS",
     "SCHEMA_VERSION",
     "DecodeRequest",
     "DecodeResult",
     "cache_key",
+    "canonical_json",
     "differing_fields",
     "fingerprint",
     "identity",

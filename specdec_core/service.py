@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from .cache import Cache, CacheRead
-from .keys import DEFAULT_NAMESPACE, namespace_prefix
-from .keys import key_scheme as _key_scheme
-from .request import DecodeRequest, identity
-from .result import DecodeResult
+from specdec_core.cache import Cache, CacheRead
+from specdec_core.contract.identity import DecodeRequest, identity
+from specdec_core.contract.result import DecodeResult
+from specdec_core.keys.schemes import DEFAULT_NAMESPACE, namespace_prefix
+from specdec_core.keys.schemes import key_scheme as _key_scheme
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .audit import KeyAudit, KeyFn, audit_key_function
+from specdec_core.keys.audit import KeyAudit, KeyFn, audit_key_function
 
 
 def assert_key_covers(

@@ -16,10 +16,10 @@ from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
-from specdec_core import report
-from specdec_core.ingest import ingest
-from specdec_core.metrics import Filters
-from specdec_core.store import Store
+from specdec_core.analysis import report
+from specdec_core.analysis.metrics import Filters
+from specdec_core.store.connection import Store
+from specdec_core.store.ingest import ingest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # ui.py sits beside app.py, which is not a package
@@ -405,13 +405,13 @@ def test_replay_page_says_when_a_request_is_unknown(monkeypatch, incident_db):
     assert texts(at, "warning") == ["No request `nope` in this database."]
 
 
-# --- replay pages with a stand-in for specdec_core.replay (no models; test_app_replay.py runs the real one) ----
+# --- replay pages with a stand-in for specdec_core.replay.run (no models; test_app_replay.py runs the real one) ----
 
 
 def stand_in_replay_module(monkeypatch) -> list:
-    """specdec_core.replay's functions replaced, its result types kept; records the calls the pages make."""
-    from specdec_core.diff import OutputDiff, WordOp
-    from specdec_core.replay import ReplayResult
+    """specdec_core.replay.run's functions replaced, its result types kept; records the calls the pages make."""
+    from specdec_core.replay.diff import OutputDiff, WordOp
+    from specdec_core.replay.run import ReplayResult
 
     calls: list = []
     ops = (WordOp("equal", "An ", "An "), WordOp("insert", "", "<b>other</b> "), WordOp("equal", "output.", "output."))
@@ -441,7 +441,7 @@ def stand_in_replay_module(monkeypatch) -> list:
     def replays_table(store, limit=1000):
         return pd.DataFrame({"request_id": [c[1] for c in calls], "classification": "foreign"})
 
-    import specdec_core.replay as module
+    import specdec_core.replay.run as module
 
     for name, stand_in in (("replay", replay), ("replay_many", replay_many), ("replays_table", replays_table),
                            ("default_decoder", lambda: "decoder")):

@@ -1,4 +1,4 @@
-"""The Replay page with the real specdec_core.replay and SpecDecoder on the tiny demo models."""
+"""The Replay page with the real specdec_core.replay.run and SpecDecoder on the tiny demo models."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from logfactory import rec
 from test_app_pages import build_db, metrics_of, no_legacy_pages_folder, open_app, texts  # noqa: F401
 
-import specdec_core.replay as replay_module
-from specdec_core.engine import SpecDecoder
-from specdec_core.request import DecodeRequest
+import specdec_core.replay.run as replay_module
+from specdec_core.contract.identity import DecodeRequest
+from specdec_core.decoding.engine import SpecDecoder
 
 PROMPT = "The cache key"
 TINY = {"target_model": "tiny-target", "draft_model": "tiny-draft-a", "num_speculative_tokens": 4,

@@ -15,8 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_core import keys
-from specdec_core.audit import NON_IDENTITY_FIELDS, KeyAuditError, audit_key_function, dict_key_adapter
+import specdec_core
+from specdec_core.contract import NON_IDENTITY_FIELDS
+from specdec_core.keys import dict_key_adapter
+from specdec_core.keys.audit import KeyAuditError, audit_key_function
 from specdec_core.testing import assert_key_covers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -302,8 +304,13 @@ def test_model_prompt_scheme_is_caught_missing():
     assert audit.unstable == []
 
 
-def test_the_audit_is_reexported_from_keys():
-    assert keys.audit_key_function is audit_key_function
+def test_importing_the_library_or_keys_loads_neither_the_auditor_nor_subprocess():
+    # keys used to re-export the auditor (a cycle keys <-> audit that loaded subprocess on `import specdec_core`).
+    code = ("import sys, specdec_core, specdec_core.keys; "
+            "print(sorted(m for m in ('specdec_core.keys.audit', 'subprocess') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    assert specdec_core.audit_key_function is audit_key_function  # the public surface still offers it, lazily
     with pytest.raises(ValueError, match="unknown"):
         dict_key_adapter("no_such_scheme")
 

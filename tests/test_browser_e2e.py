@@ -20,8 +20,8 @@ from playwright.sync_api import Page, expect, sync_playwright
 from test_app_pages import HTML_OUTPUT, SCRIPT, build_db, build_incident_db
 from test_app_replay import TINY, build_foreign_db
 
-from specdec_core.demo_models import registry_dict
-from specdec_core.engine import SpecDecoder
+from specdec_core.decoding.engine import SpecDecoder
+from specdec_core.demo.models import registry_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "test-output"

@@ -20,9 +20,9 @@ from specdec_core.cache import (
     encode_entry,
     open_cache,
 )
-from specdec_core.keys import SCHEMA_VERSION, cache_key
-from specdec_core.request import DecodeRequest, fingerprint, identity
-from specdec_core.result import DecodeResult
+from specdec_core.contract.identity import DecodeRequest, fingerprint, identity
+from specdec_core.contract.result import DecodeResult
+from specdec_core.keys.schemes import SCHEMA_VERSION, cache_key
 
 REQ_A = DecodeRequest(
     prompt="Explain speculative decoding.",

@@ -16,9 +16,9 @@ import pytest
 import redis
 
 from specdec_core.cache import CacheError, CacheRead, RedisCache, open_cache
-from specdec_core.keys import cache_key, key_scheme
-from specdec_core.request import DecodeRequest, fingerprint, identity
-from specdec_core.result import DecodeResult
+from specdec_core.contract.identity import DecodeRequest, fingerprint, identity
+from specdec_core.contract.result import DecodeResult
+from specdec_core.keys.schemes import cache_key, key_scheme
 from specdec_core.service import DecodeService
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"

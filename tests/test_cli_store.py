@@ -9,9 +9,9 @@ import sys
 
 from logfactory import rec, write_jsonl
 
-from specdec_core.ingest import ingest
-from specdec_core.request import fingerprint
-from specdec_core.store import Store
+from specdec_core.contract.identity import fingerprint
+from specdec_core.store.connection import Store
+from specdec_core.store.ingest import ingest
 
 
 def specdec(*args: str) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from logfactory import DROP, rec, write_jsonl
 
-from specdec_core.request import canonicalize_identity, identity
+from specdec_core.contract.identity import canonicalize_identity, identity
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=timezone.utc)
 PROMPTS = ["P1", "P2", "Grüße"]

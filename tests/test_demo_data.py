@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from specdec_core import metrics
-from specdec_core.demo_models import fetch, registry_dict
-from specdec_core.engine import SpecDecoder
-from specdec_core.ingest import ingest
-from specdec_core.models import Registry
-from specdec_core.replay import replay
-from specdec_core.store import Store
+from specdec_core.analysis import metrics
+from specdec_core.decoding.engine import SpecDecoder
+from specdec_core.decoding.registry import Registry
+from specdec_core.demo.models import fetch, registry_dict
+from specdec_core.replay.run import replay
+from specdec_core.store.connection import Store
+from specdec_core.store.ingest import ingest
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_LOG = ROOT / "data" / "demo" / "requests.jsonl.gz"

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from specdec_core.engine import DEFAULT_DRAFT_TOKENS, SpecDecoder, TokenScores, request_seed
-from specdec_core.models import ModelSpec, Registry, TokenizerSpec, UnknownModelError
-from specdec_core.request import DecodeRequest, fingerprint
+from specdec_core.contract.identity import DecodeRequest, fingerprint
+from specdec_core.decoding.engine import DEFAULT_DRAFT_TOKENS, SpecDecoder, TokenScores, request_seed
+from specdec_core.decoding.registry import ModelSpec, Registry, TokenizerSpec, UnknownModelError
 
 PROMPTS = [
     "The cache key",

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec_core.keys import (
+from specdec_core.contract.identity import IDENTITY_FIELDS, DecodeRequest, sha256_hex
+from specdec_core.keys.schemes import (
     KEY_SCHEMES,
     SCHEMA_VERSION,
     cache_key,
@@ -20,7 +21,6 @@ from specdec_core.keys import (
     namespace_prefix,
     prompt_only_key,
 )
-from specdec_core.request import IDENTITY_FIELDS, DecodeRequest, sha256_hex
 
 BASE = DecodeRequest(
     prompt="Summarise the incident.",
@@ -159,8 +159,8 @@ def test_key_scheme_resolves_names_and_rejects_unknown_ones():
 
 _KEYS_IN_CHILD = """
 import json
-from specdec_core.keys import cache_key, prompt_only_key
-from specdec_core.request import DecodeRequest
+from specdec_core.keys.schemes import cache_key, prompt_only_key
+from specdec_core.contract.identity import DecodeRequest
 req = DecodeRequest(prompt="Summarise the incident.", target_model="t", tokenizer_version="v",
                     max_tokens=8, temperature=0.7, stop=("b", "a"))
 print(json.dumps({"full": cache_key(req), "prompt_only": prompt_only_key(req, "default")}))

@@ -13,12 +13,12 @@ from datetime import datetime, timezone
 import pytest
 from logfactory import DROP, rec, write_csv, write_jsonl
 
-from specdec_core import metrics
-from specdec_core.ingest import ingest
-from specdec_core.metrics import Filters
-from specdec_core.report import mismatch_report, report_counts, report_csv
-from specdec_core.request import identity
-from specdec_core.store import Store
+from specdec_core.analysis import metrics
+from specdec_core.analysis.metrics import Filters
+from specdec_core.analysis.report import mismatch_report, report_counts, report_csv
+from specdec_core.contract.identity import identity
+from specdec_core.store.connection import Store
+from specdec_core.store.ingest import ingest
 
 
 def at(minute: int) -> str:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from specdec_core.cli import main
-from specdec_core.demo_models import FAMILY_DIRS, registry_dict
-from specdec_core.engine import SpecDecoder
-from specdec_core.models import (
+from specdec_core.contract.identity import DecodeRequest
+from specdec_core.decoding.engine import SpecDecoder
+from specdec_core.decoding.registry import (
     REPO_ROOT,
     ModelLoader,
     Registry,
@@ -19,7 +19,7 @@ from specdec_core.models import (
     UnknownModelError,
     ngram_size,
 )
-from specdec_core.request import DecodeRequest
+from specdec_core.demo.models import FAMILY_DIRS, registry_dict
 
 TOML = """\
 [models.tiny-target]

@@ -10,12 +10,12 @@ import pytest
 from logfactory import DROP, rec, write_jsonl
 
 from specdec_core.cache import MemoryCache
-from specdec_core.engine import SpecDecoder
-from specdec_core.ingest import ingest
-from specdec_core.replay import ReplayError, replay, replay_many
-from specdec_core.request import DecodeRequest, sha256_hex
+from specdec_core.contract.identity import DecodeRequest, sha256_hex
+from specdec_core.decoding.engine import SpecDecoder
+from specdec_core.replay.run import ReplayError, replay, replay_many
 from specdec_core.service import DecodeService
-from specdec_core.store import Store
+from specdec_core.store.connection import Store
+from specdec_core.store.ingest import ingest
 
 PROMPT = "speculative decoding drafts tokens"
 A = dict(prompt=PROMPT, target_model="tiny-target", draft_model="tiny-draft-a", num_speculative_tokens=3,
@@ -152,7 +152,7 @@ def test_unknown_request_id_is_a_clear_error(incident_store, decoder):
 
 
 def test_replay_mismatches_appear_in_the_report(incident_store, decoder):
-    from specdec_core.report import mismatch_report
+    from specdec_core.analysis.report import mismatch_report
 
     replay(incident_store, "b", decoder)
     frame = mismatch_report(incident_store, kinds=["replay_mismatch"])

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec_core.request import (
+from specdec_core.contract.identity import (
     IDENTITY_FIELDS,
     DecodeRequest,
     canonical_json,

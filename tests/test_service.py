@@ -13,9 +13,9 @@ import uuid
 import pytest
 
 from specdec_core.cache import MemoryCache
-from specdec_core.keys import cache_key
-from specdec_core.request import DecodeRequest, fingerprint, identity
-from specdec_core.result import DecodeResult
+from specdec_core.contract.identity import DecodeRequest, fingerprint, identity
+from specdec_core.contract.result import DecodeResult
+from specdec_core.keys.schemes import cache_key
 from specdec_core.service import DecodeService, rfc3339_utc
 
 PROMPT = "Write a haiku about cache invalidation."

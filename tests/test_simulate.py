@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from specdec_core import metrics
-from specdec_core.engine import SpecDecoder
-from specdec_core.ingest import ingest
-from specdec_core.simulate import DEPLOYMENTS, simulate
-from specdec_core.store import Store
+from specdec_core.analysis import metrics
+from specdec_core.decoding.engine import SpecDecoder
+from specdec_core.demo.simulate import DEPLOYMENTS, simulate
+from specdec_core.store.connection import Store
+from specdec_core.store.ingest import ingest
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ import duckdb
 import pytest
 from logfactory import DROP, rec, write_csv, write_jsonl
 
-from specdec_core.ingest import ingest
-from specdec_core.readers import LogReadError
-from specdec_core.request import canonical_json, fingerprint, identity
-from specdec_core.store import Store, StoreError
+from specdec_core.contract.identity import canonical_json, fingerprint, identity
+from specdec_core.store.connection import Store, StoreError
+from specdec_core.store.ingest import ingest
+from specdec_core.store.readers import LogReadError
 
 
 @pytest.fixture

@@ -9,11 +9,13 @@ import pandas as pd
 import pytest
 from logfactory import rec, write_jsonl
 
-from specdec_core import metrics, summary
-from specdec_core.ingest import ingest
-from specdec_core.metrics import Filters
-from specdec_core.store import Store, release_snapshots
-from specdec_core.synthetic import make_synthetic_log
+from specdec_core.analysis import metrics
+from specdec_core.analysis.metrics import Filters
+from specdec_core.demo.synthetic import make_synthetic_log
+from specdec_core.store import migrate
+from specdec_core.store import summaries as summary
+from specdec_core.store.connection import Store, StoreError, release_snapshots
+from specdec_core.store.ingest import ingest
 
 START = datetime(2026, 11, 20, 8, 0, tzinfo=timezone.utc)
 
@@ -126,17 +128,23 @@ def test_summaries_answer_when_ready_and_rows_otherwise(store, tmp_path):
     assert metrics.headline(copy)["requests"] == real + 1000
     with summary.from_rows():
         assert metrics.headline(copy)["requests"] == real
-    # Summaries of another version are rebuilt on the next read, which drops the planted count.
+    # Summaries of another version: a read refuses (it never writes); migrate rebuilds, dropping the planted count.
     release_snapshots()
     con = duckdb.connect(str(copy.path))
     con.execute("UPDATE meta SET value = 'old' WHERE key = 'summary_version'")
     con.close()
+    before = copy.path.read_bytes()
+    with pytest.raises(StoreError, match="specdec migrate"):
+        metrics.headline(copy)
+    assert copy.path.read_bytes() == before
+    assert migrate(copy) is True
     assert metrics.headline(copy)["requests"] == real
     with copy.read() as con:
         assert summary.ready(con)
+    assert migrate(copy) is False  # nothing left to do
 
 
-def test_a_store_from_an_older_version_is_brought_up_to_date_when_read(store, tmp_path):
+def test_a_store_from_an_older_version_is_brought_up_to_date_by_migrate(store, tmp_path):
     # Written before summaries and before hit_sources had source_ts: the Mismatches page reads both.
     old = Store(tmp_path / "old.duckdb")
     old.path.write_bytes(store.path.read_bytes())
@@ -145,6 +153,9 @@ def test_a_store_from_an_older_version_is_brought_up_to_date_when_read(store, tm
     con.execute("DROP TABLE summary_minute; DROP TABLE summary_contaminated; "
                 "ALTER TABLE hit_sources DROP COLUMN source_ts; DELETE FROM meta WHERE key = 'summary_version'")
     con.close()
+    with pytest.raises(StoreError, match="older specdec"):
+        metrics.contaminated_hits(old)
+    migrate(old)
     hits = metrics.contaminated_hits(old)
     assert len(hits) == len(metrics.contaminated_hits(store)) > 0 and hits["source_ts"].notna().any()
     with old.read() as con:

@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from ..store import StoreError
+from specdec_core.store.connection import StoreError
 
 # Each module defines `register(subparsers)`; its parsers set `func(args) -> int`.
 COMMAND_MODULES: tuple[str, ...] = (

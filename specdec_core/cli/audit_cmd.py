@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from ..audit import KeyAuditError, audit_key_function, resolve_importable
+from specdec_core.keys.audit import KeyAuditError, audit_key_function, resolve_importable
 
 
 def register(subparsers: Any) -> None:

@@ -12,7 +12,7 @@ DEFAULT_OUT = "data/demo/requests.jsonl.gz"
 def cmd_demo(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.synthetic:
-        from ..synthetic import make_synthetic_log
+        from specdec_core.demo.synthetic import make_synthetic_log
 
         out = args.out if args.out != DEFAULT_OUT else f"bench/out/synthetic-{args.rows}.jsonl"
         make_synthetic_log(out, args.rows, seed=args.seed)
@@ -20,9 +20,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 0
     import torch
 
-    from ..engine import LogitRounding, SpecDecoder
-    from ..models import RegistryError
-    from ..simulate import simulate
+    from specdec_core.decoding.engine import LogitRounding, SpecDecoder
+    from specdec_core.decoding.registry import RegistryError
+    from specdec_core.demo.simulate import simulate
 
     def show(n: int, total: int) -> None:
         if sys.stderr.isatty() and (n % 10 == 0 or n == total):

@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from ..demo_models import DEFAULT_MODELS_DIR, fetch
+    from specdec_core.demo.models import DEFAULT_MODELS_DIR, fetch
 
     started = time.perf_counter()
     _quiet_transformers()
@@ -50,7 +50,7 @@ def _quiet_transformers() -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from ..models import Registry, RegistryError
+    from specdec_core.decoding.registry import Registry, RegistryError
 
     try:
         registry = Registry.load(args.config)

@@ -6,9 +6,10 @@ import argparse
 import json
 import sys
 
-from ..metrics import suspicious_requests
-from ..models import RegistryError
-from ..replay import ReplayError, ReplayResult, replay, replay_many
+from specdec_core.analysis.metrics import suspicious_requests
+from specdec_core.decoding.registry import RegistryError
+from specdec_core.replay.run import ReplayError, ReplayResult, replay, replay_many
+
 from .store_cmds import existing_store
 
 
@@ -39,7 +40,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if store is None:
         return 1
     try:
-        from ..engine import SpecDecoder
+        from specdec_core.decoding.engine import SpecDecoder
 
         decoder = SpecDecoder(device=args.device)
         if args.request_id:

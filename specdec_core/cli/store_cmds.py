@@ -6,11 +6,11 @@ import argparse
 import json
 import sys
 
-from ..ingest import ingest
-from ..metrics import headline
-from ..readers import LogReadError
-from ..report import KINDS, write_report
-from ..store import Store, StoreError
+from specdec_core.analysis.metrics import headline
+from specdec_core.analysis.report import KINDS, write_report
+from specdec_core.store.connection import Store, StoreError
+from specdec_core.store.ingest import ingest
+from specdec_core.store.readers import LogReadError
 
 
 def _add_db(parser: argparse.ArgumentParser) -> None:

@@ -7,10 +7,12 @@ class on purpose; nothing in the service uses them unless asked by name.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from .request import DecodeRequest, fingerprint, sha256_hex
+from specdec_core.contract.fields import NON_IDENTITY_FIELDS  # noqa: F401 (what auditing our keys ignores)
+from specdec_core.contract.identity import DecodeRequest, fingerprint, sha256_hex
 
 # Bump to invalidate every entry written under an older identity definition.
 SCHEMA_VERSION = "v1"
@@ -65,5 +67,41 @@ def key_scheme(name: str) -> KeyFunction:
         raise ValueError(f"key scheme {name!r} is unknown; known: {', '.join(sorted(KEY_SCHEMES))}") from None
 
 
-# The key-coverage audit lives in its own module; it imports this one lazily.
-from .audit import KeyAudit, audit_key_function, dict_key_adapter  # noqa: E402, F401
+# --- our own keys as functions of one log record, for the generic auditor -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordKey:
+    """A log record (dict) -> the key that `keys.key_scheme(scheme)` gives its request.
+
+    A module-level class so the `process` check can load it in a fresh interpreter.
+    """
+
+    scheme: str = "full"
+    namespace: str = "default"
+
+    def __call__(self, record: dict[str, Any]) -> str:
+        return key_scheme(self.scheme)(DecodeRequest.from_record(record), self.namespace)
+
+
+def dict_key_adapter(scheme_name: str = "full", namespace: str = "default") -> RecordKey:
+    """Our key scheme `scheme_name` as a function of one log record, for `audit_key_function`."""
+    key_scheme(scheme_name)  # an unknown name fails here, naming the known ones
+    return RecordKey(scheme_name, namespace)
+
+
+# A sampled request with every identity field set: on a greedy one, seed/top_p/top_k rightly don't count.
+EXAMPLE_REQUEST: dict[str, Any] = {
+    "request_id": "example-1",
+    "prompt": "Summarise the incident in one sentence.",
+    "target_model": "smollm2-135m",
+    "draft_model": "smollm2-135m-draft-l4",
+    "num_speculative_tokens": 4,
+    "temperature": 0.7,
+    "top_p": 0.95,
+    "top_k": 40,
+    "max_tokens": 64,
+    "seed": 7,
+    "stop": ["\n\n"],
+    "tokenizer_version": "tok-v1",
+}

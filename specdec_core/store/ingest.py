@@ -15,50 +15,31 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from .contamination import judge_hits
-from .readers import JSONL_SUFFIXES, read_file, resolve_paths
-from .request import DecodeRequest, canonical_json, canonicalize_identity, identity_json, sha256_hex
-from .store import Store, scalar
-from .summary import build_summaries
-
-# (name, kind, required). Kinds: str, nonempty_str, int, int>=0, int>=1, num, num>=0, top_p,
-# bool, ts, str_list, object, hex64.
-FIELDS: tuple[tuple[str, str, bool], ...] = (
-    ("request_id", "nonempty_str", True),
-    ("ts", "ts", True),
-    ("prompt", "str", False),
-    ("prompt_hash", "hex64", False),
-    ("target_model", "nonempty_str", True),
-    ("draft_model", "str", False),
-    ("num_speculative_tokens", "int>=0", False),
-    ("temperature", "num>=0", True),
-    ("top_p", "top_p", False),
-    ("top_k", "int>=0", False),
-    ("max_tokens", "int>=1", True),
-    ("seed", "int", False),
-    ("stop", "str_list", False),
-    ("tokenizer_version", "str", True),
-    ("deployment", "str", False),
-    ("cache_key", "str", True),
-    ("cache_hit", "bool", True),
-    ("cached_fingerprint", "object", False),
-    ("output_text", "str", True),
-    ("output_tokens", "int>=0", True),
-    ("finish_reason", "str", False),
-    ("latency_ms", "num", False),  # the contract sets no range: a skewed clock can log a negative one
-    ("draft_tokens", "int>=0", False),
-    ("accepted_tokens", "int>=0", False),
+from specdec_core.contract import fields as contract
+from specdec_core.contract.identity import (
+    DecodeRequest,
+    canonical_json,
+    canonicalize_identity,
+    identity_json,
+    sha256_hex,
 )
-FIELD_NAMES = tuple(f for f, _, _ in FIELDS)
-_INDEX = {name: i + 1 for i, name in enumerate(FIELD_NAMES)}  # DuckDB lists are 1-based
-
-_EXPECTED = {
-    "str": "a string", "nonempty_str": "a non-empty string", "hex64": "64 hex characters",
-    "int": "an integer", "int>=0": "an integer >= 0", "int>=1": "an integer >= 1",
-    "num": "a number", "num>=0": "a number >= 0", "top_p": "a number in (0, 1]", "bool": "a boolean",
-    "ts": "an RFC 3339 string or integer epoch milliseconds, in the years 1 to 9999", "str_list": "a list of strings",
-    "object": "a JSON object",
-}
+from specdec_core.store.connection import Store, scalar
+from specdec_core.store.hit_sources import judge_hits
+from specdec_core.store.migrate import migrate_connection
+from specdec_core.store.readers import JSONL_SUFFIXES, read_file, resolve_paths
+from specdec_core.store.summaries import build_summaries
+from specdec_core.store.validation import (
+    _INDEX,
+    EXTRA_SQL,
+    FIELD_NAMES,
+    REPEATED_FIELD,
+    field_text,
+    field_type,
+    paths_literal,
+    reason_sql,
+    typed_columns_sql,
+    values_sql,
+)
 
 
 @dataclass(frozen=True)
@@ -80,171 +61,8 @@ ProgressCallback = Callable[[int, int, str], None]
 _BATCH_STEPS = ("fingerprinting identities", "writing requests", "finding each hit's source", "summarising")
 
 
-def _t(name: str) -> str:
-    return f"t_{name}"  # the field's JSON type, NULL when absent
-
-
-def _s(name: str) -> str:
-    return f"s_{name}"  # the field as text: strings unquoted, anything else as JSON
-
-
-_RFC3339_RE = (r"\s*[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?"
-               r"([Zz]|[+-]([01][0-9]|2[0-3])(:?[0-5][0-9])?)?\s*")
-_EPOCH_MS_MIN, _EPOCH_MS_MAX = -62135596800000, 253402300799999  # 0001-01-01 to 9999-12-31, UTC
-_BIGINT_MAX = 2**63 - 1
-_BIGINT_KINDS = ("int>=0", "int>=1")  # stored as BIGINT; `int` (the seed) is HUGEINT
-
-
-def _value_sql(name: str, kind: str) -> str:
-    """The field's typed value, or NULL when it is absent, null or of the wrong JSON type."""
-    t, s = _t(name), _s(name)
-    integral = (f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT') THEN try_cast({s} AS HUGEINT) "
-                # Digits beyond 64 bits come as a DOUBLE holding their exact text: read the text.
-                f"WHEN {t} = 'DOUBLE' AND regexp_full_match({s}, '-?[0-9]+') THEN try_cast({s} AS HUGEINT) "
-                # An integral double (64.0) is accepted: CSV and some writers produce them.
-                f"WHEN {t} = 'DOUBLE' AND try_cast({s} AS DOUBLE) = floor(try_cast({s} AS DOUBLE)) "
-                f"THEN try_cast(try_cast({s} AS DOUBLE) AS HUGEINT) END")
-    if kind in ("str", "nonempty_str", "hex64"):
-        return f"CASE WHEN {t} = 'VARCHAR' THEN {s} END"
-    if kind == "bool":
-        return f"CASE WHEN {t} = 'BOOLEAN' THEN try_cast({s} AS BOOLEAN) END"
-    # A writer that could only store text (a Parquet string column) may hold these two as JSON text,
-    # as CSV does: text that is itself a JSON object or array counts as one.
-    text_json = f"CASE WHEN {t} = 'VARCHAR' AND json_valid({s}) THEN {s} ELSE 'null' END"
-    if kind == "object":
-        return (f"CASE WHEN {t} = 'OBJECT' THEN {s} "
-                f"WHEN {t} = 'VARCHAR' AND json_type({text_json}) = 'OBJECT' THEN {s} END")
-    if kind == "str_list":
-        array = (f"CASE WHEN {t} = 'ARRAY' THEN {s} WHEN {t} = 'VARCHAR' AND json_type({text_json}) = 'ARRAY' "
-                 f"THEN {s} ELSE '[]' END")
-        return (f"CASE WHEN ({t} = 'ARRAY' OR ({t} = 'VARCHAR' AND json_type({text_json}) = 'ARRAY')) "
-                f"AND len(list_filter(json_type({array}, '$[*]'), lambda x: x <> 'VARCHAR')) = 0 "
-                f"THEN json_extract_string({array}, '$[*]') END")
-    if kind.startswith("int"):
-        return integral
-    if kind in ("num", "num>=0", "top_p"):
-        return f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN try_cast({s} AS DOUBLE) END"
-    if kind == "ts":
-        # The text must look like an RFC 3339 date-time before DuckDB's cast, which also takes a bare
-        # date, 'epoch' and 'infinity'. No offset is read as UTC. Epoch milliseconds are bounded to
-        # the years an RFC 3339 string can name, so a wild integer is rejected, not an error.
-        return (f"CASE WHEN {t} = 'VARCHAR' THEN CASE WHEN regexp_full_match({s}, '{_RFC3339_RE}') "
-                f"THEN try_cast(upper({s}) AS TIMESTAMPTZ) END "
-                f"WHEN ({integral}) BETWEEN {_EPOCH_MS_MIN} AND {_EPOCH_MS_MAX} "
-                f"THEN try_cast(epoch_ms(try_cast(({integral}) AS BIGINT)) AS TIMESTAMPTZ) END")
-    raise AssertionError(kind)
-
-
-def _valid_sql(name: str, kind: str) -> str:
-    """True when the field's typed value `f_<name>` is acceptable."""
-    v = f"f_{name}"
-    extra = {
-        "nonempty_str": f" AND length({v}) > 0",
-        "hex64": f" AND regexp_full_match({v}, '[0-9a-fA-F]{{64}}')",
-        "int>=0": f" AND {v} >= 0 AND {v} <= {_BIGINT_MAX}",
-        "int>=1": f" AND {v} >= 1 AND {v} <= {_BIGINT_MAX}",
-        "num": f" AND isfinite({v})",
-        "num>=0": f" AND isfinite({v}) AND {v} >= 0",
-        "top_p": f" AND isfinite({v}) AND {v} > 0 AND {v} <= 1",
-    }.get(kind, "")
-    return f"({v} IS NOT NULL{extra})"
-
-
-def _values_sql() -> str:
-    return ",\n".join(f"{_value_sql(name, kind)} AS f_{name}" for name, kind, _ in FIELDS)
-
-
-# The first contract field that a record names twice (only records with more keys than known fields
-# present can have one, so only they pay for the look).
-_REPEATED_FIELD = ("list_filter(json_keys(obj), lambda k, i: list_position(json_keys(obj), k) < i "
-                   "AND k IN (" + ", ".join(f"'{n}'" for n in FIELD_NAMES) + "))[1]")
-
-
-def _reason_sql() -> str:
-    """The first rule a record breaks, as a one-line reason; NULL when it breaks none."""
-    branches = [
-        "WHEN NOT valid THEN 'bad JSON: the line is not valid JSON'",
-        "WHEN root <> 'OBJECT' THEN 'not a JSON object: got ' || lower(root)",
-        "WHEN json_exists(obj, '$.__csv_error__') THEN 'bad CSV row: ' || (obj ->> '$.__csv_error__')",
-        # A field named twice: this store would read the first value, most JSON readers the last.
-        "WHEN repeated_field IS NOT NULL THEN 'duplicate field: ' || repeated_field || ' appears more than once'",
-    ]
-    for name, kind, required in FIELDS:
-        t = _t(name)
-        if required:
-            branches.append(f"WHEN {t} IS NULL THEN 'missing required field: {name}'")
-            branches.append(f"WHEN {t} = 'NULL' THEN '{name}: required, got null'")
-        got = f"left(CASE WHEN {t} = 'VARCHAR' THEN to_json({_s(name)})::VARCHAR ELSE {_s(name)} END, 80)"
-        if kind in _BIGINT_KINDS:
-            # Past 2^127 even the wide integer read fails: a finite number that large is out of range too.
-            huge = f"(f_{name} IS NULL AND {t} = 'DOUBLE' AND try_cast({_s(name)} AS DOUBLE) > {_BIGINT_MAX} " \
-                   f"AND isfinite(try_cast({_s(name)} AS DOUBLE)))"
-            branches.append(f"WHEN f_{name} > {_BIGINT_MAX} OR {huge} THEN '{name}: out of range "
-                            f"(at most {_BIGINT_MAX}), got ' || {got}")
-        cond = f"{t} IS NOT NULL AND {t} <> 'NULL' AND NOT {_valid_sql(name, kind)}"
-        branches.append(
-            f"WHEN {cond} THEN '{name}: expected {_EXPECTED[kind]}, got ' || {got}"
-        )
-    branches.append(
-        "WHEN f_prompt IS NULL AND f_prompt_hash IS NULL "
-        "THEN 'missing required field: one of prompt or prompt_hash'"
-    )
-    branches.append(
-        "WHEN f_prompt IS NOT NULL AND f_prompt_hash IS NOT NULL AND sha256(f_prompt) <> lower(f_prompt_hash) "
-        "THEN 'prompt_hash: does not match the SHA-256 of prompt'"
-    )
-    return "CASE " + "\n".join(branches) + " END"
-
-
-def _paths_literal() -> str:
-    return "[" + ", ".join(f"'$.\"{name}\"'" for name in FIELD_NAMES) + "]"
-
-
-def _typed_columns_sql() -> str:
-    return ",\n".join([
-        "f_request_id AS request_id",
-        "f_ts AS ts",
-        "f_prompt AS prompt",
-        # The prompt's own hash is computed once per distinct identity, not per row.
-        "lower(f_prompt_hash) AS prompt_hash",
-        "f_target_model AS target_model",
-        "f_draft_model AS draft_model",
-        "try_cast(f_num_speculative_tokens AS BIGINT) AS num_speculative_tokens",
-        "f_temperature AS temperature",
-        "coalesce(f_top_p, 1.0) AS top_p",
-        "try_cast(f_top_k AS BIGINT) AS top_k",
-        "try_cast(f_max_tokens AS BIGINT) AS max_tokens",
-        "f_seed AS seed",
-        "f_stop AS stop",
-        "f_tokenizer_version AS tokenizer_version",
-        "f_deployment AS deployment",
-        "f_cache_key AS cache_key",
-        "f_cache_hit AS cache_hit",
-        "f_cached_fingerprint::JSON AS cached_fingerprint",
-        "f_output_text AS output_text",
-        "try_cast(f_output_tokens AS BIGINT) AS output_tokens",
-        "f_finish_reason AS finish_reason",
-        "f_latency_ms AS latency_ms",
-        "try_cast(f_draft_tokens AS BIGINT) AS draft_tokens",
-        "try_cast(f_accepted_tokens AS BIGINT) AS accepted_tokens",
-        "extra",
-    ])
-
-
-# Fields the contract does not name are kept: a JSON merge patch with null deletes the known ones.
-# Only records with more keys than known fields present have any, so only they are patched.
-_EXTRA_SQL = ("CASE WHEN n_keys > n_known THEN nullif(json_merge_patch(obj, '{"
-              + ",".join(f'"{n}":null' for n in FIELD_NAMES) + "}')::VARCHAR, '{}')::JSON END")
-
-
-_CONTENT_COLUMNS = (
-    "request_id", "ts", "prompt", "prompt_hash", "target_model", "draft_model", "num_speculative_tokens",
-    "temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "tokenizer_version", "deployment",
-    "cache_key", "cache_hit", "cached_fingerprint", "output_text", "output_tokens", "finish_reason",
-    "latency_ms", "draft_tokens", "accepted_tokens", "extra",
-)
-_IDENTITY_INPUT = ("prompt", "prompt_hash", "target_model", "draft_model", "num_speculative_tokens", "temperature",
-                   "top_p", "top_k", "max_tokens", "seed", "stop", "tokenizer_version")
+_CONTENT_COLUMNS = (*contract.FIELD_NAMES, "extra")
+_IDENTITY_INPUT = contract.IDENTITY_INPUT
 
 
 def _content_hash_sql(alias: str, prompt_hash: str) -> str:
@@ -254,7 +72,7 @@ def _content_hash_sql(alias: str, prompt_hash: str) -> str:
 
 
 # DuckDB's hash function makes the join an equi-join; the exact comparison after it rules out collisions.
-_ID_HASH = f"hash({', '.join(_IDENTITY_INPUT)})"  # hash-ok: DuckDB's, within one ingest
+_ID_HASH = f"hash({', '.join(_IDENTITY_INPUT)})"  # DuckDB's hash, within one ingest
 _ID_JOIN = "t.id_hash = m.id_hash"
 # Only needed when two distinct identity tuples share a hash (checked per ingest): then the exact match decides.
 _ID_JOIN_EXACT = _ID_JOIN + " AND " + " AND ".join(f"t.{c} IS NOT DISTINCT FROM m.{c}" for c in _IDENTITY_INPUT)
@@ -310,7 +128,7 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: _Lines, source_file: str, c
 
     Blank lines are not records. Returns how many records the file holds.
     """
-    paths = _paths_literal()
+    paths = paths_literal()
     select = f"""
         WITH staging AS (
             SELECT seq, ?::VARCHAR AS source_file, source_line, raw FROM ({lines.sql})
@@ -327,19 +145,19 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: _Lines, source_file: str, c
         -- One column per field: list indexing inside every later expression would repeat the work.
         fields AS (SELECT seq, source_file, source_line, raw, valid, root, obj,
                           len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known, len(json_keys(obj)) AS n_keys,
-                          {", ".join(f"t[{i}] AS {_t(n)}, s[{i}] AS {_s(n)}" for n, i in _INDEX.items())}
+                          {", ".join(f"t[{i}] AS {field_type(n)}, s[{i}] AS {field_text(n)}" for n, i in _INDEX.items())}
                    FROM lists),
-        vals AS (SELECT *, {_values_sql()},
-                        CASE WHEN n_keys > n_known THEN {_REPEATED_FIELD} END AS repeated_field FROM fields),
+        vals AS (SELECT *, {values_sql()},
+                        CASE WHEN n_keys > n_known THEN {REPEATED_FIELD} END AS repeated_field FROM fields),
         -- The raw text stays in the file's table: rejected rows are joined back to it by seq.
         verdict AS (
-            SELECT seq, source_file, source_line, {_EXTRA_SQL} AS extra, {", ".join(f"f_{n}" for n in FIELD_NAMES)},
-                   {_reason_sql()} AS reason,
-                   CASE WHEN {_t('request_id')} = 'VARCHAR' THEN {_s('request_id')} END AS raw_request_id
+            SELECT seq, source_file, source_line, {EXTRA_SQL} AS extra, {", ".join(f"f_{n}" for n in FIELD_NAMES)},
+                   {reason_sql()} AS reason,
+                   CASE WHEN {field_type('request_id')} = 'VARCHAR' THEN {field_text('request_id')} END AS raw_request_id
             FROM vals
         ),
         typed_rows AS (
-            SELECT seq, source_file, source_line, reason, raw_request_id, {_typed_columns_sql()} FROM verdict
+            SELECT seq, source_file, source_line, reason, raw_request_id, {typed_columns_sql()} FROM verdict
         )
         SELECT *, {_ID_HASH} AS id_hash FROM typed_rows
     """
@@ -393,12 +211,14 @@ def _compute_identities(con: duckdb.DuckDBPyConnection) -> str:
     con.execute(f"CREATE OR REPLACE TEMP TABLE idmap AS SELECT {cols}, id_hash, NULL::VARCHAR AS fingerprint, "
                 "NULL::VARCHAR AS prompt_sha, NULL::VARCHAR AS reject_reason FROM typed LIMIT 0")
     if tuples:
-        columns["seed"] = [None if v is None else str(v) for v in columns["seed"]]
+        for c in _HUGEINT_INPUT:
+            columns[c] = _as_text(columns[c])
         con.register("idmap_arrow", pa.table({**{c: pa.array(v, type=_arrow_type(c))
                                                    for c, v in columns.items()},
                                                 "fingerprint": fps, "prompt_sha": prompt_shas,
                                                 "reject_reason": reasons}))
-        con.execute(f"INSERT INTO idmap SELECT {cols.replace('seed', 'seed::HUGEINT')}, id_hash, fingerprint, prompt_sha, "
+        typed_cols = ", ".join(f"{c}::HUGEINT" if c in _HUGEINT_INPUT else c for c in _IDENTITY_INPUT)
+        con.execute(f"INSERT INTO idmap SELECT {typed_cols}, id_hash, fingerprint, prompt_sha, "
                     "reject_reason FROM idmap_arrow")
         con.unregister("idmap_arrow")
     # cached_fingerprint objects are canonicalised too, so a writer's spelling of an equivalence can't matter.
@@ -425,8 +245,28 @@ def _compute_identities(con: duckdb.DuckDBPyConnection) -> str:
 
 
 def _arrow_type(column: str) -> pa.DataType | None:
-    # HUGEINT seeds go through text: Arrow has no 128-bit integer.
-    return {"seed": pa.string(), "stop": pa.list_(pa.string()), "id_hash": pa.uint64()}.get(column)
+    # HUGEINT values (seeds) go through text: Arrow has no 128-bit integer.
+    if column == "id_hash":
+        return pa.uint64()
+    f = contract.BY_NAME[column]
+    return pa.string() if f.sql_type == "HUGEINT" else pa.list_(pa.string()) if f.kind == "str_list" else None
+
+
+def _as_text(values: list) -> list:
+    return [None if v is None else str(v) for v in values]
+
+
+_HUGEINT_INPUT = tuple(c for c in _IDENTITY_INPUT if contract.BY_NAME[c].sql_type == "HUGEINT")
+_IDENTITY_FIELDS = tuple(f for f in contract.FIELDS if f.identity)
+
+
+def _identity_column(f: contract.Field, objs: list[dict]) -> pa.Array | list:
+    values = [o.get(f.name) for o in objs]
+    if f.canonical == "string_set":
+        return [json.dumps(v, ensure_ascii=False) for v in values]  # the canonical set as JSON text
+    if f.sql_type == "HUGEINT":
+        return pa.array(_as_text(values), pa.string())
+    return values
 
 
 def _insert_identities(con: duckdb.DuckDBPyConnection, rows: dict[str, str]) -> None:
@@ -436,20 +276,16 @@ def _insert_identities(con: duckdb.DuckDBPyConnection, rows: dict[str, str]) -> 
     table = pa.table({
         "fingerprint": list(rows),
         "identity": list(rows.values()),
-        "greedy": ["seed" not in o for o in objs],
-        **{name: [o.get(name) for o in objs]
-           for name in ("prompt", "target_model", "draft_model", "num_speculative_tokens", "temperature",
-                        "top_p", "top_k", "max_tokens", "tokenizer_version")},
-        "seed": pa.array([None if o.get("seed") is None else str(o["seed"]) for o in objs], pa.string()),
-        "stop": [json.dumps(o["stop"], ensure_ascii=False) for o in objs],
+        # A greedy identity leaves the sampling-only fields out.
+        "greedy": [not any(name in o for name in contract.SAMPLING_ONLY_FIELDS) for o in objs],
+        **{f.name: _identity_column(f, objs) for f in _IDENTITY_FIELDS},
     })
+    names = ["fingerprint", "identity", "greedy", *(f.name for f in _IDENTITY_FIELDS)]
+    values = ["fingerprint", "identity::JSON", "greedy",
+              *(f"{f.name}::HUGEINT" if f.sql_type == "HUGEINT" else f.name for f in _IDENTITY_FIELDS)]
     con.register("identities_arrow", table)
-    con.execute("""
-        INSERT OR IGNORE INTO identities
-        SELECT fingerprint, identity::JSON, greedy, prompt, target_model, draft_model, num_speculative_tokens,
-               temperature, top_p, top_k, max_tokens, seed::HUGEINT, stop, tokenizer_version
-        FROM identities_arrow
-    """)
+    con.execute(f"INSERT OR IGNORE INTO identities ({', '.join(names)}) SELECT {', '.join(values)} "
+                "FROM identities_arrow")
     con.unregister("identities_arrow")
 
 
@@ -492,8 +328,10 @@ def _classify(con: duckdb.DuckDBPyConnection, join: str) -> None:
 
 def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str) -> tuple[int, int]:
     columns = ", ".join("m.prompt_sha" if c == "prompt_hash" else f"t.{c}" for c in _CONTENT_COLUMNS)
+    names = ", ".join([*_CONTENT_COLUMNS, "fingerprint", "cached_identity_fingerprint", "source_file", "source_line",
+                       "ingest_id"])
     accepted = con.execute(f"""
-        INSERT INTO requests
+        INSERT INTO requests ({names})
         SELECT {columns}, m.fingerprint, cm.fingerprint, t.source_file, t.source_line, ?
         FROM typed t
         JOIN idmap m ON {join}
@@ -536,6 +374,7 @@ def ingest(
     """Validate and load log files; all of them become visible at once, or none on error."""
     files = resolve_paths(paths)  # raises LogReadError before anything is written
     with store.write() as con:
+        migrate_connection(con)  # an older store's derived tables first, so this batch is judged alike
         ingest_id = scalar(con, "SELECT coalesce(max(ingest_id), 0) + 1 FROM ingests")
         _create_work_tables(con)
         read = 0

@@ -14,9 +14,9 @@ from typing import Any
 
 import pandas as pd
 
-from . import summary
-from .store import Store
-from .summary import NO_DRAFT, histogram_quantiles, minute_source  # noqa: F401 (NO_DRAFT: the "no speculation" label)
+from specdec_core.store import summaries as summary
+from specdec_core.store.connection import Store
+from specdec_core.store.summaries import NO_DRAFT, histogram_quantiles, minute_source  # noqa: F401 (NO_DRAFT: the "no speculation" label)
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from .models import ModelLoader, Registry, RegistryError, ngram_size
-from .request import DecodeRequest, fingerprint
-from .result import DecodeResult
+from specdec_core.contract.identity import DecodeRequest, fingerprint
+from specdec_core.contract.result import DecodeResult
+from specdec_core.decoding.registry import ModelLoader, Registry, RegistryError, ngram_size
 
 DEFAULT_DRAFT_TOKENS = 5
 # Below this many target parameters a CPU decode runs on one thread: splitting such small

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .models import REPO_ROOT, Registry
+from specdec_core.decoding.registry import REPO_ROOT, Registry
 
 FAMILIES: tuple[str, ...] = ("tiny", "smollm2")
 DEFAULT_MODELS_DIR = REPO_ROOT / "data" / "models"

@@ -11,26 +11,13 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring as _json_str
 from typing import Any
 
-IDENTITY_FIELDS: tuple[str, ...] = (
-    "prompt",
-    "target_model",
-    "draft_model",
-    "num_speculative_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "max_tokens",
-    "seed",
-    "stop",
-    "tokenizer_version",
-)
-# Left out of the identity of a greedy request: they cannot change its output.
-SAMPLING_ONLY_FIELDS: frozenset[str] = frozenset({"seed", "top_p", "top_k"})
+from specdec_core.contract.fields import BY_NAME, FIELDS, IDENTITY_FIELDS, Field
+
 NUMBER_DECIMALS = 6
 
 _SHA256_HEX = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -137,6 +124,8 @@ class DecodeRequest:
             if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
                 raise ValueError(f"stop: expected a list of strings, got {self.stop!r}")
             object.__setattr__(self, "stop", tuple(self.stop))
+        if _EXTRA_IDENTITY:
+            object.__setattr__(self, "extra", _checked_extra(self.extra))
 
     @property
     def prompt_sha256(self) -> str:
@@ -162,29 +151,18 @@ class DecodeRequest:
         """Build a request from one log record; raise ValueError naming the bad field."""
         if not isinstance(record, Mapping):
             raise ValueError(f"record: expected a JSON object, got {type(record).__name__}")
-        for name in ("target_model", "tokenizer_version", "max_tokens", "temperature"):
+        for name in _REQUIRED_INPUT:
             if name not in record:
                 raise ValueError(f"{name}: required field is missing")
-        top_p = record.get("top_p")
         stop = record.get("stop")
         if stop is not None and (isinstance(stop, str) or not isinstance(stop, (list, tuple))):
             raise ValueError(f"stop: expected a list of strings or null, got {type(stop).__name__}")
-        known = set(IDENTITY_FIELDS) | {"prompt_hash"}
-        return cls(
-            prompt=record.get("prompt"),
-            prompt_hash=record.get("prompt_hash"),
-            target_model=record["target_model"],
-            draft_model=record.get("draft_model"),
-            num_speculative_tokens=record.get("num_speculative_tokens"),
-            temperature=record["temperature"],
-            top_p=1.0 if top_p is None else top_p,
-            top_k=record.get("top_k"),
-            max_tokens=record["max_tokens"],
-            seed=record.get("seed"),
-            stop=None if stop is None else tuple(stop),
-            tokenizer_version=record["tokenizer_version"],
-            extra={k: v for k, v in record.items() if k not in known},
-        )
+        values = {name: record.get(name) for name in _DATACLASS_INPUT}
+        for name in _DATACLASS_INPUT:
+            if values[name] is None and BY_NAME[name].default is not None:
+                values[name] = BY_NAME[name].default
+        values["stop"] = None if stop is None else tuple(stop)
+        return cls(**values, extra={k: v for k, v in record.items() if k not in _DATACLASS_INPUT})
 
     def to_record(self) -> dict[str, Any]:
         """The request's fields as a log record fragment (the contract's names)."""
@@ -200,6 +178,8 @@ class DecodeRequest:
             "stop": None if self.stop is None else list(self.stop),
             "tokenizer_version": self.tokenizer_version,
         }
+        for f in _EXTRA_IDENTITY:
+            rec[f.name] = self.extra.get(f.name)
         if self.prompt is not None:
             rec["prompt"] = self.prompt
         rec["prompt_hash"] = self.prompt_sha256
@@ -210,26 +190,33 @@ def _coerce(req: DecodeRequest | Mapping[str, Any]) -> DecodeRequest:
     return req if isinstance(req, DecodeRequest) else DecodeRequest.from_record(req)
 
 
+def _value(r: DecodeRequest, name: str) -> Any:
+    """A field's value: a dataclass attribute, or (for a field the contract added) from `extra`."""
+    return r.__dict__[name] if name in _DATACLASS_INPUT else r.extra.get(name)
+
+
+def _canonical(f: Field, r: DecodeRequest) -> Any:
+    if f.canonical == "sha256":
+        return r.prompt_sha256
+    value = _value(r, f.name)
+    if value is None:
+        return [] if f.canonical == "string_set" else None
+    if f.canonical == "none_is_null":
+        return None if value == "none" else value
+    if f.canonical == "zero_is_null":
+        return value or None
+    if f.canonical == "number":
+        return _round(value)
+    if f.canonical == "string_set":
+        return sorted(set(value))
+    return value
+
+
 def identity(req: DecodeRequest | Mapping[str, Any]) -> dict[str, Any]:
     """The canonical identity object of a request or a log record."""
     r = _coerce(req)
-    obj: dict[str, Any] = {
-        "prompt": r.prompt_sha256,
-        "target_model": r.target_model,
-        "draft_model": r.speculation,
-        "num_speculative_tokens": r.num_speculative_tokens,
-        "temperature": _round(r.temperature),
-        "top_p": _round(r.top_p),
-        "top_k": r.top_k or None,
-        "max_tokens": r.max_tokens,
-        "seed": r.seed,
-        "stop": sorted(set(r.stop or ())),
-        "tokenizer_version": r.tokenizer_version,
-    }
-    if r.is_greedy:
-        for name in SAMPLING_ONLY_FIELDS:
-            del obj[name]
-    return obj
+    greedy = r.is_greedy
+    return {f.name: _canonical(f, r) for f in _IDENTITY if not (greedy and f.sampling_only)}
 
 
 def canonical_json(obj: Any) -> str:
@@ -266,44 +253,50 @@ def _stop_json(stop: tuple[str, ...] | None) -> str:
     return text
 
 
+def _json_encoder(f: Field) -> Callable[[DecodeRequest], str]:
+    """The canonical JSON text of one identity field, straight from a request (see `identity_json`)."""
+    name, s = f.name, _json_str
+    if f.canonical == "sha256":
+        return lambda r: f'"{r.prompt_sha256}"'
+    if name in _DATACLASS_INPUT:
+        def get(r: DecodeRequest) -> Any:
+            return r.__dict__[name]
+    else:
+        def get(r: DecodeRequest) -> Any:
+            return r.extra.get(name)
+    if f.canonical == "number":
+        return lambda r: _NUMBER_JSON.get(get(r)) or _number_json(get(r))
+    if f.canonical == "string_set":
+        return lambda r: _STOP_JSON.get(get(r)) or _stop_json(get(r))
+    if f.canonical == "none_is_null":
+        return lambda r: "null" if get(r) in (None, "none") else s(get(r))
+    if f.canonical == "zero_is_null":
+        return lambda r: str(get(r) or "null")
+    if f.canonical == "integer":
+        return lambda r: "null" if get(r) is None else str(get(r))
+    return lambda r: "null" if get(r) is None else s(get(r))
+
+
+def _composer(greedy: bool) -> tuple[tuple[str, Callable[[DecodeRequest], str]], ...]:
+    kept = sorted((f for f in _IDENTITY if not (greedy and f.sampling_only)), key=lambda f: f.name)
+    return tuple((_json_str(f.name) + ":", _json_encoder(f)) for f in kept)
+
+
 def identity_json(req: DecodeRequest | Mapping[str, Any]) -> str:
     """`canonical_json(identity(req))`, written out directly, once per request.
 
-    Every request computes its key, and building the dict then running the
-    generic encoder costs several times as much. The keys are in sorted order;
-    strings go through json's own (C) string encoder with non-ASCII kept, numbers
-    through repr as json does. test_request pins it equal to the generic path.
-    The memo lookups are written inline: a function call is a good part of the cost.
+    Every request computes its key, and building the dict then running the generic
+    encoder costs several times as much: each field's text comes from an encoder made
+    from the contract table once, keys in sorted order, strings through json's own (C)
+    encoder with non-ASCII kept, numbers through repr as json does. test_request pins
+    it equal to the generic path.
     """
     r = req if type(req) is DecodeRequest else _coerce(req)
-    d = r.__dict__
-    text = d.get("_identity_json")
-    if text is not None:
-        return text
-    prompt = d["prompt_hash"] or d.get("_prompt_sha256")
-    if prompt is None:
-        prompt = d["_prompt_sha256"] = _sha256(d["prompt"].encode("utf-8")).hexdigest()
-    s, draft, nst, stop = _json_str, d["draft_model"], d["num_speculative_tokens"], d["stop"]
-    stop_json = _STOP_JSON.get(stop) or _stop_json(stop)
-    temperature = _NUMBER_JSON.get(d["temperature"]) or _number_json(d["temperature"])
-    head = (
-        f'{{"draft_model":{"null" if draft is None or draft == "none" else s(draft)},"max_tokens":{d["max_tokens"]},'
-        f'"num_speculative_tokens":{"null" if nst is None else nst},"prompt":"{prompt}",'
-    )
-    if temperature == "0.0":  # greedy: seed, top_k and top_p are left out
-        text = (
-            f'{head}"stop":{stop_json},"target_model":{s(d["target_model"])},"temperature":0.0,'
-            f'"tokenizer_version":{s(d["tokenizer_version"])}}}'
-        )
-    else:
-        seed, top_k = d["seed"], d["top_k"]
-        top_p = _NUMBER_JSON.get(d["top_p"]) or _number_json(d["top_p"])
-        text = (
-            f'{head}"seed":{"null" if seed is None else seed},"stop":{stop_json},'
-            f'"target_model":{s(d["target_model"])},"temperature":{temperature},'
-            f'"tokenizer_version":{s(d["tokenizer_version"])},"top_k":{top_k or "null"},"top_p":{top_p}}}'
-        )
-    d["_identity_json"] = text
+    text = r.__dict__.get("_identity_json")
+    if text is None:
+        parts = _GREEDY_JSON if r.is_greedy else _SAMPLED_JSON
+        text = "{" + ",".join([key + encode(r) for key, encode in parts]) + "}"
+        r.__dict__["_identity_json"] = text
     return text
 
 
@@ -329,3 +322,38 @@ def canonicalize_identity(obj: Mapping[str, Any]) -> dict[str, Any]:
 def differing_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """Identity fields whose canonical values differ; a field absent from either (greedy) is not listed."""
     return sorted(k for k in IDENTITY_FIELDS if k in a and k in b and a[k] != b[k])
+
+
+_IDENTITY: tuple[Field, ...] = tuple(f for f in FIELDS if f.identity)
+# The contract fields that DecodeRequest carries as attributes; others (a field added to the
+# contract) travel in `extra`.
+_DATACLASS_INPUT: tuple[str, ...] = tuple(
+    f.name for f in FIELDS if f.name in DecodeRequest.__dataclass_fields__ and f.name != "extra"
+)
+_REQUIRED_INPUT: tuple[str, ...] = tuple(f.name for f in FIELDS if f.required and f.name in IDENTITY_FIELDS)
+_EXTRA_IDENTITY: tuple[Field, ...] = tuple(f for f in _IDENTITY if f.name not in _DATACLASS_INPUT)
+_GREEDY_JSON = _composer(greedy=True)
+_SAMPLED_JSON = _composer(greedy=False)
+
+
+def _checked_extra(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate (and normalise) the identity fields that travel in `extra`, by their kind."""
+    out = dict(extra)
+    for f in _EXTRA_IDENTITY:
+        value = out.get(f.name)
+        if value is None:
+            if f.required:
+                raise ValueError(f"{f.name}: required field is missing")
+            continue
+        if f.is_integer:
+            out[f.name] = _as_int(f.name, value, minimum=1 if f.kind == "int>=1" else 0 if f.kind == "int>=0" else None)
+        elif f.is_number:
+            if not _is_number(value):
+                raise ValueError(f"{f.name}: expected {f.expected}, got {value!r}")
+        elif f.kind == "str_list":
+            if isinstance(value, str) or not all(isinstance(s, str) for s in value):
+                raise ValueError(f"{f.name}: expected {f.expected}, got {value!r}")
+            out[f.name] = tuple(value)
+        elif f.kind in ("str", "nonempty_str") and not isinstance(value, str):
+            raise ValueError(f"{f.name}: expected {f.expected}, got {value!r}")
+    return out

@@ -22,9 +22,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .cache import Cache, MemoryCache, open_cache
-from .request import DecodeRequest, canonicalize_identity, fingerprint, identity
-from .result import DecodeResult
+from specdec_core.cache import Cache, MemoryCache, open_cache
+from specdec_core.contract.identity import DecodeRequest, canonicalize_identity, fingerprint, identity
+from specdec_core.contract.result import DecodeResult
+
 from .service import DecodeService
 
 
@@ -162,7 +163,7 @@ def simulate(
     if family not in FAMILIES:
         raise ValueError(f"family {family!r} is unknown; known: {', '.join(FAMILIES)}")
     if engine is None:
-        from .engine import SpecDecoder
+        from specdec_core.decoding.engine import SpecDecoder
 
         engine = SpecDecoder()
     rng = random.Random(seed)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import duckdb
 
+from specdec_core.contract import fields as contract
+
 # The contract's JSON Lines suffixes (and .ndjson, the other common name); a .json file is not a log.
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
 CSV_SUFFIXES = (".csv", ".csv.gz")
@@ -28,11 +30,10 @@ SUPPORTED_SUFFIXES = JSONL_SUFFIXES + CSV_SUFFIXES + PARQUET_SUFFIXES
 
 # How CSV cells (always text) become typed JSON values; a cell that does not parse is
 # passed on as text so validation rejects it with the field's name.
-_CSV_INTEGER = {"num_speculative_tokens", "top_k", "max_tokens", "seed", "output_tokens",
-                "draft_tokens", "accepted_tokens"}
-_CSV_NUMBER = {"temperature", "top_p", "latency_ms"}
-_CSV_BOOLEAN = {"cache_hit"}
-_CSV_JSON = {"stop", "cached_fingerprint"}
+_CSV_INTEGER = {f.name for f in contract.FIELDS if f.is_integer}
+_CSV_NUMBER = {f.name for f in contract.FIELDS if f.is_number}
+_CSV_BOOLEAN = {f.name for f in contract.FIELDS if f.kind == "bool"}
+_CSV_JSON = {f.name for f in contract.FIELDS if f.kind in ("str_list", "object")}
 
 
 class LogReadError(OSError):

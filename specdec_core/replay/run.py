@@ -27,11 +27,11 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any
 
-from .diff import OutputDiff, diff_outputs
-from .metrics import request_record
-from .request import DecodeRequest, differing_fields, identity, sha256_hex
-from .result import DecodeResult
-from .store import Store
+from specdec_core.analysis.metrics import request_record
+from specdec_core.contract.identity import DecodeRequest, differing_fields, identity, sha256_hex
+from specdec_core.contract.result import DecodeResult
+from specdec_core.replay.diff import OutputDiff, diff_outputs
+from specdec_core.store.connection import Store
 
 # Top-two logits closer than this are a near-tie: numerics of another environment can flip them.
 NEAR_TIE_LOGIT_MARGIN = 0.05
@@ -90,7 +90,7 @@ class ReplayResult:
 @lru_cache(maxsize=1)
 def default_decoder() -> Any:
     """One SpecDecoder per process on the configured registry: loaded models are reused."""
-    from .engine import SpecDecoder
+    from specdec_core.decoding.engine import SpecDecoder
 
     return SpecDecoder()
 

@@ -4,8 +4,8 @@ Writers work on a copy of the database and swap it in with an atomic rename, und
 exclusive lock file; readers use a read-only view of one state of the file, kept per
 thread until the file changes. A dashboard process can therefore read while
 `specdec ingest` writes in another process, and sees either the state before the
-batch or after it, never a part of it. A file written by an older version has its
-derived tables (hit_sources, summaries) rebuilt the first time it is read.
+batch or after it, never a part of it. Reads never write: a file written by an older
+version is brought up to date by `migrate` (`specdec migrate`, and every ingest).
 """
 
 from __future__ import annotations
@@ -21,108 +21,11 @@ from pathlib import Path
 
 import duckdb
 
-from .contamination import judge_hits
-from .summary import SUMMARY_VERSION, build_summaries
+from specdec_core.store.schema import column_migrations_sql, schema_sql
+from specdec_core.store.summaries import SUMMARY_VERSION
 
 DEFAULT_DB = "data/specdec.duckdb"
 SCHEMA_VERSION = 1
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
-CREATE TABLE IF NOT EXISTS requests (
-    -- Unique by ingest's own dedupe; no index: an ART index over 1M ids costs more than it saves.
-    request_id VARCHAR NOT NULL,
-    ts TIMESTAMPTZ NOT NULL,
-    prompt VARCHAR,
-    prompt_hash VARCHAR NOT NULL,
-    target_model VARCHAR NOT NULL,
-    draft_model VARCHAR,
-    num_speculative_tokens BIGINT,
-    temperature DOUBLE NOT NULL,
-    top_p DOUBLE NOT NULL,
-    top_k BIGINT,
-    max_tokens BIGINT NOT NULL,
-    seed HUGEINT,
-    stop VARCHAR[],
-    tokenizer_version VARCHAR NOT NULL,
-    deployment VARCHAR,
-    cache_key VARCHAR NOT NULL,
-    cache_hit BOOLEAN NOT NULL,
-    cached_fingerprint JSON,
-    output_text VARCHAR NOT NULL,
-    output_tokens BIGINT NOT NULL,
-    finish_reason VARCHAR,
-    latency_ms DOUBLE,
-    draft_tokens BIGINT,
-    accepted_tokens BIGINT,
-    extra JSON,
-    fingerprint VARCHAR NOT NULL,
-    cached_identity_fingerprint VARCHAR,
-    source_file VARCHAR NOT NULL,
-    source_line BIGINT NOT NULL,
-    ingest_id BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS identities (
-    fingerprint VARCHAR PRIMARY KEY,
-    identity JSON NOT NULL,
-    greedy BOOLEAN NOT NULL,
-    prompt VARCHAR, target_model VARCHAR, draft_model VARCHAR, num_speculative_tokens BIGINT,
-    temperature DOUBLE, top_p DOUBLE, top_k BIGINT, max_tokens BIGINT, seed HUGEINT,
-    stop VARCHAR, tokenizer_version VARCHAR
-);
-CREATE TABLE IF NOT EXISTS quarantine (
-    ingest_id BIGINT NOT NULL,
-    source_file VARCHAR NOT NULL,
-    source_line BIGINT NOT NULL,
-    request_id VARCHAR,
-    reason VARCHAR NOT NULL,
-    raw VARCHAR NOT NULL,
-    raw_hash VARCHAR NOT NULL
-);
-CREATE TABLE IF NOT EXISTS ingests (
-    ingest_id BIGINT PRIMARY KEY,
-    started_at TIMESTAMPTZ NOT NULL,
-    paths VARCHAR[] NOT NULL,
-    n_read BIGINT, n_accepted BIGINT, n_duplicates BIGINT, n_quarantined BIGINT
-);
--- One row per cache hit: the miss that populated its entry, and whether it served another identity.
-CREATE TABLE IF NOT EXISTS hit_sources (
-    request_id VARCHAR NOT NULL,
-    source_request_id VARCHAR,
-    contaminated BOOLEAN NOT NULL,
-    fingerprint_mismatch BOOLEAN NOT NULL,
-    differing_fields VARCHAR,
-    first_sight BOOLEAN,  -- a hit on an identity its deployment had not seen before in the log
-    source_ts TIMESTAMPTZ
-);
-CREATE TABLE IF NOT EXISTS replays (
-    replay_id VARCHAR PRIMARY KEY,
-    request_id VARCHAR NOT NULL,
-    replayed_at TIMESTAMPTZ NOT NULL,
-    classification VARCHAR NOT NULL,
-    replay_text VARCHAR,
-    token_ids BIGINT[],
-    production_text VARCHAR,
-    first_divergent_token BIGINT,
-    first_divergent_char BIGINT,
-    common_prefix_tokens BIGINT,
-    similarity DOUBLE,
-    draft_tokens BIGINT,
-    accepted_tokens BIGINT,
-    source_request_id VARCHAR,
-    evidence JSON,
-    environment JSON
-);
-"""
-
-
-# Columns added after a table first shipped: databases written by an older version gain them on
-# their next write (hit_sources is rebuilt by every ingest).
-_MIGRATIONS = """
-ALTER TABLE hit_sources ADD COLUMN IF NOT EXISTS first_sight BOOLEAN;
-ALTER TABLE hit_sources ADD COLUMN IF NOT EXISTS source_ts TIMESTAMPTZ;
-"""
-
 
 class StoreError(RuntimeError):
     """The database can't be opened or written; the message says which file and why."""
@@ -190,13 +93,17 @@ def _snapshot(path: Path, version: tuple[int, int]) -> _View:
     return view
 
 
-def _derived_current(con: duckdb.DuckDBPyConnection, path: Path, alias: str = _SNAPSHOT_ALIAS) -> bool:
-    """Whether the tables derived from `requests` were built by this version (or there is nothing to derive)."""
+def derived_current(con: duckdb.DuckDBPyConnection, path: Path | None = None, alias: str | None = _SNAPSHOT_ALIAS
+                    ) -> bool:
+    """Whether the tables derived from `requests` were built by this version (or there is nothing to derive).
+
+    `alias` None: the connection's own database (a writer's)."""
+    alias = f"{alias}." if alias else ""
     try:
-        version = con.execute(f"SELECT value FROM {alias}.meta WHERE key = 'summary_version'").fetchall()
+        version = con.execute(f"SELECT value FROM {alias}meta WHERE key = 'summary_version'").fetchall()
         if version and version[0][0] == SUMMARY_VERSION:
             return True
-        return not con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {alias}.requests LIMIT 1)").fetchall()[0][0]
+        return not con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {alias}requests LIMIT 1)").fetchall()[0][0]
     except duckdb.CatalogException:
         raise StoreError(f"{path}: a DuckDB file, but not a specdec database (no meta or requests table)") from None
 
@@ -245,13 +152,14 @@ class Store:
         Opening one costs about 20 ms, more than a summary query, so each thread keeps
         one per file and state (see `_snapshot`); a writer's swap gives the next read a new one.
         """
-        self.ensure()
+        if not self.path.exists():
+            raise StoreError(f"{self.path}: no such database; load logs with `specdec ingest PATH --db {self.path}`")
         view = _snapshot(self.path, self.version())
         if not view.checked:
+            if not derived_current(view.con, self.path):
+                raise StoreError(f"{self.path}: written by an older specdec; bring it up to date with "
+                                 f"`specdec migrate --db {self.path}`")
             view.checked = True
-            if not _derived_current(view.con, self.path) and self._rebuild_derived():
-                view = _snapshot(self.path, self.version())
-                view.checked = True
         view.in_use += 1
         try:
             con = view.con.cursor()
@@ -263,23 +171,6 @@ class Store:
                 con.close()
         finally:
             view.release()
-
-    def _rebuild_derived(self) -> bool:
-        """Bring a database written by an older version up to date: rejudge its hits, rebuild its summaries.
-
-        Readers cannot migrate a read-only view, and an old `hit_sources` lacks columns the
-        pages read. Returns whether it was done; a file that can't be written stays as it is.
-        """
-        try:
-            with self.write() as con:
-                if not _derived_current(con, self.path, alias="main"):
-                    judge_hits(con)
-                    build_summaries(con)
-        except (StoreError, OSError, duckdb.Error) as exc:
-            log.warning("%s: written by an older specdec and could not be brought up to date: %s", self.path, exc)
-            return False
-        log.info("%s: rejudged hits and rebuilt summaries for this version", self.path)
-        return True
 
     @contextmanager
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -309,11 +200,7 @@ class Store:
                 _configure(con)
                 con.execute(f"SET memory_limit = '{WRITER_MEMORY_LIMIT}'")
                 con.execute(f"SET temp_directory = '{_sql_literal(str(tmp) + '.spill')}'")
-                con.execute(_SCHEMA)
-                con.execute(_MIGRATIONS)
-                con.execute(
-                    "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)]
-                )
+                ensure_schema(con)
                 yield con
                 con.execute("CHECKPOINT")
                 con.close()
@@ -325,6 +212,13 @@ class Store:
             finally:
                 Path(str(tmp) + ".wal").unlink(missing_ok=True)
                 shutil.rmtree(str(tmp) + ".spill", ignore_errors=True)
+
+
+def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """Create missing tables and add the columns a newer version has: cheap, so every write does it."""
+    con.execute(schema_sql())
+    con.execute(column_migrations_sql())
+    con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
 
 
 def _sql_literal(text: str) -> str:

@@ -40,7 +40,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 CONFIG_ENV = "SPECDEC_CONFIG"
 CONFIG_NAME = "specdec.toml"
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 NGRAM_DRAFT = re.compile(r"^ngram-([1-9][0-9]*)$")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .metrics import NO_FILTERS, Filters
-from .store import Store
+from specdec_core.analysis.metrics import NO_FILTERS, Filters
+from specdec_core.store.connection import Store
 
 KINDS = ("contaminated_hit", "length_violation", "replay_mismatch")
 COLUMNS = (

@@ -5,7 +5,7 @@ output; a key that changes with dict order, between calls or between processes n
 hits, or hits for the wrong request after a restart. Both are found here by calling
 the key function on an example request and on semantic variants of it.
 
-This module imports `keys` only inside functions: `keys` re-exports from here.
+The auditor is generic: it knows no key scheme of ours (keys/schemes.py adapts those to it).
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-from .request import DecodeRequest
 
 KeyFn = Callable[[dict[str, Any]], Any]
 
@@ -491,63 +489,3 @@ def _check_process(
     seen = ", ".join(f"PYTHONHASHSEED={s}: {_clip(k)}" for s, k in keys.items())
     finding = f"process: the key differs between interpreters ({seen}; this one: {_clip(here)}); "
     return finding + _ADVICE["process"], None
-
-
-# --- our own keys, as dict -> key functions -------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RecordKey:
-    """A log record (dict) -> the key that `keys.key_scheme(scheme)` gives its request.
-
-    A module-level class so the `process` check can load it in a fresh interpreter.
-    """
-
-    scheme: str = "full"
-    namespace: str = "default"
-
-    def __call__(self, record: dict[str, Any]) -> str:
-        from .keys import key_scheme
-
-        return key_scheme(self.scheme)(DecodeRequest.from_record(record), self.namespace)
-
-
-def dict_key_adapter(scheme_name: str = "full", namespace: str = "default") -> RecordKey:
-    """Our key scheme `scheme_name` as a function of one log record, for `audit_key_function`."""
-    from .keys import key_scheme
-
-    key_scheme(scheme_name)  # an unknown name fails here, naming the known ones
-    return RecordKey(scheme_name, namespace)
-
-
-# Log fields outside the identity (shared/log-schema.md): the `ignore` for auditing our keys.
-NON_IDENTITY_FIELDS: tuple[str, ...] = (
-    "request_id",
-    "ts",
-    "deployment",
-    "cache_key",
-    "cache_hit",
-    "cached_fingerprint",
-    "output_text",
-    "output_tokens",
-    "finish_reason",
-    "latency_ms",
-    "draft_tokens",
-    "accepted_tokens",
-)
-
-# A sampled request with every identity field set: on a greedy one, seed/top_p/top_k rightly don't count.
-EXAMPLE_REQUEST: dict[str, Any] = {
-    "request_id": "example-1",
-    "prompt": "Summarise the incident in one sentence.",
-    "target_model": "smollm2-135m",
-    "draft_model": "smollm2-135m-draft-l4",
-    "num_speculative_tokens": 4,
-    "temperature": 0.7,
-    "top_p": 0.95,
-    "top_k": 40,
-    "max_tokens": 64,
-    "seed": 7,
-    "stop": ["\n\n"],
-    "tokenizer_version": "tok-v1",
-}

@@ -1,0 +1,134 @@
+"""The request log contract's fields, defined once (../shared/log-schema.md, "One record").
+
+Everything that needs a list of fields derives it from `FIELDS`: validation and its SQL,
+the store's DDL and migrations, CSV cell parsing, the identity and its fingerprint, the
+differing-fields comparison, the key auditor's variants and the pages' field lists.
+Adding a row here adds a validated, stored field; with `identity=True` it is part of
+every request's identity too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Validation kinds: what a field's value must be. The SQL checks and the one-line reasons are
+# written per kind (store/validation.py); so are the store's column type and CSV parsing.
+KINDS: dict[str, tuple[str, str]] = {
+    # kind: (what a value must be, in a reason; the store's column type)
+    "str": ("a string", "VARCHAR"),
+    "nonempty_str": ("a non-empty string", "VARCHAR"),
+    "hex64": ("64 hex characters", "VARCHAR"),
+    "int": ("an integer", "HUGEINT"),  # a seed may need more than 64 bits
+    "int>=0": ("an integer >= 0", "BIGINT"),
+    "int>=1": ("an integer >= 1", "BIGINT"),
+    "num": ("a number", "DOUBLE"),
+    "num>=0": ("a number >= 0", "DOUBLE"),
+    "top_p": ("a number in (0, 1]", "DOUBLE"),
+    "bool": ("a boolean", "BOOLEAN"),
+    "ts": ("an RFC 3339 string or integer epoch milliseconds, in the years 1 to 9999", "TIMESTAMPTZ"),
+    "str_list": ("a list of strings", "VARCHAR[]"),
+    "object": ("a JSON object", "JSON"),
+}
+
+# How an identity field is canonicalised before two identities are compared.
+CANONICAL_FORMS = (
+    "sha256",  # the prompt: compared as its SHA-256, so a redacted log compares with a full one
+    "text",  # as it is
+    "none_is_null",  # the string "none" and null are the same (no speculation)
+    "integer",  # as it is; null stays null
+    "zero_is_null",  # 0 and null are the same (top_k: off)
+    "number",  # rounded to 6 decimal places, never coarser
+    "string_set",  # order and repeats don't matter; null and [] are the same
+)
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str
+    required: bool = False
+    identity: bool = False
+    canonical: str = "text"  # for identity fields: one of CANONICAL_FORMS
+    sampling_only: bool = False  # left out of a greedy request's identity: it cannot change the output
+    default: Any = None  # the value an absent optional field stands for
+
+    @property
+    def expected(self) -> str:
+        return KINDS[self.kind][0]
+
+    @property
+    def sql_type(self) -> str:
+        return KINDS[self.kind][1]
+
+    @property
+    def is_integer(self) -> bool:
+        return self.kind.startswith("int")
+
+    @property
+    def is_number(self) -> bool:
+        return self.kind in ("num", "num>=0", "top_p")
+
+
+_CONTRACT_FIELDS: tuple[Field, ...] = (
+    Field("request_id", "nonempty_str", required=True),
+    Field("ts", "ts", required=True),
+    # One of prompt and prompt_hash is required: checked as a rule of its own, not per field.
+    Field("prompt", "str", identity=True, canonical="sha256"),
+    Field("prompt_hash", "hex64"),
+    Field("target_model", "nonempty_str", required=True, identity=True),
+    Field("draft_model", "str", identity=True, canonical="none_is_null"),
+    Field("num_speculative_tokens", "int>=0", identity=True, canonical="integer"),
+    Field("temperature", "num>=0", required=True, identity=True, canonical="number"),
+    Field("top_p", "top_p", identity=True, canonical="number", sampling_only=True, default=1.0),
+    Field("top_k", "int>=0", identity=True, canonical="zero_is_null", sampling_only=True),
+    Field("max_tokens", "int>=1", required=True, identity=True, canonical="integer"),
+    Field("seed", "int", identity=True, canonical="integer", sampling_only=True),
+    Field("stop", "str_list", identity=True, canonical="string_set"),
+    Field("tokenizer_version", "str", required=True, identity=True),
+    Field("deployment", "str"),
+    Field("cache_key", "str", required=True),
+    Field("cache_hit", "bool", required=True),
+    Field("cached_fingerprint", "object"),
+    Field("output_text", "str", required=True),
+    Field("output_tokens", "int>=0", required=True),
+    Field("finish_reason", "str"),
+    Field("latency_ms", "num"),  # the contract sets no range: a skewed clock can log a negative one
+    Field("draft_tokens", "int>=0"),
+    Field("accepted_tokens", "int>=0"),
+)
+
+# Set by `define`; read them as module attributes.
+FIELDS: tuple[Field, ...] = ()
+BY_NAME: dict[str, Field] = {}
+FIELD_NAMES: tuple[str, ...] = ()
+IDENTITY_FIELDS: tuple[str, ...] = ()
+SAMPLING_ONLY_FIELDS: frozenset[str] = frozenset()
+# What identity and fingerprinting read from a record: the identity fields and the prompt's hash.
+IDENTITY_INPUT: tuple[str, ...] = ()
+NON_IDENTITY_FIELDS: tuple[str, ...] = ()
+
+
+def define(fields: tuple[Field, ...]) -> None:
+    """Set the table and every list derived from it.
+
+    Modules that derive SQL or code from the table read it when they are imported, so a
+    program that extends the contract calls this before importing the rest of specdec_core.
+    """
+    global FIELDS, BY_NAME, FIELD_NAMES, IDENTITY_FIELDS, SAMPLING_ONLY_FIELDS, IDENTITY_INPUT
+    global NON_IDENTITY_FIELDS
+    for f in fields:
+        if f.kind not in KINDS:
+            raise ValueError(f"contract field {f.name}: unknown kind {f.kind!r}")
+        if f.identity and f.canonical not in CANONICAL_FORMS:
+            raise ValueError(f"contract field {f.name}: unknown canonical form {f.canonical!r}")
+    FIELDS = tuple(fields)
+    BY_NAME = {f.name: f for f in FIELDS}
+    FIELD_NAMES = tuple(f.name for f in FIELDS)
+    IDENTITY_FIELDS = tuple(f.name for f in FIELDS if f.identity)
+    SAMPLING_ONLY_FIELDS = frozenset(f.name for f in FIELDS if f.sampling_only)
+    IDENTITY_INPUT = tuple(f.name for f in FIELDS if f.identity or f.name == "prompt_hash")
+    NON_IDENTITY_FIELDS = tuple(f.name for f in FIELDS if not f.identity and f.name != "prompt_hash")
+
+
+define(_CONTRACT_FIELDS)

@@ -1,0 +1,204 @@
+"""``--format otel``: OpenTelemetry GenAI spans, one OTLP JSON ExportTraceServiceRequest per line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .common import (
+    FormatError,
+    LineResult,
+    canonical_json,
+    epoch_to_rfc3339,
+    load_object,
+    parse_json_text,
+    to_decimal,
+)
+
+WHAT = "an OTLP ExportTraceServiceRequest"
+REQUEST_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+
+# record field <- span attribute, taken as decoded.
+_DIRECT: tuple[tuple[str, str], ...] = (
+    ("target_model", "gen_ai.request.model"),
+    ("temperature", "gen_ai.request.temperature"),
+    ("top_p", "gen_ai.request.top_p"),
+    ("top_k", "gen_ai.request.top_k"),
+    ("max_tokens", "gen_ai.request.max_tokens"),
+    ("seed", "gen_ai.request.seed"),
+    ("stop", "gen_ai.request.stop_sequences"),
+    ("output_tokens", "gen_ai.usage.output_tokens"),
+) + tuple(
+    (name, "specdec." + name)
+    for name in (
+        "draft_model", "num_speculative_tokens", "tokenizer_version", "cache_key", "cache_hit",
+        "prompt_hash", "draft_tokens", "accepted_tokens",
+    )
+)  # fmt: skip
+
+_MISSING = object()  # an attribute that is absent, or whose AnyValue is empty
+
+
+def decode_any_value(value: Any) -> Any:
+    """An OTLP JSON AnyValue as a plain Python value; ``_MISSING`` when it holds nothing."""
+    if not isinstance(value, dict):
+        return _MISSING
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "boolValue" in value:
+        return value["boolValue"]
+    if "intValue" in value:
+        # proto3 JSON writes int64 as a string; text that is not an integer goes on to validation as is.
+        raw = value["intValue"]
+        if isinstance(raw, str):
+            try:
+                return int(raw.strip())
+            except ValueError:
+                return raw
+        return raw
+    if "doubleValue" in value:
+        raw = value["doubleValue"]
+        if isinstance(raw, str):
+            # "NaN"/"Infinity" are legal proto3 JSON but not contract numbers: leave them for validation.
+            number = to_decimal(raw)
+            return float(number) if number is not None else raw
+        return raw
+    if "arrayValue" in value:
+        array = value["arrayValue"] or {}  # an empty array is written as {}
+        items = (array.get("values") or []) if isinstance(array, dict) else []
+        return [None if (item := decode_any_value(v)) is _MISSING else item for v in items]
+    if "kvlistValue" in value:
+        kvlist = value["kvlistValue"] or {}
+        return _attributes(kvlist.get("values") if isinstance(kvlist, dict) else None)
+    if "bytesValue" in value:
+        return value["bytesValue"]  # base64 text; the contract has no bytes type
+    return _MISSING
+
+
+def _attributes(items: Any) -> dict[str, Any]:
+    """OTLP ``KeyValue`` list -> dict; keys whose value is empty are left out (absent)."""
+    out: dict[str, Any] = {}
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("key"), str):
+            decoded = decode_any_value(item.get("value"))
+            if decoded is not _MISSING:
+                out[item["key"]] = decoded
+    return out
+
+
+def is_request(attrs: dict[str, Any]) -> bool:
+    return attrs.get("gen_ai.operation.name") in REQUEST_OPERATIONS or "specdec.cache_key" in attrs
+
+
+def _prompt(attrs: dict[str, Any]) -> Any:
+    if "specdec.prompt" in attrs:
+        return attrs["specdec.prompt"]
+    if "gen_ai.input.messages" not in attrs:
+        return _MISSING  # system instructions alone are not a prompt we can compare
+    is_json, messages = parse_json_text(attrs["gen_ai.input.messages"])
+    if "gen_ai.system_instructions" in attrs:
+        _, system = parse_json_text(attrs["gen_ai.system_instructions"])
+        return canonical_json({"messages": messages, "system_instructions": system})
+    if is_json or not isinstance(messages, str):
+        return canonical_json(messages)
+    return messages  # text that is not JSON is the prompt as it is
+
+
+def _output_text(attrs: dict[str, Any]) -> Any:
+    if "specdec.output_text" in attrs:
+        return attrs["specdec.output_text"]
+    _, messages = parse_json_text(attrs.get("gen_ai.output.messages"))
+    if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
+        return _MISSING
+    parts = messages[0].get("parts")
+    if not isinstance(parts, list):
+        return _MISSING
+    return "".join(
+        part["content"]
+        for part in parts
+        if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("content"), str)
+    )
+
+
+def _finish_reason(attrs: dict[str, Any]) -> Any:
+    reasons = attrs.get("gen_ai.response.finish_reasons", _MISSING)
+    if isinstance(reasons, list):
+        return reasons[0] if reasons else _MISSING
+    return reasons  # a bare string (or odd type) is passed on; validation judges it
+
+
+def _nanos(value: Any) -> int | None:
+    number = to_decimal(value)
+    return int(number) if number is not None and number == number.to_integral_value() else None
+
+
+def span_record(span: dict, resource_attrs: dict[str, Any]) -> dict | None:
+    """The contract record of one span, or None when the span is not a model request."""
+    attrs = _attributes(span.get("attributes"))
+    if not is_request(attrs):
+        return None
+    record: dict[str, Any] = {}
+    if "specdec.request_id" in attrs:
+        record["request_id"] = attrs["specdec.request_id"]
+    elif isinstance(span.get("spanId"), str):
+        record["request_id"] = span["spanId"].lower()
+    start, end = span.get("startTimeUnixNano"), span.get("endTimeUnixNano")
+    start_ns, end_ns = _nanos(start), _nanos(end)
+    if start is not None:
+        # Truncated to microseconds (DuckDB TIMESTAMPTZ keeps no more); unreadable text goes on as is.
+        record["ts"] = (epoch_to_rfc3339(start_ns, "ns") if start_ns is not None else None) or start
+    if start_ns is not None and end_ns is not None:
+        record["latency_ms"] = (end_ns - start_ns) / 1e6
+    for field, key in _DIRECT:
+        if key in attrs:
+            record[field] = attrs[key]
+    derived = {
+        "prompt": _prompt(attrs),
+        "output_text": _output_text(attrs),
+        "finish_reason": _finish_reason(attrs),
+        "deployment": attrs.get("specdec.deployment", resource_attrs.get("service.name", _MISSING)),
+    }
+    record.update((field, value) for field, value in derived.items() if value is not _MISSING)
+    if "specdec.cached_fingerprint" in attrs:
+        # Text that is not JSON is passed on, so validation quarantines it rather than us hiding it.
+        record["cached_fingerprint"] = parse_json_text(attrs["specdec.cached_fingerprint"])[1]
+    return record
+
+
+def _list(container: dict, *keys: str, where: str) -> list:
+    for key in keys:
+        if key in container and container[key] is not None:
+            if not isinstance(container[key], list):
+                raise FormatError(f"not {WHAT}: {where}.{key} is not a list")
+            return container[key]
+    return []  # OTLP JSON leaves empty repeated fields out
+
+
+def _object(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise FormatError(f"not {WHAT}: {where} is not an object")
+    return value
+
+
+def read_line(line: str) -> LineResult:
+    request = load_object(line, WHAT)
+    if not isinstance(request.get("resourceSpans"), list):
+        raise FormatError(f"not {WHAT}: no resourceSpans list")
+    records: list[dict] = []
+    skipped = 0
+    for i, resource_spans in enumerate(request["resourceSpans"]):
+        where = f"resourceSpans[{i}]"
+        resource_spans = _object(resource_spans, where)
+        resource = resource_spans.get("resource") or {}
+        resource_attrs = _attributes(_object(resource, where + ".resource").get("attributes"))
+        # instrumentationLibrarySpans is the pre-1.0 OTLP name of scopeSpans.
+        for j, scope in enumerate(
+            _list(resource_spans, "scopeSpans", "instrumentationLibrarySpans", where=where)
+        ):
+            scope = _object(scope, f"{where}.scopeSpans[{j}]")
+            for k, span in enumerate(_list(scope, "spans", where=f"{where}.scopeSpans[{j}]")):
+                record = span_record(_object(span, f"{where}.scopeSpans[{j}].spans[{k}]"), resource_attrs)
+                if record is None:
+                    skipped += 1
+                else:
+                    records.append(record)
+    return LineResult(records=tuple(records), skipped=skipped)

@@ -1,0 +1,110 @@
+"""The store's tables. The contract's columns of `requests` and `identities` come from the one field table."""
+
+from __future__ import annotations
+
+from specdec_core.contract import fields as contract
+
+# Columns that an ingest computes for every stored row, after the contract's own.
+_ROW_COLUMNS = """
+    extra JSON,
+    fingerprint VARCHAR NOT NULL,
+    cached_identity_fingerprint VARCHAR,
+    source_file VARCHAR NOT NULL,
+    source_line BIGINT NOT NULL,
+    ingest_id BIGINT NOT NULL"""
+
+
+def _stored_type(f: contract.Field) -> str:
+    return f.sql_type
+
+
+def _request_column(f: contract.Field) -> str:
+    # prompt_hash is computed where the log has only the prompt; an absent top_p is its default.
+    not_null = f.required or f.name == "prompt_hash" or f.default is not None
+    return f"    {f.name} {_stored_type(f)}{' NOT NULL' if not_null else ''}"
+
+
+def _identity_type(f: contract.Field) -> str:
+    # The prompt is kept as its SHA-256 and a stop set as its canonical JSON text.
+    return "VARCHAR" if f.canonical in ("sha256", "string_set") else f.sql_type
+
+
+def requests_ddl() -> str:
+    columns = ",\n".join(_request_column(f) for f in contract.FIELDS)
+    # Unique by ingest's own dedupe; no index: an ART index over 1M ids costs more than it saves.
+    return f"CREATE TABLE IF NOT EXISTS requests (\n{columns},{_ROW_COLUMNS}\n);"
+
+
+def identities_ddl() -> str:
+    columns = ", ".join(f"{f.name} {_identity_type(f)}" for f in contract.FIELDS if f.identity)
+    return ("CREATE TABLE IF NOT EXISTS identities (\n    fingerprint VARCHAR PRIMARY KEY,\n"
+            f"    identity JSON NOT NULL,\n    greedy BOOLEAN NOT NULL,\n    {columns}\n);")
+
+
+REPLAY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("replay_id", "VARCHAR PRIMARY KEY"),
+    ("request_id", "VARCHAR NOT NULL"),
+    ("replayed_at", "TIMESTAMPTZ NOT NULL"),
+    ("classification", "VARCHAR NOT NULL"),
+    ("replay_text", "VARCHAR"),
+    ("token_ids", "BIGINT[]"),
+    ("production_text", "VARCHAR"),
+    ("first_divergent_token", "BIGINT"),
+    ("first_divergent_char", "BIGINT"),
+    ("common_prefix_tokens", "BIGINT"),
+    ("similarity", "DOUBLE"),
+    ("draft_tokens", "BIGINT"),
+    ("accepted_tokens", "BIGINT"),
+    ("source_request_id", "VARCHAR"),
+    ("evidence", "JSON"),
+    ("environment", "JSON"),
+)
+
+_OTHER_TABLES = """
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+CREATE TABLE IF NOT EXISTS quarantine (
+    ingest_id BIGINT NOT NULL,
+    source_file VARCHAR NOT NULL,
+    source_line BIGINT NOT NULL,
+    request_id VARCHAR,
+    reason VARCHAR NOT NULL,
+    raw VARCHAR NOT NULL,
+    raw_hash VARCHAR NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ingests (
+    ingest_id BIGINT PRIMARY KEY,
+    started_at TIMESTAMPTZ NOT NULL,
+    paths VARCHAR[] NOT NULL,
+    n_read BIGINT, n_accepted BIGINT, n_duplicates BIGINT, n_quarantined BIGINT
+);
+-- One row per cache hit: the miss that populated its entry, and whether it served another identity.
+CREATE TABLE IF NOT EXISTS hit_sources (
+    request_id VARCHAR NOT NULL,
+    source_request_id VARCHAR,
+    contaminated BOOLEAN NOT NULL,
+    fingerprint_mismatch BOOLEAN NOT NULL,
+    differing_fields VARCHAR,
+    first_sight BOOLEAN,  -- a hit on an identity its deployment had not seen before in the log
+    source_ts TIMESTAMPTZ
+);
+"""
+
+
+def schema_sql() -> str:
+    replays = ",\n".join(f"    {name} {sql_type}" for name, sql_type in REPLAY_COLUMNS)
+    return "\n".join([_OTHER_TABLES, requests_ddl(), identities_ddl(),
+                      f"CREATE TABLE IF NOT EXISTS replays (\n{replays}\n);"])
+
+
+def column_migrations_sql() -> str:
+    """Columns added after a table first shipped, and contract fields added since a store was made."""
+    statements = [
+        "ALTER TABLE hit_sources ADD COLUMN IF NOT EXISTS first_sight BOOLEAN;",
+        "ALTER TABLE hit_sources ADD COLUMN IF NOT EXISTS source_ts TIMESTAMPTZ;",
+    ]
+    # A field added to the contract is NULL in rows stored before it existed (DuckDB can't add a NOT NULL column).
+    statements += [f"ALTER TABLE requests ADD COLUMN IF NOT EXISTS {f.name} {_stored_type(f)};"
+                   for f in contract.FIELDS]
+    statements += [f"ALTER TABLE identities ADD COLUMN IF NOT EXISTS {f.name} {_identity_type(f)};"
+                   for f in contract.FIELDS if f.identity]
+    return "\n".join(statements)

@@ -1,0 +1,160 @@
+"""The contract checked in SQL: each field's typed value, why a record is rejected, its stored columns.
+
+One pass over a file's lines computes every field's JSON type and text, then its typed value and
+the first rule the record breaks, as a one-line reason. The rules come from the contract's field
+table: a field added there is checked here with no other change.
+"""
+
+from __future__ import annotations
+
+from specdec_core.contract import fields as contract
+
+FIELD_NAMES = contract.FIELD_NAMES
+_INDEX = {name: i + 1 for i, name in enumerate(FIELD_NAMES)}  # DuckDB lists are 1-based
+_EXPECTED = {kind: expected for kind, (expected, _) in contract.KINDS.items()}
+
+
+def field_type(name: str) -> str:
+    return f"t_{name}"  # the field's JSON type, NULL when absent
+
+
+def field_text(name: str) -> str:
+    return f"s_{name}"  # the field as text: strings unquoted, anything else as JSON
+
+
+_RFC3339_RE = (r"\s*[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?"
+               r"([Zz]|[+-]([01][0-9]|2[0-3])(:?[0-5][0-9])?)?\s*")
+_EPOCH_MS_MIN, _EPOCH_MS_MAX = -62135596800000, 253402300799999  # 0001-01-01 to 9999-12-31, UTC
+_BIGINT_MAX = 2**63 - 1
+_BIGINT_KINDS = ("int>=0", "int>=1")  # stored as BIGINT; `int` (the seed) is HUGEINT
+
+
+def _value_sql(name: str, kind: str) -> str:
+    """The field's typed value, or NULL when it is absent, null or of the wrong JSON type."""
+    t, s = field_type(name), field_text(name)
+    integral = (f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT') THEN try_cast({s} AS HUGEINT) "
+                # Digits beyond 64 bits come as a DOUBLE holding their exact text: read the text.
+                f"WHEN {t} = 'DOUBLE' AND regexp_full_match({s}, '-?[0-9]+') THEN try_cast({s} AS HUGEINT) "
+                # An integral double (64.0) is accepted: CSV and some writers produce them.
+                f"WHEN {t} = 'DOUBLE' AND try_cast({s} AS DOUBLE) = floor(try_cast({s} AS DOUBLE)) "
+                f"THEN try_cast(try_cast({s} AS DOUBLE) AS HUGEINT) END")
+    if kind in ("str", "nonempty_str", "hex64"):
+        return f"CASE WHEN {t} = 'VARCHAR' THEN {s} END"
+    if kind == "bool":
+        return f"CASE WHEN {t} = 'BOOLEAN' THEN try_cast({s} AS BOOLEAN) END"
+    # A writer that could only store text (a Parquet string column) may hold these two as JSON text,
+    # as CSV does: text that is itself a JSON object or array counts as one.
+    text_json = f"CASE WHEN {t} = 'VARCHAR' AND json_valid({s}) THEN {s} ELSE 'null' END"
+    if kind == "object":
+        return (f"CASE WHEN {t} = 'OBJECT' THEN {s} "
+                f"WHEN {t} = 'VARCHAR' AND json_type({text_json}) = 'OBJECT' THEN {s} END")
+    if kind == "str_list":
+        array = (f"CASE WHEN {t} = 'ARRAY' THEN {s} WHEN {t} = 'VARCHAR' AND json_type({text_json}) = 'ARRAY' "
+                 f"THEN {s} ELSE '[]' END")
+        return (f"CASE WHEN ({t} = 'ARRAY' OR ({t} = 'VARCHAR' AND json_type({text_json}) = 'ARRAY')) "
+                f"AND len(list_filter(json_type({array}, '$[*]'), lambda x: x <> 'VARCHAR')) = 0 "
+                f"THEN json_extract_string({array}, '$[*]') END")
+    if kind.startswith("int"):
+        return integral
+    if kind in ("num", "num>=0", "top_p"):
+        return f"CASE WHEN {t} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN try_cast({s} AS DOUBLE) END"
+    if kind == "ts":
+        # The text must look like an RFC 3339 date-time before DuckDB's cast, which also takes a bare
+        # date, 'epoch' and 'infinity'. No offset is read as UTC. Epoch milliseconds are bounded to
+        # the years an RFC 3339 string can name, so a wild integer is rejected, not an error.
+        return (f"CASE WHEN {t} = 'VARCHAR' THEN CASE WHEN regexp_full_match({s}, '{_RFC3339_RE}') "
+                f"THEN try_cast(upper({s}) AS TIMESTAMPTZ) END "
+                f"WHEN ({integral}) BETWEEN {_EPOCH_MS_MIN} AND {_EPOCH_MS_MAX} "
+                f"THEN try_cast(epoch_ms(try_cast(({integral}) AS BIGINT)) AS TIMESTAMPTZ) END")
+    raise AssertionError(kind)
+
+
+def _valid_sql(name: str, kind: str) -> str:
+    """True when the field's typed value `f_<name>` is acceptable."""
+    v = f"f_{name}"
+    extra = {
+        "nonempty_str": f" AND length({v}) > 0",
+        "hex64": f" AND regexp_full_match({v}, '[0-9a-fA-F]{{64}}')",
+        "int>=0": f" AND {v} >= 0 AND {v} <= {_BIGINT_MAX}",
+        "int>=1": f" AND {v} >= 1 AND {v} <= {_BIGINT_MAX}",
+        "num": f" AND isfinite({v})",
+        "num>=0": f" AND isfinite({v}) AND {v} >= 0",
+        "top_p": f" AND isfinite({v}) AND {v} > 0 AND {v} <= 1",
+    }.get(kind, "")
+    return f"({v} IS NOT NULL{extra})"
+
+
+def values_sql() -> str:
+    return ",\n".join(f"{_value_sql(f.name, f.kind)} AS f_{f.name}" for f in contract.FIELDS)
+
+
+# The first contract field that a record names twice (only records with more keys than known fields
+# present can have one, so only they pay for the look).
+REPEATED_FIELD = ("list_filter(json_keys(obj), lambda k, i: list_position(json_keys(obj), k) < i "
+                   "AND k IN (" + ", ".join(f"'{n}'" for n in FIELD_NAMES) + "))[1]")
+
+
+def reason_sql() -> str:
+    """The first rule a record breaks, as a one-line reason; NULL when it breaks none."""
+    branches = [
+        "WHEN NOT valid THEN 'bad JSON: the line is not valid JSON'",
+        "WHEN root <> 'OBJECT' THEN 'not a JSON object: got ' || lower(root)",
+        "WHEN json_exists(obj, '$.__csv_error__') THEN 'bad CSV row: ' || (obj ->> '$.__csv_error__')",
+        # A field named twice: this store would read the first value, most JSON readers the last.
+        "WHEN repeated_field IS NOT NULL THEN 'duplicate field: ' || repeated_field || ' appears more than once'",
+    ]
+    for f in contract.FIELDS:
+        name, kind, required, t = f.name, f.kind, f.required, field_type(f.name)
+        if required:
+            branches.append(f"WHEN {t} IS NULL THEN 'missing required field: {name}'")
+            branches.append(f"WHEN {t} = 'NULL' THEN '{name}: required, got null'")
+        got = f"left(CASE WHEN {t} = 'VARCHAR' THEN to_json({field_text(name)})::VARCHAR ELSE {field_text(name)} END, 80)"
+        if kind in _BIGINT_KINDS:
+            # Past 2^127 even the wide integer read fails: a finite number that large is out of range too.
+            huge = f"(f_{name} IS NULL AND {t} = 'DOUBLE' AND try_cast({field_text(name)} AS DOUBLE) > {_BIGINT_MAX} " \
+                   f"AND isfinite(try_cast({field_text(name)} AS DOUBLE)))"
+            branches.append(f"WHEN f_{name} > {_BIGINT_MAX} OR {huge} THEN '{name}: out of range "
+                            f"(at most {_BIGINT_MAX}), got ' || {got}")
+        cond = f"{t} IS NOT NULL AND {t} <> 'NULL' AND NOT {_valid_sql(name, kind)}"
+        branches.append(
+            f"WHEN {cond} THEN '{name}: expected {_EXPECTED[kind]}, got ' || {got}"
+        )
+    branches.append(
+        "WHEN f_prompt IS NULL AND f_prompt_hash IS NULL "
+        "THEN 'missing required field: one of prompt or prompt_hash'"
+    )
+    branches.append(
+        "WHEN f_prompt IS NOT NULL AND f_prompt_hash IS NOT NULL AND sha256(f_prompt) <> lower(f_prompt_hash) "
+        "THEN 'prompt_hash: does not match the SHA-256 of prompt'"
+    )
+    return "CASE " + "\n".join(branches) + " END"
+
+
+def paths_literal() -> str:
+    return "[" + ", ".join(f"'$.\"{name}\"'" for name in FIELD_NAMES) + "]"
+
+
+def _typed_column(f: contract.Field) -> str:
+    value = f"f_{f.name}"
+    if f.name == "prompt_hash":
+        value = "lower(f_prompt_hash)"  # the prompt's own hash is computed once per distinct identity, not per row
+    elif f.sql_type == "BIGINT":
+        value = f"try_cast({value} AS BIGINT)"
+    elif f.sql_type == "JSON":
+        value = f"{value}::JSON"
+    if f.default is not None:
+        value = f"coalesce({value}, {f.default!r})"
+    return f"{value} AS {f.name}"
+
+
+def typed_columns_sql() -> str:
+    """The stored columns of a valid record, from its typed values; then the fields the contract does not name."""
+    return ",\n".join([*(_typed_column(f) for f in contract.FIELDS), "extra"])
+
+
+# Fields the contract does not name are kept: a JSON merge patch with null deletes the known ones.
+# Only records with more keys than known fields present have any, so only they are patched.
+EXTRA_SQL = ("CASE WHEN n_keys > n_known THEN nullif(json_merge_patch(obj, '{"
+              + ",".join(f'"{n}":null' for n in FIELD_NAMES) + "}')::VARCHAR, '{}')::JSON END")
+
+
