@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from specdec_core.cache import CacheError, CacheRead, RedisCache, open_cache
+from specdec_core.cache import CacheError, CacheRead, RedisCache, encode_entry, open_cache
 from specdec_core.contract.identity import DecodeRequest, fingerprint, identity
 from specdec_core.contract.result import DecodeResult
 from specdec_core.keys.schemes import cache_key, key_scheme
@@ -238,7 +238,7 @@ def own_redis(tmp_path) -> Iterator[dict]:
 
 
 def test_service_keeps_answering_when_redis_is_killed_mid_run_and_recovers(own_redis, caplog):
-    cache = RedisCache(f"redis://127.0.0.1:{own_redis['port']}/0", socket_timeout=0.5, retry_after_s=0.3)
+    cache = RedisCache(f"redis://127.0.0.1:{own_redis['port']}/0", socket_timeout=0.5, breaker_interval_s=0.3)
     engine = DeterministicEngine()
     service = DecodeService(cache, engine)
     first = service.decode(REQ_A)
@@ -296,3 +296,43 @@ def test_unreachable_cluster_url_is_a_miss_not_an_exception():
     assert cache.get("specdec:default:v1:k", identity(REQ_A)) == CacheRead(None, "error")
     cache.set("specdec:default:v1:k", _result("x"), identity(REQ_A))
     assert cache.stats.errors == 2
+
+
+def test_a_stopped_redis_opens_the_breaker_and_a_probe_closes_it_when_redis_is_back(own_redis):
+    cache = RedisCache(
+        f"redis://127.0.0.1:{own_redis['port']}/0", retries=0, breaker_failures=3, breaker_interval_s=0.5
+    )
+    key = "specdec:default:v1:k"
+    cache.set(key, _result("before"), identity(REQ_A))
+    own_redis["proc"].kill()
+    own_redis["proc"].wait(timeout=10)
+
+    started = time.monotonic()
+    for _ in range(3 + 10):
+        assert cache.get(key, identity(REQ_A)) == CacheRead(None, "error")
+    assert time.monotonic() - started < 0.5  # all inside one interval
+    assert cache.breaker.stats() == {
+        "state": "open", "consecutive_failures": 3, "opens": 1, "probes": 0, "short_circuits": 10
+    }
+
+    own_redis["proc"] = _start_redis(own_redis["port"], own_redis["dir"])
+    assert cache.get(key, identity(REQ_A)).status == "error"  # still inside the interval: not asked
+    time.sleep(0.55)
+    assert cache.get(key, identity(REQ_A)).status == "miss"  # the probe reached the fresh server
+    assert cache.breaker.stats()["state"] == "closed"
+    cache.set(key, _result("after"), identity(REQ_A))
+    assert cache.get(key, identity(REQ_A)).result == _result("after")
+    cache.close()
+
+
+def test_a_wrong_typed_entry_in_redis_is_a_corrupt_miss_that_the_service_repairs(cache, redisdb):
+    key = cache_key(REQ_A)
+    entry = json.loads(encode_entry(_result("ok"), identity(REQ_A)))
+    entry["result"]["text"] = None
+    redisdb.set(key, json.dumps(entry))
+    assert cache.get(key, identity(REQ_A)) == CacheRead(None, "corrupt")
+    assert cache.stats.corrupt == 1
+
+    service = DecodeService(cache, DeterministicEngine())
+    assert service.decode(REQ_A).text == f"out[{fingerprint(REQ_A)[:12]}]"
+    assert cache.get(key, identity(REQ_A)).status == "hit"

@@ -160,12 +160,62 @@ def encode_entry(result: DecodeResult, identity: Mapping[str, Any]) -> str:
     )
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_count(value: Any) -> bool:
+    return value is None or (_is_int(value) and value >= 0)
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+# Every field of a stored DecodeResult and what its JSON value must be: a value of the wrong
+# type would be served as a hit (a null text, keys of an object taken as token ids).
+_RESULT_FIELD_CHECKS: dict[str, tuple[str, Any]] = {
+    "text": ("a string", lambda v: isinstance(v, str)),
+    "finish_reason": ("a string or null", lambda v: v is None or isinstance(v, str)),
+    "output_tokens": ("a count or null", _is_count),
+    "draft_tokens": ("a count or null", _is_count),
+    "accepted_tokens": ("a count or null", _is_count),
+    "latency_ms": ("a number or null", _is_number),
+    "environment": ("an object or null", lambda v: v is None or isinstance(v, dict)),
+}
+
+
+def _ints_of(name: str, value: Any) -> Any:
+    """A packed or plain list of ints, unpacked; ValueError naming the field for anything else."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        try:
+            return _unpack_ints(value)
+        except ValueError as exc:
+            raise ValueError(f"result.{name} is not base64 of int32s ({exc})") from None
+    if not isinstance(value, list) or not all(_is_int(v) for v in value):
+        raise ValueError(f"result.{name} must be a list of integers, got {_preview(value)}")
+    return value
+
+
+def _preview(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _result_from_entry(result_json: Any) -> DecodeResult:
     if not isinstance(result_json, dict):
         raise ValueError("result is not an object")
+    if "text" not in result_json:
+        raise ValueError("result has no text")
+    for name, (expected, check) in _RESULT_FIELD_CHECKS.items():
+        value = result_json.get(name)
+        if not check(value):
+            raise ValueError(f"result.{name} must be {expected}, got {_preview(value)}")
     result_json = dict(result_json)
     for name in _PACKED_FIELDS:
-        result_json[name] = _unpack_ints(result_json.get(name))
+        result_json[name] = _ints_of(name, result_json.get(name))
     return DecodeResult.from_json(result_json)
 
 
