@@ -14,8 +14,8 @@ from pathlib import Path
 import streamlit as st
 
 import ui
-from specdec_core.analysis import metrics
-from specdec_core.analysis.metrics import NO_FILTERS, Filters
+from specdec_core import analysis as metrics
+from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.store.connection import StoreError
 from specdec_core.store.ingest import ingest
 from specdec_core.store.readers import LogReadError

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import streamlit as st
 
-from specdec_core.analysis.metrics import NO_FILTERS, Filters
+from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.store.connection import Store, StoreError, resolve_db
 
 DB_KEY = "db_path"
@@ -26,7 +26,7 @@ REPLAY_IDS_KEY = "replay_request_ids"
 REPLAY_RESULTS_KEY = "replay_results"
 _ENTRYPOINT_KEY = "_entrypoint_running"
 
-# Page titles as metrics.RedFlag.page names them -> the page file that shows them.
+# Page titles -> the page file that shows them.
 PAGE_FILES = {
     "Overview": "pages/overview.py",
     "Cache": "pages/cache.py",
@@ -79,7 +79,7 @@ def cached(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 def has_data() -> bool:
     """Whether the database exists and holds at least one request (never creates the file)."""
-    from specdec_core.analysis import metrics
+    from specdec_core import analysis as metrics
 
     db = store()
     if not db.exists:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 import streamlit as st  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from specdec_core.analysis.metrics import headline  # noqa: E402
+from specdec_core.analysis import headline  # noqa: E402
 from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402
 from specdec_core.store.ingest import ingest  # noqa: E402

@@ -7,14 +7,14 @@ import plotly.graph_objects as go
 import streamlit as st
 
 import ui
-from specdec_core.analysis import metrics
+from specdec_core import analysis
 
 ui.page_header("Cache")
 ui.require_data()
 filters = ui.filters()
 
 st.subheader("Hit rate per target / draft combination")
-combos = ui.cached(metrics.hit_rate_by_combination, filters=filters)
+combos = ui.cached(analysis.hit_rate_by_combination, filters=filters)
 combos = combos.assign(combination=[ui.plot_label(f"{t} / {d}")
                                     for t, d in zip(combos.target_model, combos.draft_model, strict=True)])
 figure = px.bar(combos, x="combination", y="hit_rate", hover_data=["requests", "hits", "contaminated_hits"],
@@ -23,7 +23,7 @@ figure.update_yaxes(tickformat=".0%", range=[0, 1])
 st.plotly_chart(figure, key="hit_rate_by_combination")
 
 st.subheader("Hit rate over time")
-over_time = ui.cached(metrics.hit_rate_over_time, filters=filters)
+over_time = ui.cached(analysis.hit_rate_over_time, filters=filters)
 over_time = over_time.assign(combination=over_time.combination.map(ui.plot_label))
 figure = px.line(over_time, x="bucket", y="hit_rate", color="combination", markers=True,
                  hover_data=["requests"], labels={"hit_rate": "hit rate", "bucket": "time (UTC)"})
@@ -33,7 +33,7 @@ st.plotly_chart(figure, key="hit_rate_over_time")
 st.subheader("Unique keys per unique identity, by deployment")
 st.caption("A correct key gives every identity its own entry, so each identity misses at least once: "
            "a hit rate above the ceiling means requests were served outputs made for other identities.")
-ratios = ui.cached(metrics.key_ratio_by_deployment, filters=filters)
+ratios = ui.cached(analysis.key_ratio_by_deployment, filters=filters)
 labels = [ui.plot_label(ui.deployment_label(d)) for d in ratios.deployment]
 figure = go.Figure([
     go.Bar(name="observed hit rate", x=labels, y=ratios.hit_rate),
@@ -48,14 +48,14 @@ st.dataframe(ratios, hide_index=True, column_config={
 })
 
 st.subheader("Latency of hits and misses")
-latency = ui.cached(metrics.latency_hit_vs_miss, filters=filters)
+latency = ui.cached(analysis.latency_hit_vs_miss, filters=filters)
 if latency.empty:
     st.info("No request in this selection logged a latency.")
 else:
     st.dataframe(latency, hide_index=True)
 
 st.subheader("Speculative decoding health (decoded requests)")
-acceptance = ui.cached(metrics.acceptance_by_combination, filters=filters)
+acceptance = ui.cached(analysis.acceptance_by_combination, filters=filters)
 if acceptance.empty:
     st.info("No decoded request in this selection used a draft model and logged its draft tokens.")
 else:

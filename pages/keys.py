@@ -7,8 +7,8 @@ import json
 import streamlit as st
 
 import ui
+from specdec_core import analysis as metrics
 from specdec_core import contract, keys
-from specdec_core.analysis import metrics
 from specdec_core.keys import audit
 
 ui.page_header("Keys")

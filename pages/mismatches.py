@@ -6,20 +6,20 @@ import plotly.express as px
 import streamlit as st
 
 import ui
-from specdec_core.analysis import metrics
+from specdec_core import analysis
 
 ui.page_header("Mismatches")
 ui.require_data()
 filters = ui.filters()
 
-window = ui.cached(metrics.contamination_window, filters=filters)
+window = ui.cached(analysis.contamination_window, filters=filters)
 if window.empty:
     st.success("No contaminated hits: every cache hit in this selection served an output produced for its own "
                "request identity.")
     st.stop()
 
 st.subheader("Contaminated hits over time")
-over_time = ui.cached(metrics.mismatch_rate_over_time, filters=filters)
+over_time = ui.cached(analysis.mismatch_rate_over_time, filters=filters)
 over_time = over_time.assign(deployment=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
 figure = px.bar(over_time, x="bucket", y="contaminated_hits", color="deployment",
                 hover_data=["hits", "mismatch_rate"],
@@ -27,7 +27,7 @@ figure = px.bar(over_time, x="bucket", y="contaminated_hits", color="deployment"
 st.plotly_chart(figure, key="mismatch_rate_over_time")
 
 st.subheader("Contaminated hits")
-hits = ui.cached(metrics.contaminated_hits, filters=filters)
+hits = ui.cached(analysis.contaminated_hits, filters=filters)
 needle = st.text_input("Filter rows", placeholder="deployment, differing field or model, e.g. max_tokens",
                        key="mismatch_filter").strip().lower()
 if needle:

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 import ui
-from specdec_core.analysis import metrics
+from specdec_core import analysis
 
 ui.page_header("Output length")
 ui.require_data()
@@ -14,7 +14,7 @@ filters = ui.filters()
 
 st.caption("A request cannot return more tokens than its max_tokens. Outputs longer than their limit were "
            "produced for another request and served from a shared cache entry.")
-boxes = ui.cached(metrics.output_length_by_max_tokens, filters=filters)
+boxes = ui.cached(analysis.output_length_by_max_tokens, filters=filters)
 categories = [str(m) for m in boxes.max_tokens]
 figure = go.Figure()
 for violating, name, color in ((False, "within max_tokens", "#4c78a8"), (True, "exceeds max_tokens", "#e45756")):
@@ -36,11 +36,11 @@ st.plotly_chart(figure, key="output_length_by_max_tokens")
 st.dataframe(boxes, hide_index=True)
 
 st.subheader("Length violations")
-count = ui.cached(metrics.headline, filters=filters)["length_violations"]
+count = ui.cached(analysis.headline, filters=filters)["length_violations"]
 if not count:
     st.success("No request in this selection returned more tokens than its max_tokens.")
 else:
-    violations = ui.cached(metrics.length_violations, filters=filters)
+    violations = ui.cached(analysis.length_violations, filters=filters)
     shown = "" if len(violations) == count else f" (the first {len(violations):,} listed)"
     st.error(f"{count:,} requests returned more tokens than their max_tokens allows{shown}.")
     st.dataframe(violations, hide_index=True)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import streamlit as st
 
 import ui
-from specdec_core.analysis import metrics
+from specdec_core import analysis
 
 ui.page_header("Overview")
 ui.require_data()
 filters = ui.filters()
-head = ui.cached(metrics.headline, filters=filters)
+head = ui.cached(analysis.headline, filters=filters)
 
 row = st.columns(4)
 row[0].metric("Requests", ui.fmt_int(head["requests"]))
@@ -30,7 +30,7 @@ row[3].metric("Quarantined records", ui.fmt_int(head["quarantined"]),
               help="Log records that broke the contract; listed under 'Load logs' in the sidebar")
 
 st.subheader("Contamination window")
-window = ui.cached(metrics.contamination_window, filters=filters)
+window = ui.cached(analysis.contamination_window, filters=filters)
 if window.empty:
     st.success("No contaminated hits: every cache hit in this selection served an output produced for "
                "its own request identity.")
@@ -45,8 +45,11 @@ else:
 
 st.subheader("Red flags")
 STATUS = {True: ":red[**Yes**]", False: ":green[**No**]", None: ":gray[**Unknown**]"}
-for flag in ui.cached(metrics.red_flags, filters=filters, head=head):
+# The page that shows each red flag's evidence.
+FLAG_PAGES = {"identical_outputs": "Mismatches", "replay_disagrees": "Replay", "biased_experiments": "Mismatches",
+              "impossible_lengths": "Output length", "hit_rate_too_good": "Cache", "few_keys": "Keys"}
+for flag in ui.cached(analysis.red_flags, filters=filters, head=head):
     with st.container(border=True):
         st.markdown(f"{STATUS[flag.flagged]} · **{ui.md_escape(flag.title)}**")
         st.caption(ui.md_escape(flag.evidence))
-        ui.page_link(flag.page)
+        ui.page_link(FLAG_PAGES[flag.id])

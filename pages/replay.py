@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 import ui
-from specdec_core.analysis import metrics
+from specdec_core import analysis
 from specdec_core.replay import run as replay
 
 ui.page_header("Replay")
@@ -134,7 +134,7 @@ def show_result(result) -> None:
 
 request_id = choose_request()
 if request_id:
-    record = ui.cached(metrics.request_record, request_id)
+    record = ui.cached(analysis.request_record, request_id)
     if record is None:
         st.warning(f"No request `{ui.md_escape(request_id)}` in this database.")
     else:
@@ -163,7 +163,7 @@ count = st.number_input("How many suspicious requests", min_value=1, max_value=1
                         key="batch_count", disabled=which != "the most suspicious requests")
 if st.button("Replay batch"):
     if which == "the most suspicious requests":
-        ids = list(ui.cached(metrics.suspicious_requests, int(count), filters=filters).request_id)
+        ids = list(ui.cached(analysis.suspicious_requests, int(count), filters=filters).request_id)
     else:
         ids = list(queued)
     bar = st.progress(0.0, text=f"0 of {len(ids)} replayed")

@@ -11,13 +11,12 @@ import pandas as pd
 import pytest
 import streamlit.runtime.scriptrunner.script_runner as script_runner
 import streamlit.testing.v1.app_test as app_test_module
-from logfactory import rec, write_jsonl
+from helpers import rec, write_jsonl
 from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
-from specdec_core.analysis import report
-from specdec_core.analysis.metrics import Filters
+from specdec_core.analysis import Filters, report
 from specdec_core.store.connection import Store
 from specdec_core.store.ingest import ingest
 

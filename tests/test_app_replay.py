@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from logfactory import rec
+from helpers import rec
 from test_app_pages import build_db, metrics_of, no_legacy_pages_folder, open_app, texts  # noqa: F401
 
 import specdec_core.replay.run as replay_module

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from logfactory import rec
+from helpers import rec
 from playwright.sync_api import Page, expect, sync_playwright
 from test_app_pages import HTML_OUTPUT, SCRIPT, build_db, build_incident_db
 from test_app_replay import TINY, build_foreign_db

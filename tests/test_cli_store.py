@@ -7,7 +7,7 @@ import random
 import subprocess
 import sys
 
-from logfactory import rec, write_jsonl
+from helpers import rec, write_jsonl
 
 from specdec_core.contract.identity import fingerprint
 from specdec_core.store.connection import Store

@@ -21,7 +21,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from logfactory import DROP, rec, write_jsonl
+from helpers import DROP, rec, write_jsonl
 
 from specdec_core.contract.identity import canonicalize_identity, identity
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_core.analysis import metrics
+from specdec_core import analysis as metrics
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.decoding.registry import Registry
 from specdec_core.demo.models import fetch, registry_dict

@@ -13,7 +13,7 @@ import json
 import random
 
 import pytest
-from logfactory import BASE, rec, write_jsonl
+from helpers import BASE, rec, write_jsonl
 
 from specdec_core.contract.identity import fingerprint
 from specdec_core.store.connection import Store

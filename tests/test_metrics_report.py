@@ -11,10 +11,11 @@ import sys
 from datetime import datetime, timezone
 
 import pytest
-from logfactory import DROP, rec, write_csv, write_jsonl
+from helpers import DROP, rec, write_csv, write_jsonl
 
-from specdec_core.analysis import metrics
-from specdec_core.analysis.metrics import Filters
+from specdec_core import analysis as metrics
+from specdec_core import contract as metrics_contract
+from specdec_core.analysis import Filters
 from specdec_core.analysis.report import mismatch_report, report_counts, report_csv
 from specdec_core.contract.identity import identity
 from specdec_core.store.connection import Store
@@ -136,7 +137,7 @@ def test_filters_narrow_every_number_and_injection_is_data(incident):
                      end=datetime(2026, 3, 1, 10, 7, tzinfo=timezone.utc))
     assert metrics.headline(incident, window)["contaminated_hits"] == 2  # h5, h6
     assert metrics.headline(incident, Filters(draft_models=("d2",)))["contaminated_hits"] == 1
-    canary_flags = {f.key: f.flagged for f in metrics.red_flags(incident, Filters(deployments=("canary",)))}
+    canary_flags = {f.id: f.flagged for f in metrics.red_flags(incident, Filters(deployments=("canary",)))}
     assert canary_flags["impossible_lengths"] is False and canary_flags["few_keys"] is False
     injected = Filters(deployments=("x' OR 1=1 --",), target_models=("'; DROP TABLE requests; --",))
     assert metrics.headline(incident, injected)["requests"] == 0
@@ -144,7 +145,7 @@ def test_filters_narrow_every_number_and_injection_is_data(incident):
 
 
 def test_red_flags_fire_on_the_incident(incident):
-    flags = {f.key: f for f in metrics.red_flags(incident)}
+    flags = {f.id: f for f in metrics.red_flags(incident)}
     assert flags["impossible_lengths"].flagged is True
     assert flags["few_keys"].flagged is True
     assert flags["hit_rate_too_good"].flagged is True
@@ -158,7 +159,7 @@ def test_clean_log_raises_no_flag(tmp_path):
     records = [rec("a", ts=at(0), cache_key="KA"), rec("b", ts=at(1), cache_key="KA", cache_hit=True),
                rec("c", ts=at(2), cache_key="KC", prompt="other")]
     ingest(store, [str(write_jsonl(tmp_path / "clean.jsonl", records))])
-    flags = {f.key: f.flagged for f in metrics.red_flags(store)}
+    flags = {f.id: f.flagged for f in metrics.red_flags(store)}
     assert flags == {"identical_outputs": False, "replay_disagrees": None, "biased_experiments": False,
                      "impossible_lengths": False, "hit_rate_too_good": False, "few_keys": False}
 
@@ -243,3 +244,41 @@ def test_the_same_incident_in_another_format_gives_the_same_report(tmp_path, inc
     store = Store(tmp_path / f"{fmt}.duckdb")
     assert ingest(store, [str(path)]).accepted == len(INCIDENT)
     assert _contract_rows(report_csv(mismatch_report(store))) == EXPECTED_REPORT
+
+
+SAMPLED = {"temperature": 0.7, "seed": 5, "top_p": 0.9, "top_k": 40, "num_speculative_tokens": 4}
+# One change per identity field; the red flag must fire whichever field the shared output hides.
+IDENTITY_CHANGES = {
+    "prompt": "A different question.", "target_model": "llama-70b", "draft_model": "llama-3b",
+    "num_speculative_tokens": 6, "temperature": 0.9, "top_p": 0.8, "top_k": 20, "max_tokens": 32, "seed": 6,
+    "stop": ["\n"], "tokenizer_version": "tok-v2",
+}
+
+
+def test_every_identity_field_has_a_change_in_the_red_flag_test():
+    assert set(IDENTITY_CHANGES) == set(metrics_contract.IDENTITY_FIELDS)
+
+
+@pytest.mark.parametrize("field", sorted(IDENTITY_CHANGES))
+def test_identical_outputs_fires_when_requests_differ_only_in(field, tmp_path):
+    # Three keys; on each, a miss then a hit that differs from it only in `field` and gets its output.
+    records = []
+    for n in range(3):
+        out = {"output_text": f"answer {n}", "output_tokens": 3}
+        records.append(rec(f"m{n}", ts=at(2 * n), cache_key=f"K{n}", prompt=f"Question {n}?", **SAMPLED, **out))
+        records.append(rec(f"h{n}", ts=at(2 * n + 1), cache_key=f"K{n}", cache_hit=True,
+                           **{"prompt": f"Question {n}?", **SAMPLED, field: IDENTITY_CHANGES[field]}, **out))
+    store = Store(tmp_path / "one-field.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "one-field.jsonl", records))])
+    flags = {f.id: f for f in metrics.red_flags(store)}
+    assert flags["identical_outputs"].flagged is True, flags["identical_outputs"].evidence
+    assert flags["identical_outputs"].numbers["shared_outputs"] == 3
+
+
+def test_identical_outputs_stays_quiet_for_greedy_requests_that_differ_only_in_their_draft(tmp_path):
+    # Greedy speculative decoding is lossless: one output for two drafts is no symptom by itself.
+    records = [rec("m", ts=at(0), cache_key="K", draft_model="d1"),
+               rec("h", ts=at(1), cache_key="K", cache_hit=True, draft_model="d2")]
+    store = Store(tmp_path / "greedy.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "greedy.jsonl", records))])
+    assert {f.id: f for f in metrics.red_flags(store)}["identical_outputs"].numbers["shared_outputs"] == 0

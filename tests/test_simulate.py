@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specdec_core.analysis import metrics
+from specdec_core import analysis as metrics
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.demo.simulate import DEPLOYMENTS, simulate
 from specdec_core.store.connection import Store

@@ -10,7 +10,7 @@ import threading
 
 import duckdb
 import pytest
-from logfactory import DROP, rec, write_csv, write_jsonl
+from helpers import DROP, rec, write_csv, write_jsonl
 
 from specdec_core.contract.identity import canonical_json, fingerprint, identity
 from specdec_core.store.connection import Store, StoreError

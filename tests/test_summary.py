@@ -7,10 +7,10 @@ from datetime import datetime, timedelta, timezone
 import duckdb
 import pandas as pd
 import pytest
-from logfactory import rec, write_jsonl
+from helpers import rec, write_jsonl
 
-from specdec_core.analysis import metrics
-from specdec_core.analysis.metrics import Filters
+from specdec_core import analysis as metrics
+from specdec_core.analysis import Filters
 from specdec_core.demo.synthetic import make_synthetic_log
 from specdec_core.store import migrate
 from specdec_core.store import summaries as summary

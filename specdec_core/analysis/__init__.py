@@ -1,6 +1,34 @@
-"""Triage questions over the store: filters, one module per question family, red flags and the mismatch report."""
+"""Triage questions over the store, one module per question family; red flags; the mismatch report.
 
-from specdec_core.analysis.metrics import Filters, headline, red_flags
-from specdec_core.analysis.report import mismatch_report, write_report
+Pages and the CLI call these functions with a `Store` and `Filters`; none of them writes.
+"""
 
-__all__ = ["Filters", "headline", "mismatch_report", "red_flags", "write_report"]
+from specdec_core.analysis.cache import (
+    acceptance_by_combination,
+    hit_rate_by_combination,
+    hit_rate_over_time,
+    key_ratio_by_deployment,
+    latency_hit_vs_miss,
+)
+from specdec_core.analysis.contamination import (
+    contaminated_hits,
+    contamination_window,
+    mismatch_rate_over_time,
+)
+from specdec_core.analysis.keys import key_collision_identities, key_collisions
+from specdec_core.analysis.lengths import length_violations, output_length_by_max_tokens
+from specdec_core.analysis.overview import filter_options, headline
+from specdec_core.analysis.query import NO_FILTERS, Filters, time_bucket
+from specdec_core.analysis.red_flags import RED_FLAG_IDS, RedFlag, red_flags
+from specdec_core.analysis.report import KINDS, mismatch_report, report_counts, report_csv, write_report
+from specdec_core.analysis.requests import quarantined_records, request_record, suspicious_requests
+from specdec_core.store.summaries import NO_DRAFT
+
+__all__ = [
+    "KINDS", "NO_DRAFT", "NO_FILTERS", "RED_FLAG_IDS", "Filters", "RedFlag", "acceptance_by_combination",
+    "contaminated_hits", "contamination_window", "filter_options", "headline", "hit_rate_by_combination",
+    "hit_rate_over_time", "key_collision_identities", "key_collisions", "key_ratio_by_deployment",
+    "latency_hit_vs_miss", "length_violations", "mismatch_rate_over_time", "mismatch_report",
+    "output_length_by_max_tokens", "quarantined_records", "red_flags", "report_counts", "report_csv",
+    "request_record", "suspicious_requests", "time_bucket", "write_report",
+]

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from specdec_core.analysis.metrics import suspicious_requests
+from specdec_core.analysis import suspicious_requests
 from specdec_core.decoding.registry import RegistryError
 from specdec_core.replay.run import ReplayError, ReplayResult, replay, replay_many
 

@@ -51,6 +51,9 @@ class Field:
     identity: bool = False
     canonical: str = "text"  # for identity fields: one of CANONICAL_FORMS
     sampling_only: bool = False  # left out of a greedy request's identity: it cannot change the output
+    # Part of the identity, yet under greedy decoding it cannot change the output either: speculative
+    # decoding is lossless, so a greedy output shared across drafts is harmless.
+    lossless_when_greedy: bool = False
     default: Any = None  # the value an absent optional field stands for
 
     @property
@@ -77,8 +80,8 @@ _CONTRACT_FIELDS: tuple[Field, ...] = (
     Field("prompt", "str", identity=True, canonical="sha256"),
     Field("prompt_hash", "hex64"),
     Field("target_model", "nonempty_str", required=True, identity=True),
-    Field("draft_model", "str", identity=True, canonical="none_is_null"),
-    Field("num_speculative_tokens", "int>=0", identity=True, canonical="integer"),
+    Field("draft_model", "str", identity=True, canonical="none_is_null", lossless_when_greedy=True),
+    Field("num_speculative_tokens", "int>=0", identity=True, canonical="integer", lossless_when_greedy=True),
     Field("temperature", "num>=0", required=True, identity=True, canonical="number"),
     Field("top_p", "top_p", identity=True, canonical="number", sampling_only=True, default=1.0),
     Field("top_k", "int>=0", identity=True, canonical="zero_is_null", sampling_only=True),

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring as _json_str
 from typing import Any
 
-from specdec_core.contract.fields import BY_NAME, FIELDS, IDENTITY_FIELDS, Field
+from specdec_core.contract import fields as contract
+from specdec_core.contract.fields import Field
 
 NUMBER_DECIMALS = 6
 
@@ -124,7 +125,7 @@ class DecodeRequest:
             if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
                 raise ValueError(f"stop: expected a list of strings, got {self.stop!r}")
             object.__setattr__(self, "stop", tuple(self.stop))
-        if _EXTRA_IDENTITY:
+        if _tables().extra_identity:
             object.__setattr__(self, "extra", _checked_extra(self.extra))
 
     @property
@@ -151,18 +152,19 @@ class DecodeRequest:
         """Build a request from one log record; raise ValueError naming the bad field."""
         if not isinstance(record, Mapping):
             raise ValueError(f"record: expected a JSON object, got {type(record).__name__}")
-        for name in _REQUIRED_INPUT:
+        tables = _tables()
+        for name in tables.required_input:
             if name not in record:
                 raise ValueError(f"{name}: required field is missing")
         stop = record.get("stop")
         if stop is not None and (isinstance(stop, str) or not isinstance(stop, (list, tuple))):
             raise ValueError(f"stop: expected a list of strings or null, got {type(stop).__name__}")
-        values = {name: record.get(name) for name in _DATACLASS_INPUT}
-        for name in _DATACLASS_INPUT:
-            if values[name] is None and BY_NAME[name].default is not None:
-                values[name] = BY_NAME[name].default
+        values = {name: record.get(name) for name in tables.dataclass_input}
+        for name in tables.dataclass_input:
+            if values[name] is None and contract.BY_NAME[name].default is not None:
+                values[name] = contract.BY_NAME[name].default
         values["stop"] = None if stop is None else tuple(stop)
-        return cls(**values, extra={k: v for k, v in record.items() if k not in _DATACLASS_INPUT})
+        return cls(**values, extra={k: v for k, v in record.items() if k not in tables.dataclass_input})
 
     def to_record(self) -> dict[str, Any]:
         """The request's fields as a log record fragment (the contract's names)."""
@@ -178,7 +180,7 @@ class DecodeRequest:
             "stop": None if self.stop is None else list(self.stop),
             "tokenizer_version": self.tokenizer_version,
         }
-        for f in _EXTRA_IDENTITY:
+        for f in _tables().extra_identity:
             rec[f.name] = self.extra.get(f.name)
         if self.prompt is not None:
             rec["prompt"] = self.prompt
@@ -192,7 +194,7 @@ def _coerce(req: DecodeRequest | Mapping[str, Any]) -> DecodeRequest:
 
 def _value(r: DecodeRequest, name: str) -> Any:
     """A field's value: a dataclass attribute, or (for a field the contract added) from `extra`."""
-    return r.__dict__[name] if name in _DATACLASS_INPUT else r.extra.get(name)
+    return r.__dict__[name] if name in _tables().dataclass_input else r.extra.get(name)
 
 
 def _canonical(f: Field, r: DecodeRequest) -> Any:
@@ -216,7 +218,7 @@ def identity(req: DecodeRequest | Mapping[str, Any]) -> dict[str, Any]:
     """The canonical identity object of a request or a log record."""
     r = _coerce(req)
     greedy = r.is_greedy
-    return {f.name: _canonical(f, r) for f in _IDENTITY if not (greedy and f.sampling_only)}
+    return {f.name: _canonical(f, r) for f in _tables().identity if not (greedy and f.sampling_only)}
 
 
 def canonical_json(obj: Any) -> str:
@@ -253,12 +255,12 @@ def _stop_json(stop: tuple[str, ...] | None) -> str:
     return text
 
 
-def _json_encoder(f: Field) -> Callable[[DecodeRequest], str]:
+def _json_encoder(f: Field, dataclass_input: tuple[str, ...]) -> Callable[[DecodeRequest], str]:
     """The canonical JSON text of one identity field, straight from a request (see `identity_json`)."""
     name, s = f.name, _json_str
     if f.canonical == "sha256":
         return lambda r: f'"{r.prompt_sha256}"'
-    if name in _DATACLASS_INPUT:
+    if name in dataclass_input:
         def get(r: DecodeRequest) -> Any:
             return r.__dict__[name]
     else:
@@ -277,9 +279,10 @@ def _json_encoder(f: Field) -> Callable[[DecodeRequest], str]:
     return lambda r: "null" if get(r) is None else s(get(r))
 
 
-def _composer(greedy: bool) -> tuple[tuple[str, Callable[[DecodeRequest], str]], ...]:
-    kept = sorted((f for f in _IDENTITY if not (greedy and f.sampling_only)), key=lambda f: f.name)
-    return tuple((_json_str(f.name) + ":", _json_encoder(f)) for f in kept)
+def _composer(identity_fields: tuple[Field, ...], dataclass_input: tuple[str, ...], greedy: bool
+              ) -> tuple[tuple[str, Callable[[DecodeRequest], str]], ...]:
+    kept = sorted((f for f in identity_fields if not (greedy and f.sampling_only)), key=lambda f: f.name)
+    return tuple((_json_str(f.name) + ":", _json_encoder(f, dataclass_input)) for f in kept)
 
 
 def identity_json(req: DecodeRequest | Mapping[str, Any]) -> str:
@@ -294,7 +297,8 @@ def identity_json(req: DecodeRequest | Mapping[str, Any]) -> str:
     r = req if type(req) is DecodeRequest else _coerce(req)
     text = r.__dict__.get("_identity_json")
     if text is None:
-        parts = _GREEDY_JSON if r.is_greedy else _SAMPLED_JSON
+        tables = _tables()
+        parts = tables.greedy_json if r.is_greedy else tables.sampled_json
         text = "{" + ",".join([key + encode(r) for key, encode in parts]) + "}"
         r.__dict__["_identity_json"] = text
     return text
@@ -321,25 +325,45 @@ def canonicalize_identity(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def differing_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """Identity fields whose canonical values differ; a field absent from either (greedy) is not listed."""
-    return sorted(k for k in IDENTITY_FIELDS if k in a and k in b and a[k] != b[k])
+    return sorted(k for k in contract.IDENTITY_FIELDS if k in a and k in b and a[k] != b[k])
 
 
-_IDENTITY: tuple[Field, ...] = tuple(f for f in FIELDS if f.identity)
-# The contract fields that DecodeRequest carries as attributes; others (a field added to the
-# contract) travel in `extra`.
-_DATACLASS_INPUT: tuple[str, ...] = tuple(
-    f.name for f in FIELDS if f.name in DecodeRequest.__dataclass_fields__ and f.name != "extra"
-)
-_REQUIRED_INPUT: tuple[str, ...] = tuple(f.name for f in FIELDS if f.required and f.name in IDENTITY_FIELDS)
-_EXTRA_IDENTITY: tuple[Field, ...] = tuple(f for f in _IDENTITY if f.name not in _DATACLASS_INPUT)
-_GREEDY_JSON = _composer(greedy=True)
-_SAMPLED_JSON = _composer(greedy=False)
+@dataclass(frozen=True)
+class _Tables:
+    """What identity derives from the contract table; rebuilt if a program extends the table (`fields.define`)."""
+
+    source: tuple[Field, ...]
+    identity: tuple[Field, ...]
+    # The contract fields DecodeRequest carries as attributes; others (a field added to the contract) go in `extra`.
+    dataclass_input: tuple[str, ...]
+    required_input: tuple[str, ...]
+    extra_identity: tuple[Field, ...]
+    greedy_json: tuple[tuple[str, Callable[[DecodeRequest], str]], ...]
+    sampled_json: tuple[tuple[str, Callable[[DecodeRequest], str]], ...]
+
+
+_TABLES: _Tables | None = None
+
+
+def _tables() -> _Tables:
+    global _TABLES
+    if _TABLES is None or _TABLES.source is not contract.FIELDS:
+        ident = tuple(f for f in contract.FIELDS if f.identity)
+        fields = DecodeRequest.__dataclass_fields__
+        data_in = tuple(f.name for f in contract.FIELDS if f.name in fields and f.name != "extra")
+        _TABLES = _Tables(
+            contract.FIELDS, ident, data_in,
+            tuple(f.name for f in ident if f.required),
+            tuple(f for f in ident if f.name not in data_in),
+            _composer(ident, data_in, greedy=True), _composer(ident, data_in, greedy=False),
+        )
+    return _TABLES
 
 
 def _checked_extra(extra: Mapping[str, Any]) -> dict[str, Any]:
     """Validate (and normalise) the identity fields that travel in `extra`, by their kind."""
     out = dict(extra)
-    for f in _EXTRA_IDENTITY:
+    for f in _tables().extra_identity:
         value = out.get(f.name)
         if value is None:
             if f.required:

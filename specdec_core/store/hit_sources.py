@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import duckdb
 
-HIT_SOURCES_SQL = """
+from specdec_core.contract import fields as contract
+
+HIT_SOURCES_SQL_TEMPLATE = """
 CREATE OR REPLACE TABLE hit_sources AS
 WITH r AS (
     SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key, cache_hit,
@@ -47,18 +49,7 @@ joined AS (
     SELECT DISTINCT fp, other_fp FROM judged WHERE source_differs OR fingerprint_mismatch
 ), diffs AS (
     SELECT p.fp, p.other_fp, array_to_string(list_sort(list_filter([
-           CASE WHEN a.prompt IS DISTINCT FROM b.prompt THEN 'prompt' END,
-           CASE WHEN a.target_model IS DISTINCT FROM b.target_model THEN 'target_model' END,
-           CASE WHEN a.draft_model IS DISTINCT FROM b.draft_model THEN 'draft_model' END,
-           CASE WHEN a.num_speculative_tokens IS DISTINCT FROM b.num_speculative_tokens
-                THEN 'num_speculative_tokens' END,
-           CASE WHEN a.temperature IS DISTINCT FROM b.temperature THEN 'temperature' END,
-           CASE WHEN NOT (a.greedy OR b.greedy) AND a.top_p IS DISTINCT FROM b.top_p THEN 'top_p' END,
-           CASE WHEN NOT (a.greedy OR b.greedy) AND a.top_k IS DISTINCT FROM b.top_k THEN 'top_k' END,
-           CASE WHEN a.max_tokens IS DISTINCT FROM b.max_tokens THEN 'max_tokens' END,
-           CASE WHEN NOT (a.greedy OR b.greedy) AND a.seed IS DISTINCT FROM b.seed THEN 'seed' END,
-           CASE WHEN a.stop IS DISTINCT FROM b.stop THEN 'stop' END,
-           CASE WHEN a.tokenizer_version IS DISTINCT FROM b.tokenizer_version THEN 'tokenizer_version' END
+{DIFFERENCES}
        ], lambda x: x IS NOT NULL)), ';') AS differing_fields
     FROM pairs p JOIN identities a ON a.fingerprint = p.fp LEFT JOIN identities b ON b.fingerprint = p.other_fp
 )
@@ -69,6 +60,17 @@ FROM judged j LEFT JOIN diffs d ON d.fp = j.fp AND d.other_fp = j.other_fp
 """
 
 
+def _difference(f: contract.Field) -> str:
+    # A field left out of either identity (greedy) is not compared.
+    guard = "NOT (a.greedy OR b.greedy) AND " if f.sampling_only else ""
+    return f"           CASE WHEN {guard}a.{f.name} IS DISTINCT FROM b.{f.name} THEN '{f.name}' END"
+
+
+def hit_sources_sql() -> str:
+    differences = ",\n".join(_difference(f) for f in contract.FIELDS if f.identity)
+    return HIT_SOURCES_SQL_TEMPLATE.replace("{DIFFERENCES}", differences)
+
+
 def judge_hits(con: duckdb.DuckDBPyConnection) -> None:
     """Rebuild `hit_sources`: one row per hit with its source, verdict and differing fields."""
-    con.execute(HIT_SOURCES_SQL)
+    con.execute(hit_sources_sql())

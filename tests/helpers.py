@@ -1,8 +1,10 @@
-"""Hand-built log records for store, metrics and report tests."""
+"""What many tests share: hand-built log records and files, running the CLI (fixtures are in conftest.py)."""
 
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
 import json
 from pathlib import Path
 from typing import Any
@@ -73,3 +75,9 @@ def write_csv(path: Path, records: list[dict[str, Any]], drop_column: str | None
                     row.append("" if v is None else v)
             writer.writerow(row)
     return path
+
+
+def run_cli(*args: str, timeout: float = 300, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """`specdec ARGS...` in a fresh interpreter, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "specdec_core", *args], capture_output=True, text=True,
+                          timeout=timeout, **kwargs)

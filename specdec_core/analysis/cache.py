@@ -1,0 +1,147 @@
+"""Cache questions: hit rate per model combination and over time, keys per identity, latency, acceptance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from specdec_core.analysis.query import (
+    HITS,
+    NO_FILTERS,
+    Filters,
+    df,
+    draft_label,
+    time_bucket,
+)
+from specdec_core.store.connection import Store
+from specdec_core.store.summaries import NO_DRAFT, histogram_quantiles
+
+HIT_RATE_BY_COMBINATION_SQL = f"""
+SELECT r.target_model, {draft_label()} AS draft_model, count(*) AS requests,
+       count(*) FILTER (WHERE r.cache_hit) AS hits, avg(r.cache_hit::INT) AS hit_rate,
+       count(*) FILTER (WHERE h.contaminated) AS contaminated_hits
+FROM requests r LEFT JOIN hit_sources h USING (request_id)
+WHERE {{where}}
+GROUP BY ALL ORDER BY requests DESC, target_model, draft_model
+"""
+
+
+HIT_RATE_BY_COMBINATION_MINUTE_SQL = f"""
+SELECT c.target_model, c.draft_model, sum(c.requests)::BIGINT AS requests, {HITS}::BIGINT AS hits,
+       {HITS} / sum(c.requests) AS hit_rate, sum(c.contaminated)::BIGINT AS contaminated_hits
+FROM {{source}} c
+GROUP BY ALL ORDER BY requests DESC, target_model, draft_model
+"""
+
+
+def hit_rate_by_combination(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
+    return df(store, HIT_RATE_BY_COMBINATION_SQL, filters, minute=HIT_RATE_BY_COMBINATION_MINUTE_SQL)
+
+
+HIT_RATE_OVER_TIME_SQL = f"""
+SELECT time_bucket(CAST(? AS INTERVAL), r.ts) AS bucket, r.target_model || ' / ' || {draft_label()} AS combination,
+       count(*) AS requests, avg(r.cache_hit::INT) AS hit_rate
+FROM requests r
+WHERE {{where}}
+GROUP BY ALL ORDER BY bucket, combination
+"""
+
+
+HIT_RATE_OVER_TIME_MINUTE_SQL = f"""
+SELECT time_bucket(CAST(? AS INTERVAL), c.minute) AS bucket, c.target_model || ' / ' || c.draft_model AS combination,
+       sum(c.requests)::BIGINT AS requests, {HITS} / sum(c.requests) AS hit_rate
+FROM {{source}} c
+GROUP BY ALL ORDER BY bucket, combination
+"""
+
+
+def hit_rate_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
+    # Summary minutes align with every bucket offered (1 minute to 1 day, UTC).
+    return df(store, HIT_RATE_OVER_TIME_SQL, filters, leading=[bucket or time_bucket(store, filters)],
+               minute=HIT_RATE_OVER_TIME_MINUTE_SQL)
+
+
+KEY_RATIO_BY_DEPLOYMENT_SQL = """
+SELECT coalesce(r.deployment, '') AS deployment, count(*) AS requests,
+       count(DISTINCT r.cache_key) AS unique_keys, count(DISTINCT r.fingerprint) AS unique_identities,
+       count(DISTINCT r.cache_key) / count(DISTINCT r.fingerprint) AS keys_per_identity,
+       avg(r.cache_hit::INT) AS hit_rate,
+       -- A correct key can't hit more often than this: every distinct identity misses at least once.
+       1 - count(DISTINCT r.fingerprint) / count(*) AS max_correct_hit_rate,
+       count(*) FILTER (WHERE r.cache_hit) AS hits,
+       -- Hits on an identity the deployment had never seen: only a shared key (or an entry older than
+       -- the log) can serve those.
+       count(*) FILTER (WHERE h.first_sight) AS first_sight_hits
+FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where}
+GROUP BY ALL ORDER BY deployment
+"""
+
+
+KEY_RATIO_BY_DEPLOYMENT_WHOLE_SQL = """
+SELECT c.deployment, sum(c.requests)::BIGINT AS requests,
+       count(DISTINCT c.key_id) AS unique_keys, count(DISTINCT c.fp_id) AS unique_identities,
+       count(DISTINCT c.key_id) / count(DISTINCT c.fp_id) AS keys_per_identity,
+       sum(c.hits) / sum(c.requests) AS hit_rate,
+       1 - count(DISTINCT c.fp_id) / sum(c.requests) AS max_correct_hit_rate,
+       sum(c.hits)::BIGINT AS hits, sum(c.first_sight)::BIGINT AS first_sight_hits
+FROM summary_keys c WHERE {dims}
+GROUP BY ALL ORDER BY deployment
+"""
+
+
+def key_ratio_by_deployment(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
+    """Unique cache keys per unique identity; below 1 means identities share keys."""
+    return df(store, KEY_RATIO_BY_DEPLOYMENT_SQL, filters, whole=KEY_RATIO_BY_DEPLOYMENT_WHOLE_SQL)
+
+
+LATENCY_HIT_VS_MISS_SQL = """
+SELECT CASE WHEN r.cache_hit THEN 'hit' ELSE 'miss' END AS outcome, count(r.latency_ms) AS requests,
+       avg(r.latency_ms) AS mean_ms, quantile_cont(r.latency_ms, 0.5) AS p50_ms,
+       quantile_cont(r.latency_ms, 0.95) AS p95_ms
+FROM requests r WHERE {where} AND r.latency_ms IS NOT NULL
+GROUP BY ALL ORDER BY outcome
+"""
+
+
+def _latency_from_histogram(con: Any, dims: str, params: list[Any]) -> pd.DataFrame:
+    source = ("(SELECT CASE WHEN c.cache_hit THEN 'hit' ELSE 'miss' END AS key, c.value, c.n "
+              f"FROM summary_latency c WHERE {dims})")
+    s = histogram_quantiles(con, source, params, {"p50_ms": 0.5, "p95_ms": 0.95})
+    return pd.DataFrame({"outcome": s["key"], "requests": s["total"], "mean_ms": s["mean"], "p50_ms": s["p50_ms"],
+                         "p95_ms": s["p95_ms"]})
+
+
+def latency_hit_vs_miss(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
+    return df(store, LATENCY_HIT_VS_MISS_SQL, filters, whole=_latency_from_histogram)
+
+
+ACCEPTANCE_BY_COMBINATION_SQL = f"""
+SELECT r.target_model, {draft_label()} AS draft_model, count(*) AS decoded_requests,
+       sum(r.draft_tokens) AS draft_tokens, sum(r.accepted_tokens) AS accepted_tokens,
+       sum(r.accepted_tokens) / nullif(sum(r.draft_tokens), 0) AS acceptance_rate,
+       -- Tokens accepted per verification step: each step proposes num_speculative_tokens.
+       sum(r.accepted_tokens) / nullif(sum(r.draft_tokens / nullif(r.num_speculative_tokens, 0)), 0)
+           AS mean_accepted_length
+FROM requests r
+WHERE {{where}} AND NOT r.cache_hit AND r.draft_tokens > 0 AND {draft_label()} <> '{NO_DRAFT}'
+GROUP BY ALL ORDER BY target_model, draft_model
+"""
+
+
+ACCEPTANCE_BY_COMBINATION_MINUTE_SQL = f"""
+SELECT c.target_model, c.draft_model, sum(c.decoded_requests)::BIGINT AS decoded_requests,
+       sum(c.draft_tokens) AS draft_tokens, sum(c.accepted_tokens) AS accepted_tokens,
+       sum(c.accepted_tokens) / nullif(sum(c.draft_tokens), 0) AS acceptance_rate,
+       sum(c.accepted_tokens) / nullif(sum(c.steps), 0) AS mean_accepted_length
+FROM {{source}} c
+WHERE NOT c.cache_hit AND c.draft_model <> '{NO_DRAFT}'
+GROUP BY ALL HAVING sum(c.decoded_requests) > 0 ORDER BY target_model, draft_model
+"""
+
+
+def acceptance_by_combination(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
+    """Speculation health of decoded (missed) requests: acceptance rate and accepted length per step."""
+    return df(store, ACCEPTANCE_BY_COMBINATION_SQL, filters, minute=ACCEPTANCE_BY_COMBINATION_MINUTE_SQL)
+
+

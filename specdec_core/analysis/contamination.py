@@ -1,0 +1,91 @@
+"""Contaminated hits: which, since when, and how often per deployment."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from specdec_core.analysis.query import (
+    HITS,
+    NO_FILTERS,
+    Filters,
+    df,
+    draft_label,
+    run,
+    time_bucket,
+)
+from specdec_core.store import summaries as summary
+from specdec_core.store.connection import Store
+
+CONTAMINATED_HITS_SQL = f"""
+SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, h.source_request_id,
+       h.source_ts, h.differing_fields, h.fingerprint_mismatch, r.target_model,
+       {draft_label()} AS draft_model, r.temperature, r.max_tokens, r.seed::VARCHAR AS seed,
+       r.tokenizer_version, r.output_tokens, left(r.output_text, 120) AS output_preview
+FROM requests r JOIN hit_sources h USING (request_id)
+WHERE {{where}} AND h.contaminated
+ORDER BY r.ts, r.request_id LIMIT ?
+"""
+
+
+CONTAMINATED_HITS_SUMMARY_SQL = """
+SELECT * FROM summary_contaminated c WHERE {where} ORDER BY ts, request_id LIMIT ?
+"""
+
+
+def contaminated_hits(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
+    """Hits that served another identity's output, with the request that put it in the cache."""
+    with store.read() as con:
+        if summary.ready(con):  # the same rows, joined and labelled at ingest; every filter applies
+            where, params = filters.where("c")
+            return con.execute(CONTAMINATED_HITS_SUMMARY_SQL.replace("{where}", where), params + [limit]).df()
+        return run(con, CONTAMINATED_HITS_SQL, filters, [limit]).df()
+
+
+MISMATCH_RATE_OVER_TIME_SQL = """
+SELECT time_bucket(CAST(? AS INTERVAL), r.ts) AS bucket, coalesce(r.deployment, '') AS deployment,
+       count(*) FILTER (WHERE r.cache_hit) AS hits,
+       count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
+       count(*) FILTER (WHERE h.contaminated) / nullif(count(*), 0) AS mismatch_rate
+FROM requests r LEFT JOIN hit_sources h USING (request_id)
+WHERE {where}
+GROUP BY ALL ORDER BY bucket, deployment
+"""
+
+
+MISMATCH_RATE_OVER_TIME_MINUTE_SQL = f"""
+SELECT time_bucket(CAST(? AS INTERVAL), c.minute) AS bucket, c.deployment, {HITS}::BIGINT AS hits,
+       sum(c.contaminated)::BIGINT AS contaminated_hits,
+       sum(c.contaminated) / nullif(sum(c.requests), 0) AS mismatch_rate
+FROM {{source}} c
+GROUP BY ALL ORDER BY bucket, deployment
+"""
+
+
+def mismatch_rate_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
+    """Contaminated hits per time bucket and deployment, as a share of all requests."""
+    return df(store, MISMATCH_RATE_OVER_TIME_SQL, filters, leading=[bucket or time_bucket(store, filters)],
+               minute=MISMATCH_RATE_OVER_TIME_MINUTE_SQL)
+
+
+CONTAMINATION_WINDOW_SQL = """
+SELECT coalesce(r.deployment, '') AS deployment, count(*) AS contaminated_hits,
+       min(r.ts) AS first_contaminated, max(r.ts) AS last_contaminated
+FROM requests r JOIN hit_sources h USING (request_id)
+WHERE {where} AND h.contaminated
+GROUP BY ALL ORDER BY deployment
+"""
+
+
+CONTAMINATION_WINDOW_MINUTE_SQL = """
+SELECT c.deployment, sum(c.contaminated)::BIGINT AS contaminated_hits,
+       min(c.first_contaminated) AS first_contaminated, max(c.last_contaminated) AS last_contaminated
+FROM {source} c
+GROUP BY ALL HAVING sum(c.contaminated) > 0 ORDER BY deployment
+"""
+
+
+def contamination_window(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
+    """Where and since when the cache mixed identities."""
+    return df(store, CONTAMINATION_WINDOW_SQL, filters, minute=CONTAMINATION_WINDOW_MINUTE_SQL)
+
+

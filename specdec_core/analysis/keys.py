@@ -1,0 +1,60 @@
+"""Cache keys shared by several identities, and who shared each one."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from specdec_core.analysis.query import (
+    NO_FILTERS,
+    Filters,
+    df,
+)
+from specdec_core.store.connection import Store
+
+KEY_COLLISIONS_SQL = """
+SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, count(DISTINCT r.fingerprint) AS identities,
+       count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
+       min(r.ts) AS first_seen, max(r.ts) AS last_seen
+FROM requests r WHERE {where}
+GROUP BY ALL HAVING count(DISTINCT r.fingerprint) > 1
+ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
+"""
+
+
+KEY_COLLISIONS_WHOLE_SQL = """
+WITH shared AS (
+    SELECT c.key_id, count(*) AS identities, sum(c.requests)::BIGINT AS requests, sum(c.hits)::BIGINT AS hits,
+           min(c.first_seen) AS first_seen, max(c.last_seen) AS last_seen,
+           any_value(c.deployment) AS deployment, any_value(c.cache_key) AS cache_key
+    FROM summary_shared_keys c WHERE {dims}
+    GROUP BY c.key_id HAVING count(*) > 1
+)
+SELECT deployment, cache_key, identities, requests, hits, first_seen, last_seen FROM shared
+ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
+"""
+
+
+def key_collisions(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
+    """Cache keys shared by more than one identity."""
+    return df(store, KEY_COLLISIONS_SQL, filters, [limit], whole=KEY_COLLISIONS_WHOLE_SQL)
+
+
+KEY_COLLISION_IDENTITIES_SQL = """
+SELECT r.fingerprint, count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
+       min(r.ts) AS first_seen, max(r.ts) AS last_seen, any_value(r.target_model) AS target_model,
+       any_value(coalesce(nullif(r.draft_model, 'none'), 'none')) AS draft_model,
+       any_value(r.temperature) AS temperature, any_value(r.max_tokens) AS max_tokens,
+       any_value(r.seed)::VARCHAR AS seed, any_value(r.tokenizer_version) AS tokenizer_version,
+       any_value(i.identity)::VARCHAR AS identity
+FROM requests r JOIN identities i USING (fingerprint)
+WHERE {where} AND coalesce(r.deployment, '') = ? AND r.cache_key = ?
+GROUP BY r.fingerprint ORDER BY first_seen
+"""
+
+
+def key_collision_identities(store: Store, deployment: str, cache_key: str,
+                             filters: Filters = NO_FILTERS) -> pd.DataFrame:
+    """The identities that shared one cache key, with counts and first/last seen."""
+    return df(store, KEY_COLLISION_IDENTITIES_SQL, filters, [deployment, cache_key])
+
+

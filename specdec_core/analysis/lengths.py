@@ -1,0 +1,54 @@
+"""Output length against max_tokens, and the requests that break it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from specdec_core.analysis.query import (
+    NO_FILTERS,
+    Filters,
+    df,
+    draft_label,
+)
+from specdec_core.store.connection import Store
+from specdec_core.store.summaries import histogram_quantiles
+
+OUTPUT_LENGTH_BY_MAX_TOKENS_SQL = """
+SELECT r.max_tokens, count(*) AS requests, min(r.output_tokens) AS min,
+       quantile_cont(r.output_tokens, 0.25) AS q1, median(r.output_tokens) AS median,
+       quantile_cont(r.output_tokens, 0.75) AS q3, max(r.output_tokens) AS max,
+       count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS violations
+FROM requests r WHERE {where}
+GROUP BY ALL ORDER BY r.max_tokens
+"""
+
+
+def _lengths_from_histogram(con: Any, dims: str, params: list[Any]) -> pd.DataFrame:
+    source = f"(SELECT c.max_tokens AS key, c.value, c.n FROM summary_lengths c WHERE {dims})"
+    s = histogram_quantiles(con, source, params, {"q1": 0.25, "median": 0.5, "q3": 0.75}, count_above_key=True)
+    return pd.DataFrame({"max_tokens": s["key"], "requests": s["total"], "min": s["min"], "q1": s["q1"],
+                         "median": s["median"], "q3": s["q3"], "max": s["max"], "violations": s["above_key"]})
+
+
+def output_length_by_max_tokens(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
+    """Distribution of output tokens per max_tokens (box statistics), with violation counts."""
+    return df(store, OUTPUT_LENGTH_BY_MAX_TOKENS_SQL, filters, whole=_lengths_from_histogram)
+
+
+LENGTH_VIOLATIONS_SQL = f"""
+SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.max_tokens, r.output_tokens,
+       r.cache_hit, h.source_request_id, r.target_model, {draft_label()} AS draft_model, r.temperature,
+       r.cache_key
+FROM requests r LEFT JOIN hit_sources h USING (request_id)
+WHERE {{where}} AND r.output_tokens > r.max_tokens
+ORDER BY r.ts, r.request_id LIMIT ?
+"""
+
+
+def length_violations(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
+    """Requests whose output is longer than their max_tokens allows."""
+    return df(store, LENGTH_VIOLATIONS_SQL, filters, [limit])
+
+

@@ -1,0 +1,123 @@
+"""What the sidebar offers and the headline numbers."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from specdec_core.analysis.query import (
+    HITS,
+    NO_FILTERS,
+    Filters,
+    draft_label,
+    row,
+    run,
+)
+from specdec_core.store import summaries as summary
+from specdec_core.store.connection import Store
+
+
+def filter_options(store: Store) -> dict[str, Any]:
+    with store.read() as con:
+        def values(sql: str) -> list[str]:
+            return [row[0] for row in con.execute(sql).fetchall()]
+
+        if summary.ready(con):  # the minute summary holds the labels already
+            start, end = con.execute("SELECT min(first_ts), max(last_ts) FROM summary_minute").fetchall()[0]
+            table, deployment, draft = "summary_minute r", "deployment", "draft_model"
+        else:
+            start, end = con.execute("SELECT min(ts), max(ts) FROM requests").fetchall()[0]
+            table, deployment, draft = "requests r", "coalesce(deployment, '')", draft_label()
+        span_start, span_end, outside = _time_span(con, start, end)
+        return {
+            "deployments": values(f"SELECT DISTINCT {deployment} FROM {table} ORDER BY 1"),
+            "target_models": values(f"SELECT DISTINCT target_model FROM {table} ORDER BY 1"),
+            "draft_models": values(f"SELECT DISTINCT {draft} FROM {table} ORDER BY 1"),
+            "start": start,
+            "end": end,
+            # What a time-range control should span, and how many requests lie beyond it.
+            "span_start": span_start,
+            "span_end": span_end,
+            "outside_span": outside,
+        }
+
+
+# A time control spans the years a browser can place exactly (Streamlit's slider: 1684 to 2255) ...
+SPAN_LIMITS = (datetime(1700, 1, 1, tzinfo=timezone.utc), datetime(2250, 1, 1, tzinfo=timezone.utc))
+# ... and the bulk of the requests: a log whose clock was unset for a few lines (epoch 0, year 1) keeps
+# an incident's hour selectable. The bulk is the 1st to 99th percentile, widened by its own width (at
+# least an hour) on each side: a log spread evenly over its range keeps all of it.
+SPAN_QUANTILES = (0.01, 0.99)
+
+
+def _time_span(con: Any, start: Any, end: Any) -> tuple[Any, Any, int]:
+    if start is None:
+        return None, None, 0
+    if SPAN_LIMITS[0] <= start and end <= SPAN_LIMITS[1] and (end - start).days <= 366:
+        return start, end, 0  # no outliers worth the scan
+    low, high = con.execute("SELECT quantile_disc(ts, ?), quantile_disc(ts, ?) FROM requests",
+                            list(SPAN_QUANTILES)).fetchall()[0]
+    margin = max(high - low, timedelta(hours=1))
+    # The window's bounds, kept within the limits (and away from datetime's own year 1 and 9999) ...
+    low = low - margin if low - SPAN_LIMITS[0] > margin else SPAN_LIMITS[0]
+    high = high + margin if SPAN_LIMITS[1] - high > margin else SPAN_LIMITS[1]
+    # ... then the first and last requests inside it.
+    low, high, outside = con.execute(
+        "SELECT min(ts) FILTER (WHERE ts >= $1), max(ts) FILTER (WHERE ts <= $2), "
+        "count(*) FILTER (WHERE ts < $1 OR ts > $2) FROM requests", [max(low, SPAN_LIMITS[0]), min(high, SPAN_LIMITS[1])]
+    ).fetchall()[0]
+    if low is None:  # every request lies beyond the limits
+        low = high = min(max(start, SPAN_LIMITS[0]), SPAN_LIMITS[1])
+    return low, high, outside
+
+
+# --- the headline numbers ----------------------------------------------------------------------------------
+
+HEADLINE_SQL = """
+SELECT count(*) AS requests,
+       count(*) FILTER (WHERE r.cache_hit) AS hits,
+       avg(r.cache_hit::INT) AS hit_rate,
+       count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
+       count(*) FILTER (WHERE h.contaminated) / nullif(count(*) FILTER (WHERE r.cache_hit), 0)
+           AS contaminated_rate,
+       count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS length_violations,
+       min(r.ts) AS first_ts, max(r.ts) AS last_ts
+FROM requests r LEFT JOIN hit_sources h USING (request_id)
+WHERE {where}
+"""
+HEADLINE_MINUTE_SQL = f"""
+SELECT coalesce(sum(c.requests), 0)::BIGINT AS requests, {HITS}::BIGINT AS hits,
+       {HITS} / sum(c.requests) AS hit_rate,
+       coalesce(sum(c.contaminated), 0)::BIGINT AS contaminated_hits,
+       sum(c.contaminated) / nullif({HITS}, 0) AS contaminated_rate,
+       coalesce(sum(c.violations), 0)::BIGINT AS length_violations,
+       min(c.first_ts) AS first_ts, max(c.last_ts) AS last_ts
+FROM {{source}} c
+"""
+
+KEY_COUNTS_SQL = """
+WITH k AS (SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint FROM requests r WHERE {where})
+SELECT (SELECT count(DISTINCT (deployment, cache_key)) FROM k) AS unique_keys,
+       (SELECT count(DISTINCT (deployment, fingerprint)) FROM k) AS unique_identities,
+       (SELECT count(*) FROM (SELECT 1 FROM k GROUP BY deployment, cache_key HAVING count(DISTINCT fingerprint) > 1))
+           AS key_collisions
+"""
+KEY_COUNTS_WHOLE_SQL = """
+WITH k AS (SELECT deployment, key_id, fp_id FROM summary_keys c WHERE {dims})
+SELECT (SELECT count(DISTINCT key_id) FROM k) AS unique_keys,
+       (SELECT count(DISTINCT (deployment, fp_id)) FROM k) AS unique_identities,
+       (SELECT count(*) FROM (SELECT 1 FROM summary_shared_keys c WHERE {dims} GROUP BY key_id HAVING count(*) > 1))
+           AS key_collisions
+"""
+
+
+def headline(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
+    """Requests, hit rate, contaminated hits, length violations, collisions, keys per identity."""
+    with store.read() as con:  # one connection for the three: opening one costs as much as a small query
+        out = row(run(con, HEADLINE_SQL, filters, minute=HEADLINE_MINUTE_SQL))
+        out.update(row(run(con, KEY_COUNTS_SQL, filters, whole=KEY_COUNTS_WHOLE_SQL)))
+        out["quarantined"] = con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
+    out["keys_per_identity"] = (out["unique_keys"] / out["unique_identities"]) if out["unique_identities"] else None
+    return out
+
+

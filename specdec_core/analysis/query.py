@@ -1,0 +1,122 @@
+"""How every triage question runs: the filters (bound parameters, never SQL text) and the choice between
+the summaries and the rows. Contamination is judged over the whole log (a hit's source may lie outside
+the filtered window); filters choose which hits are shown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+
+from specdec_core.store import summaries as summary
+from specdec_core.store.connection import Store
+from specdec_core.store.summaries import minute_source
+
+
+@dataclass(frozen=True)
+class Filters:
+    start: datetime | None = None
+    end: datetime | None = None
+    deployments: tuple[str, ...] = ()
+    target_models: tuple[str, ...] = ()
+    draft_models: tuple[str, ...] = ()  # NO_DRAFT selects requests without speculation
+
+    def where(self, alias: str = "r") -> tuple[str, list[Any]]:
+        """A WHERE clause over the requests table and its parameters."""
+        clauses, params = ["TRUE"], []
+        if self.start is not None:
+            clauses.append(f"{alias}.ts >= ?")
+            params.append(self.start)
+        if self.end is not None:
+            clauses.append(f"{alias}.ts <= ?")
+            params.append(self.end)
+        if self.deployments:
+            clauses.append(f"list_contains(?, coalesce({alias}.deployment, ''))")
+            params.append(list(self.deployments))
+        if self.target_models:
+            clauses.append(f"list_contains(?, {alias}.target_model)")
+            params.append(list(self.target_models))
+        if self.draft_models:
+            clauses.append(f"list_contains(?, {draft_label(alias)})")
+            params.append(list(self.draft_models))
+        return " AND ".join(clauses), params
+
+
+NO_FILTERS = Filters()
+
+# Hits in a minute-summary relation `c`.
+HITS = "coalesce(sum(c.requests) FILTER (WHERE c.cache_hit), 0)"
+
+
+draft_label = summary.draft_label
+
+
+# Answers a question without a time range from the summaries: (connection, {dims} clause, its params).
+WholeAnswer = Callable[[Any, str, list[Any]], pd.DataFrame]
+
+
+def df(store: Store, sql: str, filters: Filters, extra: list[Any] | None = None,
+        leading: list[Any] | None = None, *, minute: str | None = None,
+        whole: str | WholeAnswer | None = None) -> pd.DataFrame:
+    """Answer a question: from the summaries when they can (`minute` SQL over {source}, a relation shaped
+    like summary_minute; `whole` SQL with {dims}, or a function of it, without a time range), else `sql`
+    over the rows with the filters' WHERE (as often as it says {where}). `leading`/`extra` bind the ?
+    before and after."""
+    with store.read() as con:
+        if callable(whole):
+            if whole_from_summaries(con, filters):
+                return whole(con, *summary.dimension_where(filters))
+            whole = None
+        return run(con, sql, filters, extra, leading, minute=minute, whole=whole).df()
+
+
+def whole_from_summaries(con: Any, filters: Filters) -> bool:
+    """Whether a `whole` answer applies: no time range, and summaries this code may use."""
+    return filters.start is None and filters.end is None and summary.ready(con)
+
+
+def run(con: Any, sql: str, filters: Filters, extra: list[Any] | None = None, leading: list[Any] | None = None,
+         *, minute: str | None = None, whole: str | None = None) -> Any:
+    extra, leading = extra or [], leading or []
+    if minute is not None and summary.ready(con):
+        source, params = minute_source(filters, filters.where())
+        return con.execute(minute.replace("{source}", source), leading + params + extra)
+    if whole is not None and whole_from_summaries(con, filters):
+        dims, params = summary.dimension_where(filters)
+        return con.execute(whole.replace("{dims}", dims), leading + params * whole.count("{dims}") + extra)
+    where, params = filters.where()
+    return con.execute(sql.replace("{where}", where), leading + params * sql.count("{where}") + extra)
+
+
+def one(store: Store, sql: str, filters: Filters, **summaries: str) -> dict[str, Any]:
+    frame = df(store, sql, filters, **summaries)
+    return {k: native(v) for k, v in frame.iloc[0].items()}
+
+
+def native(value: Any) -> Any:
+    """numpy scalars as plain Python values, missing as None: callers format and compare them."""
+    if value is None or value is pd.NaT or (not isinstance(value, str) and pd.isna(value)):
+        return None
+    return value.item() if hasattr(value, "item") and not isinstance(value, pd.Timestamp) else value
+
+
+def _bucket_for(span_seconds: float) -> str:
+    for seconds, name in ((2 * 3600, "1 minute"), (12 * 3600, "5 minutes"), (3 * 86400, "1 hour")):
+        if span_seconds <= seconds:
+            return name
+    return "1 day"
+
+
+def time_bucket(store: Store, filters: Filters) -> str:
+    """An interval that gives a readable number of points over the filtered time range."""
+    span = one(store, "SELECT epoch(max(ts)) - epoch(min(ts)) AS span FROM requests r WHERE {where}", filters,
+                minute="SELECT epoch(max(last_ts)) - epoch(min(first_ts)) AS span FROM {source} c")["span"]
+    return _bucket_for(float(span or 0))
+
+
+def row(cursor: Any) -> dict[str, Any]:
+    names = [d[0] for d in cursor.description]
+    return {k: native(v) for k, v in zip(names, cursor.fetchall()[0], strict=True)}

@@ -1,0 +1,184 @@
+"""The six symptoms of a cache key narrower than the request identity, each with its evidence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from specdec_core.analysis.cache import key_ratio_by_deployment
+from specdec_core.analysis.overview import headline
+from specdec_core.analysis.query import (
+    NO_FILTERS,
+    Filters,
+    df,
+    draft_label,
+    one,
+)
+from specdec_core.contract import fields as contract
+from specdec_core.store.connection import Store
+
+
+@dataclass(frozen=True)
+class RedFlag:
+    """One symptom: `id` names the question (one of RED_FLAG_IDS); the faces decide where it is shown."""
+
+    id: str
+    title: str
+    flagged: bool | None  # None: not enough data to judge (say what would settle it)
+    evidence: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "flagged": self.flagged, "evidence": self.evidence, "title": self.title,
+                "numbers": self.numbers}
+
+
+RED_FLAG_IDS: tuple[str, ...] = ("identical_outputs", "replay_disagrees", "biased_experiments", "impossible_lengths",
+                                 "hit_rate_too_good", "few_keys")
+
+
+def _output_identity_columns() -> str:
+    """The identity columns that decide an output: all of them, but the draft's only for sampled requests."""
+    cols = [f"CASE WHEN NOT i.greedy THEN i.{f.name} END" if f.lossless_when_greedy else f"i.{f.name}"
+            for f in contract.FIELDS if f.identity]
+    return ", ".join(cols)
+
+
+SHARED_OUTPUTS_SQL = f"""
+WITH o AS (
+    -- Greedy speculative decoding is lossless: identities that differ only in their draft share outputs
+    -- legitimately, so the draft fields count only for sampled requests. Outputs are grouped by DuckDB's
+    -- 64-bit hash of the text: a heuristic count, within one query.
+    SELECT hash(r.output_text) AS out_hash,
+           count(DISTINCT ({_output_identity_columns()})) AS identities,
+           count(*) FILTER (WHERE r.cache_hit) AS hits
+    FROM requests r JOIN identities i USING (fingerprint) WHERE {{where}} GROUP BY 1
+)
+SELECT count(*) FILTER (WHERE identities > 1) AS shared_outputs,
+       coalesce(sum(hits) FILTER (WHERE identities > 1), 0)::BIGINT AS hits_with_shared_output,
+       coalesce(sum(hits), 0)::BIGINT AS hits
+FROM o
+"""
+
+HIT_RATE_TREND_SQL = """
+-- The window split at its midpoint in time: two aggregate passes, no sort.
+WITH w AS (SELECT min(r.ts) + (max(r.ts) - min(r.ts)) / 2 AS mid FROM requests r WHERE {where})
+SELECT avg(r.cache_hit::INT) FILTER (WHERE r.ts < w.mid) AS first_half,
+       avg(r.cache_hit::INT) FILTER (WHERE r.ts >= w.mid) AS second_half
+FROM requests r, w WHERE {where}
+"""
+
+EXPERIMENT_BIAS_SQL = f"""
+SELECT r.target_model || ' / ' || {draft_label()} || ' / T=' || r.temperature AS arm, count(*) AS requests,
+       count(*) FILTER (WHERE h.contaminated) AS contaminated
+FROM requests r LEFT JOIN hit_sources h USING (request_id)
+WHERE {{where}} GROUP BY ALL HAVING count(*) FILTER (WHERE h.contaminated) > 0
+ORDER BY contaminated DESC LIMIT 5
+"""
+
+REPLAY_SUMMARY_SQL = """
+SELECT count(*) AS replays, count(*) FILTER (WHERE p.classification NOT IN ('match', 'near_tie', 'unavailable'))
+       AS disagreeing
+FROM (SELECT DISTINCT ON (request_id) * FROM replays ORDER BY request_id, replayed_at DESC) p
+JOIN requests r USING (request_id) WHERE {where}
+"""
+
+
+# Hits on never-seen identities beyond this share of a deployment's hits are not explained by entries
+# that predate the log window.
+FIRST_SIGHT_HIT_SHARE = 0.05
+
+
+def _identical_outputs(store: Store, filters: Filters, head: dict[str, Any]) -> RedFlag:
+    shared = one(store, SHARED_OUTPUTS_SQL, filters)
+    trend = one(store, HIT_RATE_TREND_SQL, filters)
+    rising = (trend["second_half"] or 0) > (trend["first_half"] or 0)
+    shared_share = shared["hits_with_shared_output"] / shared["hits"] if shared["hits"] else 0.0
+    return RedFlag(
+        "identical_outputs", "Identical outputs although parameters differ",
+        bool(shared["shared_outputs"] > 0 and head["contaminated_hits"] > 0),
+        f"{shared['shared_outputs']} output texts were returned for requests that differ in more than their "
+        f"draft model ({shared_share:.0%} of hits are on such outputs); hit rate {_pct(trend['first_half'])} in the "
+        "first half of the window, "
+        f"{_pct(trend['second_half'])} in the second{' (rising)' if rising else ''}.",
+        {"shared_outputs": shared["shared_outputs"], "rising": rising},
+    )
+
+
+def _replay_disagrees(store: Store, filters: Filters) -> RedFlag:
+    replays = one(store, REPLAY_SUMMARY_SQL, filters)
+    title = "Offline replay does not match production"
+    if not replays["replays"]:
+        return RedFlag("replay_disagrees", title, None,
+                       "No request replayed yet: replay the most suspicious requests to settle this.", {})
+    return RedFlag(
+        "replay_disagrees", title, bool(replays["disagreeing"] > 0),
+        f"{replays['disagreeing']} of {replays['replays']} replayed requests disagree with production "
+        "beyond numerical near-ties.",
+        dict(replays),
+    )
+
+
+def _biased_experiments(store: Store, filters: Filters) -> RedFlag:
+    arms = df(store, EXPERIMENT_BIAS_SQL, filters)
+    worst = "; ".join(f"{a.arm}: {a.contaminated} of {a.requests}" for a in arms.itertuples())
+    return RedFlag(
+        "biased_experiments", "Experiment arms compared on each other's outputs", not arms.empty,
+        f"Arms served another identity's cached output: {worst}." if worst
+        else "No experiment arm received another identity's output.",
+        {"arms": len(arms)},
+    )
+
+
+def _impossible_lengths(head: dict[str, Any]) -> RedFlag:
+    return RedFlag(
+        "impossible_lengths", "Output lengths impossible for max_tokens", bool(head["length_violations"] > 0),
+        f"{head['length_violations']} requests returned more tokens than their max_tokens.",
+        {"length_violations": head["length_violations"]},
+    )
+
+
+def _hit_rate_too_good(ratios: pd.DataFrame) -> RedFlag:
+    first_sight_share = ratios["first_sight_hits"] / ratios["hits"].where(ratios["hits"] > 0)
+    too_good = ratios[(ratios["hit_rate"] > ratios["max_correct_hit_rate"] + 1e-9)
+                      | (first_sight_share > FIRST_SIGHT_HIT_SHARE)]
+    return RedFlag(
+        "hit_rate_too_good", "Hit rate too good for this workload", not too_good.empty,
+        "; ".join(f"{d.deployment or '(none)'}: hit rate {d.hit_rate:.0%} (a correct key could reach at most "
+                  f"{d.max_correct_hit_rate:.0%}); {d.first_sight_hits:,} of {d.hits:,} hits were for an identity "
+                  "this deployment had never served before" for d in too_good.itertuples())
+        or "Every deployment's hit rate is within what a correct key could reach, and hits are on identities "
+           "seen before.",
+        {"deployments": len(too_good)},
+    )
+
+
+def _few_keys(ratios: pd.DataFrame) -> RedFlag:
+    narrow = ratios[ratios["keys_per_identity"] < 1 - 1e-9]
+    return RedFlag(
+        "few_keys", "Few unique cache keys for many unique identities", not narrow.empty,
+        "; ".join(f"{d.deployment or '(none)'}: {d.unique_keys} keys for {d.unique_identities} identities"
+                  for d in narrow.itertuples())
+        or "Every deployment has at least one key per identity.",
+        {"deployments": len(narrow)},
+    )
+
+
+def red_flags(store: Store, filters: Filters = NO_FILTERS, head: dict[str, Any] | None = None) -> list[RedFlag]:
+    """The six symptoms, in RED_FLAG_IDS order. `head` is `headline(store, filters)` when the caller has it."""
+    head = head if head is not None else headline(store, filters)
+    ratios = key_ratio_by_deployment(store, filters)
+    return [
+        _identical_outputs(store, filters, head),
+        _replay_disagrees(store, filters),
+        _biased_experiments(store, filters),
+        _impossible_lengths(head),
+        _hit_rate_too_good(ratios),
+        _few_keys(ratios),
+    ]
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"

@@ -1,0 +1,39 @@
+"""`specdec stats --json` names the six red flags; `specdec migrate` brings an older store up to date."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+from helpers import rec, run_cli, write_jsonl
+
+from specdec_core.analysis import RED_FLAG_IDS
+
+
+def test_stats_json_lists_the_six_red_flags_with_their_evidence(tmp_path):
+    log = write_jsonl(tmp_path / "log.jsonl", [rec("m", cache_key="K"), rec("h", cache_key="K", cache_hit=True,
+                                                                             max_tokens=8, output_tokens=12)])
+    db = tmp_path / "s.duckdb"
+    assert run_cli("ingest", str(log), "--db", str(db)).returncode == 0
+    done = run_cli("stats", "--json", "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    flags = json.loads(done.stdout)["red_flags"]
+    assert [f["id"] for f in flags] == list(RED_FLAG_IDS)
+    by_id = {f["id"]: f for f in flags}
+    assert by_id["impossible_lengths"]["flagged"] is True and "1 requests" in by_id["impossible_lengths"]["evidence"]
+    assert by_id["replay_disagrees"]["flagged"] is None
+
+
+def test_migrate_rebuilds_an_older_store_that_reads_refuse(tmp_path):
+    log = write_jsonl(tmp_path / "log.jsonl", [rec("m", cache_key="K"), rec("h", cache_key="K", cache_hit=True)])
+    db = tmp_path / "s.duckdb"
+    run_cli("ingest", str(log), "--db", str(db))
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE meta SET value = '1' WHERE key = 'summary_version'")
+    con.close()
+    refused = run_cli("stats", "--db", str(db))
+    assert refused.returncode == 1 and "specdec migrate" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    done = run_cli("migrate", "--db", str(db))
+    assert done.returncode == 0 and "rebuilt" in done.stdout
+    assert run_cli("stats", "--db", str(db)).returncode == 0
+    assert "already up to date" in run_cli("migrate", "--db", str(db)).stdout
