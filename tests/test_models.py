@@ -11,13 +11,13 @@ import pytest
 from specdec_core.cli import main
 from specdec_core.contract.identity import DecodeRequest
 from specdec_core.decoding.engine import SpecDecoder
+from specdec_core.decoding.loader import ModelLoader
+from specdec_core.decoding.proposers import ngram_size
 from specdec_core.decoding.registry import (
     REPO_ROOT,
-    ModelLoader,
     Registry,
     RegistryError,
     UnknownModelError,
-    ngram_size,
 )
 from specdec_core.demo.models import FAMILY_DIRS, registry_dict
 

@@ -19,6 +19,7 @@ verification step, so `_record_acceptance` wraps it for the length of one call.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import threading
@@ -32,45 +33,15 @@ import torch
 
 from specdec_core.contract.identity import DecodeRequest, fingerprint
 from specdec_core.contract.result import DecodeResult
-from specdec_core.decoding.registry import ModelLoader, Registry, RegistryError, ngram_size
+from specdec_core.decoding.loader import ModelLoader
+from specdec_core.decoding.proposers import DEFAULT_DRAFT_TOKENS, Proposer, proposer_for  # noqa: F401 (the default is public)
+from specdec_core.decoding.registry import Registry, RegistryError
+from specdec_core.decoding.scoring import TokenScores, sampling_logits
 
-DEFAULT_DRAFT_TOKENS = 5
 # Below this many target parameters a CPU decode runs on one thread: splitting such small
 # matrices only adds overhead, and on a busy 2-core machine two contending threads made
 # the tiny models thirty times slower.
 SINGLE_THREAD_BELOW_PARAMS = 20_000_000
-
-
-@dataclass(frozen=True)
-class TokenScores:
-    """The target model's view of a given output, position by position (teacher forcing).
-
-    `logprobs` are under the request's sampling (temperature, then top-k, then top-p, as
-    transformers applies them; for a greedy request 0 for the argmax and -inf otherwise),
-    `raw_logprobs` under the plain softmax. `ranks` are 1 for the argmax; `margins` are the
-    top-1 minus top-2 raw logits, small where a different environment could flip the choice.
-    """
-
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    raw_logprobs: tuple[float, ...]
-    ranks: tuple[int, ...]
-    margins: tuple[float, ...]
-    # The top raw logit at each position: a margin is small relative to it in half precision.
-    top_logits: tuple[float, ...]
-    argmax_ids: tuple[int, ...]
-    prompt_tokens: int
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
-
-    def first_non_argmax(self) -> int | None:
-        """Index of the first token the target would not have picked greedily."""
-        return next((i for i, r in enumerate(self.ranks) if r != 1), None)
-
-    def impossible_positions(self) -> list[int]:
-        """Positions whose token the request's sampling could not have produced."""
-        return [i for i, lp in enumerate(self.logprobs) if lp == -math.inf]
 
 
 class LogitRounding:
@@ -151,6 +122,18 @@ def resolve_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     return dev, (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+
+
+@dataclass(frozen=True)
+class _Finished:
+    """A decode's output once cut at EOS and stop sequences, with its acceptance counts."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    draft_tokens: int | None
+    accepted_tokens: int | None
+    accepted_per_step: tuple[int, ...]
 
 
 class SpecDecoder:
@@ -237,7 +220,7 @@ class SpecDecoder:
         """What a replay must match for its output to be comparable with this one."""
         import transformers
 
-        kind, draft_len = self._speculation(req)
+        proposer = proposer_for(req)
         return {
             "torch": torch.__version__,
             "transformers": transformers.__version__,
@@ -249,20 +232,13 @@ class SpecDecoder:
             "target_model": req.target_model,
             "target_source": self.registry.model(req.target_model).source,
             "draft_model": req.speculation,
-            "speculation": kind,
-            "num_speculative_tokens": draft_len,
+            "speculation": proposer.kind,
+            "num_speculative_tokens": proposer.draft_tokens,
             "tokenizer_version": req.tokenizer_version,
             "tokenizer": self.registry.tokenizer(req.tokenizer_version).settings(),
             "seed": request_seed(req),
             "logits_processors": [repr(p) for p in self.logits_processors],
         }
-
-    def _speculation(self, req: DecodeRequest) -> tuple[str, int | None]:
-        draft = req.speculation
-        if draft is None or req.num_speculative_tokens == 0:
-            return "none", None
-        length = req.num_speculative_tokens or DEFAULT_DRAFT_TOKENS
-        return ("ngram" if ngram_size(draft) is not None else "draft"), length
 
     # --- decoding ----------------------------------------------------------------------------
 
@@ -274,7 +250,7 @@ class SpecDecoder:
                     ids.append(int(i))
         return ids
 
-    def _generation_config(self, req: DecodeRequest, eos: list[int], kind: str, draft_len: int | None) -> Any:
+    def _generation_config(self, req: DecodeRequest, eos: list[int], proposer: Proposer) -> Any:
         from transformers import GenerationConfig
 
         args: dict[str, Any] = {
@@ -287,30 +263,19 @@ class SpecDecoder:
         if not req.is_greedy:
             # top_k=0 explicitly: transformers' default is 50, which the request did not ask for.
             args.update(temperature=float(req.temperature), top_p=float(req.top_p), top_k=req.top_k or 0)
-        if kind == "ngram":
-            args.update(prompt_lookup_num_tokens=draft_len, max_matching_ngram_size=ngram_size(req.speculation))
+        args.update(proposer.generation_args())
         return GenerationConfig(**args)
 
     def generate(self, req: DecodeRequest) -> DecodeResult:
         with self._lock:
             started = time.perf_counter()
-            kind, draft_len = self._speculation(req)
+            proposer = proposer_for(req)
             target = self.loader.model(req.target_model, "target model")
-            assistant = self.loader.model(req.speculation, "draft model") if kind == "draft" else None
             tok = self.loader.tokenizer(req.tokenizer_version)
             prompt = self.prompt_ids(req)
             eos = self._eos_ids(target, tok)
-            config = self._generation_config(req, eos, kind, draft_len)
-            kwargs: dict[str, Any] = {}
-            if assistant is not None:
-                _check_same_vocabulary(req, target, assistant)
-                # A constant draft length and no confidence-based early exit: the assistant's
-                # generation_config persists between calls, so set it every time.
-                gc = assistant.generation_config
-                gc.num_assistant_tokens = draft_len
-                gc.num_assistant_tokens_schedule = "constant"
-                gc.assistant_confidence_threshold = 0.0
-                kwargs["assistant_model"] = assistant
+            config = self._generation_config(req, eos, proposer)
+            kwargs: dict[str, Any] = proposer.generate_kwargs(self.loader, target)
             if req.stop:
                 from transformers import StoppingCriteriaList
 
@@ -334,15 +299,10 @@ class SpecDecoder:
                     **kwargs,
                 )
             generated = out[0, len(prompt) :].tolist()
-            result = self._finish(req, tok, generated, eos, steps if kind != "none" else None)
+            result = self._finish(req, tok, generated, eos, steps if proposer.counts_acceptance else None)
             latency = (time.perf_counter() - started) * 1000.0
             return DecodeResult(
-                text=result[0],
-                token_ids=result[1],
-                finish_reason=result[2],
-                draft_tokens=result[3],
-                accepted_tokens=result[4],
-                accepted_per_step=result[5],
+                **dataclasses.asdict(result),
                 latency_ms=round(latency, 3),
                 environment={**self.environment(req), "cpu_threads": threads},
             )
@@ -354,7 +314,7 @@ class SpecDecoder:
         generated: list[int],
         eos: list[int],
         steps: list[tuple[int, int]] | None,
-    ) -> tuple[str, list[int], str, int | None, int | None, tuple[int, ...]]:
+    ) -> _Finished:
         """Cut at EOS and stop sequences; the token ids kept are those of the returned text."""
         finish = "length" if len(generated) >= req.max_tokens else "stop"
         eos_at = next((i for i, t in enumerate(generated) if t in eos), None)
@@ -370,9 +330,9 @@ class SpecDecoder:
                 k += 1
             generated = generated[:k]
         if steps is None:
-            return text, generated, finish, None, None, ()
+            return _Finished(text, generated, finish, None, None, ())
         accepted = tuple(a for _, a in steps)
-        return text, generated, finish, sum(p for p, _ in steps), sum(accepted), accepted
+        return _Finished(text, generated, finish, sum(p for p, _ in steps), sum(accepted), accepted)
 
     # --- scoring -----------------------------------------------------------------------------
 
@@ -397,7 +357,7 @@ class SpecDecoder:
             if req.is_greedy:
                 sampled = torch.where(chosen == argmax, 0.0, -math.inf)
             else:
-                sampled = _sampling_logits(logits, req).log_softmax(-1).gather(1, chosen[:, None])[:, 0]
+                sampled = sampling_logits(logits, req).log_softmax(-1).gather(1, chosen[:, None])[:, 0]
             return TokenScores(
                 token_ids=tuple(output),
                 logprobs=tuple(float(x) for x in sampled.tolist()),
@@ -408,24 +368,3 @@ class SpecDecoder:
                 argmax_ids=tuple(int(x) for x in argmax.tolist()),
                 prompt_tokens=len(prompt),
             )
-
-
-def _check_same_vocabulary(req: DecodeRequest, target: Any, draft: Any) -> None:
-    sizes = (target.config.get_text_config().vocab_size, draft.config.get_text_config().vocab_size)
-    if sizes[0] != sizes[1]:
-        raise ValueError(
-            f"draft_model: {req.speculation} has a {sizes[1]}-token vocabulary but {req.target_model} has "
-            f"{sizes[0]}; a draft must share its target's tokenizer"
-        )
-
-
-def _sampling_logits(logits: torch.Tensor, req: DecodeRequest) -> torch.Tensor:
-    """Logits as transformers' sampling sees them: temperature, then top-k, then top-p."""
-    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
-
-    scores = logits / float(req.temperature)
-    if req.top_k:
-        scores = TopKLogitsWarper(top_k=req.top_k)(None, scores)
-    if req.top_p < 1.0:
-        scores = TopPLogitsWarper(top_p=float(req.top_p))(None, scores)
-    return scores

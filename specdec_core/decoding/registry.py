@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 import unicodedata
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from specdec_core.decoding.proposers.ngram import ngram_size
 
 try:
     import tomllib
@@ -42,7 +42,6 @@ CONFIG_ENV = "SPECDEC_CONFIG"
 CONFIG_NAME = "specdec.toml"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-NGRAM_DRAFT = re.compile(r"^ngram-([1-9][0-9]*)$")
 
 # Prompt normalisation steps a tokenizer version may apply, in the order listed.
 NORMALIZERS = {
@@ -74,12 +73,6 @@ class UnknownModelError(ValueError):
         names = ", ".join(self.known) if self.known else "nothing"
         hint = "; drafts may also be ngram-N" if kind == "draft model" else ""
         super().__init__(f"unknown {kind} {name!r}: the registry{where} knows {names}{hint}")
-
-
-def ngram_size(draft_name: str | None) -> int | None:
-    """N for a prompt-lookup draft named `ngram-N`, else None."""
-    m = NGRAM_DRAFT.match(draft_name or "")
-    return int(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)
@@ -331,73 +324,3 @@ def default_config_path() -> Path:
         return Path(env)
     local = Path.cwd() / CONFIG_NAME
     return local if local.is_file() else REPO_ROOT / CONFIG_NAME
-
-
-class ModelLoader:
-    """Loads models and tokenizers by logical name and keeps the most recent ones (bounded LRU).
-
-    `load_count` counts model loads from disk, so a caller can show that repeated
-    requests reuse the loaded weights.
-    """
-
-    def __init__(self, registry: Registry, device: str = "cpu", dtype: Any = None, capacity: int = 4) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity: must be >= 1, got {capacity}")
-        self.registry = registry
-        self.device = device
-        self.dtype = dtype
-        self.capacity = capacity
-        self.load_count = 0
-        self.tokenizer_load_count = 0
-        self._models: OrderedDict[str, Any] = OrderedDict()
-        self._tokenizers: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self._lock = threading.RLock()
-
-    def model(self, name: str, kind: str = "model") -> Any:
-        with self._lock:
-            if name in self._models:
-                self._models.move_to_end(name)
-                return self._models[name]
-            spec = self.registry.model(name, kind)
-            model = self._load_model(spec)
-            self._models[name] = model
-            self.load_count += 1
-            while len(self._models) > self.capacity:
-                self._models.popitem(last=False)
-            return model
-
-    def _load_model(self, spec: ModelSpec) -> Any:
-        from transformers import AutoModelForCausalLM
-
-        where, kwargs = spec.from_pretrained_args()
-        try:
-            model = AutoModelForCausalLM.from_pretrained(where, dtype=self.dtype, **kwargs)
-        except OSError as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise RegistryError(f"{spec.name}: can't load weights from {spec.source}: {first}") from e
-        return model.to(self.device).eval()
-
-    def tokenizer(self, name: str) -> Any:
-        """The tokenizer behind a tokenizer version; versions sharing files share one object."""
-        with self._lock:
-            where, kwargs = self.registry.tokenizer_source(name)
-            key = (where, repr(sorted(kwargs.items())))
-            if key in self._tokenizers:
-                self._tokenizers.move_to_end(key)
-                return self._tokenizers[key]
-            from transformers import AutoTokenizer
-
-            try:
-                tok = AutoTokenizer.from_pretrained(where, **kwargs)
-            except OSError as e:
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise RegistryError(f"tokenizer {name}: can't load from {where}: {first}") from e
-            self._tokenizers[key] = tok
-            self.tokenizer_load_count += 1
-            while len(self._tokenizers) > 4 * self.capacity:
-                self._tokenizers.popitem(last=False)
-            return tok
-
-    def loaded(self) -> list[str]:
-        with self._lock:
-            return list(self._models)
