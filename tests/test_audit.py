@@ -278,7 +278,7 @@ def test_a_module_in_a_tmp_dir_is_checked_across_processes(tmp_path, monkeypatch
 def test_a_key_function_that_fails_on_the_example_is_an_error():
     with pytest.raises(KeyAuditError, match="raised on the example"):
         audit_key_function(raises_on_everything, EXAMPLE)
-    with pytest.raises(KeyAuditError, match="must be str, bytes or int"):
+    with pytest.raises(KeyAuditError, match="must be a hashable value"):
         audit_key_function(returns_a_list, EXAMPLE)
 
 

@@ -8,7 +8,12 @@ import os
 import sys
 from typing import Any
 
-from specdec_core.keys.audit import KeyAuditError, audit_key_function, resolve_importable
+from specdec_core.keys.audit import (
+    KeyAuditError,
+    audit_key_function,
+    resolve_importable,
+    unknown_ignore_names,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -54,6 +59,12 @@ def run(args: argparse.Namespace) -> int:
     if not isinstance(example, dict):
         return _fail(f"example {args.example} must be one JSON object, got {type(example).__name__}")
     ignore = [name.strip() for name in args.ignore.split(",") if name.strip()]
+    if unknown := unknown_ignore_names(example, ignore):
+        named = ", ".join(
+            f"{name!r}" + (f" (did you mean {close!r}?)" if close else "") for name, close in unknown.items()
+        )
+        fields = ", ".join(sorted(example))
+        return _fail(f"--ignore names no field of the example: {named}; its fields: {fields}")
     try:
         audit = audit_key_function(key_fn, example, ignore=ignore, importable=args.target)
     except KeyAuditError as exc:
