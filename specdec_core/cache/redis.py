@@ -69,7 +69,9 @@ class CircuitBreaker:
     A dead Redis then costs one probe per interval instead of a timeout per request per thread.
     """
 
-    def __init__(self, failures: int = 3, interval_s: float = 5.0, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, failures: int = 3, interval_s: float = 5.0, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if failures < 1:
             raise ValueError(f"breaker_failures: expected >= 1, got {failures}")
         if not interval_s > 0:
