@@ -25,6 +25,7 @@ from specdec_core.contract.identity import DecodeRequest, identity
 from specdec_core.contract.result import DecodeResult
 from specdec_core.keys.schemes import DEFAULT_NAMESPACE, namespace_prefix
 from specdec_core.keys.schemes import key_scheme as _key_scheme
+from specdec_core.spans import default_tracer, emit_span, epoch_ns
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,8 @@ class DecodeService:
     - `log_sink`: a path (appended to), a text stream, or a callable taking each record.
     - `deployment`: logged in every record's `deployment` field.
     - `redact_prompts`: log `prompt_hash` only, never the prompt.
+    - `tracer`: an OpenTelemetry tracer, or "global" for opentelemetry-api's global one: each request
+      is also one GenAI span with the log record's fields (see spans.py). None (default): no spans.
 
     On a hit, `draft_tokens` and `accepted_tokens` are logged as null: no draft
     ran for this request, and counting the cached run's tokens again would
@@ -121,6 +124,7 @@ class DecodeService:
         clock: Callable[[], float] = time.time,
         *,
         guard: bool = True,
+        tracer: Any = None,
     ) -> None:
         if ttl_s is not None and not ttl_s > 0:
             raise ValueError(f"ttl_s: expected a number of seconds > 0 or None (no expiry), got {ttl_s!r}")
@@ -135,6 +139,7 @@ class DecodeService:
         self.guard = guard
         self._clock = clock
         self._log = _JsonLinesWriter(log_sink) if log_sink is not None else None
+        self._tracer = default_tracer() if tracer == "global" else tracer
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(COUNTER_NAMES, 0)
         namespace_prefix(namespace)  # a bad namespace fails here, not on the first request
@@ -179,9 +184,15 @@ class DecodeService:
                 raise
             self.cache.set(key, result, ident, self.ttl_s)
 
-        if self._log is not None:
+        if self._log is not None or self._tracer is not None:
             latency_ms = (time.perf_counter() - started) * 1000.0
-            self._log.write(self._record(req, request_id, arrived, key, read, result, latency_ms))
+            record = self._record(req, request_id, arrived, key, read, result, latency_ms)
+            if self._log is not None:
+                self._log.write(record)
+            if self._tracer is not None:
+                # The span spans exactly the logged ts and latency, so both read back as the same record.
+                start_ns = epoch_ns(record["ts"])
+                emit_span(self._tracer, record, start_ns, start_ns + round(record["latency_ms"] * 1_000_000))
         return result
 
     def _record(

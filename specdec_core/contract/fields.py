@@ -110,6 +110,9 @@ SAMPLING_ONLY_FIELDS: frozenset[str] = frozenset()
 # What identity and fingerprinting read from a record: the identity fields and the prompt's hash.
 IDENTITY_INPUT: tuple[str, ...] = ()
 NON_IDENTITY_FIELDS: tuple[str, ...] = ()
+# Fields a log may mark unknown (not null: LiteLLM logs no sampling parameters on a cache hit). An unknown
+# field is never compared and never a reason to quarantine; a miss's cache key may be unknown until a hit names it.
+UNKNOWABLE_FIELDS: tuple[str, ...] = ()
 
 
 def define(fields: tuple[Field, ...]) -> None:
@@ -119,7 +122,7 @@ def define(fields: tuple[Field, ...]) -> None:
     program that extends the contract calls this before importing the rest of specdec_core.
     """
     global FIELDS, BY_NAME, FIELD_NAMES, IDENTITY_FIELDS, SAMPLING_ONLY_FIELDS, IDENTITY_INPUT
-    global NON_IDENTITY_FIELDS
+    global NON_IDENTITY_FIELDS, UNKNOWABLE_FIELDS
     for f in fields:
         if f.kind not in KINDS:
             raise ValueError(f"contract field {f.name}: unknown kind {f.kind!r}")
@@ -132,6 +135,7 @@ def define(fields: tuple[Field, ...]) -> None:
     SAMPLING_ONLY_FIELDS = frozenset(f.name for f in FIELDS if f.sampling_only)
     IDENTITY_INPUT = tuple(f.name for f in FIELDS if f.identity or f.name == "prompt_hash")
     NON_IDENTITY_FIELDS = tuple(f.name for f in FIELDS if not f.identity and f.name != "prompt_hash")
+    UNKNOWABLE_FIELDS = (*IDENTITY_FIELDS, "cache_key")
 
 
 define(_CONTRACT_FIELDS)

@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring as _json_str
 from typing import Any
@@ -219,6 +219,29 @@ def identity(req: DecodeRequest | Mapping[str, Any]) -> dict[str, Any]:
     r = _coerce(req)
     greedy = r.is_greedy
     return {f.name: _canonical(f, r) for f in _tables().identity if not (greedy and f.sampling_only)}
+
+
+# Stand-ins for unknown fields while a request is built; the identity leaves those fields out again.
+_PLACEHOLDERS = {"str": "", "nonempty_str": "?", "int": 0, "int>=0": 0, "int>=1": 1, "num": 0.0, "num>=0": 1.0,
+                 "top_p": 1.0, "str_list": None, "hex64": None}
+
+
+def identity_with_unknown(record: Mapping[str, Any], unknown: Collection[str]) -> dict[str, Any]:
+    """The identity of a record some of whose fields are unknown (not null): those are left out, so two
+    identities compare only on the fields both know. An unknown temperature counts as sampled, keeping
+    whatever sampling fields are known."""
+    if not unknown:
+        return identity(record)
+    filled = dict(record)
+    for name in unknown:
+        if name == "prompt":
+            filled["prompt"], filled["prompt_hash"] = "", None
+        elif name in contract.BY_NAME:
+            filled[name] = _PLACEHOLDERS[contract.BY_NAME[name].kind]
+    obj = identity(filled)
+    for name in unknown:
+        obj.pop(name, None)
+    return obj
 
 
 def canonical_json(obj: Any) -> str:

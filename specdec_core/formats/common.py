@@ -1,6 +1,6 @@
 """Pieces shared by the foreign-log readers: errors, the per-line result, JSON and time helpers.
 
-Nothing here imports from the rest of ``specdec_core``: the package is integrated separately.
+Field names come from the contract's one table.
 """
 
 from __future__ import annotations
@@ -11,13 +11,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from typing import Any
 
-# The "One record" table of the log contract, in its order.
-CONTRACT_FIELDS: tuple[str, ...] = (
-    "request_id", "ts", "prompt", "prompt_hash", "target_model", "draft_model",
-    "num_speculative_tokens", "temperature", "top_p", "top_k", "max_tokens", "seed", "stop",
-    "tokenizer_version", "deployment", "cache_key", "cache_hit", "cached_fingerprint",
-    "output_text", "output_tokens", "finish_reason", "latency_ms", "draft_tokens", "accepted_tokens",
-)  # fmt: skip
+from specdec_core.contract.fields import FIELD_NAMES as CONTRACT_FIELDS  # noqa: E402, F401 (the one table)
 
 UNKNOWN_KEY = "__unknown__"
 SOURCE_KEY = "__source_request_id__"

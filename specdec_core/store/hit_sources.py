@@ -6,6 +6,10 @@ differs from the source's, or from the `cached_fingerprint` it logged. A miss at
 as the hit counts as earlier; of several misses at one instant, the one logged last (file, line)
 is the source, since it wrote the entry last. Judged over the whole store after every ingest,
 since a new file may hold an earlier miss or a later hit.
+
+Two rules hold for any log format that has them: a logged source link (LiteLLM's `response.id` on a
+hit) names the source whatever the timestamps say; and a field the log marks unknown is never
+compared, so a hit that differs from its source only in unknown fields is not contaminated.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ HIT_SOURCES_SQL_TEMPLATE = """
 CREATE OR REPLACE TABLE hit_sources AS
 WITH r AS (
     SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key, cache_hit,
-           fingerprint, cached_identity_fingerprint, source_file, source_line
+           fingerprint, cached_identity_fingerprint, source_file, source_line, source_link,
+           len(coalesce(unknown_fields, [])) > 0 AS partial
     FROM requests
 ), hits AS (SELECT * FROM r WHERE cache_hit),
 -- Misses of one entry at the same instant: the one logged last wrote the entry last. One per instant
@@ -32,12 +37,17 @@ misses AS (
 -- When each deployment first saw each identity: a grouped minimum, cheaper than a second ASOF join.
 firsts AS (SELECT dep, fingerprint, min(ts) AS first_ts FROM r GROUP BY ALL),
 joined AS (
-    SELECT h.request_id, m.request_id AS source_request_id, m.ts AS source_ts, h.fingerprint AS fp,
-           m.fingerprint AS source_fp, h.cached_identity_fingerprint AS cached_fp,
+    SELECT h.request_id,
+           CASE WHEN h.source_link IS NULL THEN m.request_id ELSE l.request_id END AS source_request_id,
+           CASE WHEN h.source_link IS NULL THEN m.ts ELSE l.ts END AS source_ts, h.fingerprint AS fp,
+           CASE WHEN h.source_link IS NULL THEN m.fingerprint ELSE l.fingerprint END AS source_fp,
+           h.cached_identity_fingerprint AS cached_fp,
            -- No earlier request of this deployment had this identity: a correct key could not hit here.
-           h.ts <= f.first_ts AS first_sight
+           -- Unknowable for a hit whose log leaves identity fields unknown.
+           CASE WHEN NOT h.partial THEN h.ts <= f.first_ts END AS first_sight
     FROM hits h
     ASOF LEFT JOIN misses m ON h.dep = m.dep AND h.cache_key = m.cache_key AND h.ts >= m.ts
+    LEFT JOIN r l ON l.request_id = h.source_link
     JOIN firsts f ON f.dep = h.dep AND f.fingerprint = h.fingerprint
 ), judged AS (
     SELECT *, coalesce(source_fp <> fp, false) AS source_differs,
@@ -53,17 +63,21 @@ joined AS (
        ], lambda x: x IS NOT NULL)), ';') AS differing_fields
     FROM pairs p JOIN identities a ON a.fingerprint = p.fp LEFT JOIN identities b ON b.fingerprint = p.other_fp
 )
+-- Fingerprints differ but no field known to both does: the difference lies in unknown fields only.
 SELECT j.request_id, j.source_request_id,
-       j.source_differs OR j.fingerprint_mismatch AS contaminated,
-       j.fingerprint_mismatch, d.differing_fields, j.first_sight, j.source_ts
+       (j.source_differs OR j.fingerprint_mismatch) AND coalesce(d.differing_fields <> '', true) AS contaminated,
+       j.fingerprint_mismatch AND coalesce(d.differing_fields <> '', true) AS fingerprint_mismatch,
+       nullif(d.differing_fields, '') AS differing_fields, j.first_sight, j.source_ts
 FROM judged j LEFT JOIN diffs d ON d.fp = j.fp AND d.other_fp = j.other_fp
 """
 
 
 def _difference(f: contract.Field) -> str:
-    # A field left out of either identity (greedy) is not compared.
+    # A field left out of either identity (greedy), or unknown in either, is not compared.
     guard = "NOT (a.greedy OR b.greedy) AND " if f.sampling_only else ""
-    return f"           CASE WHEN {guard}a.{f.name} IS DISTINCT FROM b.{f.name} THEN '{f.name}' END"
+    known = (f"NOT coalesce(list_contains(a.unknown, '{f.name}'), false) "
+             f"AND NOT coalesce(list_contains(b.unknown, '{f.name}'), false) AND ")
+    return f"           CASE WHEN {guard}{known}a.{f.name} IS DISTINCT FROM b.{f.name} THEN '{f.name}' END"
 
 
 def hit_sources_sql() -> str:

@@ -7,6 +7,8 @@ from specdec_core.contract import fields as contract
 # Columns that an ingest computes for every stored row, after the contract's own.
 _ROW_COLUMNS = """
     extra JSON,
+    unknown_fields VARCHAR[],  -- fields the log marked unknown (not null): never compared
+    source_link VARCHAR,  -- the request whose output this hit served, where the log says so
     fingerprint VARCHAR NOT NULL,
     cached_identity_fingerprint VARCHAR,
     source_file VARCHAR NOT NULL,
@@ -18,9 +20,18 @@ def _stored_type(f: contract.Field) -> str:
     return f.sql_type
 
 
+def _not_null(f: contract.Field) -> bool:
+    # prompt_hash is computed where the log has only the prompt; an absent top_p is its default. A field
+    # that may be unknown is NULL where the log marks it so.
+    return (f.required or f.name == "prompt_hash" or f.default is not None) and not _may_be_unknown(f)
+
+
+def _may_be_unknown(f: contract.Field) -> bool:
+    return f.name in contract.UNKNOWABLE_FIELDS or f.name == "prompt_hash"
+
+
 def _request_column(f: contract.Field) -> str:
-    # prompt_hash is computed where the log has only the prompt; an absent top_p is its default.
-    not_null = f.required or f.name == "prompt_hash" or f.default is not None
+    not_null = _not_null(f)
     return f"    {f.name} {_stored_type(f)}{' NOT NULL' if not_null else ''}"
 
 
@@ -38,7 +49,7 @@ def requests_ddl() -> str:
 def identities_ddl() -> str:
     columns = ", ".join(f"{f.name} {_identity_type(f)}" for f in contract.FIELDS if f.identity)
     return ("CREATE TABLE IF NOT EXISTS identities (\n    fingerprint VARCHAR PRIMARY KEY,\n"
-            f"    identity JSON NOT NULL,\n    greedy BOOLEAN NOT NULL,\n    {columns}\n);")
+            f"    identity JSON NOT NULL,\n    greedy BOOLEAN NOT NULL,\n    {columns},\n    unknown VARCHAR[]\n);")
 
 
 REPLAY_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -107,4 +118,13 @@ def column_migrations_sql() -> str:
                    for f in contract.FIELDS]
     statements += [f"ALTER TABLE identities ADD COLUMN IF NOT EXISTS {f.name} {_identity_type(f)};"
                    for f in contract.FIELDS if f.identity]
+    statements += ["ALTER TABLE requests ADD COLUMN IF NOT EXISTS unknown_fields VARCHAR[];",
+                   "ALTER TABLE requests ADD COLUMN IF NOT EXISTS source_link VARCHAR;",
+                   "ALTER TABLE identities ADD COLUMN IF NOT EXISTS unknown VARCHAR[];"]
     return "\n".join(statements)
+
+
+def relax_not_null_sql(not_null: dict[str, bool]) -> str:
+    """Stores made before fields could be unknown have NOT NULL on them: drop it where still set."""
+    return "\n".join(f"ALTER TABLE requests ALTER COLUMN {f.name} DROP NOT NULL;" for f in contract.FIELDS
+                     if _may_be_unknown(f) and not_null.get(f.name))
