@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specdec_core.analysis.metrics import NO_FILTERS, Filters
+from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.store.connection import Store
 
 KINDS = ("contaminated_hit", "length_violation", "replay_mismatch")
@@ -86,18 +86,76 @@ def report_counts(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable[s
         return dict(con.execute(sql, params * len(parts)).fetchall())
 
 
-def report_csv(frame: pd.DataFrame) -> bytes:
-    """The report as CSV bytes (UTF-8, header row), identical for the CLI and the dashboard; missing is empty."""
+# A spreadsheet reads a cell starting with one of these as a formula (OWASP, "CSV Injection").
+FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralise_formula(text: str) -> str:
+    """Log text made inert in a spreadsheet: a leading `'` shows the cell as the text it is (OWASP)."""
+    return "'" + text if text.startswith(FORMULA_TRIGGERS) else text
+
+
+def _text_columns(frame: pd.DataFrame) -> list[str]:
+    # Decided per column: a negative number in a numeric column starts with '-' once written, and must
+    # stay a number; only columns that hold text (log values such as request_id) can carry a formula.
+    return [c for c in frame.columns if not (pd.api.types.is_numeric_dtype(frame[c])
+                                             or pd.api.types.is_datetime64_any_dtype(frame[c]))]
+
+
+def _flagged(values: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """(cells a spreadsheet would run as a formula, cells holding a carriage return) of one text column."""
+    def formula(v: object) -> bool:
+        return isinstance(v, str) and v.startswith(FORMULA_TRIGGERS)
+
+    def carriage_return(v: object) -> bool:
+        return isinstance(v, str) and "\r" in v
+
+    try:  # most text columns repeat a few values (models, kinds, keys): look at each distinct one once
+        distinct = pd.unique(values)
+    except TypeError:  # cells that can't be hashed (lists): look at every cell
+        return values.map(formula).astype(bool), values.map(carriage_return).astype(bool)
+    bad_formula = [v for v in distinct if formula(v)]
+    bad_cr = [v for v in distinct if carriage_return(v)]
+    none = pd.Series(False, index=values.index)
+    return (values.isin(bad_formula) if bad_formula else none), (values.isin(bad_cr) if bad_cr else none)
+
+
+def report_csv(frame: pd.DataFrame, *, raw: bool = False) -> bytes:
+    """The report as CSV bytes (UTF-8, header row), identical for the CLI and the dashboard; missing is empty.
+
+    Text cells that a spreadsheet would run as a formula get a leading `'`; `raw=True` keeps the exact text.
+    """
+    cells = frame.astype(object).where(frame.notna(), "")
+    carriage_return = pd.Series(False, index=cells.index)
+    for column in _text_columns(frame):
+        values = cells[column]
+        formula, has_cr = _flagged(values)
+        carriage_return |= has_cr
+        if formula.any() and not raw:
+            cells.loc[formula, column] = "'" + values[formula]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(frame.columns)
-    writer.writerows(frame.astype(object).where(frame.notna(), "").itertuples(index=False, name=None))
+    if not carriage_return.any():
+        writer.writerows(cells.itertuples(index=False, name=None))
+        return buf.getvalue().encode("utf-8")
+    # csv quotes a field only for the characters of its line terminator: with "\n" a bare CR stays
+    # unquoted, and readers take it for the end of the row. Such rows are quoted as for "\r\n".
+    quoting_cr = csv.writer(row_buf := io.StringIO(), lineterminator="\r\n")
+    for row, has_cr in zip(cells.itertuples(index=False, name=None), carriage_return, strict=True):
+        if has_cr:
+            row_buf.seek(0)
+            row_buf.truncate()
+            quoting_cr.writerow(row)
+            buf.write(row_buf.getvalue()[:-2] + "\n")
+        else:
+            writer.writerow(row)
     return buf.getvalue().encode("utf-8")
 
 
 def write_report(store: Store, out: str | Path, filters: Filters = NO_FILTERS,
-                 kinds: Iterable[str] = KINDS) -> int:
-    """Write the mismatch report CSV; return the number of rows."""
+                 kinds: Iterable[str] = KINDS, *, raw: bool = False) -> int:
+    """Write the mismatch report CSV (formulas neutralised unless `raw`); return the number of rows."""
     frame = mismatch_report(store, filters, kinds)
-    Path(out).write_bytes(report_csv(frame))
+    Path(out).write_bytes(report_csv(frame, raw=raw))
     return len(frame)

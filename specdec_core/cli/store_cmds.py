@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from specdec_core.analysis.metrics import headline
+from specdec_core.analysis import headline
 from specdec_core.analysis.report import KINDS, write_report
 from specdec_core.store.connection import Store, StoreError
 from specdec_core.store.ingest import ingest
@@ -66,7 +66,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 1
     kinds = args.kind or list(KINDS)
     try:
-        rows = write_report(store, args.out, kinds=kinds)
+        rows = write_report(store, args.out, kinds=kinds, raw=args.raw)
     except (StoreError, OSError) as exc:
         print(f"specdec report: {exc}", file=sys.stderr)
         return 1
@@ -114,6 +114,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_db(p)
     p.add_argument("--out", required=True, metavar="FILE.csv")
     p.add_argument("--kind", action="append", choices=KINDS, help="only this kind (repeatable)")
+    p.add_argument("--raw", action="store_true",
+                   help="write log text exactly as logged; by default a text cell starting with = + - @ tab or "
+                        "CR gets a leading ' so a spreadsheet shows it instead of running it as a formula")
     p.set_defaults(func=cmd_report)
 
     p = subparsers.add_parser("stats", help="the headline numbers in the terminal")

