@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from logfactory import DROP, rec, write_jsonl
+from helpers import DROP, rec, write_jsonl
 
 from specdec_core.cache import MemoryCache
 from specdec_core.contract.identity import DecodeRequest, sha256_hex
@@ -182,3 +182,80 @@ def test_replay_cli_prints_classification_and_json(incident_store, tiny_registry
                            "--suspicious", "1"], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     assert "b" in done.stdout and "foreign" in done.stdout
+
+
+def _contaminated_across_max_tokens(tmp_path, decoder, source_draft):
+    """A greedy hit served its source's output, cut at the source's max_tokens, with a near-tie in that output.
+
+    Production's text took the target's second choice where the top two logits are closest, as another
+    environment's numerics can; the source (max_tokens just long enough for that token) was a miss.
+    """
+    req, (margin, position, text) = _greedy_with_alternative(decoder, "small")
+    source = rec("src", **{k: v for k, v in dict(req.to_record(), draft_model=source_draft, max_tokens=position + 1,
+                                                 num_speculative_tokens=3 if source_draft else None).items()
+                          if k != "prompt_hash"},
+                 ts="2026-03-01T10:00:00Z", cache_key="k-prompt", output_text=text, output_tokens=position + 1,
+                 finish_reason="length")
+    hit = rec("hit", **dict(A, max_tokens=position + 9), ts="2026-03-01T10:01:00Z",
+              cache_key="k-prompt", cache_hit=True, output_text=text, output_tokens=position + 1,
+              finish_reason="length")
+    store = Store(tmp_path / "across.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "across.jsonl", [source, hit]))])
+    return store, margin, position
+
+
+def test_a_greedy_hit_served_across_max_tokens_is_foreign_whatever_near_ties_its_prefix_has(tmp_path, decoder):
+    store, margin, position = _contaminated_across_max_tokens(tmp_path, decoder, source_draft=None)
+    result = replay(store, "hit", decoder, near_tie_margin=margin + 1e-4)
+    assert result.classification == "foreign", result.message
+    assert result.source_request_id == "src"
+    assert result.evidence["own_near_tie_positions"] == [position]
+    assert "max_tokens" in result.evidence["differing_fields"]
+    assert "length_explained_by_source_max_tokens" in result.evidence
+    # Without a source the same output is numerics: the near-tie decides only once the cache is cleared.
+    alone = replay(store, "src", decoder, near_tie_margin=margin + 1e-4)
+    assert alone.classification == "near_tie", alone.message
+
+
+def test_a_length_only_the_sources_max_tokens_explains_is_foreign_when_the_source_cant_be_replayed(tmp_path, decoder):
+    store, margin, position = _contaminated_across_max_tokens(tmp_path, decoder, source_draft="draft-not-here")
+    result = replay(store, "hit", decoder, near_tie_margin=margin + 1e-4)
+    assert result.classification == "foreign", result.message
+    assert result.source_replay_text is None and "unavailable" in result.evidence["source_replay"]
+    assert f"{position + 1} tokens, the source's max_tokens" in result.message
+
+
+def test_a_harmless_contaminated_hit_matches_and_says_it_was_contaminated(tmp_path, decoder):
+    out = decoder.generate(DecodeRequest(**A))
+    served = dict(text=out.text, tokens=len(out.token_ids))
+    log = [rec("m", **A, ts="2026-03-01T10:00:00Z", cache_key="k", output_text=served["text"],
+               output_tokens=served["tokens"]),
+           rec("h", **dict(A, draft_model="tiny-draft-b"), ts="2026-03-01T10:01:00Z", cache_key="k",
+               cache_hit=True, output_text=served["text"], output_tokens=served["tokens"])]
+    store = Store(tmp_path / "harmless.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "harmless.jsonl", log))])
+    result = replay(store, "h", decoder)
+    assert result.classification == "match", result.message
+    assert result.evidence["contaminated_hit"] is True and result.evidence["harmless"] is True
+    assert result.evidence["source_request_id"] == "m" and result.evidence["differing_fields"] == ["draft_model"]
+    assert "lossless" in result.evidence["why_harmless"]
+    assert "contaminated" in result.message and "harmless" in result.message
+    clean = replay(store, "m", decoder)
+    assert clean.classification == "match" and "contaminated_hit" not in clean.evidence
+
+
+def test_replays_are_stored_by_column_name_whatever_the_table_order(tmp_path, decoder):
+    from specdec_core.store.schema import REPLAY_COLUMNS
+
+    out = decoder.generate(DecodeRequest(**A))
+    store = Store(tmp_path / "order.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "order.jsonl", [rec("o", **A, output_text=out.text,
+                                                                    output_tokens=len(out.token_ids))]))])
+    with store.write() as con:  # a store whose replays table lists the same columns in another order
+        con.execute("DROP TABLE replays")
+        con.execute("CREATE TABLE replays (" + ", ".join(f"{n} {t}" for n, t in reversed(REPLAY_COLUMNS)) + ")")
+    result = replay(store, "o", decoder)
+    with store.read() as con:
+        row = con.execute("SELECT replay_id, request_id, classification, replay_text, similarity "
+                          "FROM replays").fetchone()
+    assert row == (result.replay_id, "o", "match", out.text, 1.0)

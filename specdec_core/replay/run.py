@@ -3,12 +3,15 @@
 A replay runs the request through the local SpecDecoder with no cache: its full
 identity is the key. What decides the classification is kept as evidence:
 
-- `match`: the replay returned production's output exactly.
+- `match`: the replay returned production's output exactly (on a contaminated hit, the
+  evidence says the contamination was harmless for this request).
 - `foreign`: production returned what another identity produces. The store knows the
   request that populated the cache entry; its identity is replayed too, and its output
-  equals production's. This is the proof of root cause.
+  equals production's, or production stops at the source's max_tokens where this request
+  would not. This is the proof of root cause, and it is weighed before near-ties.
 - `near_tie`: a greedy request whose first divergent token had a top-1/top-2 margin
-  under the target below `near_tie_margin` logits: numerics, not the cache.
+  under the target below `near_tie_margin` logits, and no cache source explains
+  production: numerics, not the cache.
 - `sampled`: a sampled request whose replay differs; production's tokens are scored
   under the target with this identity's sampling so an implausible output stands out.
 - `diverged`: a greedy output that differs beyond numerics and whose source is unknown.
@@ -19,25 +22,28 @@ identity is the key. What decides the classification is kept as evidence:
 from __future__ import annotations
 
 import json
-import math
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any
 
-from specdec_core.analysis.metrics import request_record
-from specdec_core.contract.identity import DecodeRequest, differing_fields, identity, sha256_hex
-from specdec_core.contract.result import DecodeResult
+from specdec_core.analysis import request_record
+from specdec_core.contract.identity import DecodeRequest, sha256_hex
+from specdec_core.replay.classify import (
+    NEAR_TIE_LOGIT_MARGIN,
+    classify_difference,
+    greedy_explains,
+    harmless_contamination,
+    match_message,
+    production_ids,
+    weigh_source,
+)
 from specdec_core.replay.diff import OutputDiff, diff_outputs
 from specdec_core.store.connection import Store
+from specdec_core.store.schema import REPLAY_COLUMNS
 
-# Top-two logits closer than this are a near-tie: numerics of another environment can flip them.
-NEAR_TIE_LOGIT_MARGIN = 0.05
-# ... or closer than half precision resolves at their magnitude: bf16 keeps 8 significant bits,
-# so two logits near 30 are only told apart to about 30 * 2**-7 = 0.23.
-NEAR_TIE_RELATIVE_MARGIN = 2.0**-7
 CLASSIFICATIONS = ("match", "near_tie", "sampled", "foreign", "diverged", "unavailable", "redacted")
 
 
@@ -127,126 +133,6 @@ def _how_to_add(missing: dict[str, str]) -> str:
             "`specdec models list` shows what is known")
 
 
-def _mean(values: Iterable[float]) -> float | None:
-    values = [v for v in values if math.isfinite(v)]
-    return sum(values) / len(values) if values else None
-
-
-def _score_evidence(decoder: Any, req: DecodeRequest, production_ids: list[int],
-                    replay_ids: tuple[int, ...]) -> dict[str, Any]:
-    """Production's tokens under the target for this identity, beside the replay's own tokens."""
-    prod = decoder.score(req, production_ids)
-    rep = decoder.score(req, list(replay_ids))
-    return {
-        "production_mean_logprob": _mean(prod.logprobs),
-        "production_mean_raw_logprob": _mean(prod.raw_logprobs),
-        "production_mean_rank": _mean(float(r) for r in prod.ranks),
-        "production_impossible_tokens": len(prod.impossible_positions()),
-        "replay_mean_logprob": _mean(rep.logprobs),
-        "replay_mean_raw_logprob": _mean(rep.raw_logprobs),
-    }
-
-
-def _production_ids(decoder: Any, req: DecodeRequest, production: str, replay_ids: Sequence[int]) -> list[int]:
-    """Production's text as tokens, split the way the model split it wherever the replay says the same.
-
-    Re-tokenizing a generated text need not give back the generated tokens (a model may emit a
-    non-canonical split); scoring those would show ranks the model never chose. So the longest run
-    of replay tokens whose text starts production's is kept, and only the rest is tokenized.
-    """
-    replay_ids = list(replay_ids)
-    lo, hi = 0, len(replay_ids)
-    while lo < hi:  # the longest k with decode(replay_ids[:k]) a prefix of production
-        mid = (lo + hi + 1) // 2
-        if production.startswith(decoder.decode(req, replay_ids[:mid])):
-            lo = mid
-        else:
-            hi = mid - 1
-    kept = decoder.decode(req, replay_ids[:lo])
-    rest = production[len(kept):]
-    return replay_ids[:lo] + (decoder.encode_output(req, rest) if rest else [])
-
-
-def _near_tie_threshold(top_logit: float, near_tie_margin: float) -> float:
-    return max(near_tie_margin, NEAR_TIE_RELATIVE_MARGIN * abs(top_logit))
-
-
-def _greedy_explains(decoder: Any, req: DecodeRequest, production_ids: list[int],
-                     near_tie_margin: float) -> tuple[bool, dict[str, Any]]:
-    """Whether greedy decoding of `req` gives these tokens up to near-ties, scored by teacher forcing.
-
-    Every token must be the target's first choice, or its second where the top two logits are
-    closer than half precision resolves: another environment's numerics could have picked it.
-    """
-    scores = decoder.score(req, production_ids)
-    near_ties: list[int] = []
-    for i, (rank, margin, top) in enumerate(zip(scores.ranks, scores.margins, scores.top_logits, strict=True)):
-        if rank == 1:
-            continue
-        threshold = _near_tie_threshold(top, near_tie_margin)
-        evidence = {"first_divergent_token": i, "production_rank_at_divergence": rank,
-                    "margin_at_divergence": margin, "top_logit_at_divergence": top, "near_tie_threshold": threshold}
-        if rank == 2 and margin < threshold:
-            near_ties.append(i)
-            if len(near_ties) == 1:
-                first = evidence
-            continue
-        return False, {**evidence, "near_tie_positions": near_ties}
-    return True, ({**first, "near_tie_positions": near_ties} if near_ties else {"near_tie_positions": []})
-
-
-def _sampled_source_explains(decoder: Any, req: DecodeRequest, production_ids: list[int],
-                             greedy: tuple[bool, dict[str, Any]] | None, source_req: DecodeRequest,
-                             source_ids: list[int]) -> tuple[bool, dict[str, Any]]:
-    """Whether production is a plausible sample of a sampled source, and implausible for this request."""
-    source_scores = decoder.score(source_req, source_ids)
-    source_mean = _mean(source_scores.logprobs)
-    impossible_for_source = len(source_scores.impossible_positions())
-    evidence: dict[str, Any] = {"source_sample_mean_logprob": source_mean,
-                                "source_impossible_tokens": impossible_for_source}
-    if impossible_for_source or source_mean is None:
-        return False, evidence
-    if greedy is not None:  # this request is greedy: production must not be its greedy output
-        return not greedy[0], evidence
-    own_mean = _mean(decoder.score(req, production_ids).logprobs)
-    evidence["own_sample_mean_logprob"] = own_mean
-    return own_mean is None or own_mean < source_mean - 1.0, evidence
-
-
-def _classify_difference(decoder: Any, req: DecodeRequest, production_ids: list[int], result: DecodeResult,
-                         greedy: tuple[bool, dict[str, Any]] | None) -> tuple[str, str, dict[str, Any]]:
-    """Why production differs from the replay, when no cache source explains it.
-
-    `greedy` is `_greedy_explains` of this request (None for a sampled request).
-    """
-    if greedy is not None:
-        explained, evidence = greedy
-        if explained and evidence["near_tie_positions"]:
-            d = evidence["first_divergent_token"]
-            return ("near_tie", f"greedy outputs part at token {d}, where the target's top two logits are "
-                    f"{evidence['margin_at_divergence']:.4g} apart (< {evidence['near_tie_threshold']:.3g}, below "
-                    "half-precision resolution at that magnitude); every other production token is the target's "
-                    "first choice: numerics, not the cache", evidence)
-        if explained:
-            return ("diverged", "every production token is the target's first choice, but production stops at "
-                    "another length than the replay; no cache source is known", evidence)
-        d = evidence["first_divergent_token"]
-        return ("diverged", f"at token {d} production took the target's rank-{evidence['production_rank_at_divergence']} "
-                f"token ({evidence['margin_at_divergence']:.3g} logits behind the top one): not numerics; no cache "
-                "source is known", evidence)
-    evidence = _score_evidence(decoder, req, production_ids, result.token_ids)
-    implausible = bool(evidence["production_impossible_tokens"]) or (
-        evidence["production_mean_logprob"] is not None and evidence["replay_mean_logprob"] is not None
-        and evidence["production_mean_logprob"] < evidence["replay_mean_logprob"] - 2.0)
-    evidence["production_implausible"] = implausible
-    message = (f"sampled request (temperature {req.temperature}) whose replay differs; production's tokens "
-               f"average log-probability {evidence['production_mean_logprob']} under this identity "
-               f"vs {evidence['replay_mean_logprob']} for the replay")
-    if implausible:
-        message += ": production's output is implausible for this request"
-    return "sampled", message, evidence
-
-
 def _source_of(store: Store, record: dict[str, Any]) -> dict[str, Any] | None:
     source_id = record.get("source_request_id")
     if record.get("cache_hit") and source_id:
@@ -273,8 +159,8 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
                             + ". To add it: " + _how_to_add(missing),
                             {"missing": missing}, production_text=production)
     result = decoder.generate(req)
-    production_ids = _production_ids(decoder, req, production, result.token_ids)
-    diff = diff_outputs(production, production_ids, result.text, result.token_ids, req.max_tokens)
+    prod_ids = production_ids(decoder, req, production, result.token_ids)
+    diff = diff_outputs(production, prod_ids, result.text, result.token_ids, req.max_tokens)
     common = {
         "production_text": production, "replay_text": result.text, "replay_token_ids": result.token_ids,
         "diff": diff, "draft_tokens": result.draft_tokens, "accepted_tokens": result.accepted_tokens,
@@ -285,76 +171,56 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
                                                   f"max_tokens is {req.max_tokens}"}
                    if record["output_tokens"] > req.max_tokens else {})
     if diff.identical:
-        return ReplayResult(request_id, "match", "the replay returned production's output exactly",
-                            {"output_tokens": len(result.token_ids), **length_note}, **common)
+        evidence = {"output_tokens": len(result.token_ids), **harmless_contamination(record, req), **length_note}
+        return ReplayResult(request_id, "match", match_message(evidence), evidence, **common)
 
-    # Production's output may be right for this request up to numerics: then the cache is not to blame.
-    greedy = _greedy_explains(decoder, req, production_ids, near_tie_margin) if req.is_greedy else None
-    if greedy is not None and greedy[0] and greedy[1]["near_tie_positions"]:
-        classification, message, evidence = _classify_difference(decoder, req, production_ids, result, greedy)
-        return ReplayResult(request_id, classification, message, {**evidence, **length_note}, **common)
-
+    greedy = greedy_explains(decoder, req, prod_ids, near_tie_margin) if req.is_greedy else None
+    # The source comes first: a near-tie in production's prefix is no alibi when production is its output.
     source = _source_of(store, record)
     source_evidence: dict[str, Any] = {}
     if source is not None:
         source_req = _request_from(source, prompt if source.get("prompt") is None else None)
-        if source_req.prompt is not None and not _unavailable(decoder, source_req):
-            source_result = decoder.generate(source_req)
-            exact = source_result.text == production
-            source_evidence = {
-                "source_request_id": source["request_id"],
-                "source_replay_equals_production": exact,
-                "differing_fields": differing_fields(identity(req), identity(source_req)),
-                "cache_key": record["cache_key"],
-            }
-            near = plausible = False
-            source_ids = _production_ids(decoder, source_req, production, source_result.token_ids)
-            if not exact and source_req.is_greedy:
-                # The source ran in production's numerics too: equal up to near-ties is still its output.
-                near, tie = _greedy_explains(decoder, source_req, source_ids, near_tie_margin)
-                near = near and bool(tie["near_tie_positions"])
-                source_evidence["source_near_tie_positions"] = tie.get("near_tie_positions", [])
-            elif not exact:
-                # A sampled source drawn in production's numerics need not redraw the same tokens here; what
-                # can be shown is that production is a plausible sample of the source and not of this request.
-                plausible, more = _sampled_source_explains(decoder, req, production_ids, greedy, source_req,
-                                                           source_ids)
-                source_evidence.update(more)
-            if exact or near or plausible:
-                fields = ", ".join(source_evidence["differing_fields"]) or "no identity field"
-                how = ("equals production exactly" if exact else "equals production up to near-ties" if near
-                       else "differs, as sampling in another environment can, but production is a plausible sample "
-                            "of the source's identity and not an output this request could produce")
-                return ReplayResult(
-                    request_id, "foreign",
-                    f"production returned the output of request {source['request_id']} (differs in {fields}), "
-                    f"which populated cache key {record['cache_key']}: its replay {how}",
-                    {**source_evidence, **length_note}, source_request_id=source["request_id"],
-                    source_replay_text=source_result.text, **common)
-            common["source_replay_text"] = source_result.text
+        weighed = weigh_source(decoder, record, req, result, prod_ids, greedy, source, source_req,
+                               not _unavailable(decoder, source_req), near_tie_margin)
         common["source_request_id"] = source["request_id"]
-    classification, message, evidence = _classify_difference(decoder, req, production_ids, result, greedy)
-    return ReplayResult(request_id, classification, message, {**evidence, **source_evidence, **length_note},
-                        **common)
+        common["source_replay_text"] = weighed.source_replay_text
+        if weighed.verdict is not None:
+            return ReplayResult(request_id, weighed.verdict.classification, weighed.verdict.message,
+                                {**weighed.verdict.evidence, **length_note}, **common)
+        source_evidence = weighed.evidence
+    verdict = classify_difference(decoder, req, prod_ids, result, greedy)
+    return ReplayResult(request_id, verdict.classification, verdict.message,
+                        {**verdict.evidence, **source_evidence, **length_note}, **common)
+
+
+def _replay_row(r: ReplayResult) -> dict[str, Any]:
+    """One `replays` row by column name: REPLAY_COLUMNS defines the table, in whatever order it lists them."""
+    return {
+        "replay_id": r.replay_id, "request_id": r.request_id, "replayed_at": r.replayed_at,
+        "classification": r.classification, "replay_text": r.replay_text, "token_ids": list(r.replay_token_ids),
+        "production_text": r.production_text,
+        "first_divergent_token": r.diff.first_divergent_token if r.diff else None,
+        "first_divergent_char": r.diff.first_divergent_char if r.diff else None,
+        "common_prefix_tokens": r.diff.common_prefix_tokens if r.diff else None,
+        "similarity": r.diff.similarity if r.diff else None,
+        "draft_tokens": r.draft_tokens, "accepted_tokens": r.accepted_tokens,
+        "source_request_id": r.source_request_id,
+        "evidence": json.dumps(r.evidence, default=str), "environment": json.dumps(r.environment, default=str),
+    }
 
 
 def _save(store: Store, results: list[ReplayResult]) -> None:
-    rows = [r for r in results if r.classification != "redacted"]
+    rows = [_replay_row(r) for r in results if r.classification != "redacted"]
     if not rows:
         return
+    names = [name for name, _ in REPLAY_COLUMNS]
+    unknown = set(names) ^ set(rows[0])
+    if unknown:
+        raise ValueError(f"replays columns and ReplayResult fields disagree on {', '.join(sorted(unknown))}; "
+                         "update _replay_row with store.schema.REPLAY_COLUMNS")
     with store.write() as con:
-        con.executemany(
-            "INSERT INTO replays VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [[r.replay_id, r.request_id, r.replayed_at, r.classification, r.replay_text,
-              list(r.replay_token_ids), r.production_text,
-              r.diff.first_divergent_token if r.diff else None,
-              r.diff.first_divergent_char if r.diff else None,
-              r.diff.common_prefix_tokens if r.diff else None,
-              r.diff.similarity if r.diff else None,
-              r.draft_tokens, r.accepted_tokens, r.source_request_id,
-              json.dumps(r.evidence, default=str), json.dumps(r.environment, default=str)]
-             for r in rows],
-        )
+        con.executemany(f"INSERT INTO replays ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                        [[row[name] for name in names] for row in rows])
 
 
 def replay(store: Store, request_id: str, decoder: Any | None = None, *, prompt: str | None = None,
