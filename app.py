@@ -16,6 +16,7 @@ import streamlit as st
 import ui
 from specdec_core import analysis as metrics
 from specdec_core.analysis import NO_FILTERS, Filters
+from specdec_core.config import ConfigError, PathRefused
 from specdec_core.store.connection import StoreError
 from specdec_core.store.ingest import ingest
 from specdec_core.store.readers import LogReadError
@@ -48,6 +49,17 @@ def load_logs(paths: list[str]) -> None:
         return
     bar.progress(1.0, text="Loaded")
     st.session_state[LAST_INGEST_KEY] = result.to_json()
+
+
+def load_path(text: str) -> None:
+    """A typed path is opened only inside the configured roots, each file checked after its links."""
+    try:
+        files = ui.confined_log_files(text)
+    except (PathRefused, ConfigError, LogReadError, OSError) as exc:
+        st.session_state.pop(LAST_INGEST_KEY, None)
+        st.error(f"Nothing loaded: {ui.md_escape(exc)}")
+        return
+    load_logs(files)
 
 
 def load_uploads(files: list) -> None:
@@ -124,7 +136,12 @@ def filter_widgets() -> Filters:
 with st.sidebar:
     if ui.DB_KEY not in st.session_state:
         st.session_state[ui.DB_KEY] = ui.default_db_path()
-    st.text_input("Database", key=ui.DB_KEY, help="A DuckDB file made by `specdec ingest`; created on first load.")
+    st.text_input("Database", key=ui.DB_KEY, on_change=ui.confine_db_choice,
+                  help="A DuckDB file made by `specdec ingest`; created on first load. Only inside the folders "
+                       "the config's [dashboard] roots name (default: the repo's data/ and the folder the "
+                       "dashboard was started in).")
+    if ui.DB_REFUSED_KEY in st.session_state:
+        st.error(ui.md_escape(st.session_state.pop(ui.DB_REFUSED_KEY)))
     try:
         ready = ui.has_data()
     except StoreError:
@@ -132,7 +149,7 @@ with st.sidebar:
     with st.expander("Load logs", expanded=not ready):
         log_path = st.text_input("Log file, folder or glob", key="load_path", placeholder="data/demo/")
         if st.button("Load path", disabled=not log_path.strip()):
-            load_logs([log_path.strip()])
+            load_path(log_path.strip())
         uploads = st.file_uploader("Or upload log files", type=UPLOAD_TYPES, accept_multiple_files=True,
                                    key="uploads")
         if st.button("Load uploads", disabled=not uploads):

@@ -13,14 +13,19 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import streamlit as st
 
+from specdec_core import config
 from specdec_core.analysis import NO_FILTERS, Filters
+from specdec_core.config import DashboardSettings
 from specdec_core.store.connection import Store, StoreError, resolve_db
 
 DB_KEY = "db_path"
+DB_ACCEPTED_KEY = "db_path_accepted"
+DB_REFUSED_KEY = "db_path_refused"
 FILTERS_KEY = "filters"
 REPLAY_IDS_KEY = "replay_request_ids"
 REPLAY_RESULTS_KEY = "replay_results"
@@ -53,6 +58,33 @@ def default_db_path(argv: Sequence[str] | None = None) -> str:
         elif arg.startswith("--db="):
             chosen = arg.split("=", 1)[1]
     return str(resolve_db(chosen))
+
+
+# --- what the dashboard may open: its users are whoever reaches the port, with no login ----------------------
+
+
+def dashboard_settings() -> DashboardSettings:
+    """The config's [dashboard] settings; the folder of the database the dashboard was started with
+    (`--db` or $SPECDEC_DB, chosen by whoever started it) may always be opened too."""
+    return config.dashboard_settings().with_roots([Path(default_db_path()).resolve().parent])
+
+
+def confine_db_choice() -> None:
+    """on_change of the Database box: a path outside the roots is refused, and the box goes back."""
+    chosen = str(st.session_state.get(DB_KEY) or "").strip()
+    try:
+        dashboard_settings().confine(chosen)
+    except (config.PathRefused, config.ConfigError) as exc:
+        st.session_state[DB_KEY] = st.session_state.get(DB_ACCEPTED_KEY) or default_db_path()
+        st.session_state[DB_REFUSED_KEY] = f"Database not changed: {exc}"
+    else:
+        st.session_state[DB_KEY] = st.session_state[DB_ACCEPTED_KEY] = chosen
+        st.session_state.pop(DB_REFUSED_KEY, None)
+
+
+def confined_log_files(text: str) -> list[str]:
+    """The log files a path, folder or glob typed into the sidebar names, all inside the roots."""
+    return dashboard_settings().confine_logs(text)
 
 
 def store() -> Store:

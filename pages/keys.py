@@ -9,6 +9,7 @@ import streamlit as st
 import ui
 from specdec_core import analysis as metrics
 from specdec_core import contract, keys
+from specdec_core.config import ConfigError
 from specdec_core.keys import audit
 
 ui.page_header("Keys")
@@ -41,8 +42,20 @@ st.caption("Changes every field of an example request and reports the fields the
 SCHEMES = {"our full key": "full", "prompt only (the classic bug)": "prompt_only", "model + prompt": "model_prompt"}
 OWN = "a function of yours (module:function)"
 choice = st.radio("Key function", [*SCHEMES, OWN], horizontal=True, key="audit_choice")
-target = st.text_input("module:function, importable where this dashboard runs", key="audit_target") \
-    if choice == OWN else ""
+if choice == OWN:
+    # Auditing imports and calls the function; the dashboard has no login, so it runs only what the
+    # operator listed. The CLI (`specdec audit-key`) audits any function, as `python -m` would run it.
+    try:
+        allowed = ui.dashboard_settings().audit_functions
+    except ConfigError as exc:
+        allowed = ()
+        st.error(f"Can't read the dashboard settings: {ui.md_escape(exc)}")
+    st.caption("Only the functions listed in the config's `[dashboard] audit_functions` can be audited here: "
+               + (", ".join(ui.md_escape(name) for name in allowed) if allowed else "none are listed")
+               + ". Any other: `specdec audit-key MODULE:FUNCTION` in a shell.")
+    target = st.text_input("module:function, listed in [dashboard] audit_functions", key="audit_target")
+else:
+    target = ""
 example_text = st.text_area("Example request (JSON object)", value=json.dumps(keys.EXAMPLE_REQUEST, indent=2),
                             height=260, key="audit_example")
 if st.button("Audit", key="audit_run"):
@@ -51,13 +64,19 @@ if st.button("Audit", key="audit_run"):
         if not isinstance(example, dict):
             raise ValueError("the example must be a JSON object")
         if choice == OWN:
+            settings = ui.dashboard_settings()
+            if not settings.may_audit(target.strip()):
+                raise audit.KeyAuditError(
+                    f"{target.strip() or 'an empty name'} is not listed in [dashboard] audit_functions of "
+                    f"{settings.source or 'specdec.toml'}: this dashboard imports and runs only the key "
+                    "functions its operator listed there (use `specdec audit-key` in a shell for any other)")
             key_fn, importable = audit.resolve_importable(target.strip()), target.strip()
         else:
             key_fn, importable = keys.dict_key_adapter(SCHEMES[choice]), None
         with st.spinner("Auditing (the process check starts two interpreters)"):
             result = audit.audit_key_function(key_fn, example, ignore=contract.NON_IDENTITY_FIELDS,
                                               importable=importable)
-    except (ValueError, ImportError, AttributeError, audit.KeyAuditError) as exc:
+    except (ValueError, ImportError, AttributeError, audit.KeyAuditError, ConfigError) as exc:
         st.error(f"Can't audit: {ui.md_escape(exc)}")
     else:
         verdict = st.columns(3)

@@ -616,3 +616,83 @@ def test_keys_page_says_why_it_cannot_audit(monkeypatch, incident_db):
     at.button(key="audit_run").click().run(timeout=60)
     assert not at.exception
     assert any("no_such_module_xyz" in markdown_unescape(e.value) for e in at.error)
+
+
+# --- what a visitor may open and run (no login: the dashboard is as safe as what it refuses) ----------------
+
+
+def test_the_database_box_refuses_a_file_outside_the_roots_and_keeps_the_one_open(monkeypatch, tmp_path):
+    (tmp_path / "started").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    db = build_db(tmp_path / "started", incident_records())
+    elsewhere = build_db(tmp_path / "elsewhere", incident_records()[:2])
+    at = open_app(monkeypatch, db)
+    for escape in (str(elsewhere), f"{db.parent}/../elsewhere/{elsewhere.name}", "/root/.bash_history"):
+        at.sidebar.text_input(key=ui.DB_KEY).set_value(escape).run()
+        assert not at.exception
+        [error] = texts(at, "error")
+        assert "outside the folders" in markdown_unescape(error), error
+        assert at.sidebar.text_input(key=ui.DB_KEY).value == str(db)
+        assert metrics_of(at.main)["Requests"] == "6"
+    beside = tmp_path / "started" / "new.duckdb"
+    at.sidebar.text_input(key=ui.DB_KEY).set_value(str(beside)).run()
+    assert not texts(at, "error") and at.sidebar.text_input(key=ui.DB_KEY).value == str(beside)
+
+
+def test_load_logs_refuses_paths_outside_the_roots_and_links_out_of_them(monkeypatch, tmp_path):
+    (tmp_path / "started").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    secret = write_jsonl(tmp_path / "elsewhere" / "secret.jsonl", incident_records())
+    (tmp_path / "started" / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    at = open_app(monkeypatch, tmp_path / "started" / "triage.duckdb")
+    for escape in (str(secret), str(tmp_path / "started" / "link" / "secret.jsonl"),
+                   f"{tmp_path}/started/../elsewhere/*.jsonl", "/root"):
+        at.sidebar.text_input(key="load_path").set_value(escape).run()
+        at.sidebar.button[0].click().run()
+        [error] = texts(at, "error")
+        assert error.startswith("Nothing loaded:") and "outside the folders" in markdown_unescape(error), error
+        assert not metrics_of(at.sidebar)
+    assert not (tmp_path / "started" / "triage.duckdb").exists(), "nothing was loaded"
+
+
+def test_a_folder_named_in_the_config_roots_can_be_loaded(monkeypatch, tmp_path):
+    (tmp_path / "started").mkdir()
+    logs = write_jsonl(tmp_path / "shared-logs.jsonl", incident_records())
+    cfg = tmp_path / "specdec.toml"
+    cfg.write_text('[dashboard]\nroots = ["."]\n')
+    monkeypatch.setenv("SPECDEC_CONFIG", str(cfg))
+    at = open_app(monkeypatch, tmp_path / "started" / "triage.duckdb")
+    at.sidebar.text_input(key="load_path").set_value(str(logs)).run()
+    at.sidebar.button[0].click().run()
+    assert metrics_of(at.sidebar)["Accepted"] == "6"
+
+
+def test_keys_page_runs_no_function_the_config_does_not_list(monkeypatch, incident_db, tmp_path):
+    module = tmp_path / "crafted_key.py"
+    ran = tmp_path / "ran"
+    module.write_text(f"open({str(ran)!r}, 'w').close()\n\ndef key(params):\n    return 'k'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    at = open_app(monkeypatch, incident_db, page="keys")
+    at.radio(key="audit_choice").set_value("a function of yours (module:function)").run()
+    for target in ("crafted_key:key", "subprocess:run", "os:system"):
+        at.text_input(key="audit_target").set_value(target).run()
+        at.button(key="audit_run").click().run(timeout=60)
+        assert not at.exception
+        [error] = at.error
+        assert "not listed in [dashboard] audit_functions" in markdown_unescape(error.value), error.value
+    assert not ran.exists(), "the module was imported"
+
+
+def test_keys_page_audits_a_function_the_config_lists(monkeypatch, incident_db, tmp_path):
+    (tmp_path / "listed_key.py").write_text("def key(params):\n    return str(sorted(params.items()))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = tmp_path / "specdec.toml"
+    cfg.write_text('[dashboard]\naudit_functions = ["listed_key:key"]\n')
+    monkeypatch.setenv("SPECDEC_CONFIG", str(cfg))
+    at = open_app(monkeypatch, incident_db, page="keys")
+    at.radio(key="audit_choice").set_value("a function of yours (module:function)").run()
+    assert any("listed\\_key" in c or "listed_key" in c for c in texts(at, "caption"))
+    at.text_input(key="audit_target").set_value("listed_key:key").run()
+    at.button(key="audit_run").click().run(timeout=120)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert metrics_of(at.main)["Verdict"] == "covers the request"

@@ -8,8 +8,10 @@ import re
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from helpers import rec, write_jsonl
 
+from specdec_core import config
 from specdec_core.analysis.report import mismatch_report, report_csv
 from specdec_core.cli import main
 from specdec_core.store.connection import Store
@@ -67,6 +69,66 @@ def test_the_demo_report_without_hostile_values_is_the_same_bytes_as_raw(tmp_pat
     frame = mismatch_report(store)
     assert len(frame) > 100
     assert report_csv(frame) == report_csv(frame, raw=True)
+
+
+# --- what the dashboard may open and run -------------------------------------------------------------------
+
+
+@pytest.fixture
+def roots(tmp_path):
+    """A root with a log, a folder beside it with another, and links from the root to the outside."""
+    inside, outside = tmp_path / "inside", tmp_path / "outside"
+    inside.mkdir()
+    outside.mkdir()
+    write_jsonl(inside / "in.jsonl", [rec("in")])
+    write_jsonl(outside / "secret.jsonl", [rec("secret")])
+    (inside / "link-to-outside").symlink_to(outside, target_is_directory=True)
+    (inside / "secret-link.jsonl").symlink_to(outside / "secret.jsonl")
+    cfg = tmp_path / "specdec.toml"
+    cfg.write_text('[dashboard]\nroots = ["inside"]\naudit_functions = ["mypkg.keys:make_key"]\n')
+    return config.dashboard_settings(cfg), inside, outside
+
+
+def test_the_dashboard_settings_come_from_the_config_file(roots, tmp_path):
+    settings, inside, _ = roots
+    assert settings.roots == (inside.resolve(),)
+    assert settings.may_audit("mypkg.keys:make_key") and not settings.may_audit("subprocess:run")
+
+
+def test_the_defaults_audit_nothing_and_open_the_data_folder_and_the_start_folder(tmp_path):
+    cfg = tmp_path / "specdec.toml"
+    cfg.write_text('[models.m]\npath = "m"\n')
+    settings = config.dashboard_settings(cfg, start=tmp_path)
+    assert settings.audit_functions == ()
+    assert settings.roots == ((ROOT / "data").resolve(), tmp_path.resolve())
+    assert config.dashboard_settings(tmp_path / "missing.toml", start=tmp_path).roots == settings.roots
+
+
+@pytest.mark.parametrize("bad", ['roots = "/"', "audit_functions = [1]", "open_everything = true"])
+def test_a_broken_dashboard_table_is_a_one_line_error_naming_the_file(tmp_path, bad):
+    cfg = tmp_path / "specdec.toml"
+    cfg.write_text(f"[dashboard]\n{bad}\n")
+    with pytest.raises(config.ConfigError, match="specdec.toml"):
+        config.dashboard_settings(cfg)
+
+
+def test_paths_are_confined_after_resolving_dots_and_links(roots):
+    settings, inside, outside = roots
+    assert settings.confine(str(inside / "new.duckdb")) == inside.resolve() / "new.duckdb"
+    for escape in (str(outside / "x.duckdb"), f"{inside}/../outside/x.duckdb", str(inside / "link-to-outside" / "x"),
+                   "/", "/root", "/etc/passwd"):
+        with pytest.raises(config.PathRefused, match="outside the folders"):
+            settings.confine(escape)
+
+
+def test_log_paths_folders_and_globs_are_confined_file_by_file(roots):
+    settings, inside, outside = roots
+    assert settings.confine_logs(str(inside / "in.jsonl")) == [str(inside / "in.jsonl")]
+    for escape in (str(outside), str(outside / "*.jsonl"), f"{inside}/../outside/secret.jsonl",
+                   str(inside / "link-to-outside" / "secret.jsonl"), str(inside / "secret-link.jsonl"),
+                   str(inside), str(inside / "*.jsonl"), f"{inside}/*/secret.jsonl", "/root/**/*.jsonl"):
+        with pytest.raises(config.PathRefused, match="outside the folders"):
+            settings.confine_logs(escape)
 
 
 # --- serving -------------------------------------------------------------------------------------------------

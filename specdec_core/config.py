@@ -1,0 +1,130 @@
+"""The dashboard's settings: which key functions it may run and which folders it may open.
+
+They live in the `[dashboard]` table of the same file as the model registry (specdec.toml,
+or the file $SPECDEC_CONFIG names):
+
+    [dashboard]
+    audit_functions = ["mypkg.keys:make_key"]   # default: none
+    roots = ["data", "/srv/triage"]              # default: the repo's data/ and the start folder
+
+The dashboard has no login: whoever reaches it may type into it. So it imports no code and
+opens no path the operator did not name here; the CLI, run by someone with a shell already,
+keeps its full power.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdec_core.decoding.registry import CONFIG_ENV, REPO_ROOT, default_config_path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+_DASHBOARD_KEYS = {"audit_functions", "roots"}
+
+
+class ConfigError(ValueError):
+    """The [dashboard] table can't be used; the message is one line and names the file."""
+
+
+class PathRefused(ValueError):
+    """A path outside the folders the dashboard may open; the message says how to allow it."""
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    audit_functions: tuple[str, ...]
+    roots: tuple[Path, ...]  # resolved: symlinks and `..` already followed
+    source: Path | None = None
+
+    def may_audit(self, target: str) -> bool:
+        return target in self.audit_functions
+
+    def with_roots(self, extra: Iterable[Path]) -> DashboardSettings:
+        roots = list(self.roots)
+        roots += [p for p in (Path(e).resolve() for e in extra) if p not in roots]
+        return DashboardSettings(self.audit_functions, tuple(roots), self.source)
+
+    def _where(self) -> str:
+        return str(self.source) if self.source else f"specdec.toml (or the file ${CONFIG_ENV} names)"
+
+    def _inside(self, path: Path) -> bool:
+        return any(path == root or path.is_relative_to(root) for root in self.roots)
+
+    def _refuse(self, text: str, resolved: Path) -> PathRefused:
+        shown = f"{text} (that is {resolved})" if str(resolved) != text else text
+        return PathRefused(f"{shown} is outside the folders this dashboard may open "
+                           f"({', '.join(str(r) for r in self.roots)}); an operator can add a folder to "
+                           f"[dashboard] roots in {self._where()}, or load the files with `specdec ingest`")
+
+    def confine(self, text: str) -> Path:
+        """The path `text` names, resolved, if it lies inside a root (a file may not exist yet)."""
+        resolved = Path(text).resolve()
+        if not self._inside(resolved):
+            raise self._refuse(text, resolved)
+        return resolved
+
+    def confine_logs(self, text: str) -> list[str]:
+        """The log files a path, folder or glob names, each checked after following its symlinks.
+
+        The part before the first wildcard is checked before anything is listed, so a pattern
+        can't walk a folder outside the roots; every match is checked again, as a link inside a
+        root may point out of it.
+        """
+        from specdec_core.store.readers import resolve_paths
+
+        literal = text.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
+        self.confine(literal or ".")
+        files = resolve_paths([text])
+        for f in files:
+            resolved = f.resolve()
+            if not self._inside(resolved):
+                raise self._refuse(str(f), resolved)
+        return [str(f) for f in files]
+
+
+def _strings(value: Any, key: str, where: Path) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ConfigError(f"{where}: [dashboard] {key} must be a list of non-empty strings")
+    return tuple(v.strip() for v in value)
+
+
+def default_roots(start: Path | None = None) -> tuple[Path, ...]:
+    """The repo's data folder and the folder the dashboard was started in."""
+    roots = [(REPO_ROOT / "data").resolve(), (start or Path.cwd()).resolve()]
+    return tuple(dict.fromkeys(roots))
+
+
+def dashboard_settings(path: Path | str | None = None, start: Path | None = None) -> DashboardSettings:
+    """The [dashboard] table of the config file; a missing file or table means the defaults."""
+    source = Path(path) if path is not None else default_config_path()
+    try:
+        data = tomllib.loads(source.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return DashboardSettings((), default_roots(start), None)
+    except OSError as e:
+        raise ConfigError(f"config file {source} can't be read: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {source} is not valid TOML: {' '.join(str(e).split())}") from None
+    table = data.get("dashboard") or {}
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: dashboard must be a table, [dashboard]")
+    unknown = sorted(set(table) - _DASHBOARD_KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: [dashboard] has unknown key(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(_DASHBOARD_KEYS))}")
+    audit = _strings(table.get("audit_functions", []), "audit_functions", source)
+    if "roots" in table:
+        # Relative roots are relative to the config file, as the registry's model paths are.
+        base = source.resolve().parent
+        roots: Sequence[Path] = [(base / r).resolve()
+                                 for r in _strings(table["roots"], "roots", source)]
+    else:
+        roots = default_roots(start)
+    return DashboardSettings(audit, tuple(dict.fromkeys(roots)), source)
