@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+import duckdb
+
 from specdec_core.store.connection import StoreError
 
 # Each module defines `register(subparsers)`; its parsers set `func(args) -> int`.
@@ -38,18 +40,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _is_interrupt(exc: BaseException) -> bool:
+    """Ctrl-C, however it arrives: DuckDB turns it into its own exception, or a RuntimeError, mid-query."""
+    if isinstance(exc, (KeyboardInterrupt, duckdb.InterruptException)):
+        return True
+    return type(exc) is RuntimeError and str(exc) == "Query interrupted"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
-    except (StoreError, OSError) as exc:  # what a command didn't say itself: still one line, naming the file
-        print(f"specdec {args.command}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
+        args = build_parser().parse_args(argv)
+        try:
+            return int(args.func(args) or 0)
+        except (StoreError, OSError) as exc:  # what a command didn't say itself: still one line, naming the file
+            print(f"specdec {args.command}: {exc}", file=sys.stderr)
+            return 1
+        except BrokenPipeError:
+            return 0
+    except BaseException as exc:
+        if not _is_interrupt(exc):
+            raise
         print("specdec: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from dataclasses import replace
 
 from specdec_core.analysis import headline
 from specdec_core.analysis.report import KINDS, write_report
 from specdec_core.store.connection import Store, StoreError
-from specdec_core.store.ingest import ingest
+from specdec_core.store.ingest import IngestLimits, ingest
 from specdec_core.store.readers import LogReadError
 
 
@@ -27,11 +29,27 @@ def _progress_bar(enabled: bool):
     return show if enabled else None
 
 
+def _limits(args: argparse.Namespace) -> IngestLimits:
+    limits = IngestLimits.from_env()
+    for name in ("max_record_bytes", "max_fields"):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"--{name.replace('_', '-')}: expected a number >= 1, got {value}")
+            limits = replace(limits, **{name: value})
+    return limits
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     store = Store(args.db)
     show_progress = not args.json and sys.stderr.isatty()
     try:
-        result = ingest(store, args.paths, progress=_progress_bar(show_progress))
+        limits = _limits(args)
+    except ValueError as exc:
+        print(f"specdec ingest: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = ingest(store, args.paths, progress=_progress_bar(show_progress), limits=limits)
     except LogReadError as exc:
         print(f"specdec ingest: {exc}", file=sys.stderr)
         return 1
@@ -60,10 +78,23 @@ def existing_store(args: argparse.Namespace, command: str) -> Store | None:
     return None
 
 
+def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     store = existing_store(args, "report")
     if store is None:
         return 1
+    if _same_file(args.out, store.path):
+        print(f"specdec report: --out {args.out} is the database itself; write the report to another file",
+              file=sys.stderr)
+        return 2
     kinds = args.kind or list(KINDS)
     try:
         rows = write_report(store, args.out, kinds=kinds, raw=args.raw)
@@ -107,6 +138,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="a file, a folder or a glob")
     _add_db(p)
     p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
+    p.add_argument("--max-record-bytes", type=int, metavar="N",
+                   help="quarantine a record longer than this (default: $SPECDEC_MAX_RECORD_BYTES or 16 MiB)")
+    p.add_argument("--max-fields", type=int, metavar="N",
+                   help="quarantine a record with more fields than this (default: $SPECDEC_MAX_FIELDS or 1000)")
     p.set_defaults(func=cmd_ingest)
 
     p = subparsers.add_parser("report", help="write the mismatch report CSV",

@@ -10,10 +10,13 @@ version is brought up to date by `migrate` (`specdec migrate`, and every ingest)
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
+import re
 import shutil
+import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import duckdb
 
-from specdec_core.store.schema import column_migrations_sql, schema_sql
+from specdec_core.store.schema import column_migrations_sql, relax_not_null_sql, schema_sql
 from specdec_core.store.summaries import SUMMARY_VERSION
 
 DEFAULT_DB = "data/specdec.duckdb"
@@ -174,28 +177,36 @@ class Store:
 
     @contextmanager
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A connection whose changes become visible all at once when the block exits cleanly."""
-        if self.path.is_dir():
+        """A connection whose changes become visible all at once when the block exits cleanly.
+
+        A symlinked path is written through to its target, so the link stays a link, and the new
+        state keeps the old file's mode and owner: the copy-and-rename must not undo a chmod 600.
+        """
+        target = Path(os.path.realpath(self.path))
+        if target.is_dir():
             raise StoreError(f"{self.path}: is a folder, not a database file")
-        lock_path = self.path.with_name(self.path.name + ".lock")
+        lock_path = target.with_name(target.name + ".lock")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
             lock = open(lock_path, "w")  # noqa: SIM115 - closed by the with below
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot write here: {exc.strerror or exc}") from exc
         with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+            _remove_dead_writers_files(target)
+            tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
             tmp.unlink(missing_ok=True)
             try:
-                if self.path.exists():
-                    shutil.copyfile(self.path, tmp)
+                original = target.stat() if target.exists() else None
+                if original is not None:
+                    _copy_database(target, tmp)
                 con = duckdb.connect(str(tmp))
-            except (OSError, duckdb.Error) as exc:
-                tmp.unlink(missing_ok=True)
-                # DuckDB names the working copy; the user knows the file they passed.
-                reason = str(exc).replace(str(tmp.resolve()), str(self.path))
-                raise StoreError(f"{self.path}: cannot open for writing: {reason}") from exc
+            except BaseException as exc:
+                _remove_working_copy(tmp)
+                if isinstance(exc, (OSError, duckdb.Error)):
+                    raise StoreError(f"{self.path}: cannot open for writing: {_own_words(exc, tmp, self.path)}"
+                                     ) from exc
+                raise
             try:
                 _configure(con)
                 con.execute(f"SET memory_limit = '{WRITER_MEMORY_LIMIT}'")
@@ -204,20 +215,107 @@ class Store:
                 yield con
                 con.execute("CHECKPOINT")
                 con.close()
-                os.replace(tmp, self.path)
-            except BaseException:
+                if original is not None:
+                    _keep_metadata(tmp, original)
+                os.replace(tmp, target)
+            except BaseException as exc:
                 con.close()
-                tmp.unlink(missing_ok=True)
+                _remove_working_copy(tmp)
+                full = _out_of_space(exc)
+                if full:
+                    raise StoreError(f"{self.path}: cannot write: {full} (the working copy needs about the "
+                                     "database's size again); the database is unchanged") from exc
                 raise
             finally:
-                Path(str(tmp) + ".wal").unlink(missing_ok=True)
-                shutil.rmtree(str(tmp) + ".spill", ignore_errors=True)
+                _remove_working_copy(tmp)
+
+
+def _copy_database(source: Path, dest: Path) -> None:
+    # Created private, so a restricted database is never readable by others through its copy.
+    os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    shutil.copyfile(source, dest)
+
+
+def _keep_metadata(tmp: Path, original: os.stat_result) -> None:
+    try:
+        os.chown(tmp, original.st_uid, original.st_gid)
+    except OSError:
+        pass  # only root may give a file away; the owner is then the writer, as before
+    os.chmod(tmp, stat.S_IMODE(original.st_mode))
+
+
+def _remove_working_copy(tmp: Path) -> None:
+    tmp.unlink(missing_ok=True)
+    Path(str(tmp) + ".wal").unlink(missing_ok=True)
+    shutil.rmtree(str(tmp) + ".spill", ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, owned by someone else
+    return True
+
+
+def _remove_dead_writers_files(target: Path) -> None:
+    """Remove working copies, WALs and spill folders that killed writers left beside `target`.
+
+    Called under the exclusive lock, so no live writer of this file is between its copy and its
+    rename except one whose pid is alive; those files are left alone.
+    """
+    pattern = re.compile(re.escape(target.name) + r"\.(\d+)\.tmp(?:\.wal|\.spill)?")
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if not match or int(match.group(1)) == os.getpid() or _process_alive(int(match.group(1))):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        except OSError as exc:
+            log.warning("%s: cannot remove a killed writer's leftover: %s", entry.path, exc.strerror or exc)
+
+
+def _out_of_space(exc: BaseException) -> str | None:
+    """The OS's words when `exc` says the disk (or the user's quota) is full; None otherwise."""
+    full = (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(exc, OSError):
+        return os.strerror(exc.errno) if exc.errno in full else None
+    if not isinstance(exc, duckdb.Error):
+        return None
+    # DuckDB reports a full disk as an IO, transaction or other error, in the OS's words.
+    text = str(exc)
+    for code in full:
+        if os.strerror(code) in text:
+            return os.strerror(code)
+    if isinstance(exc, duckdb.IOException) and "Could not write all bytes" in text:
+        return os.strerror(errno.ENOSPC)
+    return None
+
+
+def _own_words(exc: BaseException, tmp: Path, path: Path) -> str:
+    """The error's first line, naming the file the user passed instead of our working copy."""
+    text = (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)).splitlines()[0]
+    return text.replace(str(tmp.resolve()), str(path)).replace(str(tmp), str(path))
 
 
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     """Create missing tables and add the columns a newer version has: cheap, so every write does it."""
     con.execute(schema_sql())
     con.execute(column_migrations_sql())
+    not_null = dict(con.execute("SELECT column_name, NOT is_nullable FROM duckdb_columns() "
+                                "WHERE table_name = 'requests' AND database_name = current_database()").fetchall())
+    relax = relax_not_null_sql(not_null)
+    if relax:
+        con.execute(relax)
     con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
 
 

@@ -7,9 +7,12 @@ the distinct identity tuples, so the store and the library cannot disagree.
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
+import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import duckdb
@@ -26,7 +29,7 @@ from specdec_core.contract.identity import (
 from specdec_core.store.connection import Store, scalar
 from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.migrate import migrate_connection
-from specdec_core.store.readers import JSONL_SUFFIXES, read_file, resolve_paths
+from specdec_core.store.readers import JSONL_SUFFIXES, duckdb_literal_path, read_file, resolve_paths
 from specdec_core.store.summaries import build_summaries
 from specdec_core.store.validation import (
     _INDEX,
@@ -55,6 +58,41 @@ class IngestResult:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class IngestLimits:
+    """What one record may cost; a record past either limit is quarantined with why, and the rest loads.
+
+    Without them one record can take the whole ingest down: checking a 40 MB line runs DuckDB out
+    of memory, as does one with thousands of fields. 16 MiB and 1,000 fields sit far above any
+    real request log line and far below what the checks need 1 GB for.
+    """
+
+    max_record_bytes: int = 16 * 1024 * 1024
+    max_fields: int = 1000
+
+    @classmethod
+    def from_env(cls) -> IngestLimits:
+        """The defaults, or $SPECDEC_MAX_RECORD_BYTES and $SPECDEC_MAX_FIELDS where set."""
+        values = {}
+        for field, var in (("max_record_bytes", "SPECDEC_MAX_RECORD_BYTES"), ("max_fields", "SPECDEC_MAX_FIELDS")):
+            text = os.environ.get(var)
+            if text:
+                try:
+                    values[field] = int(text)
+                except ValueError:
+                    raise ValueError(f"${var}: expected a whole number, got {text!r}") from None
+                if values[field] < 1:
+                    raise ValueError(f"${var}: expected a number >= 1, got {text!r}")
+        return cls(**values)
+
+
+def _bytes_text(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n:,} bytes"
+
+
 # (steps done, steps total, what is under way): reading then checking each file, then the four
 # steps over the whole batch, so a single large file still moves the bar.
 ProgressCallback = Callable[[int, int, str], None]
@@ -81,16 +119,17 @@ _ID_JOIN_EXACT = _ID_JOIN + " AND " + " AND ".join(f"t.{c} IS NOT DISTINCT FROM 
 # DuckDB reads JSON Lines as raw lines, in parallel and in file order (insertion order is kept, so a
 # row's rowid is its line number - 1); the separator is a control character, so a line holding one
 # fails the strict read and the file is read by the Python reader instead, which takes anything.
+# So does a line past the size limit: the Python reader hands it over for quarantine.
 _RAW_LINES_SQL = (
     "CREATE OR REPLACE TEMP TABLE {table} AS SELECT raw FROM read_csv(?, columns = {{'raw': 'VARCHAR'}}, "
     "delim = chr(1), quote = '', escape = '', header = false, auto_detect = false, strict_mode = true, "
-    "max_line_size = 1000000000)"
+    "max_line_size = {max_line_size})"
 )
 
 
 @dataclass(frozen=True)
 class _Lines:
-    """One file's lines in a temp table, listed by `sql` as (seq, source_line, raw)."""
+    """One file's lines in a temp table, listed by `sql` as (seq, source_line, raw, pre_reason)."""
 
     table: str
     first_seq: int
@@ -98,29 +137,86 @@ class _Lines:
     sql: str
 
 
-def _stage_file(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: int) -> _Lines:
+def _lines_end_in_newlines(path: Path) -> bool:
+    """Whether DuckDB's line reader would split this file where we do, at LF only.
+
+    DuckDB takes a lone CR for the line end when the file shows no LF early on; where it has
+    both, the strict read fails and the Python reader takes over, as it should.
+    """
+    try:
+        with (gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")) as fh:
+            sample = fh.read(1 << 20)
+    except (OSError, EOFError, zlib.error):
+        return True  # DuckDB's read fails as well, and the Python reader says what is wrong
+    return b"\n" in sample or b"\r" not in sample
+
+
+def _stage_file(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: int,
+                limits: IngestLimits) -> _Lines:
     """Load a file's lines or records, as they were, into the temp table `table`."""
     name = str(path.resolve())
-    if path.name.lower().endswith(JSONL_SUFFIXES):
+    if path.name.lower().endswith(JSONL_SUFFIXES) and _lines_end_in_newlines(path):
         try:
-            con.execute(_RAW_LINES_SQL.format(table=table), [str(path)])
+            with duckdb_literal_path(path) as literal:
+                con.execute(_RAW_LINES_SQL.format(table=table, max_line_size=limits.max_record_bytes), [literal])
+        except duckdb.InterruptException:
+            raise
         except duckdb.Error:
-            pass  # not clean UTF-8 text, or a control character in a line: the Python reader copes
+            pass  # not clean UTF-8 text, a control character in a line, a huge line: the Python reader copes
         else:
             count = scalar(con, f"SELECT count(*) FROM {table}")
-            return _Lines(table, first_seq, count,
-                          f"SELECT {first_seq} + rowid AS seq, rowid + 1 AS source_line, raw FROM {table}")
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (source_line BIGINT, raw VARCHAR)")
+            return _Lines(table, first_seq, count, f"SELECT {first_seq} + rowid AS seq, rowid + 1 AS source_line, "
+                                                   f"raw, NULL::VARCHAR AS pre_reason FROM {table}")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (source_line BIGINT, raw VARCHAR, pre_reason VARCHAR)")
     for chunk in read_file(path, resolved_name=name):
+        reasons = chunk.reasons if chunk.reasons is not None else [None] * len(chunk.raws)
         con.register("chunk_arrow", pa.table({"source_line": pa.array(chunk.line_numbers, pa.int64()),
-                                              "raw": pa.array(chunk.raws, pa.string())}))
+                                              "raw": pa.array(chunk.raws, pa.string()),
+                                              "pre_reason": pa.array(reasons, pa.string())}))
         con.execute(f"INSERT INTO {table} SELECT * FROM chunk_arrow")
         con.unregister("chunk_arrow")
     count = scalar(con, f"SELECT count(*) FROM {table}")
-    return _Lines(table, first_seq, count, f"SELECT {first_seq} + rowid AS seq, source_line, raw FROM {table}")
+    return _Lines(table, first_seq, count,
+                  f"SELECT {first_seq} + rowid AS seq, source_line, raw, pre_reason FROM {table}")
 
 
-_NO_LINES = _Lines("", 0, 0, "SELECT NULL::BIGINT AS seq, NULL::BIGINT AS source_line, NULL::VARCHAR AS raw LIMIT 0")
+def _set_aside(con: duckdb.DuckDBPyConnection, lines: _Lines, source_file: str, limits: IngestLimits
+               ) -> tuple[_Lines, int]:
+    """Reject, into `checked`, the records the JSON checks must not see: too large, too wide, or already judged.
+
+    Returns the file's lines without those, and how many there were. Only lines long enough to
+    hold more fields than allowed (each takes at least 5 bytes, `"":0,`) are parsed here.
+    """
+    wide_from = 5 * limits.max_fields
+    rows = con.execute(f"""
+        SELECT seq, source_line, pre_reason, size, n_fields FROM (
+            SELECT seq, source_line, pre_reason, strlen(raw) AS size,
+                   CASE WHEN pre_reason IS NOT NULL OR strlen(raw) > {limits.max_record_bytes} THEN NULL
+                        WHEN strlen(raw) > {wide_from} AND json_valid(raw) AND json_type(raw) = 'OBJECT'
+                        THEN len(json_keys(raw)) END AS n_fields
+            FROM ({lines.sql}) WHERE raw IS NOT NULL
+        ) WHERE pre_reason IS NOT NULL OR size > {limits.max_record_bytes} OR n_fields > {limits.max_fields}
+    """).fetchall()
+    if not rows:
+        return lines, 0
+    limit_text = _bytes_text(limits.max_record_bytes)
+    reasons = [pre or (f"record too large: {size:,} bytes (limit {limit_text})" if size > limits.max_record_bytes
+                       else f"too many fields: {n_fields} (limit {limits.max_fields})")
+               for _, _, pre, size, n_fields in rows]
+    aside = f"{lines.table}_aside"
+    con.register("aside_arrow", pa.table({"seq": pa.array([r[0] for r in rows], pa.int64()),
+                                          "source_line": pa.array([r[1] for r in rows], pa.int64()),
+                                          "reason": pa.array(reasons, pa.string())}))
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {aside} AS SELECT * FROM aside_arrow")
+    con.unregister("aside_arrow")
+    con.execute(f"INSERT INTO checked (seq, source_file, source_line, reason) "
+                f"SELECT seq, ?, source_line, reason FROM {aside}", [source_file])
+    rest = replace(lines, sql=f"SELECT * FROM ({lines.sql}) WHERE seq NOT IN (SELECT seq FROM {aside})")
+    return rest, len(rows)
+
+
+_NO_LINES = _Lines("", 0, 0, "SELECT NULL::BIGINT AS seq, NULL::BIGINT AS source_line, NULL::VARCHAR AS raw, "
+                             "NULL::VARCHAR AS pre_reason LIMIT 0")
 
 
 def _validate(con: duckdb.DuckDBPyConnection, lines: _Lines, source_file: str, create: bool = False) -> int:
@@ -351,13 +447,7 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str) -> tuple[
         )
         SELECT b.*, r.raw, md5(r.raw) AS raw_hash FROM b JOIN raws r USING (seq)
     """)
-    # A bad line quarantined by an earlier ingest of the same file is a duplicate, not a new record.
-    con.execute("""
-        CREATE OR REPLACE TEMP TABLE bad_new AS
-        SELECT b.* FROM bad b
-        WHERE NOT EXISTS (SELECT 1 FROM quarantine q WHERE q.source_file = b.source_file
-                          AND q.source_line = b.source_line AND q.raw_hash = b.raw_hash)
-    """)
+    _keep_new_rejects(con)
     con.execute("""
         INSERT INTO quarantine
         SELECT ?, source_file, source_line, request_id, reason, raw, raw_hash FROM bad_new
@@ -366,12 +456,31 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str) -> tuple[
     return accepted, quarantined
 
 
+def _keep_new_rejects(con: duckdb.DuckDBPyConnection) -> None:
+    """`bad_new`: the rejects of `bad` not quarantined before, by content (text and line number), not by path.
+
+    The same file uploaded again, or copied elsewhere, arrives under another path each time; it is
+    the same evidence and is quarantined once, as a duplicate the second time.
+    """
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE bad_new AS
+        SELECT b.* FROM bad b
+        WHERE NOT EXISTS (SELECT 1 FROM quarantine q WHERE q.source_line = b.source_line AND q.raw_hash = b.raw_hash)
+        QUALIFY row_number() OVER (PARTITION BY b.source_line, b.raw_hash ORDER BY b.seq) = 1
+    """)
+
+
 def ingest(
     store: Store,
     paths: list[str],
     progress: ProgressCallback | None = None,
+    limits: IngestLimits | None = None,
 ) -> IngestResult:
-    """Validate and load log files; all of them become visible at once, or none on error."""
+    """Validate and load log files; all of them become visible at once, or none on error.
+
+    `limits`: what one record may cost (default: `IngestLimits.from_env()`).
+    """
+    limits = limits or IngestLimits.from_env()
     files = resolve_paths(paths)  # raises LogReadError before anything is written
     with store.write() as con:
         migrate_connection(con)  # an older store's derived tables first, so this batch is judged alike
@@ -389,9 +498,10 @@ def ingest(
         for n, f in enumerate(files):
             say(f"reading {f.name}")
             first_seq = staged[-1].first_seq + staged[-1].count if staged else 0
-            staged.append(_stage_file(con, f, f"lines_{n}", first_seq))
+            staged.append(_stage_file(con, f, f"lines_{n}", first_seq, limits))
             say(f"checking {f.name}")
-            read += _validate(con, staged[-1], str(f.resolve()))
+            rest, set_aside = _set_aside(con, staged[-1], str(f.resolve()), limits)
+            read += set_aside + _validate(con, rest, str(f.resolve()))
         _raws_view(con, staged)
         say(_BATCH_STEPS[0])
         join = _compute_identities(con)

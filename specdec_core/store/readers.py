@@ -8,13 +8,16 @@ quoted back exactly as it was.
 from __future__ import annotations
 
 import csv
-import glob
+import fnmatch
 import gzip
 import io
 import json
 import math
 import os
+import tempfile
+import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,25 +50,100 @@ class RawBatch:
     source_file: str
     line_numbers: list[int]
     raws: list[str]
+    # Why a record is rejected before any JSON check (bytes that are not UTF-8, a cut-off stream); None: no reason.
+    reasons: list[str | None] | None = None
 
 
 def _supported(path: Path) -> bool:
     return path.name.lower().endswith(SUPPORTED_SUFFIXES)
 
 
+_GLOB_CHARS = "*?["
+
+
+def _is_pattern(spec: str) -> bool:
+    return any(ch in spec for ch in _GLOB_CHARS)
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as it:
+            return list(it)
+    except OSError:
+        return []
+
+
+def _walk(top: Path, with_files: bool, hidden: bool) -> Iterator[Path]:
+    """`top` and every folder below it (and their files with `with_files`), in no set order.
+
+    Symlinked folders are listed but never entered: a link back up would make the walk endless.
+    Folders already seen by device and inode are skipped too, for loops that links don't explain (bind mounts).
+    """
+    seen: set[tuple[int, int]] = set()
+    stack = [top]
+    while stack:
+        folder = stack.pop()
+        try:
+            st = folder.stat()
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        yield folder
+        for entry in _entries(folder):
+            if not hidden and entry.name.startswith("."):
+                continue
+            try:
+                is_real_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if is_real_dir:
+                stack.append(folder / entry.name)
+            elif with_files:
+                yield folder / entry.name
+
+
+def expand_pattern(pattern: str) -> list[Path]:
+    """The paths a glob names, each exactly once; `**` is any depth of folders, never through a symlinked one.
+
+    Python's glob follows folder links under `**`, so a link loop expands without end.
+    Names starting with a dot match only a pattern part that starts with one, as in the shell.
+    """
+    path = Path(pattern)
+    parts = path.parts[1:] if path.anchor else path.parts
+    current = [Path(path.anchor or ".")]
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        found: list[Path] = []
+        for base in current:
+            if part == "**":
+                found.extend(_walk(base, with_files=last, hidden=False))
+            elif _is_pattern(part):
+                found.extend(base / e.name for e in _entries(base)
+                             if fnmatch.fnmatchcase(e.name, part) and (part[0] == "." or e.name[0] != "."))
+            else:
+                found.append(base / part)
+        current = sorted(set(found))
+    return [p for p in current if p.exists()]
+
+
 def resolve_paths(paths: list[str]) -> list[Path]:
-    """Files named by paths, folders and globs, in a stable order; raise on anything unreadable."""
+    """Files named by paths, folders and globs, in a stable order; raise on anything unreadable.
+
+    A path that exists is taken as it is, even with glob characters in its name; a pattern is
+    expanded once, and what it yields is never expanded again.
+    """
     files: list[Path] = []
     for spec in paths:
         p = Path(spec)
-        if any(ch in spec for ch in "*?["):
-            matches = sorted(Path(m) for m in glob.glob(spec, recursive=True))
-            matched = [m for m in matches if m.is_file() and _supported(m)]
+        if not os.path.lexists(spec) and _is_pattern(spec):
+            matched = sorted(m for m in expand_pattern(spec) if m.is_file() and _supported(m))
             if not matched:
                 raise LogReadError(f"{spec}: no supported log file matches this pattern")
             files.extend(matched)
         elif p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and _supported(f))
+            found = sorted(f for f in _walk(p, with_files=True, hidden=True) if f.is_file() and _supported(f))
             if not found:
                 raise LogReadError(f"{spec}: folder holds no .jsonl, .jsonl.gz, .csv or .parquet file")
             files.extend(found)
@@ -87,6 +165,28 @@ def resolve_paths(paths: list[str]) -> list[Path]:
     return unique
 
 
+# DuckDB expands glob characters in every file name its readers get, a list's items included, and has no escape.
+_DUCKDB_GLOB_CHARS = "*?[]{}"
+
+
+@contextmanager
+def duckdb_literal_path(path: Path) -> Iterator[str]:
+    """A name for `path` that DuckDB's readers take as that one file: a link in a fresh folder, where needed.
+
+    The link keeps the file's suffix, from which DuckDB tells a gzip stream.
+    """
+    text = str(path)
+    if not any(ch in text for ch in _DUCKDB_GLOB_CHARS):
+        yield text
+        return
+    lowered = path.name.lower()
+    suffix = max((s for s in SUPPORTED_SUFFIXES if lowered.endswith(s)), key=len, default="")
+    with tempfile.TemporaryDirectory(prefix="specdec-") as folder:
+        alias = os.path.join(folder, "log" + suffix)
+        os.symlink(os.path.abspath(path), alias)
+        yield alias
+
+
 def _open_text(path: Path) -> io.TextIOBase:
     # utf-8-sig: a byte order mark (as Windows tools write) is not part of the first record or header.
     if path.name.lower().endswith(".gz"):
@@ -99,24 +199,84 @@ def _safe_text(line: str) -> str:
     return line.encode("utf-8", "replace").decode("utf-8")
 
 
+INVALID_UTF8 = "invalid UTF-8"
+
+
+def shown_bytes(data: bytes) -> str:
+    r"""Text with each byte that is not UTF-8 written as \xNN, so a quarantined line keeps every byte."""
+    return data.decode("utf-8", "backslashreplace")
+
+
+def _has_surrogates(text: str) -> bool:
+    return any("\udc80" <= ch <= "\udcff" for ch in text)
+
+
 CHUNK_ROWS = 250_000  # bounds memory; two row groups, so DuckDB works on both cores
+_READ_BYTES = 1 << 20
+_BOM = b"\xef\xbb\xbf"
+
+
+def _open_binary(path: Path) -> io.BufferedIOBase:
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def _lines(path: Path) -> Iterator[tuple[bytes, bool]]:
+    """The file's lines, ending at LF only (a CR inside a line is part of it), each with whether it is complete.
+
+    A gzip stream that stops early (or turns to garbage) yields what it held before the cut as one incomplete last line,
+    rather than losing the file: read in chunks, since a line read would drop its partial buffer.
+    """
+    pending = b""
+    with _open_binary(path) as fh:
+        try:
+            while True:
+                chunk = fh.read1(_READ_BYTES)
+                if not chunk:
+                    break
+                pieces = (pending + chunk).split(b"\n")
+                pending = pieces.pop()
+                for piece in pieces:
+                    yield piece, True
+        except (EOFError, zlib.error):
+            yield pending, False
+            return
+    if pending:
+        yield pending, True
 
 
 def read_jsonl(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[RawBatch]:
     numbers: list[int] = []
     raws: list[str] = []
+    reasons: list[str | None] = []
     try:
-        with _open_text(path) as fh:
-            for number, line in enumerate(fh, start=1):
-                if line.strip():
-                    numbers.append(number)
-                    raws.append(_safe_text(line.rstrip("\r\n")))
-                    if len(raws) >= chunk_rows:
-                        yield RawBatch(name, numbers, raws)
-                        numbers, raws = [], []
-    except (OSError, EOFError, gzip.BadGzipFile, UnicodeError) as exc:
+        for number, (data, complete) in enumerate(_lines(path), start=1):
+            if number == 1 and data.startswith(_BOM):
+                data = data[len(_BOM):]  # as Windows tools write it: not part of the first record
+            if data.endswith(b"\r"):
+                data = data[:-1]  # a CRLF line end
+            if not complete:
+                numbers.append(number)
+                raws.append(shown_bytes(data))
+                reasons.append(f"truncated gzip: file ends mid-stream after line {number - 1}")
+                break
+            try:
+                text = data.decode("utf-8")
+                reason = None
+            except UnicodeDecodeError:
+                text, reason = shown_bytes(data), INVALID_UTF8
+            if not text.strip():
+                continue
+            numbers.append(number)
+            raws.append(text)
+            reasons.append(reason)
+            if len(raws) >= chunk_rows:
+                yield RawBatch(name, numbers, raws, reasons)
+                numbers, raws, reasons = [], [], []
+    except (OSError, gzip.BadGzipFile) as exc:
         raise LogReadError(f"{path}: cannot be read: {exc}") from exc
-    yield RawBatch(name, numbers, raws)
+    yield RawBatch(name, numbers, raws, reasons)
 
 
 def _csv_integer(cell: str) -> object:
@@ -158,6 +318,8 @@ def _csv_cell(name: str, cell: str) -> object:
 def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[RawBatch]:
     numbers: list[int] = []
     raws: list[str] = []
+    reasons: list[str | None] = []
+    reason: str | None = None
     try:
         with _open_text(path) as fh:
             reader = csv.reader(fh)
@@ -177,29 +339,36 @@ def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[Ra
                 elif len(row) != len(header):
                     # Rejected by the SQL pass with this reason; the row is kept as it was read.
                     obj = {"__csv_error__": f"row has {len(row)} cells, header has {len(header)}", "__raw__": row}
+                elif any(_has_surrogates(cell) for cell in row):
+                    obj = {h: shown_bytes(cell.encode("utf-8", "surrogateescape")) for h, cell in zip(header, row,
+                                                                                                    strict=True)}
+                    reason = INVALID_UTF8
                 else:
-                    obj = {h: _csv_cell(h, _safe_text(cell)) for h, cell in zip(header, row, strict=True)}
+                    obj = {h: _csv_cell(h, cell) for h, cell in zip(header, row, strict=True)}
                 numbers.append(row_number)
-                raws.append(json.dumps(obj, ensure_ascii=False))
+                raws.append(_safe_text(json.dumps(obj, ensure_ascii=False)))
+                reasons.append(reason)
+                reason = None
                 if len(raws) >= chunk_rows:
-                    yield RawBatch(name, numbers, raws)
-                    numbers, raws = [], []
+                    yield RawBatch(name, numbers, raws, reasons)
+                    numbers, raws, reasons = [], [], []
     except (OSError, EOFError, gzip.BadGzipFile, csv.Error, UnicodeError) as exc:
         raise LogReadError(f"{path}: cannot be read as CSV: {exc}") from exc
-    yield RawBatch(name, numbers, raws)
+    yield RawBatch(name, numbers, raws, reasons)
 
 
 def read_parquet(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[RawBatch]:
     con = duckdb.connect()
     try:
-        cur = con.execute("SELECT to_json(t)::VARCHAR FROM read_parquet(?) AS t", [str(path)])
-        row_number = 0
-        while True:
-            rows = cur.fetchmany(chunk_rows)
-            if not rows:
-                break
-            yield RawBatch(name, list(range(row_number + 1, row_number + len(rows) + 1)), [r[0] for r in rows])
-            row_number += len(rows)
+        with duckdb_literal_path(path) as literal:
+            cur = con.execute("SELECT to_json(t)::VARCHAR FROM read_parquet(?) AS t", [literal])
+            row_number = 0
+            while True:
+                rows = cur.fetchmany(chunk_rows)
+                if not rows:
+                    break
+                yield RawBatch(name, list(range(row_number + 1, row_number + len(rows) + 1)), [r[0] for r in rows])
+                row_number += len(rows)
     except duckdb.Error as exc:
         raise LogReadError(f"{path}: cannot be read as Parquet: {str(exc).splitlines()[0]}") from exc
     finally:

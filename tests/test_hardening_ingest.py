@@ -1,0 +1,429 @@
+"""Ingest under hostile file systems and inputs: odd names, link loops, huge records, kills, full disks."""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import duckdb
+import pytest
+from helpers import rec, write_csv, write_jsonl
+
+from specdec_core.cli import main as cli_main
+from specdec_core.store import connection
+from specdec_core.store.connection import Store, StoreError
+from specdec_core.store.ingest import IngestLimits, ingest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def store(tmp_path):
+    return Store(tmp_path / "triage.duckdb")
+
+
+def loaded(store):
+    with store.read() as con:
+        return sorted(con.execute("SELECT request_id, regexp_extract(source_file, '[^/]+$'), source_line "
+                                  "FROM requests").fetchall())
+
+
+def quarantined(store):
+    with store.read() as con:
+        return con.execute("SELECT regexp_extract(source_file, '[^/]+$'), source_line, reason, raw "
+                           "FROM quarantine ORDER BY source_file, source_line").fetchall()
+
+
+def specdec(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specdec_core", *args], capture_output=True, text=True,
+                          timeout=kwargs.pop("timeout", 120), cwd=REPO, **kwargs)
+
+
+# --- 5: glob characters in file names ------------------------------------------------------------
+
+
+def test_a_file_named_like_a_glob_is_read_as_itself_beside_the_files_it_would_match(store, tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_jsonl(logs / "[ab].jsonl", [rec("bracket")])
+    write_jsonl(logs / "a.jsonl", [rec("plain-a")])
+    write_jsonl(logs / "x*.jsonl", [rec("star")])
+    write_jsonl(logs / "xa.jsonl", [rec("plain-xa")])
+    with gzip.open(logs / "g?.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write(json.dumps(rec("question")) + "\n")
+    with gzip.open(logs / "gz.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write(json.dumps(rec("plain-gz")) + "\n")
+    result = ingest(store, [str(logs)])
+    assert (result.read, result.accepted, result.quarantined) == (6, 6, 0)
+    assert loaded(store) == [("bracket", "[ab].jsonl", 1), ("plain-a", "a.jsonl", 1), ("plain-gz", "gz.jsonl.gz", 1),
+                             ("plain-xa", "xa.jsonl", 1), ("question", "g?.jsonl.gz", 1), ("star", "x*.jsonl", 1)]
+
+
+def test_a_path_that_exists_is_not_expanded_and_a_pattern_expands_once(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_jsonl(logs / "[ab].jsonl", [rec("bracket")])
+    write_jsonl(logs / "a.jsonl", [rec("plain-a")])
+    write_jsonl(logs / "x*.jsonl", [rec("star")])
+    write_jsonl(logs / "xa.jsonl", [rec("plain-xa")])
+    literal = Store(tmp_path / "literal.duckdb")
+    assert ingest(literal, [str(logs / "[ab].jsonl"), str(logs / "x*.jsonl")]).read == 2
+    assert loaded(literal) == [("bracket", "[ab].jsonl", 1), ("star", "x*.jsonl", 1)]
+    pattern = Store(tmp_path / "pattern.duckdb")
+    # ? matches the * in x*.jsonl's name; that file is then read as itself, not expanded a second time.
+    assert ingest(pattern, [str(logs / "x?.jsonl")]).read == 2
+    assert loaded(pattern) == [("plain-xa", "xa.jsonl", 1), ("star", "x*.jsonl", 1)]
+    every = Store(tmp_path / "every.duckdb")
+    assert ingest(every, [str(logs / "*.jsonl")]).read == 4
+
+
+def test_csv_and_parquet_files_with_glob_characters_are_read_as_themselves(store, tmp_path):
+    write_csv(tmp_path / "c[12].csv", [rec("csv-bracket")])
+    write_csv(tmp_path / "c1.csv", [rec("csv-plain")])
+    for name, rid in (("p[12].parquet", "pq-bracket"), ("p1.parquet", "pq-plain")):
+        src = write_jsonl(tmp_path / f"{rid}.src", [rec(rid)])
+        con = duckdb.connect()
+        con.execute(f"COPY (SELECT * FROM read_json('{src}')) TO '{tmp_path / name}' (FORMAT parquet)")
+        con.close()
+    result = ingest(store, [str(tmp_path / "c[12].csv"), str(tmp_path / "p[12].parquet")])
+    assert (result.read, result.accepted) == (2, 2)
+    assert loaded(store) == [("csv-bracket", "c[12].csv", 1), ("pq-bracket", "p[12].parquet", 1)]
+
+
+# --- 6: symlink loops ------------------------------------------------------------------------------
+
+
+def _ingest_in_subprocess(db: Path, path: str, timeout: float = 60) -> dict:
+    code = ("import json, sys; from specdec_core.store.connection import Store; "
+            "from specdec_core.store.ingest import ingest; "
+            "print(json.dumps(ingest(Store(sys.argv[1]), [sys.argv[2]]).to_json()))")
+    done = subprocess.run([sys.executable, "-c", code, str(db), path], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_symlink_loop_under_a_recursive_glob_or_a_folder_ends(tmp_path):
+    root = tmp_path / "dir"
+    (root / "sub").mkdir(parents=True)
+    write_jsonl(root / "top.jsonl", [rec("top")])
+    write_jsonl(root / "sub" / "deep.jsonl", [rec("deep")])
+    # Two links back up: following them walks 2^40 paths before the kernel says ELOOP.
+    os.symlink(root, root / "sub" / "up")
+    os.symlink(root / "sub", root / "sub" / "here")
+    assert _ingest_in_subprocess(tmp_path / "glob.duckdb", str(root / "**" / "*.jsonl"))["read"] == 2
+    assert _ingest_in_subprocess(tmp_path / "folder.duckdb", str(root))["read"] == 2
+
+
+# --- 7: one enormous record ------------------------------------------------------------------------
+
+
+def test_a_record_past_the_size_limit_is_quarantined_and_the_rest_loads(store, tmp_path):
+    huge = rec("huge", output_text="x" * (2 * 1024 * 1024))
+    path = write_jsonl(tmp_path / "huge.jsonl", [rec("before"), huge, rec("after")])
+    result = ingest(store, [str(path)], limits=IngestLimits(max_record_bytes=1024 * 1024))
+    assert (result.read, result.accepted, result.quarantined) == (3, 2, 1)
+    [(name, line, reason, raw)] = quarantined(store)
+    size = len(json.dumps(huge).encode())
+    assert (name, line) == ("huge.jsonl", 2)
+    assert reason == f"record too large: {size:,} bytes (limit 1 MiB)"
+    assert raw == json.dumps(huge)  # nothing lost
+    assert [r[0] for r in loaded(store)] == ["after", "before"]
+
+
+def test_the_default_size_limit_is_16_mib_on_the_gzip_reader_too(store, tmp_path):
+    huge = rec("huge", output_text="y" * (17 * 1024 * 1024))
+    with gzip.open(tmp_path / "huge.jsonl.gz", "wt", encoding="utf-8", compresslevel=1) as fh:
+        fh.write("\n".join(json.dumps(r) for r in (rec("before"), huge, rec("after"))) + "\n")
+    result = ingest(store, [str(tmp_path / "huge.jsonl.gz")])
+    assert (result.read, result.accepted, result.quarantined) == (3, 2, 1)
+    [(_, line, reason, _)] = quarantined(store)
+    assert line == 2 and reason.startswith("record too large: ") and reason.endswith(" bytes (limit 16 MiB)")
+
+
+def test_a_record_with_too_many_fields_is_quarantined_and_the_rest_loads(store, tmp_path):
+    wide = rec("wide")
+    wide.update({f"extra_{i}": i for i in range(8000 - len(wide))})
+    path = write_jsonl(tmp_path / "wide.jsonl", [rec("before"), wide, rec("after")])
+    result = ingest(store, [str(path)])
+    assert (result.read, result.accepted, result.quarantined) == (3, 2, 1)
+    [(_, line, reason, raw)] = quarantined(store)
+    assert (line, reason) == (2, "too many fields: 8000 (limit 1000)")
+    assert json.loads(raw) == wide
+
+
+def test_limits_are_settable_from_the_environment(store, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_MAX_FIELDS", "30")
+    monkeypatch.setenv("SPECDEC_MAX_RECORD_BYTES", "4096")
+    wide = {**rec("wide"), **{f"e{i}": i for i in range(10)}}
+    path = write_jsonl(tmp_path / "env.jsonl", [rec("ok"), wide, rec("long", output_text="z" * 5000)])
+    result = ingest(store, [str(path)])
+    assert (result.accepted, result.quarantined) == (1, 2)
+    reasons = [reason for _, _, reason, _ in quarantined(store)]
+    assert reasons[0] == f"too many fields: {len(wide)} (limit 30)"
+    assert reasons[1].startswith("record too large: ") and reasons[1].endswith("(limit 4 KiB)")
+
+
+# --- 8: the database file's mode and links ---------------------------------------------------------
+
+
+def test_a_private_database_stays_private_after_an_ingest(store, tmp_path):
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec("a")]))])
+    os.chmod(store.path, 0o600)
+    ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("b")]))])
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+    assert [r[0] for r in loaded(store)] == ["a", "b"]
+
+
+def test_a_symlinked_database_stays_a_link_and_its_target_gets_the_data(tmp_path):
+    real = tmp_path / "real" / "triage.duckdb"
+    real.parent.mkdir()
+    link = tmp_path / "link.duckdb"
+    ingest(Store(real), [str(write_jsonl(tmp_path / "a.jsonl", [rec("a")]))])
+    link.symlink_to(real)
+    ingest(Store(link), [str(write_jsonl(tmp_path / "b.jsonl", [rec("b")]))])
+    assert link.is_symlink() and Path(os.readlink(link)) == real
+    assert [r[0] for r in loaded(Store(real))] == ["a", "b"]
+    assert [r[0] for r in loaded(Store(link))] == ["a", "b"]
+    # A link to a database not created yet: the target is created, the link kept.
+    dangling = tmp_path / "new.duckdb"
+    dangling.symlink_to(tmp_path / "real" / "new-target.duckdb")
+    ingest(Store(dangling), [str(tmp_path / "a.jsonl")])
+    assert dangling.is_symlink() and (tmp_path / "real" / "new-target.duckdb").is_file()
+
+
+# --- 9: leftovers of killed ingests ----------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_leftovers_of_a_killed_writer_are_removed_on_the_next_write_and_a_live_ones_kept(store, tmp_path):
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec("a")]))])
+    dead, live = _dead_pid(), os.getppid()
+    name = store.path.name
+    stale = [tmp_path / f"{name}.{dead}.tmp", tmp_path / f"{name}.{dead}.tmp.wal"]
+    for p in stale:
+        p.write_bytes(b"x" * 1000)
+    (tmp_path / f"{name}.{dead}.tmp.spill").mkdir()
+    (tmp_path / f"{name}.{dead}.tmp.spill" / "duckdb_temp_block-1.block").write_bytes(b"x" * 1000)
+    kept = [tmp_path / f"{name}.{live}.tmp", tmp_path / f"other.duckdb.{dead}.tmp", tmp_path / f"{name}.notes.tmp"]
+    for p in kept:
+        p.write_bytes(b"y")
+    ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("b")]))])
+    assert not any(p.exists() for p in stale) and not (tmp_path / f"{name}.{dead}.tmp.spill").exists()
+    assert all(p.exists() for p in kept)
+
+
+# --- 10: the report never overwrites the database --------------------------------------------------
+
+
+def test_report_refuses_to_write_over_its_own_database(tmp_path):
+    db = tmp_path / "t.duckdb"
+    ingest(Store(db), [str(write_jsonl(tmp_path / "l.jsonl", [rec("a", cache_key="k"),
+                                                              rec("b", cache_key="k", cache_hit=True, seed=3)]))])
+    before = db.read_bytes()
+    link = tmp_path / "out.csv"
+    link.symlink_to(db)
+    for out in (str(db), str(link), str(tmp_path / "." / "t.duckdb")):
+        done = specdec("report", "--db", str(db), "--out", out)
+        assert done.returncode == 2, (out, done.stderr)
+        assert done.stderr.strip().count("\n") == 0 and "is the database" in done.stderr
+        assert db.read_bytes() == before
+
+
+# --- 11: Ctrl-C and a full disk --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), duckdb.InterruptException("INTERRUPT Error: Interrupted!"),
+                                 RuntimeError("Query interrupted")])
+def test_every_kind_of_interrupt_ends_in_one_line_and_exit_130(exc, tmp_path, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr("specdec_core.cli.store_cmds.ingest", interrupted)
+    log = write_jsonl(tmp_path / "l.jsonl", [rec("a")])
+    assert cli_main(["ingest", str(log), "--db", str(tmp_path / "t.duckdb")]) == 130
+    assert capsys.readouterr().err == "specdec: interrupted\n"
+
+
+def test_an_unrelated_runtime_error_is_not_called_an_interrupt(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr("specdec_core.cli.store_cmds.ingest", broken)
+    with pytest.raises(RuntimeError, match="something else"):
+        cli_main(["ingest", str(write_jsonl(tmp_path / "l.jsonl", [rec("a")])), "--db", str(tmp_path / "t.duckdb")])
+
+
+def test_sigint_during_a_real_ingest_exits_130_with_one_line_and_leaves_the_store_as_it_was(tmp_path):
+    db = tmp_path / "t.duckdb"
+    ingest(Store(db), [str(write_jsonl(tmp_path / "seed.jsonl", [rec("seed")]))])
+    before = db.read_bytes()
+    line = json.dumps(rec("R", output_text="o" * 300))
+    with open(tmp_path / "big.jsonl", "w") as fh:
+        for i in range(120_000):
+            fh.write(line.replace('"R"', f'"r{i}"', 1) + "\n")
+    proc = subprocess.Popen([sys.executable, "-m", "specdec_core", "ingest", str(tmp_path / "big.jsonl"),
+                             "--db", str(db)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("t.duckdb.*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)
+    assert proc.poll() is None, "the ingest ended before it could be interrupted; make the file larger"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err == "specdec: interrupted\n"
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("t.duckdb")) == ["t.duckdb",
+                                                                                          "t.duckdb.lock"]
+
+
+def test_a_full_disk_while_copying_is_one_line_and_the_store_is_untouched(store, tmp_path, monkeypatch, capsys):
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec("a")]))])
+    before = store.path.read_bytes()
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(connection, "_copy_database", no_space)
+    with pytest.raises(StoreError, match="No space left on device") as err:
+        ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("b")]))])
+    assert "\n" not in str(err.value) and str(store.path) in str(err.value)
+    assert store.path.read_bytes() == before
+    assert cli_main(["ingest", str(tmp_path / "b.jsonl"), "--db", str(store.path)]) == 1
+    assert capsys.readouterr().err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("triage")) == [
+        "triage.duckdb", "triage.duckdb.lock"]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_really_full_disk_is_one_line_and_the_store_is_untouched(tiny_disk, tmp_path):
+    db = tiny_disk / "t.duckdb"
+    ingest(Store(db), [str(write_jsonl(tmp_path / "a.jsonl", [rec("a")]))])
+    before = db.read_bytes()
+    with open(tmp_path / "big.jsonl", "w") as fh:
+        for i in range(4000):  # random text: DuckDB would compress a repeated one to nothing
+            fh.write(json.dumps(rec(f"r{i}", output_text=os.urandom(1000).hex())) + "\n")
+    for leave in (len(before) // 2, len(before) + 1024 * 1024):  # the copy fails; DuckDB's own writes fail
+        filler = tiny_disk / "filler"
+        filler.unlink(missing_ok=True)
+        free = os.statvfs(tiny_disk).f_bavail * os.statvfs(tiny_disk).f_frsize
+        filler.write_bytes(b"\0" * max(free - leave, 0))
+        done = specdec("ingest", str(tmp_path / "big.jsonl"), "--db", str(db))
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.count("\n") == 1 and "No space left on device" in done.stderr, done.stderr
+        assert db.read_bytes() == before
+        assert sorted(p.name for p in tiny_disk.iterdir()) == ["filler", "t.duckdb", "t.duckdb.lock"]
+
+
+# --- 12: bytes that are not what they seem --------------------------------------------------------
+
+
+def test_invalid_utf8_inside_a_string_is_quarantined_with_its_bytes_shown(store, tmp_path):
+    good = json.dumps(rec("bad-utf8", output_text="aXb")).encode()
+    path = tmp_path / "bytes.jsonl"
+    path.write_bytes(json.dumps(rec("ok-1")).encode() + b"\n" + good.replace(b"aXb", b"a\xff\xfeb") + b"\n"
+                     + json.dumps(rec("ok-2")).encode() + b"\n")
+    result = ingest(store, [str(path)])
+    assert (result.read, result.accepted, result.quarantined) == (3, 2, 1)
+    [(_, line, reason, raw)] = quarantined(store)
+    assert (line, reason) == (2, "invalid UTF-8")
+    assert raw == good.decode().replace("aXb", "a\\xff\\xfeb")
+
+
+def test_invalid_utf8_in_a_csv_cell_is_quarantined_too(store, tmp_path):
+    path = write_csv(tmp_path / "bytes.csv", [rec("ok"), rec("bad", output_text="aXb")])
+    path.write_bytes(path.read_bytes().replace(b"aXb", b"a\xffb"))
+    result = ingest(store, [str(path)])
+    assert (result.accepted, result.quarantined) == (1, 1)
+    [(_, line, reason, raw)] = quarantined(store)
+    assert (line, reason) == (2, "invalid UTF-8") and json.loads(raw)["output_text"] == "a\\xffb"
+
+
+@pytest.mark.parametrize("name", ["cr.jsonl", "cr.jsonl.gz"])
+def test_a_raw_carriage_return_inside_a_line_does_not_split_it(store, tmp_path, name):
+    inside_string = json.dumps(rec("cr-string", output_text="aXb")).replace("aXb", "a\rb")
+    between_tokens = json.dumps(rec("cr-space")).replace(", ", ",\r", 1)
+    text = "\n".join([json.dumps(rec("one")), inside_string, between_tokens, json.dumps(rec("four"))]) + "\r\n"
+    if name.endswith(".gz"):
+        with gzip.open(tmp_path / name, "wb") as fh:
+            fh.write(text.encode())
+    else:
+        (tmp_path / name).write_bytes(text.encode())
+    result = ingest(store, [str(tmp_path / name)])
+    assert (result.read, result.accepted, result.quarantined) == (4, 3, 1)
+    assert [(r, line) for r, _, line in loaded(store)] == [("cr-space", 3), ("four", 4), ("one", 1)]
+    [(_, line, reason, raw)] = quarantined(store)
+    assert line == 2 and "bad JSON" in reason and raw == inside_string
+
+
+def test_a_file_whose_only_line_ends_are_carriage_returns_is_one_line(store, tmp_path):
+    # DuckDB's line reader would take each CR for a line end here, and load two records.
+    path = tmp_path / "cr-only.jsonl"
+    path.write_bytes((json.dumps(rec("a")) + "\r" + json.dumps(rec("b"))).encode())
+    result = ingest(store, [str(path)])
+    assert (result.read, result.accepted, result.quarantined) == (1, 0, 1)
+    [(_, line, reason, _)] = quarantined(store)
+    assert line == 1 and "bad JSON" in reason
+
+
+def test_a_truncated_gzip_loads_what_is_readable_and_quarantines_the_tail(store, tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with gzip.open(logs / "cut.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write("".join(json.dumps(rec(f"c{i}", output_text=uuid.UUID(int=i).hex * 8)) + "\n"
+                         for i in range(2000)))
+    whole = (logs / "cut.jsonl.gz").read_bytes()
+    (logs / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    write_jsonl(logs / "other.jsonl", [rec("other")])
+    result = ingest(store, [str(logs)])
+    ids = [r for r, _, _ in loaded(store)]
+    assert "other" in ids and len(ids) > 100
+    [(name, line, reason, raw)] = quarantined(store)
+    assert name == "cut.jsonl.gz" and line == len(ids)  # the complete lines before the cut are loaded
+    assert reason == f"truncated gzip: file ends mid-stream after line {line - 1}"
+    assert raw and '"request_id": "c' in raw
+    assert (result.read, result.accepted, result.quarantined) == (len(ids) + 1, len(ids), 1)
+
+
+def test_the_same_bad_file_from_another_path_is_not_quarantined_again(store, tmp_path):
+    lines = [rec("g1"), "{broken", rec("g2", max_tokens=0)]
+    (tmp_path / "one").mkdir()
+    first = write_jsonl(tmp_path / "one" / "upload.jsonl", lines)
+    second = tmp_path / "two" / "upload.jsonl"
+    second.parent.mkdir()
+    second.write_bytes(first.read_bytes())
+    third = tmp_path / "renamed.jsonl"
+    third.write_bytes(first.read_bytes())
+    counts = [ingest(store, [str(p)]).quarantined for p in (first, second, third)]
+    assert counts == [2, 0, 0]
+    with store.read() as con:
+        assert con.execute("SELECT count(*) FROM quarantine").fetchall() == [(2,)]
+    both = Store(tmp_path / "both.duckdb")
+    result = ingest(both, [str(first), str(second)])  # two copies in one batch
+    assert (result.read, result.accepted, result.duplicates, result.quarantined) == (6, 1, 3, 2)
