@@ -29,6 +29,11 @@ row[2].metric("Unique keys / unique identities",
 row[3].metric("Quarantined records", ui.fmt_int(head["quarantined"]),
               help="Log records that broke the contract; listed under 'Load logs' in the sidebar")
 
+gaps = ui.cached(analysis.logging_gaps, filters=filters)
+if gaps:
+    st.subheader("Logging gaps")
+    st.warning("\n".join(f"- {ui.md_escape(gap.sentence)}" for gap in gaps))
+
 st.subheader("Contamination window")
 window = ui.cached(analysis.contamination_window, filters=filters)
 if window.empty:

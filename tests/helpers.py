@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
-import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
+
+from specdec_core.contract import DecodeRequest, DecodeResult, fingerprint
 
 BASE: dict[str, Any] = {
     "ts": "2026-03-01T10:00:00Z",
@@ -81,3 +85,30 @@ def run_cli(*args: str, timeout: float = 300, **kwargs: Any) -> subprocess.Compl
     """`specdec ARGS...` in a fresh interpreter, as a user runs it."""
     return subprocess.run([sys.executable, "-m", "specdec_core", *args], capture_output=True, text=True,
                           timeout=timeout, **kwargs)
+
+
+class DeterministicEngine:
+    """A stand-in decoder (the real one is tested elsewhere): its output names the
+    parameters it decoded with, so a cached output served to the wrong request shows."""
+
+    def __init__(self, delay_s: float = 0.0, fail: bool = False) -> None:
+        self.calls: list[DecodeRequest] = []
+        self.delay_s = delay_s
+        self.fail = fail
+        self._lock = threading.Lock()
+
+    def generate(self, request: DecodeRequest) -> DecodeResult:
+        with self._lock:
+            self.calls.append(request)
+        if self.fail:
+            raise RuntimeError("CUDA out of memory")
+        time.sleep(self.delay_s)
+        n = request.max_tokens
+        return DecodeResult(
+            text=f"draft={request.draft_model} T={request.temperature} max={request.max_tokens} "
+            f"[{fingerprint(request)[:8]}]",
+            token_ids=tuple(range(n)),
+            finish_reason="length",
+            draft_tokens=2 * n,
+            accepted_tokens=n,
+        )

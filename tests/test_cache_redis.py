@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from helpers import DeterministicEngine
 
 from specdec_core.cache import CacheError, CacheRead, RedisCache, encode_entry, open_cache
 from specdec_core.contract.identity import DecodeRequest, fingerprint, identity
@@ -44,23 +45,6 @@ REQ_B = DecodeRequest(
     max_tokens=16,
     tokenizer_version="hf-4.44",
 )
-
-
-class DeterministicEngine:
-    """Output derived from the request identity, so whose output came back is visible."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def generate(self, request: DecodeRequest) -> DecodeResult:
-        self.calls += 1
-        return DecodeResult(
-            text=f"out[{fingerprint(request)[:12]}]",
-            token_ids=(1, 2, 3),
-            finish_reason="stop",
-            draft_tokens=4,
-            accepted_tokens=3,
-        )
 
 
 def _result(text: str) -> DecodeResult:
@@ -158,7 +142,7 @@ def test_guard_catches_a_planted_entry_of_another_request_and_the_service_overwr
     assert service.counters()["fingerprint_mismatches"] == 1
     assert json.loads(redisdb.get(key))["identity"] == identity(REQ_B)
     assert service.decode(REQ_B) == result
-    assert engine.calls == 1
+    assert len(engine.calls) == 1
     assert service.counters()["hits"] == 1
 
 
@@ -253,7 +237,7 @@ def test_service_keeps_answering_when_redis_is_killed_mid_run_and_recovers(own_r
         assert service.decode(REQ_A) == first  # from the engine: nothing raised
         assert service.decode(REQ_B).text == f"out[{fingerprint(REQ_B)[:12]}]"
     assert time.monotonic() - started < 3  # an outage costs no retries with backoff
-    assert engine.calls == 11
+    assert len(engine.calls) == 11
     assert cache.stats.errors >= 10
     assert service.counters()["cache_errors"] == 10
     assert service.counters()["errors"] == 0

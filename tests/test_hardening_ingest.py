@@ -21,7 +21,8 @@ from helpers import rec, write_csv, write_jsonl
 from specdec_core.cli import main as cli_main
 from specdec_core.store import connection
 from specdec_core.store.connection import Store, StoreError
-from specdec_core.store.ingest import IngestLimits, ingest
+from specdec_core.store.ingest import ingest
+from specdec_core.store.staging import IngestLimits
 
 REPO = Path(__file__).resolve().parents[1]
 

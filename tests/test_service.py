@@ -7,14 +7,13 @@ import io
 import json
 import re
 import threading
-import time
 import uuid
 
 import pytest
+from helpers import DeterministicEngine
 
 from specdec_core.cache import MemoryCache
-from specdec_core.contract.identity import DecodeRequest, fingerprint, identity
-from specdec_core.contract.result import DecodeResult
+from specdec_core.contract.identity import DecodeRequest, identity
 from specdec_core.keys.schemes import cache_key
 from specdec_core.service import DecodeService, rfc3339_utc
 
@@ -40,33 +39,6 @@ REQ_B = DecodeRequest(
     max_tokens=8,
     tokenizer_version="hf-4.44",
 )
-
-
-class DeterministicEngine:
-    """A stand-in decoder (the real one is tested elsewhere): its output names the
-    parameters it decoded with, so a cached output served to the wrong request shows."""
-
-    def __init__(self, delay_s: float = 0.0, fail: bool = False) -> None:
-        self.calls: list[DecodeRequest] = []
-        self.delay_s = delay_s
-        self.fail = fail
-        self._lock = threading.Lock()
-
-    def generate(self, request: DecodeRequest) -> DecodeResult:
-        with self._lock:
-            self.calls.append(request)
-        if self.fail:
-            raise RuntimeError("CUDA out of memory")
-        time.sleep(self.delay_s)
-        n = request.max_tokens
-        return DecodeResult(
-            text=f"draft={request.draft_model} T={request.temperature} max={request.max_tokens} "
-            f"[{fingerprint(request)[:8]}]",
-            token_ids=tuple(range(n)),
-            finish_reason="length",
-            draft_tokens=2 * n,
-            accepted_tokens=n,
-        )
 
 
 def own_output(req: DecodeRequest) -> str:

@@ -15,6 +15,7 @@ from specdec_core.analysis.contamination import (
     contamination_window,
     mismatch_rate_over_time,
 )
+from specdec_core.analysis.gaps import LoggingGap, logging_gaps
 from specdec_core.analysis.keys import key_collision_identities, key_collisions
 from specdec_core.analysis.lengths import length_violations, output_length_by_max_tokens
 from specdec_core.analysis.overview import filter_options, headline
@@ -25,10 +26,10 @@ from specdec_core.analysis.requests import quarantined_records, request_record, 
 from specdec_core.store.summaries import NO_DRAFT
 
 __all__ = [
-    "KINDS", "NO_DRAFT", "NO_FILTERS", "RED_FLAG_IDS", "Filters", "RedFlag", "acceptance_by_combination",
+    "KINDS", "LoggingGap", "NO_DRAFT", "NO_FILTERS", "RED_FLAG_IDS", "Filters", "RedFlag", "acceptance_by_combination",
     "contaminated_hits", "contamination_window", "filter_options", "headline", "hit_rate_by_combination",
     "hit_rate_over_time", "key_collision_identities", "key_collisions", "key_ratio_by_deployment",
-    "latency_hit_vs_miss", "length_violations", "mismatch_rate_over_time", "mismatch_report",
+    "latency_hit_vs_miss", "length_violations", "logging_gaps", "mismatch_rate_over_time", "mismatch_report",
     "output_length_by_max_tokens", "quarantined_records", "red_flags", "report_counts", "report_csv",
     "request_record", "suspicious_requests", "time_bucket", "write_report",
 ]

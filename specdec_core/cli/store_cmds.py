@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from dataclasses import replace
 
-from specdec_core.analysis import headline
+from specdec_core import formats
+from specdec_core.analysis import headline, logging_gaps, red_flags
 from specdec_core.analysis.report import KINDS, write_report
 from specdec_core.store.connection import Store, StoreError
-from specdec_core.store.ingest import IngestLimits, ingest
+from specdec_core.store.ingest import ingest
 from specdec_core.store.readers import LogReadError
+from specdec_core.store.staging import IngestLimits
 
 
 def _add_db(parser: argparse.ArgumentParser) -> None:
@@ -45,11 +48,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     show_progress = not args.json and sys.stderr.isatty()
     try:
         limits = _limits(args)
-    except ValueError as exc:
+        mapping = formats.load_mapping(args.map) if args.map else None
+    except (ValueError, OSError) as exc:  # a bad limit or mapping file: a usage error, nothing read
         print(f"specdec ingest: {exc}", file=sys.stderr)
         return 2
     try:
-        result = ingest(store, args.paths, progress=_progress_bar(show_progress), limits=limits)
+        result = ingest(store, args.paths, progress=_progress_bar(show_progress), limits=limits,
+                        log_format=args.format, mapping=mapping)
     except LogReadError as exc:
         print(f"specdec ingest: {exc}", file=sys.stderr)
         return 1
@@ -59,8 +64,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json()))
     else:
+        if args.format == "auto" and not args.map:
+            for path, fmt in result.formats:
+                print(f"{path}: {fmt}", file=sys.stderr)
+        skipped = f", skipped {result.skipped}" if result.skipped else ""
         print(f"read {result.read}, accepted {result.accepted}, duplicates {result.duplicates}, "
-              f"quarantined {result.quarantined} ({result.files} file{'s' if result.files != 1 else ''}, "
+              f"quarantined {result.quarantined}{skipped} ({result.files} file{'s' if result.files != 1 else ''}, "
               f"db {store.path})")
         if result.quarantined:
             print("quarantined records and their reasons: table `quarantine`, or the dashboard's sidebar",
@@ -110,8 +119,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if store is None:
         return 1
     h = headline(store)
+    gaps = logging_gaps(store)
     if args.json:
-        print(json.dumps(h, default=str))
+        flags = red_flags(store, head=h)
+        print(json.dumps({**h, "red_flags": [{"id": f.id, "flagged": f.flagged, "evidence": f.evidence}
+                                             for f in flags],
+                          "logging_gaps": [{**dataclasses.asdict(g), "sentence": g.sentence} for g in gaps]},
+                         default=str))
         return 0
 
     def pct(v: float | None) -> str:
@@ -129,15 +143,21 @@ def cmd_stats(args: argparse.Namespace) -> int:
     ]
     for name, value in rows:
         print(f"{name:<26}{value}")
+    for gap in gaps:
+        print(f"{'logging gap':<26}{gap.sentence}")
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("ingest", help="load request logs (JSONL, JSONL.gz, CSV, Parquet)",
+    p = subparsers.add_parser("ingest", help="load request logs (JSONL, JSONL.gz, CSV, Parquet; OTel, LiteLLM)",
                               description="Load request logs; bad records go to quarantine with their reason.")
     p.add_argument("paths", nargs="+", metavar="PATH", help="a file, a folder or a glob")
     _add_db(p)
     p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
+    p.add_argument("--format", choices=("auto", *formats.FORMATS), default="auto",
+                   help="the logs' shape: our contract, OpenTelemetry GenAI spans (OTLP JSON), LiteLLM payloads; "
+                        "auto (default) decides per file from its first record")
+    p.add_argument("--map", metavar="FILE.toml", help="read any JSON Lines through a mapping file")
     p.add_argument("--max-record-bytes", type=int, metavar="N",
                    help="quarantine a record longer than this (default: $SPECDEC_MAX_RECORD_BYTES or 16 MiB)")
     p.add_argument("--max-fields", type=int, metavar="N",

@@ -39,6 +39,9 @@ class MappingError(ValueError):
 class LineResult:
     records: tuple[dict, ...]  # contract records found on the line
     skipped: int = 0  # spans/entries that are not model requests
+    # Each record's input as it was (a span with its resource), to quote it if the record is quarantined;
+    # empty: the line itself is each record's input.
+    origins: tuple[str, ...] = ()
 
 
 def canonical_json(obj: Any) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from .common import (
@@ -184,6 +185,7 @@ def read_line(line: str) -> LineResult:
     if not isinstance(request.get("resourceSpans"), list):
         raise FormatError(f"not {WHAT}: no resourceSpans list")
     records: list[dict] = []
+    origins: list[str] = []
     skipped = 0
     for i, resource_spans in enumerate(request["resourceSpans"]):
         where = f"resourceSpans[{i}]"
@@ -201,4 +203,6 @@ def read_line(line: str) -> LineResult:
                     skipped += 1
                 else:
                     records.append(record)
-    return LineResult(records=tuple(records), skipped=skipped)
+                    origins.append(json.dumps({"resource": resource, "span": span}, ensure_ascii=False,
+                                              separators=(",", ":")))
+    return LineResult(records=tuple(records), skipped=skipped, origins=tuple(origins))

@@ -16,10 +16,11 @@ import math
 import os
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -52,6 +53,10 @@ class RawBatch:
     raws: list[str]
     # Why a record is rejected before any JSON check (bytes that are not UTF-8, a cut-off stream); None: no reason.
     reasons: list[str | None] | None = None
+    # For another log format: each record's input as it was (the raw is its contract record), and how
+    # many entries of these lines are not model requests.
+    origins: list[str | None] | None = None
+    skipped: int = 0
 
 
 def _supported(path: Path) -> bool:
@@ -277,6 +282,48 @@ def read_jsonl(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[
     except (OSError, gzip.BadGzipFile) as exc:
         raise LogReadError(f"{path}: cannot be read: {exc}") from exc
     yield RawBatch(name, numbers, raws, reasons)
+
+
+def first_line(path: Path) -> str | None:
+    """The first non-blank line of a JSON Lines file (decoded leniently: it only decides the format)."""
+    for data, _ in _lines(path):
+        text = data.removeprefix(_BOM).decode("utf-8", "replace")
+        if text.strip():
+            return text
+    return None
+
+
+def read_foreign(path: Path, name: str, reader: Callable[[str], Any]) -> Iterator[RawBatch]:
+    """Lines of another log format (OTel, LiteLLM, a mapping) as contract records, each with its input.
+
+    A line the format can't read is a record rejected with the reader's reason, quoted as it was.
+    """
+    for batch in read_jsonl(path, name):
+        numbers: list[int] = []
+        raws: list[str] = []
+        reasons: list[str | None] = []
+        origins: list[str | None] = []
+        skipped = 0
+        for number, text, reason in zip(batch.line_numbers, batch.raws, batch.reasons or [], strict=True):
+            result = None
+            if reason is None:
+                try:
+                    result = reader(text)
+                except ValueError as exc:  # the format's one-line reason
+                    reason = str(exc)
+            if result is None:
+                numbers.append(number)
+                raws.append(text)
+                reasons.append(reason)
+                origins.append(None)
+                continue
+            skipped += result.skipped
+            for i, record in enumerate(result.records):
+                numbers.append(number)
+                raws.append(json.dumps(record, ensure_ascii=False))
+                reasons.append(None)
+                origins.append(result.origins[i] if result.origins else text)
+        yield RawBatch(name, numbers, raws, reasons, origins, skipped)
 
 
 def _csv_integer(cell: str) -> object:

@@ -106,7 +106,10 @@ def reason_sql() -> str:
     for f in contract.FIELDS:
         name, kind, required, t = f.name, f.kind, f.required, field_type(f.name)
         if required:
-            branches.append(f"WHEN {t} IS NULL THEN 'missing required field: {name}'")
+            # A field the log marks unknown (not null) is no reason to reject the record.
+            unknown = (f" AND NOT coalesce(list_contains(unknown_fields, '{name}'), false)"
+                       if name in contract.UNKNOWABLE_FIELDS else "")
+            branches.append(f"WHEN {t} IS NULL{unknown} THEN 'missing required field: {name}'")
             branches.append(f"WHEN {t} = 'NULL' THEN '{name}: required, got null'")
         got = f"left(CASE WHEN {t} = 'VARCHAR' THEN to_json({field_text(name)})::VARCHAR ELSE {field_text(name)} END, 80)"
         if kind in _BIGINT_KINDS:
@@ -120,7 +123,7 @@ def reason_sql() -> str:
             f"WHEN {cond} THEN '{name}: expected {_EXPECTED[kind]}, got ' || {got}"
         )
     branches.append(
-        "WHEN f_prompt IS NULL AND f_prompt_hash IS NULL "
+        "WHEN f_prompt IS NULL AND f_prompt_hash IS NULL AND NOT coalesce(list_contains(unknown_fields, 'prompt'), false) "
         "THEN 'missing required field: one of prompt or prompt_hash'"
     )
     branches.append(
@@ -142,19 +145,29 @@ def _typed_column(f: contract.Field) -> str:
         value = f"try_cast({value} AS BIGINT)"
     elif f.sql_type == "JSON":
         value = f"{value}::JSON"
-    if f.default is not None:
-        value = f"coalesce({value}, {f.default!r})"
+    if f.default is not None:  # an absent optional field is its default; an unknown one stays unknown
+        value = (f"CASE WHEN coalesce(list_contains(unknown_fields, '{f.name}'), false) THEN NULL "
+                 f"ELSE coalesce({value}, {f.default!r}) END")
     return f"{value} AS {f.name}"
 
 
 def typed_columns_sql() -> str:
     """The stored columns of a valid record, from its typed values; then the fields the contract does not name."""
-    return ",\n".join([*(_typed_column(f) for f in contract.FIELDS), "extra"])
+    return ",\n".join([*(_typed_column(f) for f in contract.FIELDS), "extra", "unknown_fields", "source_link"])
+
+
+# Keys another log format's reader adds to a record (formats.UNKNOWN_KEY, formats.SOURCE_KEY): fields it
+# marks unknown, and a logged source link. Only records with keys beyond the known fields can hold them.
+UNKNOWN_KEY, SOURCE_KEY = "__unknown__", "__source_request_id__"
+UNKNOWN_SQL = (f"CASE WHEN n_keys > n_known THEN nullif(json_extract_string(obj, '$.{UNKNOWN_KEY}[*]'), []) "
+               "END AS unknown_fields")
+SOURCE_LINK_SQL = f"CASE WHEN n_keys > n_known THEN obj ->> '$.{SOURCE_KEY}' END AS source_link"
 
 
 # Fields the contract does not name are kept: a JSON merge patch with null deletes the known ones.
 # Only records with more keys than known fields present have any, so only they are patched.
 EXTRA_SQL = ("CASE WHEN n_keys > n_known THEN nullif(json_merge_patch(obj, '{"
-              + ",".join(f'"{n}":null' for n in FIELD_NAMES) + "}')::VARCHAR, '{}')::JSON END")
+              + ",".join(f'"{n}":null' for n in (*FIELD_NAMES, "__unknown__", "__source_request_id__"))
+              + "}')::VARCHAR, '{}')::JSON END")
 
 

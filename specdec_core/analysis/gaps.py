@@ -1,0 +1,56 @@
+"""Logging gaps: identity fields a log leaves unknown (or never sets) on its cache hits.
+
+Contamination through a field that is unknown on a hit cannot be seen (it is never compared), so
+triage says which fields those are and on how many hits: the fix is to log them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec_core.analysis.query import NO_FILTERS, Filters, df
+from specdec_core.contract import fields as contract
+from specdec_core.store.connection import Store
+
+
+@dataclass(frozen=True)
+class LoggingGap:
+    field: str
+    hits: int  # hits in the selection
+    unknown_hits: int  # hits on which the log marks the field unknown
+    never_set: bool  # null on every request of the selection: never logged, or never used
+
+    @property
+    def sentence(self) -> str:
+        if self.unknown_hits:
+            return (f"{self.field} unknown on {self.unknown_hits:,} of {self.hits:,} hits: contamination through "
+                    "it cannot be seen here; log it")
+        return f"{self.field} is never set in this log: if requests do vary in it, log it"
+
+
+def _gaps_sql() -> str:
+    counts = ",\n".join(
+        f"count(*) FILTER (WHERE r.cache_hit AND list_contains(r.unknown_fields, '{name}')) AS \"unknown:{name}\", "
+        f"count(r.{name}) = 0 AND count(*) FILTER (WHERE list_contains(r.unknown_fields, '{name}')) = 0 "
+        f"AS \"never:{name}\""
+        for name in contract.IDENTITY_FIELDS if name not in ("prompt", "target_model"))
+    return f"SELECT count(*) FILTER (WHERE r.cache_hit) AS hits,\n{counts}\nFROM requests r WHERE {{where}}"
+
+
+# Fields whose null is a real value the contract defines (no draft, no seed, no stop): never set is no gap.
+_NULL_IS_A_VALUE = frozenset({"draft_model", "num_speculative_tokens", "seed", "stop", "top_k"})
+
+
+def logging_gaps(store: Store, filters: Filters = NO_FILTERS) -> list[LoggingGap]:
+    """Identity fields unknown on some hits, then required ones never set, in the contract's order."""
+    row = df(store, _gaps_sql(), filters).iloc[0]
+    hits = int(row["hits"])
+    gaps = []
+    for name in contract.IDENTITY_FIELDS:
+        if f"unknown:{name}" not in row:
+            continue
+        unknown = int(row[f"unknown:{name}"])
+        never = bool(row[f"never:{name}"]) and name not in _NULL_IS_A_VALUE
+        if unknown or never:
+            gaps.append(LoggingGap(name, hits, unknown, never and not unknown))
+    return gaps

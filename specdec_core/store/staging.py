@@ -1,0 +1,189 @@
+"""Stage a log file's lines, as they were, into a temp table for the one SQL pass that checks them.
+
+Contract JSON Lines go through DuckDB's own line reader (in parallel, in file order); anything it
+can't take, CSV, Parquet and the other log formats go through the Python readers. Records that the
+JSON checks must not see (too large, too wide, already rejected while reading) are set aside first.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from specdec_core.store.connection import scalar
+from specdec_core.store.readers import JSONL_SUFFIXES, duckdb_literal_path, read_file, read_foreign
+
+
+@dataclass(frozen=True)
+class IngestLimits:
+    """What one record may cost; a record past either limit is quarantined with why, and the rest loads.
+
+    Without them one record can take the whole ingest down: checking a 40 MB line runs DuckDB out
+    of memory, as does one with thousands of fields. 16 MiB and 1,000 fields sit far above any
+    real request log line and far below what the checks need 1 GB for.
+    """
+
+    max_record_bytes: int = 16 * 1024 * 1024
+    max_fields: int = 1000
+
+    @classmethod
+    def from_env(cls) -> IngestLimits:
+        """The defaults, or $SPECDEC_MAX_RECORD_BYTES and $SPECDEC_MAX_FIELDS where set."""
+        values = {}
+        for field, var in (("max_record_bytes", "SPECDEC_MAX_RECORD_BYTES"), ("max_fields", "SPECDEC_MAX_FIELDS")):
+            text = os.environ.get(var)
+            if text:
+                try:
+                    values[field] = int(text)
+                except ValueError:
+                    raise ValueError(f"${var}: expected a whole number, got {text!r}") from None
+                if values[field] < 1:
+                    raise ValueError(f"${var}: expected a number >= 1, got {text!r}")
+        return cls(**values)
+
+
+def _bytes_text(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n:,} bytes"
+
+
+# DuckDB reads JSON Lines as raw lines, in parallel and in file order (insertion order is kept, so a
+# row's rowid is its line number - 1); the separator is a control character, so a line holding one
+# fails the strict read and the file is read by the Python reader instead, which takes anything.
+# So does a line past the size limit: the Python reader hands it over for quarantine.
+_RAW_LINES_SQL = (
+    "CREATE OR REPLACE TEMP TABLE {table} AS SELECT raw FROM read_csv(?, columns = {{'raw': 'VARCHAR'}}, "
+    "delim = chr(1), quote = '', escape = '', header = false, auto_detect = false, strict_mode = true, "
+    "max_line_size = {max_line_size})"
+)
+
+
+@dataclass(frozen=True)
+class Lines:
+    """One file's lines in a temp table, listed by `sql` as (seq, source_line, raw, pre_reason)."""
+
+    table: str
+    first_seq: int
+    count: int  # rows in the table, blank lines included: the seq values this file uses
+    sql: str
+    # What a rejected record is quoted as: `raw`, or for another log format the input it came from.
+    quote_sql: str = "raw"
+    skipped: int = 0  # entries of another log format that are not model requests
+
+
+def _lines_end_in_newlines(path: Path) -> bool:
+    """Whether DuckDB's line reader would split this file where we do, at LF only.
+
+    DuckDB takes a lone CR for the line end when the file shows no LF early on; where it has
+    both, the strict read fails and the Python reader takes over, as it should.
+    """
+    try:
+        with (gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")) as fh:
+            sample = fh.read(1 << 20)
+    except (OSError, EOFError, zlib.error):
+        return True  # DuckDB's read fails as well, and the Python reader says what is wrong
+    return b"\n" in sample or b"\r" not in sample
+
+
+def stage_file(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: int,
+               limits: IngestLimits, reader: Callable[[str], Any] | None = None) -> Lines:
+    """Load a file's lines or records, as they were, into the temp table `table`.
+
+    `reader`: the line reader of another log format (formats.line_reader); None: the contract's own.
+    """
+    name = str(path.resolve())
+    if reader is not None:
+        return _stage_foreign(con, path, name, table, first_seq, reader)
+    if path.name.lower().endswith(JSONL_SUFFIXES) and _lines_end_in_newlines(path):
+        try:
+            with duckdb_literal_path(path) as literal:
+                con.execute(_RAW_LINES_SQL.format(table=table, max_line_size=limits.max_record_bytes), [literal])
+        except duckdb.InterruptException:
+            raise
+        except duckdb.Error:
+            pass  # not clean UTF-8 text, a control character in a line, a huge line: the Python reader copes
+        else:
+            count = scalar(con, f"SELECT count(*) FROM {table}")
+            return Lines(table, first_seq, count, f"SELECT {first_seq} + rowid AS seq, rowid + 1 AS source_line, "
+                                                   f"raw, NULL::VARCHAR AS pre_reason FROM {table}")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (source_line BIGINT, raw VARCHAR, pre_reason VARCHAR)")
+    for chunk in read_file(path, resolved_name=name):
+        reasons = chunk.reasons if chunk.reasons is not None else [None] * len(chunk.raws)
+        con.register("chunk_arrow", pa.table({"source_line": pa.array(chunk.line_numbers, pa.int64()),
+                                              "raw": pa.array(chunk.raws, pa.string()),
+                                              "pre_reason": pa.array(reasons, pa.string())}))
+        con.execute(f"INSERT INTO {table} SELECT * FROM chunk_arrow")
+        con.unregister("chunk_arrow")
+    count = scalar(con, f"SELECT count(*) FROM {table}")
+    return Lines(table, first_seq, count,
+                  f"SELECT {first_seq} + rowid AS seq, source_line, raw, pre_reason FROM {table}")
+
+
+def _stage_foreign(con: duckdb.DuckDBPyConnection, path: Path, name: str, table: str, first_seq: int,
+                   reader: Callable[[str], Any]) -> Lines:
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (source_line BIGINT, raw VARCHAR, pre_reason VARCHAR, "
+                "origin VARCHAR)")
+    skipped = 0
+    for chunk in read_foreign(path, name, reader):
+        skipped += chunk.skipped
+        con.register("chunk_arrow", pa.table({"source_line": pa.array(chunk.line_numbers, pa.int64()),
+                                              "raw": pa.array(chunk.raws, pa.string()),
+                                              "pre_reason": pa.array(chunk.reasons, pa.string()),
+                                              "origin": pa.array(chunk.origins, pa.string())}))
+        con.execute(f"INSERT INTO {table} SELECT * FROM chunk_arrow")
+        con.unregister("chunk_arrow")
+    count = scalar(con, f"SELECT count(*) FROM {table}")
+    return Lines(table, first_seq, count,
+                 f"SELECT {first_seq} + rowid AS seq, source_line, raw, pre_reason FROM {table}",
+                 quote_sql="coalesce(origin, raw)", skipped=skipped)
+
+
+def set_aside(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, limits: IngestLimits
+               ) -> tuple[Lines, int]:
+    """Reject, into `checked`, the records the JSON checks must not see: too large, too wide, or already judged.
+
+    Returns the file's lines without those, and how many there were. Only lines long enough to
+    hold more fields than allowed (each takes at least 5 bytes, `"":0,`) are parsed here.
+    """
+    wide_from = 5 * limits.max_fields
+    rows = con.execute(f"""
+        SELECT seq, source_line, pre_reason, size, n_fields FROM (
+            SELECT seq, source_line, pre_reason, strlen(raw) AS size,
+                   CASE WHEN pre_reason IS NOT NULL OR strlen(raw) > {limits.max_record_bytes} THEN NULL
+                        WHEN strlen(raw) > {wide_from} AND json_valid(raw) AND json_type(raw) = 'OBJECT'
+                        THEN len(json_keys(raw)) END AS n_fields
+            FROM ({lines.sql}) WHERE raw IS NOT NULL
+        ) WHERE pre_reason IS NOT NULL OR size > {limits.max_record_bytes} OR n_fields > {limits.max_fields}
+    """).fetchall()
+    if not rows:
+        return lines, 0
+    limit_text = _bytes_text(limits.max_record_bytes)
+    reasons = [pre or (f"record too large: {size:,} bytes (limit {limit_text})" if size > limits.max_record_bytes
+                       else f"too many fields: {n_fields} (limit {limits.max_fields})")
+               for _, _, pre, size, n_fields in rows]
+    aside = f"{lines.table}_aside"
+    con.register("aside_arrow", pa.table({"seq": pa.array([r[0] for r in rows], pa.int64()),
+                                          "source_line": pa.array([r[1] for r in rows], pa.int64()),
+                                          "reason": pa.array(reasons, pa.string())}))
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {aside} AS SELECT * FROM aside_arrow")
+    con.unregister("aside_arrow")
+    con.execute(f"INSERT INTO checked (seq, source_file, source_line, reason) "
+                f"SELECT seq, ?, source_line, reason FROM {aside}", [source_file])
+    rest = replace(lines, sql=f"SELECT * FROM ({lines.sql}) WHERE seq NOT IN (SELECT seq FROM {aside})")
+    return rest, len(rows)
+
+
+NO_LINES = Lines("", 0, 0, "SELECT NULL::BIGINT AS seq, NULL::BIGINT AS source_line, NULL::VARCHAR AS raw, "
+                             "NULL::VARCHAR AS pre_reason LIMIT 0")
+
+

@@ -1,0 +1,165 @@
+"""`specdec ingest --format otel|litellm|auto` and `--map` on fixtures made by the real libraries
+(tests/fixtures/formats: LiteLLM 1.110 payloads, OpenTelemetry SDK spans), against their known answers."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from helpers import run_cli
+
+from specdec_core import analysis
+from specdec_core.store import Store
+
+FIXTURES = Path(__file__).parent / "fixtures" / "formats"
+TRUTH = json.loads((FIXTURES / "truth.json").read_text())
+COUNTS = ("read", "accepted", "duplicates", "quarantined", "skipped")
+
+
+def ingest(tmp_path: Path, name: str, *options: str) -> tuple[dict, Path]:
+    db = tmp_path / "store.duckdb"
+    done = run_cli("ingest", str(FIXTURES / name), "--db", str(db), "--json", *options)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), db
+
+
+def report_rows(db: Path, tmp_path: Path) -> list[dict]:
+    out = tmp_path / "report.csv"
+    done = run_cli("report", "--db", str(db), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    with open(out, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def contaminated(rows: list[dict]) -> dict[str, tuple[str, str]]:
+    return {r["request_id"]: (r["source_request_id"], r["differing_fields"])
+            for r in rows if r["kind"] == "contaminated_hit"}
+
+
+def expected_contaminated(truth: dict) -> dict[str, tuple[str, str]]:
+    return {c["request_id"]: (c["source_request_id"], c["differing_fields"]) for c in truth["contaminated"]}
+
+
+@pytest.mark.parametrize(("name", "fmt"), [("otel_spans.jsonl", "otel"), ("litellm_payloads.jsonl", "litellm")])
+def test_counts_contamination_and_length_violations_match_the_known_answers(name, fmt, tmp_path):
+    truth = TRUTH[name]
+    counts, db = ingest(tmp_path, name, "--format", fmt)
+    assert {k: counts[k] for k in COUNTS} == truth["counts"]
+    rows = report_rows(db, tmp_path)
+    assert contaminated(rows) == expected_contaminated(truth)
+    assert {r["request_id"] for r in rows if r["kind"] == "length_violation"} == \
+        {v["request_id"] for v in truth["length_violations"]}
+
+
+@pytest.mark.parametrize("name", ["otel_spans.jsonl", "litellm_payloads.jsonl"])
+def test_auto_picks_the_format_from_the_first_record_and_says_so(name, tmp_path):
+    db = tmp_path / "auto.duckdb"
+    done = run_cli("ingest", str(FIXTURES / name), "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    fmt = "otel" if name.startswith("otel") else "litellm"
+    assert f"{name}: {fmt}" in done.stdout + done.stderr
+    assert json.loads(run_cli("stats", "--json", "--db", str(db)).stdout)["requests"] == \
+        TRUTH[name]["counts"]["accepted"]
+
+
+def _as_utc(text: str) -> datetime:
+    # The store keeps microseconds: nanoseconds in the log are cut, not rounded.
+    head, _, frac = text.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").astimezone(timezone.utc)
+
+
+def _assert_stored_as(db: Path, expected: dict, unknown: list[str] | None = None) -> None:
+    stored = analysis.request_record(Store(db), expected["request_id"])
+    assert stored is not None, expected["request_id"]
+    for field, value in expected.items():
+        got = stored[field]
+        if field == "ts":
+            assert got == _as_utc(value)
+        elif field == "top_p" and value is None:
+            assert got == 1.0  # the contract's default
+        elif field == "stop" and value is not None:
+            assert list(got) == value
+        elif isinstance(value, float):
+            assert math.isclose(got, value, rel_tol=1e-9), (field, got, value)
+        else:
+            assert got == value, (field, got, value)
+    if unknown is not None:
+        assert sorted(stored["unknown_fields"] or []) == sorted(unknown)
+
+
+@pytest.mark.parametrize(("name", "fmt"), [("otel_spans.jsonl", "otel"), ("litellm_payloads.jsonl", "litellm")])
+def test_records_are_mapped_field_by_field_as_the_contract_says(name, fmt, tmp_path):
+    _, db = ingest(tmp_path, name, "--format", fmt)
+    for case in TRUTH[name]["expected_records"].values():
+        _assert_stored_as(db, case["record"], case.get("unknown_fields"))
+
+
+def test_a_litellm_hit_differing_only_in_unknown_fields_is_not_contaminated_and_the_gap_is_said(tmp_path):
+    truth = TRUTH["litellm_payloads.jsonl"]
+    _, db = ingest(tmp_path, "litellm_payloads.jsonl", "--format", "litellm")
+    found = contaminated(report_rows(db, tmp_path))
+    for case in truth["invisible_contamination"]:
+        assert case["request_id"] not in found
+    stats = json.loads(run_cli("stats", "--json", "--db", str(db)).stdout)
+    gaps = {g["field"]: g for g in stats["logging_gaps"]}
+    hits = truth["unknown_on_hits"]["hits"]
+    for field, n in truth["unknown_on_hits"]["fields"].items():
+        assert gaps[field]["unknown_hits"] == n and gaps[field]["hits"] == hits
+    assert f"max_tokens unknown on {hits} of {hits} hits" in run_cli("stats", "--db", str(db)).stdout
+
+
+def test_a_litellm_miss_takes_the_cache_key_of_the_hits_it_sourced(tmp_path):
+    truth = TRUTH["litellm_payloads.jsonl"]
+    _, db = ingest(tmp_path, "litellm_payloads.jsonl", "--format", "litellm")
+    for label, key in truth["miss_cache_keys"].items():
+        assert analysis.request_record(Store(db), truth["labels"][label])["cache_key"] == key
+
+
+def test_a_logged_source_link_wins_over_deployment_and_time(tmp_path):
+    truth = TRUTH["litellm_payloads.jsonl"]
+    _, db = ingest(tmp_path, "litellm_payloads.jsonl", "--format", "litellm")
+    h14 = analysis.request_record(Store(db), truth["labels"]["H14"])
+    assert h14["source_request_id"] == truth["labels"]["M1"] and h14["deployment"] != "dep-a"
+
+
+@pytest.mark.parametrize(("name", "fmt"), [("otel_bad.jsonl", "otel"), ("litellm_bad.jsonl", "litellm")])
+def test_bad_lines_are_quarantined_with_their_line_and_the_rest_loads(name, fmt, tmp_path):
+    truth = TRUTH[name]
+    counts, db = ingest(tmp_path, name, "--format", fmt)
+    assert {k: counts[k] for k in COUNTS} == truth["counts"]
+    quarantined = analysis.quarantined_records(Store(db))
+    assert sorted(quarantined["source_line"]) == sorted(q["line"] for q in truth["quarantine"])
+    assert all(r and "\n" not in r for r in quarantined["reason"])
+    with Store(db).read() as con:
+        accepted = {r[0] for r in con.execute("SELECT request_id FROM requests").fetchall()}
+    assert accepted == set(truth["accepted_request_ids"])
+
+
+def test_a_mapping_file_reads_any_json_lines(tmp_path):
+    truth = TRUTH["mapping/custom.jsonl"]["custom_map.toml"]
+    counts, db = ingest(tmp_path, "mapping/custom.jsonl", "--map", str(FIXTURES / "mapping" / "custom_map.toml"))
+    assert {k: counts[k] for k in COUNTS} == truth["counts"]
+    rows = report_rows(db, tmp_path)
+    assert contaminated(rows) == expected_contaminated(truth)
+    for case in truth["expected_records"].values():
+        _assert_stored_as(db, case["record"])
+
+
+def test_a_mapping_to_a_missing_path_quarantines_every_record_naming_the_field(tmp_path):
+    counts, db = ingest(tmp_path, "mapping/custom.jsonl", "--map", str(FIXTURES / "mapping" / "bad_map.toml"))
+    assert {k: counts[k] for k in COUNTS} == TRUTH["mapping/custom.jsonl"]["bad_map.toml"]["counts"]
+    assert set(analysis.quarantined_records(Store(db))["reason"]) == {"missing required field: output_text"}
+
+
+@pytest.mark.parametrize(("mapping", "named"), [("invalid_map.toml", "temprature"), ("invalid_unit_map.toml", "minutes")])
+def test_a_bad_mapping_file_is_a_one_line_usage_error_naming_the_field(mapping, named, tmp_path):
+    db = tmp_path / "none.duckdb"
+    done = run_cli("ingest", str(FIXTURES / "mapping" / "custom.jsonl"), "--db", str(db),
+                   "--map", str(FIXTURES / "mapping" / mapping))
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and named in done.stderr
+    assert not db.exists()
