@@ -119,7 +119,7 @@ def time_range(options: dict) -> tuple:
 
 
 def filter_widgets() -> Filters:
-    options = ui.cached(metrics.filter_options)
+    options = ui.cached(metrics.filter_options, span_limits=ui.SLIDER_LIMITS)
     start, end = time_range(options)
     chosen = {}
     for key, label, format_func in (

@@ -12,7 +12,7 @@ import string
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,6 +43,9 @@ PAGE_FILES = {
 }
 
 T = TypeVar("T")
+
+# Streamlit's slider places dates exactly from 1684 to 2255: the time filter spans no further.
+SLIDER_LIMITS = (datetime(1700, 1, 1, tzinfo=timezone.utc), datetime(2250, 1, 1, tzinfo=timezone.utc))
 
 
 # --- the database and filters of this session --------------------------------------------------------------
@@ -116,7 +119,7 @@ def has_data() -> bool:
     db = store()
     if not db.exists:
         return False
-    return cached(metrics.filter_options)["start"] is not None
+    return cached(metrics.filter_options, span_limits=SLIDER_LIMITS)["start"] is not None
 
 
 def require_data() -> None:

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,52 +20,14 @@ from pathlib import Path
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from helpers import free_port, start_redis  # noqa: E402  (the tests' own launcher)
 
 from specdec_core.cache import CacheStats, RedisCache, decode_entry, encode_entry  # noqa: E402
 from specdec_core.contract.identity import DecodeRequest, identity  # noqa: E402
 from specdec_core.contract.result import DecodeResult  # noqa: E402
 from specdec_core.keys.schemes import cache_key  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_redis(port: int, workdir: str) -> subprocess.Popen:
-    executable = shutil.which("redis-server") or "/usr/bin/redis-server"
-    proc = subprocess.Popen(
-        [
-            executable,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            workdir,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    probe = redis.Redis(port=port, socket_connect_timeout=0.2)
-    deadline = time.monotonic() + 10
-    try:
-        while True:
-            try:
-                probe.ping()
-                return proc
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    proc.kill()
-                    sys.exit(f"redis-server did not start on port {port}; is {executable} installed?")
-                time.sleep(0.05)
-    finally:
-        probe.close()
 
 
 def workload(n: int, seed: int = 0) -> tuple[list[str], list[dict], list[DecodeResult]]:

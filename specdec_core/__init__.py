@@ -20,7 +20,7 @@ from specdec_core.contract import (
     fingerprint,
     identity,
 )
-from specdec_core.keys import SCHEMA_VERSION, cache_key, key_scheme
+from specdec_core.keys import KEY_SCHEMA_VERSION, cache_key, key_scheme
 
 # name -> module that defines it; imported when first touched.
 _LAZY: dict[str, str] = {
@@ -55,7 +55,7 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "FIELDS",
     "IDENTITY_FIELDS",
-    "SCHEMA_VERSION",
+    "KEY_SCHEMA_VERSION",
     "DecodeRequest",
     "DecodeResult",
     "cache_key",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -112,3 +114,36 @@ class DeterministicEngine:
             draft_tokens=2 * n,
             accepted_tokens=n,
         )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_redis(port: int, workdir: str | Path) -> subprocess.Popen:
+    """A redis-server of our own on 127.0.0.1:`port` (no persistence), once it answers PING.
+
+    For tests that kill or stop it, and for the benchmarks; other tests use pytest-redis.
+    """
+    import redis
+
+    executable = shutil.which("redis-server") or "/usr/bin/redis-server"
+    proc = subprocess.Popen([executable, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                             "no", "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port, socket_connect_timeout=0.2)
+    deadline = time.monotonic() + 10
+    try:
+        while True:
+            try:
+                client.ping()
+                return proc
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    proc.kill()
+                    raise RuntimeError(f"redis-server did not start on port {port}; is {executable} installed?") \
+                        from None
+                time.sleep(0.05)
+    finally:
+        client.close()

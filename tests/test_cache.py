@@ -22,7 +22,7 @@ from specdec_core.cache import (
 )
 from specdec_core.contract.identity import DecodeRequest, fingerprint, identity
 from specdec_core.contract.result import DecodeResult
-from specdec_core.keys.schemes import SCHEMA_VERSION, cache_key
+from specdec_core.keys.schemes import KEY_SCHEMA_VERSION, cache_key
 
 REQ_A = DecodeRequest(
     prompt="Explain speculative decoding.",
@@ -98,7 +98,7 @@ def test_memory_cache_stores_the_same_json_entry_as_redis():
     assert set(entry) == {"identity", "fingerprint", "result", "schema", "written_at"}
     assert entry["identity"] == identity(REQ_A)
     assert entry["fingerprint"] == fingerprint(REQ_A)
-    assert entry["schema"] == SCHEMA_VERSION
+    assert entry["schema"] == KEY_SCHEMA_VERSION
     assert entry["result"]["text"] == RESULT_A.text
     # int lists as base64 of little-endian int32: 5, 6, 7
     assert base64.b64decode(entry["result"]["token_ids"]) == bytes([5, 0, 0, 0, 6, 0, 0, 0, 7, 0, 0, 0])
@@ -204,12 +204,12 @@ def test_unguarded_read_returns_whatever_is_stored_under_the_key():
         "[1, 2, 3]",
         json.dumps({"text": "an old-schema value: a bare result", "token_ids": []}),
         json.dumps({"schema": "v0", "identity": {}, "result": RESULT_A.to_json()}),
-        json.dumps({"schema": SCHEMA_VERSION, "result": RESULT_A.to_json()}),  # no identity
-        json.dumps({"schema": SCHEMA_VERSION, "identity": {"prompt": "x"}, "result": RESULT_A.to_json()}),
-        json.dumps({"schema": SCHEMA_VERSION, "identity": identity(REQ_A), "result": {"no_text": 1}}),
+        json.dumps({"schema": KEY_SCHEMA_VERSION, "result": RESULT_A.to_json()}),  # no identity
+        json.dumps({"schema": KEY_SCHEMA_VERSION, "identity": {"prompt": "x"}, "result": RESULT_A.to_json()}),
+        json.dumps({"schema": KEY_SCHEMA_VERSION, "identity": identity(REQ_A), "result": {"no_text": 1}}),
         json.dumps(
             {
-                "schema": SCHEMA_VERSION,
+                "schema": KEY_SCHEMA_VERSION,
                 "identity": identity(REQ_A),
                 "result": dict(RESULT_A.to_json(), token_ids="AQI"),
             }
@@ -241,7 +241,7 @@ def test_unreadable_value_is_a_counted_corrupt_miss(raw, caplog):
 
 def test_unguarded_read_of_an_entry_without_identity_is_a_hit_with_no_cached_identity():
     cache = MemoryCache()
-    cache.set_raw("k", json.dumps({"schema": SCHEMA_VERSION, "result": RESULT_A.to_json()}))
+    cache.set_raw("k", json.dumps({"schema": KEY_SCHEMA_VERSION, "result": RESULT_A.to_json()}))
     assert cache.get("k", None) == CacheRead(RESULT_A, "hit", None)
 
 

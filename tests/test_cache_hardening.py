@@ -16,7 +16,7 @@ import pytest
 from specdec_core.cache import CacheRead, CacheStats, MemoryCache, RedisCache, decode_entry
 from specdec_core.contract.identity import DecodeRequest, identity
 from specdec_core.contract.result import DecodeResult
-from specdec_core.keys.schemes import SCHEMA_VERSION
+from specdec_core.keys.schemes import KEY_SCHEMA_VERSION
 
 REQ = DecodeRequest(
     prompt="Explain speculative decoding.",
@@ -43,7 +43,7 @@ RESULT = DecodeResult(
 def _entry(**result_fields: Any) -> str:
     """An entry with the right identity whose result has `result_fields` replaced."""
     return json.dumps(
-        {"schema": SCHEMA_VERSION, "identity": identity(REQ), "result": {**RESULT.to_json(), **result_fields}}
+        {"schema": KEY_SCHEMA_VERSION, "identity": identity(REQ), "result": {**RESULT.to_json(), **result_fields}}
     )
 
 

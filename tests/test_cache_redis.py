@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import redis
-from helpers import DeterministicEngine
+from helpers import DeterministicEngine, free_port, start_redis
 
 from specdec_core.cache import CacheError, CacheRead, RedisCache, encode_entry, open_cache
 from specdec_core.contract.identity import DecodeRequest, fingerprint, identity
 from specdec_core.contract.result import DecodeResult
 from specdec_core.keys.schemes import cache_key, key_scheme
 from specdec_core.service import DecodeService
-
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-pytestmark = pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason="redis-server is not installed")
 
 REQ_A = DecodeRequest(
     prompt="Why is my hit rate 97%?",
@@ -170,49 +162,10 @@ def test_wrong_type_under_the_key_is_an_error_not_an_exception(cache, redisdb):
 # --- a dedicated server this module may kill ----------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_redis(port: int, workdir: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [
-            REDIS_SERVER,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port, socket_connect_timeout=0.2)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            return proc
-        except redis.ConnectionError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError(f"redis-server did not start on port {port}") from None
-            time.sleep(0.05)
-        finally:
-            client.close()
-
-
 @pytest.fixture
 def own_redis(tmp_path) -> Iterator[dict]:
-    port = _free_port()
-    server = {"port": port, "proc": _start_redis(port, tmp_path), "dir": tmp_path}
+    port = free_port()
+    server = {"port": port, "proc": start_redis(port, tmp_path), "dir": tmp_path}
     yield server
     proc = server["proc"]
     if proc.poll() is None:
@@ -243,7 +196,7 @@ def test_service_keeps_answering_when_redis_is_killed_mid_run_and_recovers(own_r
     assert service.counters()["errors"] == 0
     assert any(getattr(r, "event", None) == "cache_error" for r in caplog.records)
 
-    own_redis["proc"] = _start_redis(own_redis["port"], own_redis["dir"])
+    own_redis["proc"] = start_redis(own_redis["port"], own_redis["dir"])
     time.sleep(0.35)  # the pause after a failure
     service.decode(REQ_A)
     assert service.decode(REQ_A) == first
@@ -275,7 +228,7 @@ def test_delete_namespace_on_a_dead_redis_raises_a_clear_error(own_redis):
 
 
 def test_unreachable_cluster_url_is_a_miss_not_an_exception():
-    cache = open_cache(f"redis+cluster://127.0.0.1:{_free_port()}")
+    cache = open_cache(f"redis+cluster://127.0.0.1:{free_port()}")
     assert cache.is_cluster
     assert cache.get("specdec:default:v1:k", identity(REQ_A)) == CacheRead(None, "error")
     cache.set("specdec:default:v1:k", _result("x"), identity(REQ_A))
@@ -299,7 +252,7 @@ def test_a_stopped_redis_opens_the_breaker_and_a_probe_closes_it_when_redis_is_b
         "state": "open", "consecutive_failures": 3, "opens": 1, "probes": 0, "short_circuits": 10
     }
 
-    own_redis["proc"] = _start_redis(own_redis["port"], own_redis["dir"])
+    own_redis["proc"] = start_redis(own_redis["port"], own_redis["dir"])
     assert cache.get(key, identity(REQ_A)).status == "error"  # still inside the interval: not asked
     time.sleep(0.55)
     assert cache.get(key, identity(REQ_A)).status == "miss"  # the probe reached the fresh server

@@ -14,7 +14,7 @@ import pytest
 from specdec_core.contract.identity import IDENTITY_FIELDS, DecodeRequest, sha256_hex
 from specdec_core.keys.schemes import (
     KEY_SCHEMES,
-    SCHEMA_VERSION,
+    KEY_SCHEMA_VERSION,
     cache_key,
     key_scheme,
     model_prompt_key,
@@ -63,7 +63,7 @@ def test_changing_an_identity_field_changes_the_cache_key(field, value):
 
 def test_cache_key_carries_namespace_and_schema_version():
     key = cache_key(BASE, "exp-42")
-    assert key.startswith(namespace_prefix("exp-42") + SCHEMA_VERSION + ":")
+    assert key.startswith(namespace_prefix("exp-42") + KEY_SCHEMA_VERSION + ":")
     assert cache_key(BASE, "exp-42") != cache_key(BASE, "exp-43")
 
 

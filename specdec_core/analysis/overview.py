@@ -17,7 +17,9 @@ from specdec_core.store import summaries as summary
 from specdec_core.store.connection import Store
 
 
-def filter_options(store: Store) -> dict[str, Any]:
+def filter_options(store: Store, span_limits: tuple[datetime, datetime] | None = None) -> dict[str, Any]:
+    """What the filters can choose from, and the span a time control should cover: the bulk of the requests,
+    within `span_limits` (a face's own bounds on what it can show; default: what a datetime can hold)."""
     with store.read() as con:
         def values(sql: str) -> list[str]:
             return [row[0] for row in con.execute(sql).fetchall()]
@@ -28,7 +30,7 @@ def filter_options(store: Store) -> dict[str, Any]:
         else:
             start, end = con.execute("SELECT min(ts), max(ts) FROM requests").fetchall()[0]
             table, deployment, draft = "requests r", "coalesce(deployment, '')", draft_label()
-        span_start, span_end, outside = _time_span(con, start, end)
+        span_start, span_end, outside = _time_span(con, start, end, span_limits or DATETIME_LIMITS)
         return {
             "deployments": values(f"SELECT DISTINCT {deployment} FROM {table} ORDER BY 1"),
             "target_models": values(f"SELECT DISTINCT target_model FROM {table} ORDER BY 1"),
@@ -42,32 +44,32 @@ def filter_options(store: Store) -> dict[str, Any]:
         }
 
 
-# A time control spans the years a browser can place exactly (Streamlit's slider: 1684 to 2255) ...
-SPAN_LIMITS = (datetime(1700, 1, 1, tzinfo=timezone.utc), datetime(2250, 1, 1, tzinfo=timezone.utc))
-# ... and the bulk of the requests: a log whose clock was unset for a few lines (epoch 0, year 1) keeps
+# A time span stays within its limits (by default, away from datetime's own year 1 and 9999) and covers
+# the bulk of the requests: a log whose clock was unset for a few lines (epoch 0, year 1) keeps
 # an incident's hour selectable. The bulk is the 1st to 99th percentile, widened by its own width (at
 # least an hour) on each side: a log spread evenly over its range keeps all of it.
 SPAN_QUANTILES = (0.01, 0.99)
+DATETIME_LIMITS = (datetime(2, 1, 1, tzinfo=timezone.utc), datetime(9998, 12, 31, tzinfo=timezone.utc))
 
 
-def _time_span(con: Any, start: Any, end: Any) -> tuple[Any, Any, int]:
+def _time_span(con: Any, start: Any, end: Any, limits: tuple[datetime, datetime]) -> tuple[Any, Any, int]:
     if start is None:
         return None, None, 0
-    if SPAN_LIMITS[0] <= start and end <= SPAN_LIMITS[1] and (end - start).days <= 366:
+    if limits[0] <= start and end <= limits[1] and (end - start).days <= 366:
         return start, end, 0  # no outliers worth the scan
     low, high = con.execute("SELECT quantile_disc(ts, ?), quantile_disc(ts, ?) FROM requests",
                             list(SPAN_QUANTILES)).fetchall()[0]
     margin = max(high - low, timedelta(hours=1))
-    # The window's bounds, kept within the limits (and away from datetime's own year 1 and 9999) ...
-    low = low - margin if low - SPAN_LIMITS[0] > margin else SPAN_LIMITS[0]
-    high = high + margin if SPAN_LIMITS[1] - high > margin else SPAN_LIMITS[1]
+    # The window's bounds, kept within the limits ...
+    low = low - margin if low - limits[0] > margin else limits[0]
+    high = high + margin if limits[1] - high > margin else limits[1]
     # ... then the first and last requests inside it.
     low, high, outside = con.execute(
         "SELECT min(ts) FILTER (WHERE ts >= $1), max(ts) FILTER (WHERE ts <= $2), "
-        "count(*) FILTER (WHERE ts < $1 OR ts > $2) FROM requests", [max(low, SPAN_LIMITS[0]), min(high, SPAN_LIMITS[1])]
+        "count(*) FILTER (WHERE ts < $1 OR ts > $2) FROM requests", [max(low, limits[0]), min(high, limits[1])]
     ).fetchall()[0]
     if low is None:  # every request lies beyond the limits
-        low = high = min(max(start, SPAN_LIMITS[0]), SPAN_LIMITS[1])
+        low = high = min(max(start, limits[0]), limits[1])
     return low, high, outside
 
 

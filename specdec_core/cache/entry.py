@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from specdec_core.contract.identity import canonicalize_identity, differing_fields, fingerprint_of_identity
 from specdec_core.contract.result import DecodeResult
-from specdec_core.keys.schemes import SCHEMA_VERSION
+from specdec_core.keys.schemes import KEY_SCHEMA_VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def encode_entry(result: DecodeResult, identity: Mapping[str, Any]) -> str:
         result_json[name] = _pack_ints(result_json[name])
     return (
         f'{{"identity":{identity_json},"fingerprint":"{fingerprint}",'
-        f'"result":{_ENTRY_ENCODER.encode(result_json)},"schema":{_ENTRY_ENCODER.encode(SCHEMA_VERSION)},'
+        f'"result":{_ENTRY_ENCODER.encode(result_json)},"schema":{_ENTRY_ENCODER.encode(KEY_SCHEMA_VERSION)},'
         f'"written_at":"{_utc_now_rfc3339()}"}}'
     )
 
@@ -246,8 +246,8 @@ def decode_entry(
         return CacheRead(None, "miss")
     try:
         entry = json.loads(raw)
-        if not isinstance(entry, dict) or entry.get("schema") != SCHEMA_VERSION:
-            raise ValueError(f"not a {SCHEMA_VERSION} cache entry")
+        if not isinstance(entry, dict) or entry.get("schema") != KEY_SCHEMA_VERSION:
+            raise ValueError(f"not a {KEY_SCHEMA_VERSION} cache entry")
         result = _result_from_entry(entry["result"])
         stored = entry.get("identity")
         if stored is not None and not isinstance(stored, dict):

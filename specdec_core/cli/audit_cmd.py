@@ -21,7 +21,10 @@ def register(subparsers: Any) -> None:
         "audit-key",
         help="check a cache-key function for ignored request fields and instability",
         description="Call MODULE:FUNCTION (one dict of request parameters -> key) on the example and on "
-        "semantic variants of it. Exit 0: covered and stable; 1: something was found; 2: usage.",
+        "semantic variants of it. Exit 0: covered and stable; 1: something was found; 2: usage. "
+        "It imports MODULE and runs FUNCTION with your permissions, as `python -m` would import it (the current "
+        "directory comes first on the import path): audit only code you trust. The dashboard audits only "
+        "functions listed in specdec.toml's [dashboard] audit_functions.",
     )
     parser.add_argument("target", metavar="MODULE:FUNCTION", help="the key function, importable from here")
     parser.add_argument("--example", required=True, metavar="FILE.json", help="one request as a JSON object")

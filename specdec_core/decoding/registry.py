@@ -211,7 +211,8 @@ class Registry:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], base_dir: Path | str = ".", source: Path | None = None) -> Registry:
         base = Path(base_dir)
-        extra = sorted(set(data) - {"models", "tokenizers"})
+        # The same file configures the dashboard and the store; their tables are read elsewhere.
+        extra = sorted(set(data) - {"models", "tokenizers", "dashboard", "store"})
         if extra:
             raise RegistryError(f"{source or 'registry'}: unknown table(s) {', '.join(extra)}; use [models.NAME] and [tokenizers.NAME]")
         models = {name: _parse_model(name, e, base) for name, e in (data.get("models") or {}).items()}

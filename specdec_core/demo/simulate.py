@@ -61,7 +61,7 @@ def _family_configs(target: str, draft: str, other_draft: str, tok_v1: str, tok_
     )
 
 
-FAMILIES: dict[str, tuple[ExperimentConfig, ...]] = {
+EXPERIMENTS: dict[str, tuple[ExperimentConfig, ...]] = {
     "tiny": _family_configs("tiny-target", "tiny-draft-a", "tiny-draft-b", "tiny-tok-v1", "tiny-tok-v2"),
     "smollm2": _family_configs("smollm2-135m", "smollm2-135m-draft-skip8", "smollm2-135m-draft-l4", "tok-v1",
                                "tok-v2"),
@@ -160,14 +160,14 @@ def simulate(
 
     The truth goes to `<log>.truth.json`: JSON Lines, named so that ingesting the folder skips it.
     """
-    if family not in FAMILIES:
-        raise ValueError(f"family {family!r} is unknown; known: {', '.join(FAMILIES)}")
+    if family not in EXPERIMENTS:
+        raise ValueError(f"family {family!r} is unknown; known: {', '.join(EXPERIMENTS)}")
     if engine is None:
         from specdec_core.decoding.engine import SpecDecoder
 
         engine = SpecDecoder()
     rng = random.Random(seed)
-    configs = FAMILIES[family]
+    configs = EXPERIMENTS[family]
     out = Path(out_path)
     truth_path = out.with_name(out.name.split(".")[0] + ".truth.json")
     span = hours * 3600.0

@@ -5,12 +5,12 @@ from specdec_core.keys.schemes import (
     DEFAULT_NAMESPACE,
     EXAMPLE_REQUEST,
     KEY_SCHEMES,
-    SCHEMA_VERSION,
+    KEY_SCHEMA_VERSION,
     cache_key,
     dict_key_adapter,
     key_scheme,
     namespace_prefix,
 )
 
-__all__ = ["DEFAULT_NAMESPACE", "EXAMPLE_REQUEST", "KEY_SCHEMES", "SCHEMA_VERSION", "cache_key", "dict_key_adapter",
+__all__ = ["DEFAULT_NAMESPACE", "EXAMPLE_REQUEST", "KEY_SCHEMES", "KEY_SCHEMA_VERSION", "cache_key", "dict_key_adapter",
            "key_scheme", "namespace_prefix"]

@@ -14,8 +14,8 @@ from typing import Any
 from specdec_core.contract.fields import NON_IDENTITY_FIELDS  # noqa: F401 (what auditing our keys ignores)
 from specdec_core.contract.identity import DecodeRequest, fingerprint, sha256_hex
 
-# Bump to invalidate every entry written under an older identity definition.
-SCHEMA_VERSION = "v1"
+# The cache keys' and entries' version: bump to invalidate every entry written under an older identity definition.
+KEY_SCHEMA_VERSION = "v1"
 DEFAULT_NAMESPACE = "default"
 KEY_PREFIX = "specdec"
 
@@ -32,7 +32,7 @@ def namespace_prefix(namespace: str = DEFAULT_NAMESPACE) -> str:
 
 def cache_key(req: DecodeRequest | Mapping[str, Any], namespace: str = DEFAULT_NAMESPACE) -> str:
     """The correct key: namespace, schema version and the full identity's fingerprint."""
-    return f"{namespace_prefix(namespace)}{SCHEMA_VERSION}:{fingerprint(req)}"
+    return f"{namespace_prefix(namespace)}{KEY_SCHEMA_VERSION}:{fingerprint(req)}"
 
 
 def _prompt(req: DecodeRequest) -> str:

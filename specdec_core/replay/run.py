@@ -150,7 +150,7 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
         return ReplayResult(
             request_id, "redacted",
             f"request {request_id} was logged with only prompt_hash {req.prompt_hash}: it can't be replayed; "
-            "give the prompt (CLI --prompt, or the Replay page) and it is replayed once its SHA-256 matches",
+            "give the prompt (--prompt) and it is replayed once its SHA-256 matches",
             {"prompt_hash": req.prompt_hash}, production_text=production)
     missing = _unavailable(decoder, req)
     if missing:
