@@ -3,6 +3,12 @@
 Pages and the CLI call these functions with a `Store` and `Filters`; none of them writes.
 """
 
+from specdec_core.analysis.annotations import (
+    Annotation,
+    annotations_for,
+    contamination_annotations,
+    parse_annotations,
+)
 from specdec_core.analysis.cache import (
     acceptance_by_combination,
     hit_rate_by_combination,
@@ -16,16 +22,28 @@ from specdec_core.analysis.contamination import (
     mismatch_rate_over_time,
 )
 from specdec_core.analysis.gaps import LoggingGap, logging_gaps
+from specdec_core.analysis.key_details import differing_identity_columns, key_prompts
 from specdec_core.analysis.keys import key_collision_identities, key_collisions
 from specdec_core.analysis.lengths import length_violations, output_length_by_max_tokens
 from specdec_core.analysis.overview import filter_options, headline
 from specdec_core.analysis.query import NO_FILTERS, Filters, time_bucket
 from specdec_core.analysis.red_flags import RED_FLAG_IDS, RedFlag, red_flags
 from specdec_core.analysis.report import KINDS, mismatch_report, report_counts, report_csv, write_report
+from specdec_core.analysis.search import SEARCH_FIELDS, SEARCH_MODES, SearchError, search_requests
+from specdec_core.analysis.timeline import (
+    SMOOTHING_WINDOWS,
+    freshness,
+    hit_rate_by_deployment_over_time,
+    latency_histogram,
+    requests_in_window,
+)
 from specdec_core.analysis.requests import quarantined_records, request_record, suspicious_requests
 from specdec_core.store.summaries import NO_DRAFT
 
 __all__ = [
+    "SEARCH_FIELDS", "SEARCH_MODES", "SMOOTHING_WINDOWS", "Annotation", "SearchError", "annotations_for",
+    "contamination_annotations", "differing_identity_columns", "freshness", "hit_rate_by_deployment_over_time",
+    "key_prompts", "latency_histogram", "parse_annotations", "requests_in_window", "search_requests",
     "KINDS", "LoggingGap", "NO_DRAFT", "NO_FILTERS", "RED_FLAG_IDS", "Filters", "RedFlag", "acceptance_by_combination",
     "contaminated_hits", "contamination_window", "filter_options", "headline", "hit_rate_by_combination",
     "hit_rate_over_time", "key_collision_identities", "key_collisions", "key_ratio_by_deployment",

@@ -100,3 +100,17 @@ def diff_outputs(production_text: str, production_ids: Sequence[int], replay_tex
         word_ops=ops,
         max_tokens=max_tokens,
     )
+
+
+def word_diff(production_text: str, other_text: str) -> tuple[tuple[WordOp, ...], float]:
+    """Production's words against another text's (a stored replay, the source's replay), and their similarity.
+
+    Token-level numbers need the token ids, which a stored replay of the source does not keep; the
+    words are what a reader compares anyway.
+    """
+    prod_words = _WORDS.findall(production_text)
+    other_words = _WORDS.findall(other_text)
+    matcher = difflib.SequenceMatcher(a=prod_words, b=other_words, autojunk=False)
+    ops = tuple(WordOp(op, "".join(prod_words[i1:i2]), "".join(other_words[j1:j2]))
+                for op, i1, i2, j1, j2 in matcher.get_opcodes())
+    return ops, 1.0 if production_text == other_text else round(matcher.ratio(), 6)

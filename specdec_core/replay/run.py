@@ -205,8 +205,22 @@ def _replay_row(r: ReplayResult) -> dict[str, Any]:
         "similarity": r.diff.similarity if r.diff else None,
         "draft_tokens": r.draft_tokens, "accepted_tokens": r.accepted_tokens,
         "source_request_id": r.source_request_id,
-        "evidence": json.dumps(r.evidence, default=str), "environment": json.dumps(r.environment, default=str),
+        "evidence": json.dumps(stored_evidence(r), default=str),
+        "environment": json.dumps(r.environment, default=str),
     }
+
+
+# Kept inside the stored evidence so a replay reopened later (another tab, the CLI's) reads as it was shown:
+# the sentence that explains it and, for a foreign output, the source's replay that proves the cause.
+STORED_MESSAGE_KEY = "replay_message"
+STORED_SOURCE_TEXT_KEY = "source_replay_text"
+
+
+def stored_evidence(r: ReplayResult) -> dict[str, Any]:
+    extra: dict[str, Any] = {STORED_MESSAGE_KEY: r.message}
+    if r.source_replay_text is not None:
+        extra[STORED_SOURCE_TEXT_KEY] = r.source_replay_text
+    return {**r.evidence, **extra}
 
 
 def _save(store: Store, results: list[ReplayResult]) -> None:

@@ -1,0 +1,27 @@
+"""One shared cache key in detail: the prompts behind it and which identity fields differ between them."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from specdec_core.analysis.query import NO_FILTERS, Filters, df
+from specdec_core.contract import fields as contract
+from specdec_core.store.connection import Store
+
+KEY_PROMPTS_SQL = """
+SELECT r.fingerprint, any_value(r.prompt) AS prompt, any_value(r.prompt_hash) AS prompt_hash,
+       min(r.ts) AS first_seen
+FROM requests r WHERE {where} AND coalesce(r.deployment, '') = ? AND r.cache_key = ?
+GROUP BY r.fingerprint ORDER BY first_seen
+"""
+
+
+def key_prompts(store: Store, deployment: str, cache_key: str, filters: Filters = NO_FILTERS) -> pd.DataFrame:
+    """Each identity behind a key with its prompt (None where the log kept only the hash)."""
+    return df(store, KEY_PROMPTS_SQL, filters, [deployment, cache_key])
+
+
+def differing_identity_columns(identities: pd.DataFrame) -> list[str]:
+    """The identity fields (columns of `key_collision_identities`) whose values differ between the rows."""
+    names = [f.name for f in contract.FIELDS if f.identity and f.name in identities.columns]
+    return [n for n in names if identities[n].astype(str).nunique(dropna=False) > 1]

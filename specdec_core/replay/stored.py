@@ -1,0 +1,184 @@
+"""Stored replays read back: one replay by its id, the history of replays, and their evidence in words.
+
+Every replay is stored when it finishes (the dashboard's, a batch's, the CLI's), so its page can be
+reopened by `replay_id` from any tab or a link pasted into a ticket, without decoding again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+
+from specdec_core.analysis.query import NO_FILTERS, Filters
+from specdec_core.replay.diff import WordOp, word_diff
+from specdec_core.replay.run import STORED_MESSAGE_KEY, STORED_SOURCE_TEXT_KEY
+from specdec_core.store.connection import Store
+
+
+@dataclass(frozen=True)
+class StoredReplay:
+    replay_id: str
+    request_id: str
+    replayed_at: datetime
+    classification: str
+    message: str
+    production_text: str
+    replay_text: str | None
+    source_request_id: str | None
+    source_replay_text: str | None
+    similarity: float | None
+    first_divergent_token: int | None
+    common_prefix_tokens: int | None
+    replay_tokens: int
+    draft_tokens: int | None
+    accepted_tokens: int | None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def proof(self) -> tuple[str, str | None]:
+        """(what production is compared with, its text): the replay that proves the cause.
+
+        For a foreign output that is the source's replay (production is its output); otherwise the
+        request's own replay.
+        """
+        if self.classification == "foreign" and self.source_replay_text is not None:
+            return f"the replay of the source request {self.source_request_id}", self.source_replay_text
+        return "the replay with the request's own identity", self.replay_text
+
+    def proof_diff(self) -> tuple[tuple[WordOp, ...], float] | None:
+        against = self.proof[1]
+        return None if against is None else word_diff(self.production_text, against)
+
+
+STORED_REPLAY_SQL = """
+SELECT replay_id, request_id, replayed_at, classification, production_text, replay_text, source_request_id,
+       similarity, first_divergent_token, common_prefix_tokens, len(token_ids) AS replay_tokens, draft_tokens,
+       accepted_tokens, evidence::VARCHAR AS evidence, environment::VARCHAR AS environment
+FROM replays WHERE replay_id = ?
+"""
+
+
+def stored_replay(store: Store, replay_id: str) -> StoredReplay | None:
+    """One stored replay, or None when this database has no replay of that id."""
+    with store.read() as con:
+        cur = con.execute(STORED_REPLAY_SQL, [replay_id])
+        rows = cur.fetchall()
+        if not rows:
+            return None
+        row = dict(zip([d[0] for d in cur.description], rows[0], strict=True))
+    evidence = _json(row.pop("evidence"))
+    message = evidence.pop(STORED_MESSAGE_KEY, "")
+    source_text = evidence.pop(STORED_SOURCE_TEXT_KEY, None)
+    return StoredReplay(message=message or "", source_replay_text=source_text, evidence=evidence,
+                        environment=_json(row.pop("environment")), **{**row, "replay_tokens": row["replay_tokens"] or 0})
+
+
+def _json(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    value = json.loads(text)
+    return value if isinstance(value, dict) else {"value": value}
+
+
+REPLAY_HISTORY_SQL = """
+SELECT p.replay_id, p.replayed_at, p.request_id, p.classification, p.similarity, p.first_divergent_token,
+       p.source_request_id, coalesce(r.deployment, '') AS deployment, r.target_model, r.ts AS request_ts
+FROM replays p JOIN requests r USING (request_id)
+WHERE {where} AND (? IS NULL OR p.request_id = ?) AND (? IS NULL OR list_contains(?, p.replay_id))
+ORDER BY p.replayed_at DESC, p.replay_id LIMIT ?
+"""
+
+
+def replay_history(store: Store, filters: Filters = NO_FILTERS, *, request_id: str | None = None,
+                   replay_ids: tuple[str, ...] | None = None, limit: int = 1000) -> pd.DataFrame:
+    """Stored replays of the requests the filters select, newest first (of one request, or of given ids)."""
+    where, params = filters.where()
+    ids = list(replay_ids) if replay_ids is not None else None
+    with store.read() as con:
+        return con.execute(REPLAY_HISTORY_SQL.replace("{where}", where),
+                           params + [request_id, request_id, ids, ids, limit]).df()
+
+
+REPLAYS_FOR_EXPORT_SQL = """
+SELECT p.replayed_at, p.replay_id, p.request_id, coalesce(r.deployment, '') AS deployment, r.target_model,
+       p.classification, p.similarity, p.first_divergent_token, p.common_prefix_tokens, p.draft_tokens,
+       p.accepted_tokens, p.source_request_id, p.evidence::VARCHAR AS evidence
+FROM replays p JOIN requests r USING (request_id)
+WHERE {where}
+ORDER BY p.replayed_at DESC, p.replay_id LIMIT ?
+"""
+
+
+def replays_for_export(store: Store, filters: Filters = NO_FILTERS, limit: int | None = None) -> pd.DataFrame:
+    """Stored replays of the requests the filters select, newest first: what the Export page serves."""
+    where, params = filters.where()
+    with store.read() as con:
+        return con.execute(REPLAYS_FOR_EXPORT_SQL.replace("{where}", where),
+                           params + [limit if limit is not None else 2**62]).df()
+
+
+# --- the evidence as sentences and numbers -------------------------------------------------------------------
+
+LABELS = {
+    "source_request_id": "Source request (put the output in the cache)",
+    "differing_fields": "Identity fields that differ from the source",
+    "cache_key": "Cache key",
+    "source_replay_equals_production": "The source's replay equals production",
+    "length_explained_by_source_max_tokens": "Length explained by the source's max_tokens",
+    "first_divergent_token": "First divergent token",
+    "production_rank_at_divergence": "Rank of production's token there",
+    "margin_at_divergence": "Top-two logit margin there",
+    "top_logit_at_divergence": "Top logit there",
+    "near_tie_threshold": "Near-tie threshold",
+    "near_tie_positions": "Near-tie positions",
+    "own_near_tie_positions": "Near-tie positions of this request",
+    "source_near_tie_positions": "Near-tie positions of the source",
+    "production_mean_logprob": "Production's mean log-probability under this identity",
+    "replay_mean_logprob": "The replay's mean log-probability",
+    "production_mean_raw_logprob": "Production's mean raw log-probability",
+    "replay_mean_raw_logprob": "The replay's mean raw log-probability",
+    "production_mean_rank": "Production's mean token rank",
+    "production_impossible_tokens": "Production tokens impossible under this identity",
+    "production_implausible": "Production implausible for this request",
+    "source_sample_mean_logprob": "Production's mean log-probability under the source",
+    "source_impossible_tokens": "Production tokens impossible under the source",
+    "own_sample_mean_logprob": "Production's mean log-probability under this request",
+    "production_over_max_tokens": "Over max_tokens",
+    "output_tokens": "Output tokens",
+    "contaminated_hit": "Contaminated hit",
+    "harmless": "Harmless",
+    "why_harmless": "Why harmless",
+    "missing": "Missing",
+    "prompt_hash": "Prompt hash",
+    "source_replay": "Source replay",
+}
+
+
+def readable(value: Any) -> str:
+    """A value of the evidence as a person reads it: 4 significant digits, lists joined, yes/no."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(readable(v) for v in value) if value else "none"
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {readable(v)}" for k, v in value.items())
+    return str(value)
+
+
+def evidence_lines(evidence: dict[str, Any]) -> list[tuple[str, str]]:
+    """The evidence as (label, readable value) pairs, in the order the classification weighed it."""
+    return [(LABELS.get(key, key.replace("_", " ").capitalize()), readable(value)) for key, value in evidence.items()]
