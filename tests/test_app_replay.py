@@ -33,11 +33,6 @@ def build_foreign_db(folder: Path, engine: SpecDecoder) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_registry) -> SpecDecoder:
-    return SpecDecoder(tiny_registry, device="cpu")
-
-
-@pytest.fixture(scope="module")
 def foreign(tmp_path_factory, engine) -> tuple[Path, dict]:
     return build_foreign_db(tmp_path_factory.mktemp("foreign"), engine)
 

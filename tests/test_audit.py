@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -352,15 +353,7 @@ def cli_dir(tmp_path: Path) -> Path:
 
 
 def _specdec(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "specdec_core", "audit-key", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=120,
-        check=False,
-    )
+    return run_cli("audit-key", *args, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def test_cli_exits_0_with_a_clean_json_object(cli_dir):

@@ -8,12 +8,12 @@ import json
 import os
 import pickle
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import run_cli
 
 from specdec_core.keys.audit import INSTABILITY_KINDS, audit_key_function
 
@@ -184,15 +184,7 @@ def test_two_long_keys_that_differ_late_show_where_they_differ():
 
 
 def _specdec(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "specdec_core", "audit-key", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=120,
-        check=False,
-    )
+    return run_cli("audit-key", *args, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def test_cli_rejects_a_misspelled_ignore_name_listing_the_known_fields(tmp_path):

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 
-from helpers import rec, write_jsonl
+from helpers import rec, run_cli, write_jsonl
 
 from specdec_core.contract.identity import fingerprint
 from specdec_core.store.connection import Store
 from specdec_core.store.ingest import ingest
 
-
-def specdec(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specdec_core", *args], capture_output=True, text=True,
-                          timeout=120)
+specdec = run_cli
 
 
 def test_ingest_json_counts_and_exit_zero_with_quarantined_records(tmp_path):

@@ -16,12 +16,10 @@ import csv
 import hashlib
 import json
 import random
-import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from helpers import DROP, rec, write_jsonl
+from helpers import DROP, rec, run_cli, write_jsonl
 
 from specdec_core.contract.identity import canonicalize_identity, identity
 
@@ -119,8 +117,7 @@ def reference_report(records: list[dict]) -> set[tuple[str, str, str, str]]:
     return rows
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specdec_core", *args], capture_output=True, text=True, timeout=120)
+cli = run_cli
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

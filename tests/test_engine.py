@@ -20,11 +20,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_registry):
-    return SpecDecoder(tiny_registry, device="cpu")
-
-
 def req(**overrides) -> DecodeRequest:
     fields = dict(target_model="tiny-target", tokenizer_version="tiny-tok-v1", max_tokens=20, prompt="The cache key")
     fields.update(overrides)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from specdec_core.contract.identity import IDENTITY_FIELDS, DecodeRequest, sha256_hex
+from specdec_core.contract import IDENTITY_FIELDS
+from specdec_core.contract.identity import DecodeRequest, sha256_hex
 from specdec_core.keys.schemes import (
-    KEY_SCHEMES,
     KEY_SCHEMA_VERSION,
+    KEY_SCHEMES,
     cache_key,
     key_scheme,
     model_prompt_key,

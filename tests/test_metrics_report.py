@@ -6,12 +6,10 @@ import csv
 import hashlib
 import io
 import random
-import subprocess
-import sys
 from datetime import datetime, timezone
 
 import pytest
-from helpers import DROP, rec, write_csv, write_jsonl
+from helpers import DROP, rec, run_cli, write_csv, write_jsonl
 
 from specdec_core import analysis as metrics
 from specdec_core import contract as metrics_contract
@@ -215,13 +213,11 @@ def test_report_ts_keeps_the_precision_the_log_had(tmp_path):
 
 def test_report_cli_writes_the_same_file(incident, tmp_path):
     out = tmp_path / "report.csv"
-    done = subprocess.run([sys.executable, "-m", "specdec_core", "report", "--db", str(incident.path),
-                           "--out", str(out)], capture_output=True, text=True, timeout=60)
+    done = run_cli("report", "--db", str(incident.path), "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert _contract_rows(out.read_bytes()) == EXPECTED_REPORT
     only = tmp_path / "lengths.csv"
-    subprocess.run([sys.executable, "-m", "specdec_core", "report", "--db", str(incident.path),
-                    "--out", str(only), "--kind", "length_violation"], check=True, timeout=60)
+    assert run_cli("report", "--db", str(incident.path), "--out", str(only), "--kind", "length_violation").returncode == 0
     assert _contract_rows(only.read_bytes()) == EXPECTED_REPORT[-1:]
 
 

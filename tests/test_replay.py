@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from helpers import DROP, rec, write_jsonl
+from helpers import DROP, rec, run_cli, write_jsonl
 
 from specdec_core.cache import MemoryCache
 from specdec_core.contract.identity import DecodeRequest, sha256_hex
@@ -174,12 +172,10 @@ def test_replay_cli_prints_classification_and_json(incident_store, tiny_registry
     config = tmp_path / "specdec.toml"
     config.write_text(_registry_toml(tiny_registry))
     env = {"SPECDEC_CONFIG": str(config), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "specdec_core", "replay", "--db", str(incident_store.path),
-                           "--request-id", "b", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    done = run_cli("replay", "--db", str(incident_store.path), "--request-id", "b", "--json", env=env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["classification"] == "foreign"
-    done = subprocess.run([sys.executable, "-m", "specdec_core", "replay", "--db", str(incident_store.path),
-                           "--suspicious", "1"], capture_output=True, text=True, timeout=300, env=env)
+    done = run_cli("replay", "--db", str(incident_store.path), "--suspicious", "1", env=env)
     assert done.returncode == 0, done.stderr
     assert "b" in done.stdout and "foreign" in done.stdout
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from specdec_core.contract import IDENTITY_FIELDS
 from specdec_core.contract.identity import (
-    IDENTITY_FIELDS,
     DecodeRequest,
     canonical_json,
     canonicalize_identity,

@@ -18,11 +18,6 @@ from specdec_core.store.ingest import ingest
 from specdec_core.store.readers import LogReadError
 
 
-@pytest.fixture
-def store(tmp_path):
-    return Store(tmp_path / "triage.duckdb")
-
-
 def quarantine_rows(store):
     with store.read() as con:
         return con.execute(

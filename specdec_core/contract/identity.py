@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 
 from specdec_core.contract import fields as contract
 from specdec_core.contract.fields import Field
+from specdec_core.contract.values import as_int, as_str, checked_extra, is_number
 
 NUMBER_DECIMALS = 6
 
@@ -29,39 +29,6 @@ _sha256 = hashlib.sha256
 
 def sha256_hex(text: str) -> str:
     return _sha256(text.encode("utf-8")).hexdigest()
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
-
-
-def _as_int(name: str, value: Any, *, minimum: int | None = None, optional: bool = True) -> int | None:
-    if value is None:
-        if optional:
-            return None
-        raise ValueError(f"{name}: required, got null")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not _is_int(value):
-        raise ValueError(f"{name}: expected an integer, got {type(value).__name__} {value!r}")
-    value = int(value)  # an int subclass (IntEnum) would format as its name
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
-    return value
-
-
-def _as_str(name: str, value: Any, *, optional: bool = True) -> str | None:
-    if value is None:
-        if optional:
-            return None
-        raise ValueError(f"{name}: required, got null")
-    if not isinstance(value, str):
-        raise ValueError(f"{name}: expected a string, got {type(value).__name__} {value!r}")
-    return value
 
 
 def _round(value: float) -> float:
@@ -98,35 +65,35 @@ class DecodeRequest:
     def __post_init__(self) -> None:
         if self.prompt is None and self.prompt_hash is None:
             raise ValueError("prompt: one of prompt or prompt_hash is required")
-        _as_str("prompt", self.prompt)
+        as_str("prompt", self.prompt)
         if self.prompt_hash is not None:
             if not isinstance(self.prompt_hash, str) or not _SHA256_HEX.match(self.prompt_hash):
                 raise ValueError(f"prompt_hash: expected 64 hex characters, got {self.prompt_hash!r}")
             object.__setattr__(self, "prompt_hash", self.prompt_hash.lower())
             if self.prompt is not None and sha256_hex(self.prompt) != self.prompt_hash:
                 raise ValueError("prompt_hash: does not match the SHA-256 of prompt")
-        if not _as_str("target_model", self.target_model, optional=False):
+        if not as_str("target_model", self.target_model, optional=False):
             raise ValueError("target_model: must not be empty")
-        _as_str("draft_model", self.draft_model)
-        _as_str("tokenizer_version", self.tokenizer_version, optional=False)
+        as_str("draft_model", self.draft_model)
+        as_str("tokenizer_version", self.tokenizer_version, optional=False)
         # Store the normalised ints: a log read through pandas writes 4.0 for 4, and the
         # fingerprint serialises the value, so 4.0 must not survive as a float.
         object.__setattr__(
-            self, "num_speculative_tokens", _as_int("num_speculative_tokens", self.num_speculative_tokens, minimum=0)
+            self, "num_speculative_tokens", as_int("num_speculative_tokens", self.num_speculative_tokens, minimum=0)
         )
-        object.__setattr__(self, "max_tokens", _as_int("max_tokens", self.max_tokens, minimum=1, optional=False))
-        object.__setattr__(self, "top_k", _as_int("top_k", self.top_k, minimum=0))
-        object.__setattr__(self, "seed", _as_int("seed", self.seed))
-        if not _is_number(self.temperature) or self.temperature < 0:
+        object.__setattr__(self, "max_tokens", as_int("max_tokens", self.max_tokens, minimum=1, optional=False))
+        object.__setattr__(self, "top_k", as_int("top_k", self.top_k, minimum=0))
+        object.__setattr__(self, "seed", as_int("seed", self.seed))
+        if not is_number(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature: expected a number >= 0, got {self.temperature!r}")
-        if not _is_number(self.top_p) or not (0 < self.top_p <= 1):
+        if not is_number(self.top_p) or not (0 < self.top_p <= 1):
             raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
         if self.stop is not None:
             if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
                 raise ValueError(f"stop: expected a list of strings, got {self.stop!r}")
             object.__setattr__(self, "stop", tuple(self.stop))
         if _tables().extra_identity:
-            object.__setattr__(self, "extra", _checked_extra(self.extra))
+            object.__setattr__(self, "extra", checked_extra(self.extra, _tables().extra_identity))
 
     @property
     def prompt_sha256(self) -> str:
@@ -381,26 +348,3 @@ def _tables() -> _Tables:
             _composer(ident, data_in, greedy=True), _composer(ident, data_in, greedy=False),
         )
     return _TABLES
-
-
-def _checked_extra(extra: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate (and normalise) the identity fields that travel in `extra`, by their kind."""
-    out = dict(extra)
-    for f in _tables().extra_identity:
-        value = out.get(f.name)
-        if value is None:
-            if f.required:
-                raise ValueError(f"{f.name}: required field is missing")
-            continue
-        if f.is_integer:
-            out[f.name] = _as_int(f.name, value, minimum=1 if f.kind == "int>=1" else 0 if f.kind == "int>=0" else None)
-        elif f.is_number:
-            if not _is_number(value):
-                raise ValueError(f"{f.name}: expected {f.expected}, got {value!r}")
-        elif f.kind == "str_list":
-            if isinstance(value, str) or not all(isinstance(s, str) for s in value):
-                raise ValueError(f"{f.name}: expected {f.expected}, got {value!r}")
-            out[f.name] = tuple(value)
-        elif f.kind in ("str", "nonempty_str") and not isinstance(value, str):
-            raise ValueError(f"{f.name}: expected {f.expected}, got {value!r}")
-    return out

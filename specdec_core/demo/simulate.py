@@ -160,6 +160,8 @@ def simulate(
 
     The truth goes to `<log>.truth.json`: JSON Lines, named so that ingesting the folder skips it.
     """
+    # Long because it is the incident's script read top to bottom (deployments, arrivals, the fix, the
+    # truth); its pieces share the random stream, so splitting would thread that state everywhere.
     if family not in EXPERIMENTS:
         raise ValueError(f"family {family!r} is unknown; known: {', '.join(EXPERIMENTS)}")
     if engine is None:

@@ -32,6 +32,7 @@ def make_synthetic_log(path: str | Path, rows: int, *, seed: int = 1, prompts: i
                        start: datetime = datetime(2026, 11, 20, 8, 0, tzinfo=timezone.utc),
                        hours: float = 8.0, fix_at_fraction: float = 0.6) -> Path:
     """Write `rows` contract-format records as JSON Lines (gzipped when the name ends in .gz)."""
+    # Long because it is one SQL statement that writes the whole log in DuckDB; split, its parts would only be read together.
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     con = duckdb.connect()

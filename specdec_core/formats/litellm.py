@@ -58,6 +58,8 @@ def is_request(payload: dict) -> bool:
 
 
 def payload_record(payload: dict) -> dict:
+    """The contract record of one payload, field by field as the contract's LiteLLM table says."""
+    # One line per row of that table, in its order: longer than a function should be, easier to check.
     record: dict[str, Any] = {}
     unknown: set[str] = set()
     hit = payload.get("cache_hit")

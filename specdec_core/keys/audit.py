@@ -171,6 +171,7 @@ def audit_key_function(
 
     Raises KeyAuditError when key_fn fails on the example itself or returns no key.
     """
+    # One pass over the checks in the order a reader of the audit expects them; each step is a call into changes/variants/process_check, so the length is the list, not logic.
     if not isinstance(example, Mapping):
         raise KeyAuditError(f"example: expected a JSON object, got {type(example).__name__}")
     example = copy.deepcopy(dict(example))

@@ -79,7 +79,17 @@ def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
         con.execute(f"INSERT INTO idmap SELECT {typed_cols}, id_hash, fingerprint, prompt_sha, "
                     "reject_reason FROM idmap_arrow")
         con.unregister("idmap_arrow")
-    # cached_fingerprint objects are canonicalised too, so a writer's spelling of an equivalence can't matter.
+    identity_rows.update(_canonical_cached_fingerprints(con))
+    _insert_identities(con, identity_rows, unknown_of)
+    return join
+
+
+def _canonical_cached_fingerprints(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """`cachedmap` (text, fingerprint) of the batch's cached_fingerprint objects; returns their identities.
+
+    They are canonicalised too, so a writer's spelling of an equivalence can't matter.
+    """
+    canonical_rows: dict[str, str] = {}
     cached = con.execute(
         "SELECT DISTINCT cached_fingerprint::VARCHAR FROM typed WHERE cached_fingerprint IS NOT NULL"
     ).fetchall()
@@ -93,13 +103,12 @@ def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
         fp = sha256_hex(canonical)
         cached_texts.append(text)
         cached_fps.append(fp)
-        identity_rows[fp] = canonical
+        canonical_rows[fp] = canonical
     con.register("cachedmap_arrow", pa.table({"text": pa.array(cached_texts, pa.string()),
                                               "fingerprint": pa.array(cached_fps, pa.string())}))
     con.execute("CREATE OR REPLACE TEMP TABLE cachedmap AS SELECT * FROM cachedmap_arrow")
     con.unregister("cachedmap_arrow")
-    _insert_identities(con, identity_rows, unknown_of)
-    return join
+    return canonical_rows
 
 
 def _arrow_type(column: str) -> pa.DataType | None:
@@ -146,8 +155,9 @@ def _insert_identities(con: duckdb.DuckDBPyConnection, rows: dict[str, str],
     values = ["fingerprint", "identity::JSON", "greedy",
               *(f"{f.name}::HUGEINT" if f.sql_type == "HUGEINT" else f.name for f in _IDENTITY_FIELDS), "unknown"]
     con.register("identities_arrow", table)
-    con.execute(f"INSERT OR IGNORE INTO identities ({', '.join(names)}) SELECT {', '.join(values)} "
-                "FROM identities_arrow")
+    con.execute(f"INSERT INTO identities ({', '.join(names)}) SELECT {', '.join(values)} "
+                "FROM identities_arrow a WHERE NOT EXISTS (SELECT 1 FROM identities i "
+                "WHERE i.fingerprint = a.fingerprint)")
     con.unregister("identities_arrow")
 
 
