@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import streamlit as st
@@ -17,31 +17,44 @@ import ui
 from specdec_core import analysis as metrics
 from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.config import ConfigError, PathRefused
+from specdec_core.replay import jobs as replay_jobs
 from specdec_core.store.connection import StoreError
 from specdec_core.store.ingest import ingest
 from specdec_core.store.readers import LogReadError
 
 LAST_INGEST_KEY = "last_ingest"
 UPLOAD_TYPES = ["jsonl", "gz", "csv", "parquet"]
+LOG_FORMATS = {"auto": "auto (decided per file)", "contract": "the log contract", "otel": "OpenTelemetry GenAI spans",
+               "litellm": "LiteLLM payloads"}
+# The filters' query parameters: a view pasted into a ticket opens with the same selection.
+URL_KEYS = ("start", "end", "deployment", "target_model", "draft_model", "db")
+URL_WRITTEN_KEY = "_url_written"
+LIVE_EVERY_S = 5
 
 st.set_page_config(page_title="specdec-triage", page_icon="🔎", layout="wide")
 
 ICONS = {"Overview": ":material/dashboard:", "Cache": ":material/cached:", "Output length": ":material/straighten:",
          "Mismatches": ":material/difference:", "Keys": ":material/key:", "Replay": ":material/replay:",
-         "Export": ":material/download:"}
+         "Search": ":material/search:", "Export": ":material/download:"}
 navigation = st.navigation([st.Page(path, title=title, icon=ICONS[title], default=title == "Overview")
                             for title, path in ui.PAGE_FILES.items()])
 
 
 def load_logs(paths: list[str]) -> None:
     """Ingest with a progress bar; the counts stay in the sidebar until the next load."""
+    try:
+        log_format, mapping = chosen_format()
+    except (ValueError, OSError) as exc:
+        st.session_state.pop(LAST_INGEST_KEY, None)
+        st.error(f"Nothing loaded: the mapping file can't be read: {ui.md_escape(exc)}")
+        return
     bar = st.progress(0.0, text="Reading logs")
 
     def progress(done: int, total: int, what: str) -> None:
         bar.progress(done / total if total else 1.0, text=ui.md_escape(what[:1].upper() + what[1:]))
 
     try:
-        result = ingest(ui.store(), paths, progress=progress)
+        result = ingest(ui.store(), paths, progress=progress, log_format=log_format, mapping=mapping)
     except (LogReadError, StoreError, OSError, ValueError) as exc:
         bar.empty()
         st.session_state.pop(LAST_INGEST_KEY, None)
@@ -62,8 +75,33 @@ def load_path(text: str) -> None:
     load_logs(files)
 
 
+def chosen_format() -> tuple[str, object]:
+    """The log format chosen in the sidebar, and the mapping file's mapping where one is uploaded."""
+    upload = st.session_state.get("load_mapping")
+    if upload is None:
+        return st.session_state.get("load_format", "auto"), None
+    from specdec_core import formats
+
+    folder = Path(tempfile.mkdtemp(prefix="specdec-map-"))
+    try:
+        path = folder / "mapping.toml"
+        path.write_bytes(upload.getvalue())
+        return "auto", formats.load_mapping(path)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def load_uploads(files: list) -> None:
     """Uploads go to a temporary folder under their own names, so the suffix picks the reader."""
+    empty = [upload.name for upload in files if not upload.getvalue()]
+    if empty:
+        st.session_state.pop(LAST_INGEST_KEY, None)
+        st.warning(f"{', '.join(ui.code_span(name) for name in empty)} "
+                   f"{'is' if len(empty) == 1 else 'are'} empty (0 bytes): nothing in "
+                   f"{'it' if len(empty) == 1 else 'them'} to load.")
+        files = [upload for upload in files if upload.getvalue()]
+        if not files:
+            return
     folder = Path(tempfile.mkdtemp(prefix="specdec-upload-"))
     try:
         paths = []
@@ -81,6 +119,8 @@ def show_last_ingest() -> None:
     counts = st.session_state.get(LAST_INGEST_KEY)
     if not counts:
         return
+    if not counts["read"]:
+        st.warning("The files held no records: nothing was loaded.")
     left, right = st.columns(2)
     left.metric("Read", ui.fmt_int(counts["read"]))
     right.metric("Accepted", ui.fmt_int(counts["accepted"]))
@@ -103,8 +143,11 @@ def time_range(options: dict) -> tuple:
     start, end = options["span_start"], options["span_end"]
     if end <= start:
         return None, None
+    zoom = st.session_state.pop(ui.TIME_ZOOM_KEY, None)
+    if zoom is not None:  # a box dragged across a time chart
+        st.session_state["f_time"] = (max(zoom[0], start), min(zoom[1], end))
     chosen = st.session_state.get("f_time")
-    if not chosen or chosen[0] < start or chosen[1] > end:
+    if not chosen or chosen[0] < start or chosen[1] > end or chosen[0] > chosen[1]:
         st.session_state["f_time"] = (start, end)
     step = max(timedelta(seconds=1), timedelta(seconds=round((end - start).total_seconds() / 1000)))
     low, high = st.slider("Time range (UTC)", min_value=start, max_value=end, step=step,
@@ -118,8 +161,70 @@ def time_range(options: dict) -> tuple:
     return (None if low <= start else low), (None if high >= end else high)
 
 
+def filters_from_url(options: dict) -> None:
+    """A URL the session did not write itself (pasted, reloaded, browser back) sets the filters it names."""
+    current = {k: tuple(st.query_params.get_all(k)) for k in URL_KEYS if k in st.query_params}
+    if not current or current == st.session_state.get(URL_WRITTEN_KEY):
+        return
+    st.session_state[URL_WRITTEN_KEY] = current
+    span = (options["span_start"], options["span_end"])
+    if span[0] is not None and ("start" in current or "end" in current):
+        try:
+            low = _url_time(current.get("start"), span[0])
+            high = _url_time(current.get("end"), span[1])
+            st.session_state["f_time"] = (max(low, span[0]), min(high, span[1]))
+        except ValueError:
+            pass
+    for url_key, key in (("deployment", "deployments"), ("target_model", "target_models"),
+                         ("draft_model", "draft_models")):
+        if url_key in current:
+            st.session_state[f"f_{key}"] = [v for v in current[url_key] if v in options[key]]
+
+
+def _url_time(values: tuple | None, default):
+    if not values:
+        return default
+    ts = datetime.fromisoformat(values[0].replace("Z", "+00:00"))
+    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
+def filters_to_url(chosen: Filters) -> None:
+    """The filters and the database into the address bar, beside the page's own parameters."""
+    wanted: dict[str, list[str]] = {}
+    if chosen.start is not None:
+        wanted["start"] = [chosen.start.strftime("%Y-%m-%dT%H:%M:%SZ")]
+    if chosen.end is not None:
+        wanted["end"] = [chosen.end.strftime("%Y-%m-%dT%H:%M:%SZ")]
+    for url_key, values in (("deployment", chosen.deployments), ("target_model", chosen.target_models),
+                            ("draft_model", chosen.draft_models)):
+        if values:
+            wanted[url_key] = list(values)
+    if st.session_state.get(ui.DB_KEY) and st.session_state[ui.DB_KEY] != ui.default_db_path():
+        wanted["db"] = [st.session_state[ui.DB_KEY]]
+    for key in URL_KEYS:
+        have = st.query_params.get_all(key)
+        if key not in wanted and key in st.query_params:
+            del st.query_params[key]
+        elif key in wanted and have != wanted[key]:
+            st.query_params[key] = wanted[key]
+    st.session_state[URL_WRITTEN_KEY] = {k: tuple(v) for k, v in wanted.items()}
+
+
+def db_from_url() -> None:
+    """?db= opens that database, inside the roots only (as the Database box)."""
+    wanted = st.query_params.get("db")
+    if not wanted or wanted == st.session_state.get(ui.DB_KEY):
+        return
+    if (URL_WRITTEN_KEY in st.session_state
+            and (wanted,) == st.session_state[URL_WRITTEN_KEY].get("db")):
+        return
+    st.session_state[ui.DB_KEY] = wanted
+    ui.confine_db_choice()
+
+
 def filter_widgets() -> Filters:
     options = ui.cached(metrics.filter_options, span_limits=ui.SLIDER_LIMITS)
+    filters_from_url(options)
     start, end = time_range(options)
     chosen = {}
     for key, label, format_func in (
@@ -133,9 +238,54 @@ def filter_widgets() -> Filters:
     return Filters(start=start, end=end, **chosen)
 
 
+@st.cache_resource(show_spinner=False)
+def model_preload():
+    """The registry's models start loading when the dashboard starts: the first replay doesn't wait for them."""
+    return replay_jobs.preload_models()
+
+
+def annotation_widgets() -> None:
+    """Deploys and fixes to mark on every time chart, typed or from a file, beside the detected ones."""
+    with st.expander("Annotations"):
+        typed = st.text_area("One per line: time, deployment, label", key="annotations_text", height=90,
+                             placeholder="2026-03-01T10:30:00Z, prod, deploy v2.3\n2026-03-01T11:00:00Z, , key fix")
+        upload = st.file_uploader("Or a file (CSV lines or a JSON list of {ts, deployment, label})",
+                                  type=["csv", "txt", "json"], key="annotations_file")
+        text = typed + "\n" + (upload.getvalue().decode("utf-8", "replace") if upload else "")
+        found, errors = metrics.parse_annotations(text) if text.strip() else ([], [])
+        for error in errors[:5]:
+            st.caption(f":orange[Skipped] {ui.md_escape(error)}")
+        detected = st.toggle("Mark the first and last contaminated hit", value=True, key="annotations_detected")
+    notes = list(found)
+    if detected and ui.has_data():
+        notes += ui.cached(metrics.contamination_annotations, filters=ui.filters())
+    st.session_state[ui.ANNOTATIONS_KEY] = notes
+
+
+@st.fragment(run_every=LIVE_EVERY_S)
+def live_status() -> None:
+    """While Live is on: the newest request and its lag, and a fresh view as soon as the store changes."""
+    if not st.session_state.get("live"):
+        return
+    db = ui.store()
+    if not db.exists:
+        st.caption("Live: no database yet.")
+        return
+    fresh = ui.cached(metrics.freshness)
+    lag = fresh["lag_seconds"]
+    st.caption(f"Live · newest request {ui.fmt_ts(fresh['newest'])} · lag "
+               f"{'–' if lag is None else ui.fmt_duration(lag)} · checked every {LIVE_EVERY_S} s")
+    version = db.version()
+    if st.session_state.get("_live_version") not in (None, version):
+        st.session_state["_live_version"] = version
+        st.rerun(scope="app")
+    st.session_state["_live_version"] = version
+
+
 with st.sidebar:
     if ui.DB_KEY not in st.session_state:
         st.session_state[ui.DB_KEY] = ui.default_db_path()
+    db_from_url()
     st.text_input("Database", key=ui.DB_KEY, on_change=ui.confine_db_choice,
                   help="A DuckDB file made by `specdec ingest`; created on first load. Only inside the folders "
                        "the config's [dashboard] roots name (default: the repo's data/ and the folder the "
@@ -146,8 +296,14 @@ with st.sidebar:
         ready = ui.has_data()
     except StoreError:
         ready = None  # the page says what is wrong with the file
+    st.toggle("Live", key="live", help="Re-read the database every few seconds while logs are being loaded "
+                                       "into it (`specdec ingest --follow`), and show how far behind it is.")
+    live_status()
     with st.expander("Load logs", expanded=not ready):
         log_path = st.text_input("Log file, folder or glob", key="load_path", placeholder="data/demo/")
+        st.selectbox("Log format", list(LOG_FORMATS), format_func=LOG_FORMATS.get, key="load_format",
+                     help="As `specdec ingest --format`; auto decides per file from its first record.")
+        st.file_uploader("Mapping file (TOML, as `--map`), for other JSON Lines", type=["toml"], key="load_mapping")
         if st.button("Load path", disabled=not log_path.strip()):
             load_path(log_path.strip())
         uploads = st.file_uploader("Or upload log files", type=UPLOAD_TYPES, accept_multiple_files=True,
@@ -158,6 +314,11 @@ with st.sidebar:
     st.subheader("Filters")
     # Asked again: a load just above may have filled an empty database.
     st.session_state[ui.FILTERS_KEY] = filter_widgets() if ready is not None and ui.has_data() else NO_FILTERS
+    filters_to_url(st.session_state[ui.FILTERS_KEY])
+    if ready is not None:
+        annotation_widgets()
+
+st.session_state[ui.PRELOAD_KEY] = model_preload()
 
 with ui.entrypoint():
     navigation.run()

@@ -16,10 +16,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pandas as pd
 import streamlit as st
 
 from specdec_core import config
-from specdec_core.analysis import NO_FILTERS, Filters
+from specdec_core.analysis import NO_FILTERS, Annotation, Filters, annotations_for
 from specdec_core.config import DashboardSettings
 from specdec_core.store.connection import Store, StoreError, resolve_db
 
@@ -29,6 +30,10 @@ DB_REFUSED_KEY = "db_path_refused"
 FILTERS_KEY = "filters"
 REPLAY_IDS_KEY = "replay_request_ids"
 REPLAY_RESULTS_KEY = "replay_results"
+REPLAY_JOB_KEY = "replay_job"
+REPLAY_START_KEY = "replay_start_batch"
+ANNOTATIONS_KEY = "annotations"
+PRELOAD_KEY = "model_preload"
 _ENTRYPOINT_KEY = "_entrypoint_running"
 
 # Page titles -> the page file that shows them.
@@ -39,6 +44,7 @@ PAGE_FILES = {
     "Mismatches": "pages/mismatches.py",
     "Keys": "pages/keys.py",
     "Replay": "pages/replay.py",
+    "Search": "pages/search.py",
     "Export": "pages/export.py",
 }
 
@@ -217,3 +223,180 @@ def deployment_label(value: str) -> str:
 
 def page_link(title: str, label: str | None = None, **kwargs: Any) -> None:
     st.page_link(PAGE_FILES[title], label=label or f"Open {title}", **kwargs)
+
+
+def code_span(text: object) -> str:
+    """Text as a markdown code span, shown exactly as it is: nothing inside a code span is markup, so no
+    escaping (which would show as backslashes); the fence is one backtick longer than the longest run
+    of backticks in the text, so a backtick in a log value can't close it."""
+    value = str(text).replace("\r", " ").replace("\n", " ")
+    longest = max((len(run) for run in _backtick_runs(value)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if value.startswith("`") or value.endswith("`") or not value.strip() else ""
+    return f"{fence}{pad}{value}{pad}{fence}"
+
+
+def _backtick_runs(text: str) -> list[str]:
+    runs, current = [], ""
+    for ch in text:
+        if ch == "`":
+            current += ch
+        elif current:
+            runs.append(current)
+            current = ""
+    return runs + ([current] if current else [])
+
+
+def filter_slug(filters: Filters) -> str:
+    """The filters in a file name: what a downloaded CSV was cut to, in its own name."""
+    parts = []
+    if filters.start is not None or filters.end is not None:
+        start = filters.start.strftime("%Y%m%dT%H%M") if filters.start else "start"
+        end = filters.end.strftime("%Y%m%dT%H%M") if filters.end else "end"
+        parts.append(f"{start}-{end}")
+    for values in (filters.deployments, filters.target_models, filters.draft_models):
+        if values:
+            parts.append("+".join(deployment_label(v) for v in values))
+    slug = "_".join(parts) or "all"
+    safe = "".join(ch if ch.isalnum() or ch in "-+." else "-" for ch in slug)
+    return safe[:120].strip("-") or "all"
+
+
+def replay_url(replay_id: str) -> str:
+    """The permanent address of one stored replay, relative to the dashboard."""
+    return f"replay?replay_id={replay_id}"
+
+
+def request_url(request_id: str) -> str:
+    from urllib.parse import quote
+
+    return f"replay?request_id={quote(request_id, safe='')}"
+
+
+
+# --- charts -------------------------------------------------------------------------------------------------
+
+# Colour-blind-safe (Okabe-Ito order) and without red: red is kept for what is wrong.
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#56B4E9", "#CC79A7", "#F0E442", "#7F7F7F", "#000000"]
+ALARM = "#D62728"
+GOOD = "#4C78A8"
+TIME_KEY = "f_time"
+
+
+def readable_layout(figure: Any, *, height: int | None = None) -> Any:
+    """Legends under the plot, not beside it: on a phone a side legend squeezes the plot to a sliver."""
+    figure.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0, "title": None},
+                         margin={"l": 8, "r": 8, "t": 36, "b": 8}, colorway=PALETTE)
+    if height:
+        figure.update_layout(height=height)
+    return figure
+
+
+def annotations() -> list[Annotation]:
+    """The annotations of this session: the sidebar's and the file's, and the detected contamination."""
+    return st.session_state.get(ANNOTATIONS_KEY, [])
+
+
+def annotate(figure: Any, deployment: str | None = None) -> Any:
+    """Deploys, fixes and the first/last contaminated hit as labelled vertical lines on a time chart."""
+    for note in annotations_for(annotations(), deployment):
+        detected = note.kind != "note"
+        # An epoch-millisecond x: plotly's own arithmetic on datetimes in add_vline fails on some versions.
+        figure.add_vline(x=note.ts.timestamp() * 1000, line_width=1,
+                         line_dash="dot" if detected else "dash", line_color=ALARM if detected else "#444444",
+                         annotation_text=plot_label(note.label), annotation_position="top left",
+                         annotation_font_size=10)
+    return figure
+
+
+def _set_time_filter_from(key: str) -> None:
+    """on_select of a time chart: a box dragged across it becomes the sidebar's time range."""
+    state = st.session_state.get(key)
+    boxes = (state or {}).get("selection", {}).get("box", []) if isinstance(state, dict) else \
+        getattr(getattr(state, "selection", None), "box", [])
+    if not boxes:
+        return
+    xs = boxes[0].get("x") or []
+    if len(xs) < 2:
+        return
+    low, high = sorted(pd.Timestamp(x, tz="UTC") if pd.Timestamp(x).tzinfo is None else pd.Timestamp(x)
+                       for x in xs[:2])
+    st.session_state[TIME_ZOOM_KEY] = (low.to_pydatetime(), high.to_pydatetime())
+
+
+TIME_ZOOM_KEY = "time_zoom"
+
+
+def time_chart(figure: Any, key: str, deployment: str | None = None) -> dict | None:
+    """Show a time chart with its annotations. Dragging across it sets the sidebar's time range (the
+    global filter); clicking a bar or point returns that point (x, customdata) for its rows to be shown."""
+    annotate(figure, deployment)
+    figure.update_layout(dragmode="select", selectdirection="h")
+    event = st.plotly_chart(figure, key=key, on_select=lambda: _set_time_filter_from(key),
+                            selection_mode=("points", "box"), config={"displaylogo": False})
+    points = event.selection.points if event is not None and event.selection else []
+    if points and not (event.selection.box or []):
+        return points[0]
+    return None
+
+
+def point_time(point: dict) -> pd.Timestamp:
+    ts = pd.Timestamp(point["x"])
+    return ts.tz_localize("UTC") if ts.tzinfo is None else ts
+
+
+def fmt_duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} days"
+
+
+def bucket_delta(bucket: str) -> pd.Timedelta:
+    return pd.Timedelta(bucket)
+
+
+def point_deployment(figure: Any, point: dict) -> str | None:
+    """The deployment of a clicked point, from the customdata its trace carries."""
+    try:
+        return str(figure.data[point["curve_number"]].customdata[point["point_index"]][0])
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+
+
+def show_point_rows(figure: Any, point: dict | None, bucket: str, *, contaminated_only: bool = False,
+                    key: str) -> None:
+    """The requests behind a clicked bar or point of a time chart, each linked to its replay page."""
+    if point is None:
+        st.caption("Click a bar or point to list its requests; drag across the chart to set the time range.")
+        return
+    from specdec_core import analysis
+
+    start = point_time(point)
+    end = start + bucket_delta(bucket)
+    deployment = point_deployment(figure, point)
+    rows = cached(analysis.requests_in_window, filters(), start.to_pydatetime(), end.to_pydatetime(),
+                  deployment=deployment, contaminated_only=contaminated_only)
+    where = f" in {code_span(deployment_label(deployment))}" if deployment is not None else ""
+    st.markdown(f"**{len(rows):,} {'contaminated hits' if contaminated_only else 'requests'}** from "
+                f"{fmt_ts(start.to_pydatetime())} to {fmt_ts(end.to_pydatetime())}{where}")
+    request_table(rows, key=key)
+
+
+def request_table(rows: pd.DataFrame, *, key: str, **kwargs: Any) -> Any:
+    """Requests with a link to each one's replay page in the first column."""
+    shown = rows.copy()
+    shown.insert(0, "open", [request_url(r) for r in shown["request_id"]])
+    return st.dataframe(shown, hide_index=True, key=key, column_config={
+        "open": st.column_config.LinkColumn("replay", display_text="open", width="small"),
+    }, **kwargs)
+
+
+def short_digest(values: Any) -> str:
+    """A short, stable name for a list of values (never Python's hash(), which changes per process)."""
+    import hashlib
+
+    return hashlib.sha256("\x1f".join(map(str, values)).encode()).hexdigest()[:12]

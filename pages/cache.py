@@ -1,4 +1,5 @@
-"""Cache: hit rates per model combination and over time, keys per identity, latency, speculation health."""
+"""Cache: hit rates per model combination and over time, the evidence of a hit rate too good, latency,
+speculation health."""
 
 from __future__ import annotations
 
@@ -18,33 +19,53 @@ combos = ui.cached(analysis.hit_rate_by_combination, filters=filters)
 combos = combos.assign(combination=[ui.plot_label(f"{t} / {d}")
                                     for t, d in zip(combos.target_model, combos.draft_model, strict=True)])
 figure = px.bar(combos, x="combination", y="hit_rate", hover_data=["requests", "hits", "contaminated_hits"],
-                labels={"hit_rate": "hit rate", "combination": "target / draft"})
+                labels={"hit_rate": "hit rate", "combination": "target / draft"},
+                color_discrete_sequence=[ui.GOOD])
 figure.update_yaxes(tickformat=".0%", range=[0, 1])
-st.plotly_chart(figure, key="hit_rate_by_combination")
+st.plotly_chart(ui.readable_layout(figure), key="hit_rate_by_combination")
 
-st.subheader("Hit rate over time")
-over_time = ui.cached(analysis.hit_rate_over_time, filters=filters)
-over_time = over_time.assign(combination=over_time.combination.map(ui.plot_label))
-figure = px.line(over_time, x="bucket", y="hit_rate", color="combination", markers=True,
-                 hover_data=["requests"], labels={"hit_rate": "hit rate", "bucket": "time (UTC)"})
+st.subheader("Hit rate over time, per deployment")
+smoothing = st.select_slider("Smoothing (trailing buckets)", analysis.SMOOTHING_WINDOWS, value=1,
+                             key="hit_rate_smoothing", format_func=lambda n: "off" if n == 1 else f"{n} buckets")
+bucket = ui.cached(analysis.time_bucket, filters=filters)
+over_time = ui.cached(analysis.hit_rate_by_deployment_over_time, filters=filters, bucket=bucket,
+                      smoothing=smoothing)
+over_time = over_time.assign(combination=over_time.combination.map(ui.plot_label),
+                             label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
+deployments = over_time.deployment.nunique()
+figure = px.line(over_time, x="bucket", y="smoothed_hit_rate", color="combination", facet_row="label",
+                 custom_data=["deployment"], markers=deployments * over_time.bucket.nunique() < 400,
+                 hover_data={"requests": True, "hit_rate": ":.1%"},
+                 labels={"smoothed_hit_rate": "hit rate", "bucket": f"time (UTC, {bucket} buckets)",
+                         "label": "deployment", "combination": "target / draft"},
+                 color_discrete_sequence=ui.PALETTE, height=160 + 150 * max(deployments, 1))
+figure.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
 figure.update_yaxes(tickformat=".0%", range=[0, 1.05])
-st.plotly_chart(figure, key="hit_rate_over_time")
+ui.readable_layout(figure)
+point = ui.time_chart(figure, "hit_rate_over_time")
+ui.show_point_rows(figure, point, bucket, key="hit_rate_rows")
 
-st.subheader("Unique keys per unique identity, by deployment")
-st.caption("A correct key gives every identity its own entry, so each identity misses at least once: "
-           "a hit rate above the ceiling means requests were served outputs made for other identities.")
+st.subheader("Hits on identities never served before")
+st.caption("With a correct key an identity's first request misses: it can only hit an entry made for itself. "
+           "A hit on an identity the deployment had never served got another identity's output (or an entry "
+           "older than the log). Those hits are the evidence that the hit rate is too good.")
 ratios = ui.cached(analysis.key_ratio_by_deployment, filters=filters)
 labels = [ui.plot_label(ui.deployment_label(d)) for d in ratios.deployment]
+repeat_hits = ratios.hits - ratios.first_sight_hits
 figure = go.Figure([
-    go.Bar(name="observed hit rate", x=labels, y=ratios.hit_rate),
-    go.Bar(name="ceiling for a correct key", x=labels, y=ratios.max_correct_hit_rate),
+    go.Bar(name="hits on an identity never served before (impossible with a correct key)", y=labels,
+           x=ratios.first_sight_hits, orientation="h", marker_color=ui.ALARM),
+    go.Bar(name="hits on an identity served before", y=labels, x=repeat_hits, orientation="h",
+           marker_color=ui.GOOD),
 ])
-figure.update_layout(barmode="group", yaxis_tickformat=".0%", xaxis_title="deployment")
-st.plotly_chart(figure, key="key_ratio_by_deployment")
+figure.update_layout(barmode="stack", xaxis_title="cache hits", yaxis_title="deployment",
+                     height=140 + 50 * max(len(ratios), 1))
+st.plotly_chart(ui.readable_layout(figure), key="first_sight_hits")
 st.dataframe(ratios, hide_index=True, column_config={
     "keys_per_identity": st.column_config.NumberColumn("keys per identity", format="%.3f"),
     "hit_rate": st.column_config.NumberColumn("hit rate", format="percent"),
     "max_correct_hit_rate": st.column_config.NumberColumn("ceiling for a correct key", format="percent"),
+    "first_sight_hits": st.column_config.NumberColumn("hits on never-served identities"),
 })
 
 st.subheader("Latency of hits and misses")
@@ -52,6 +73,16 @@ latency = ui.cached(analysis.latency_hit_vs_miss, filters=filters)
 if latency.empty:
     st.info("No request in this selection logged a latency.")
 else:
+    histogram = ui.cached(analysis.latency_histogram, filters=filters)
+    figure = go.Figure([
+        go.Bar(name=outcome, x=part.low_ms, y=part.requests, width=part.high_ms - part.low_ms, offset=0,
+               marker_color=ui.GOOD if outcome == "hit" else ui.PALETTE[1], opacity=0.75,
+               customdata=part.high_ms, hovertemplate="%{x:.3g} to %{customdata:.3g} ms: %{y:,} requests")
+        for outcome, part in histogram.groupby("outcome")
+    ])
+    figure.update_layout(barmode="overlay", xaxis_title="latency (ms, log scale)", yaxis_title="requests")
+    figure.update_xaxes(type="log")
+    st.plotly_chart(ui.readable_layout(figure), key="latency_histogram")
     st.dataframe(latency, hide_index=True)
 
 st.subheader("Speculative decoding health (decoded requests)")
@@ -63,11 +94,11 @@ else:
         ui.plot_label(f"{t} / {d}") for t, d in zip(acceptance.target_model, acceptance.draft_model, strict=True)
     ])
     left, right = st.columns(2)
-    figure = px.bar(acceptance, x="combination", y="acceptance_rate",
+    figure = px.bar(acceptance, x="combination", y="acceptance_rate", color_discrete_sequence=[ui.GOOD],
                     labels={"acceptance_rate": "acceptance rate", "combination": "target / draft"})
     figure.update_yaxes(tickformat=".0%", range=[0, 1])
-    left.plotly_chart(figure, key="acceptance_rate")
-    figure = px.bar(acceptance, x="combination", y="mean_accepted_length",
+    left.plotly_chart(ui.readable_layout(figure), key="acceptance_rate")
+    figure = px.bar(acceptance, x="combination", y="mean_accepted_length", color_discrete_sequence=[ui.GOOD],
                     labels={"mean_accepted_length": "accepted tokens per step", "combination": "target / draft"})
-    right.plotly_chart(figure, key="mean_accepted_length")
+    right.plotly_chart(ui.readable_layout(figure), key="mean_accepted_length")
     st.dataframe(acceptance.drop(columns="combination"), hide_index=True)

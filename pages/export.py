@@ -6,17 +6,18 @@ import streamlit as st
 
 import ui
 from specdec_core.analysis import report
-from specdec_core.replay import run as replay
+from specdec_core.replay import stored
 
 ui.page_header("Export")
 ui.require_data()
 filters = ui.filters()
+slug = ui.filter_slug(filters)
 PREVIEW_ROWS = 1000
 
 st.subheader("Mismatch report")
 st.caption("One row per flagged request and kind, with the sidebar's filters applied: the same CSV as "
-           f"`specdec report --db {ui.md_escape(ui.store().path)} --out report.csv` writes for an unfiltered "
-           "database.")
+           f"{ui.code_span(f'specdec report --db {ui.store().path} --out report.csv')} writes for an unfiltered "
+           "database. The file's name records the filters.")
 kinds = st.multiselect("Kinds", report.KINDS, default=list(report.KINDS), key="export_kinds")
 counts = ui.cached(report.report_counts, filters=filters, kinds=tuple(kinds))
 total = sum(counts.values())
@@ -27,7 +28,7 @@ for column, kind in zip(row, report.KINDS, strict=True):
 store = ui.store()
 st.download_button("Download mismatch report (CSV)",
                    data=lambda: report.report_csv(report.mismatch_report(store, filters, kinds)),
-                   file_name="specdec-mismatch-report.csv", mime="text/csv", type="primary",
+                   file_name=f"specdec-mismatch-report_{slug}.csv", mime="text/csv", type="primary",
                    on_click="ignore", disabled=total == 0, key="download_report")
 if total == 0:
     st.success("Nothing to report for these kinds in this selection.")
@@ -38,11 +39,16 @@ else:
     st.dataframe(preview, hide_index=True)
 
 st.subheader("Replays")
-replays = ui.cached(replay.replays_table)
+replays = ui.cached(stored.replays_for_export, filters=filters)
 if replays.empty:
-    st.info("No request replayed in this database yet: replays run from the Replay page or "
+    st.info("No replay stored for the requests of this selection: replays run from the Replay page or "
             "`specdec replay --db FILE --request-id ID`.")
 else:
-    st.download_button("Download replays (CSV)", data=report.report_csv(replays), file_name="specdec-replays.csv",
-                       mime="text/csv", on_click="ignore", key="download_replays")
-    st.dataframe(replays, hide_index=True)
+    st.caption(f"{len(replays):,} replays of the requests the sidebar's filters select.")
+    st.download_button("Download replays (CSV)", data=report.report_csv(replays),
+                       file_name=f"specdec-replays_{slug}.csv", mime="text/csv", on_click="ignore",
+                       key="download_replays")
+    replays = replays.copy()
+    replays.insert(0, "open", [ui.replay_url(r) for r in replays.replay_id])
+    st.dataframe(replays, hide_index=True, column_config={
+        "open": st.column_config.LinkColumn("replay page", display_text="open", width="small")})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import plotly.express as px
 import streamlit as st
 
 import ui
@@ -11,6 +12,9 @@ from specdec_core import analysis as metrics
 from specdec_core import contract, keys
 from specdec_core.config import ConfigError
 from specdec_core.keys import audit
+
+TOP_KEYS = 20
+DIFFERS = "background-color: #fde2c4"
 
 ui.page_header("Keys")
 ui.require_data()
@@ -24,6 +28,15 @@ if collisions.empty:
     st.success("No cache key was shared by different request identities in this selection.")
 else:
     st.subheader(f"{head['key_collisions']:,} keys shared by more than one identity")
+    top = collisions.head(TOP_KEYS)
+    figure = px.bar(top.iloc[::-1], y=[ui.plot_label(f"{ui.deployment_label(d)} · {k[:40]}")
+                                       for d, k in zip(top.deployment[::-1], top.cache_key[::-1], strict=True)],
+                    x="identities", orientation="h", hover_data=["requests", "hits"],
+                    color_discrete_sequence=[ui.ALARM], height=120 + 28 * len(top),
+                    labels={"identities": "identities sharing the key", "y": "deployment · cache key"})
+    st.plotly_chart(ui.readable_layout(figure), key="identities_per_key")
+    if len(collisions) > TOP_KEYS:
+        st.caption(f"The {TOP_KEYS} keys shared by the most identities; the table lists all {len(collisions):,}.")
     table = st.dataframe(collisions, hide_index=True, on_select="rerun", selection_mode="single-row",
                          key="collision_table")
     rows = [i for i in table.selection.rows if i < len(collisions)]
@@ -33,7 +46,21 @@ else:
     st.caption("Select a row above to see another key. Showing:")
     st.code(f"deployment: {ui.deployment_label(chosen.deployment)}\ncache_key:  {chosen.cache_key}", language=None)
     identities = ui.cached(metrics.key_collision_identities, chosen.deployment, chosen.cache_key, filters=filters)
-    st.dataframe(identities, hide_index=True)
+    differing = metrics.differing_identity_columns(identities)
+    if differing:
+        st.markdown("Identity fields that differ between them (highlighted): "
+                    + ", ".join(ui.code_span(f) for f in differing))
+    st.dataframe(identities.style.apply(
+        lambda column: [DIFFERS if column.name in differing else "" for _ in column]), hide_index=True)
+    prompts = ui.cached(metrics.key_prompts, chosen.deployment, chosen.cache_key, filters=filters)
+    distinct = prompts.prompt.dropna().unique()
+    st.markdown(f"**Prompt{'s' if len(distinct) > 1 else ''} behind this key**")
+    for prompt in distinct[:3]:
+        st.code(prompt, language=None, wrap_lines=True)
+    if len(distinct) > 3:
+        st.caption(f"and {len(distinct) - 3:,} more prompts.")
+    if prompts.prompt.isna().any():
+        st.caption("Some identities were logged with only the prompt's hash.")
 
 st.subheader("Audit a key function")
 st.caption("Changes every field of an example request and reports the fields the key ignores, and keys that "

@@ -1,4 +1,4 @@
-"""Mismatches: the hits that served another identity's output, over time and one by one; pick some to replay."""
+"""Mismatches: the hits that served another identity's output, over time and one by one; tick some to replay."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import streamlit as st
 
 import ui
 from specdec_core import analysis
+
+SELECTED_KEY = "mismatch_selected"  # request ids: a selection follows requests, not table positions
 
 ui.page_header("Mismatches")
 ui.require_data()
@@ -19,12 +21,19 @@ if window.empty:
     st.stop()
 
 st.subheader("Contaminated hits over time")
-over_time = ui.cached(analysis.mismatch_rate_over_time, filters=filters)
-over_time = over_time.assign(deployment=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
-figure = px.bar(over_time, x="bucket", y="contaminated_hits", color="deployment",
-                hover_data=["hits", "mismatch_rate"],
-                labels={"bucket": "time (UTC)", "contaminated_hits": "contaminated hits"})
-st.plotly_chart(figure, key="mismatch_rate_over_time")
+bucket = ui.cached(analysis.time_bucket, filters=filters)
+over_time = ui.cached(analysis.mismatch_rate_over_time, filters=filters, bucket=bucket)
+# Only deployments with contaminated hits get a colour and a legend entry; none of them is red, which would
+# say one deployment is worse than another.
+over_time = over_time[over_time.contaminated_hits > 0]
+over_time = over_time.assign(label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
+figure = px.bar(over_time, x="bucket", y="contaminated_hits", color="label", custom_data=["deployment"],
+                hover_data=["hits", "mismatch_rate"], color_discrete_sequence=ui.PALETTE,
+                labels={"bucket": f"time (UTC, {bucket} buckets)", "contaminated_hits": "contaminated hits",
+                        "label": "deployment"})
+ui.readable_layout(figure)
+point = ui.time_chart(figure, "mismatch_rate_over_time")
+ui.show_point_rows(figure, point, bucket, contaminated_only=True, key="mismatch_point_rows")
 
 st.subheader("Contaminated hits")
 hits = ui.cached(analysis.contaminated_hits, filters=filters)
@@ -34,18 +43,47 @@ if needle:
     searched = hits[["deployment", "differing_fields", "target_model", "draft_model"]].fillna("")
     hits = hits[searched.apply(lambda column: column.str.lower().str.contains(needle, regex=False)).any(axis=1)]
 hits = hits.reset_index(drop=True)
+selected: list[str] = st.session_state.setdefault(SELECTED_KEY, [])
+COLUMNS = ["request_id", "ts", "deployment", "source_request_id", "differing_fields", "target_model",
+           "draft_model", "temperature", "max_tokens", "seed", "tokenizer_version", "output_tokens", "cache_key",
+           "source_ts", "output_preview"]
+table = hits[COLUMNS].copy()
+table.insert(0, "replay", table.request_id.isin(selected))
+# The editor's own state is per position; it is keyed by the rows it shows, so a new filter starts it anew
+# from the ids ticked so far.
+editor_key = f"mismatch_editor_{len(table)}_{ui.short_digest(table.request_id)}"
+
+
+def remember_ticks() -> None:
+    edits = st.session_state.get(editor_key, {}).get("edited_rows", {})
+    chosen = list(st.session_state.get(SELECTED_KEY, []))
+    for position, change in edits.items():
+        if "replay" not in change or int(position) >= len(table):
+            continue
+        request_id = table.request_id.iloc[int(position)]
+        if change["replay"] and request_id not in chosen:
+            chosen.append(request_id)
+        elif not change["replay"] and request_id in chosen:
+            chosen.remove(request_id)
+    st.session_state[SELECTED_KEY] = chosen
+
+
 shown = f"{len(hits):,} of {window.contaminated_hits.sum():,}"
-st.caption(f"{shown} contaminated hits. Select rows to replay them with their full identity.")
-table = st.dataframe(
-    hits[["request_id", "ts", "deployment", "source_request_id", "differing_fields", "target_model",
-          "draft_model", "temperature", "max_tokens", "seed", "tokenizer_version", "output_tokens", "cache_key",
-          "source_ts", "output_preview"]],
-    hide_index=True, on_select="rerun", selection_mode="multi-row", key="mismatch_table",
-)
-selected = [hits.request_id[i] for i in table.selection.rows if i < len(hits)]
+st.caption(f"{shown} contaminated hits. Tick rows to replay them with their full identity; ticks stay with "
+           "their requests when the filter changes.")
+st.data_editor(table, hide_index=True, key=editor_key, on_change=remember_ticks,
+               disabled=[c for c in table.columns if c != "replay"],
+               column_config={"replay": st.column_config.CheckboxColumn("replay", width="small")})
+selected = st.session_state[SELECTED_KEY]
 if selected:
-    st.session_state[ui.REPLAY_IDS_KEY] = selected
-    st.write(f"{len(selected)} selected for replay.")
-    if st.button("Replay selected", type="primary"):
+    hidden = [r for r in selected if r not in set(table.request_id)]
+    st.write(f"{len(selected)} selected for replay"
+             + (f" ({len(hidden)} not shown by this filter)." if hidden else "."))
+    left, right = st.columns([1, 1])
+    if left.button(f"Replay {len(selected)} selected", type="primary", key="replay_selected"):
+        st.session_state[ui.REPLAY_IDS_KEY] = list(selected)
+        st.session_state[ui.REPLAY_START_KEY] = list(selected)
         st.switch_page(ui.PAGE_FILES["Replay"])
-    ui.page_link("Replay", "Open Replay with the selection")
+    if right.button("Clear the selection", key="clear_selection"):
+        st.session_state[SELECTED_KEY] = []
+        st.rerun()

@@ -1,4 +1,4 @@
-"""Output length: output tokens per max_tokens; a box reaching above its own limit is impossible."""
+"""Output length: output tokens per max_tokens; the limit a line, the requests above it points."""
 
 from __future__ import annotations
 
@@ -15,32 +15,47 @@ filters = ui.filters()
 st.caption("A request cannot return more tokens than its max_tokens. Outputs longer than their limit were "
            "produced for another request and served from a shared cache entry.")
 boxes = ui.cached(analysis.output_length_by_max_tokens, filters=filters)
-categories = [str(m) for m in boxes.max_tokens]
+count = ui.cached(analysis.headline, filters=filters)["length_violations"]
+violations = ui.cached(analysis.length_violations, filters=filters) if count else None
+position = {m: i for i, m in enumerate(boxes.max_tokens)}
 figure = go.Figure()
-for violating, name, color in ((False, "within max_tokens", "#4c78a8"), (True, "exceeds max_tokens", "#e45756")):
-    part = boxes[(boxes.violations > 0) == violating]
-    if part.empty:
-        continue
-    figure.add_trace(go.Box(
-        name=name, x=[str(m) for m in part.max_tokens], q1=part["q1"], median=part["median"], q3=part["q3"],
-        lowerfence=part["min"], upperfence=part["max"], marker_color=color, boxpoints=False,
-    ))
-figure.add_trace(go.Scatter(
-    name="max_tokens", x=categories, y=boxes.max_tokens, mode="markers",
-    marker={"symbol": "line-ew-open", "size": 28, "color": "black"},
+figure.add_trace(go.Box(
+    name="output tokens", x=list(range(len(boxes))), q1=boxes["q1"], median=boxes["median"], q3=boxes["q3"],
+    lowerfence=boxes["min"], upperfence=boxes["max"], marker_color=ui.GOOD, boxpoints=False,
 ))
-figure.update_layout(xaxis={"title": "max_tokens", "type": "category", "categoryorder": "array",
-                            "categoryarray": categories},
-                     yaxis_title="output tokens", boxmode="overlay")
-st.plotly_chart(figure, key="output_length_by_max_tokens")
+# The limit of each box as a line across it: None breaks the line between boxes.
+xs, ys = [], []
+for i, limit in enumerate(boxes.max_tokens):
+    xs += [i - 0.45, i + 0.45, None]
+    ys += [limit, limit, None]
+figure.add_trace(go.Scatter(name="max_tokens (the limit)", x=xs, y=ys, mode="lines",
+                            line={"color": "#222222", "width": 2, "dash": "dash"}, hoverinfo="skip"))
+if violations is not None and not violations.empty:
+    # Spread across the box's width so requests of equal length stay apart; the same spread every render.
+    spread = [((n * 37) % 61) / 61 * 0.6 - 0.3 for n in range(len(violations))]
+    figure.add_trace(go.Scatter(
+        name="requests over their limit", mode="markers",
+        x=[position[m] + dx for m, dx in zip(violations.max_tokens, spread, strict=True)],
+        y=violations.output_tokens, marker={"color": ui.ALARM, "size": 8, "symbol": "x"},
+        customdata=violations[["request_id"]].map(ui.plot_label).to_numpy(),
+        hovertemplate="%{customdata[0]}: %{y} tokens<extra></extra>",
+    ))
+figure.update_layout(xaxis={"title": "max_tokens", "tickmode": "array", "tickvals": list(range(len(boxes))),
+                            "ticktext": [str(m) for m in boxes.max_tokens]},
+                     yaxis_title="output tokens")
+event = st.plotly_chart(ui.readable_layout(figure), key="output_length_by_max_tokens", on_select="rerun",
+                        selection_mode="points")
 st.dataframe(boxes, hide_index=True)
 
 st.subheader("Length violations")
-count = ui.cached(analysis.headline, filters=filters)["length_violations"]
 if not count:
     st.success("No request in this selection returned more tokens than its max_tokens.")
 else:
-    violations = ui.cached(analysis.length_violations, filters=filters)
-    shown = "" if len(violations) == count else f" (the first {len(violations):,} listed)"
+    picked = [violations.request_id.iloc[p["point_index"]] for p in (event.selection.points if event else [])
+              if p.get("curve_number") == 2 and p.get("point_index", -1) < len(violations)]
+    if picked:
+        violations = violations[violations.request_id.isin(picked)]
+        st.caption("The requests clicked in the chart; click elsewhere to list them all.")
+    shown = "" if len(violations) == count or picked else f" (the first {len(violations):,} listed)"
     st.error(f"{count:,} requests returned more tokens than their max_tokens allows{shown}.")
-    st.dataframe(violations, hide_index=True)
+    ui.request_table(violations, key="length_violation_rows")

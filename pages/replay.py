@@ -1,4 +1,8 @@
-"""Replay: one logged request decoded again with its full identity, diffed against what production returned."""
+"""Replay: one logged request decoded again with its full identity, diffed against what production returned.
+
+Every replay is stored and has its own page, `replay?replay_id=...`; a batch lists its replays, each
+linked; the replay history lists them all.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,14 @@ import streamlit as st
 
 import ui
 from specdec_core import analysis
+from specdec_core.replay import jobs
 from specdec_core.replay import run as replay
+from specdec_core.replay import stored
 
 ui.page_header("Replay")
 ui.require_data()
 filters = ui.filters()
 db = ui.store()
-results = st.session_state.setdefault(ui.REPLAY_RESULTS_KEY, {})
 
 MEANING = {
     "match": "The replay reproduces production's output.",
@@ -26,31 +31,21 @@ MEANING = {
     "unavailable": "This request can't be replayed here (its model or tokenizer isn't available).",
     "redacted": "The log holds only the prompt's hash: give the prompt below to replay it.",
 }
+IDENTITY = ["ts", "deployment", "target_model", "draft_model", "num_speculative_tokens", "temperature", "top_p",
+            "top_k", "max_tokens", "seed", "stop", "tokenizer_version", "cache_key", "cache_hit",
+            "source_request_id", "differing_fields", "output_tokens", "finish_reason", "latency_ms",
+            "draft_tokens", "accepted_tokens", "prompt_hash"]
 
 
-def choose_request() -> str:
-    """A link's ?request_id= or a new selection on Mismatches fills the box; typing replaces it."""
-    queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
-    linked = st.query_params.get("request_id", "")
-    for source, value in (("linked", linked), ("queued", queued[0] if queued else "")):
-        if value and st.session_state.get(f"_replay_{source}") != value:
-            st.session_state[f"_replay_{source}"] = value
-            st.session_state["replay_request_id"] = value
-    if queued:
-        st.selectbox("Selected on the Mismatches page", queued, key="replay_pick",
-                     on_change=lambda: st.session_state.update(replay_request_id=st.session_state.replay_pick))
-    return st.text_input("Request id", key="replay_request_id").strip()
+def _text(value: object) -> str:
+    return "" if value is None else str(value)
 
 
 def show_record(record: dict) -> None:
-    identity = ["ts", "deployment", "target_model", "draft_model", "num_speculative_tokens", "temperature",
-                "top_p", "top_k", "max_tokens", "seed", "stop", "tokenizer_version", "cache_key", "cache_hit",
-                "source_request_id", "differing_fields", "output_tokens", "finish_reason", "latency_ms",
-                "draft_tokens", "accepted_tokens", "prompt_hash"]
     left, right = st.columns(2)
     with left:
         st.markdown("**Logged request**")
-        st.dataframe(pd.DataFrame({"field": identity, "value": [_text(record.get(f)) for f in identity]}),
+        st.dataframe(pd.DataFrame({"field": IDENTITY, "value": [_text(record.get(f)) for f in IDENTITY]}),
                      hide_index=True)
     with right:
         st.markdown("**Prompt**")
@@ -62,12 +57,8 @@ def show_record(record: dict) -> None:
         st.code(record["output_text"], language=None, wrap_lines=True)
     if record.get("contaminated"):
         st.warning(f"A contaminated hit: production served the output cached by request "
-                   f"{ui.md_escape(record['source_request_id'])}, whose identity differs in "
+                   f"{ui.code_span(record['source_request_id'])}, whose identity differs in "
                    f"{ui.md_escape(record['differing_fields'])}.")
-
-
-def _text(value: object) -> str:
-    return "" if value is None else str(value)
 
 
 def diff_markdown(word_ops) -> str:
@@ -92,91 +83,199 @@ def _marked(text: str, template: str) -> str:
     return lead + template.format(ui.md_escape(core)) + trail
 
 
-def show_result(result) -> None:
-    st.metric("Classification", result.classification)
-    st.caption(MEANING.get(result.classification, ""))
-    if result.message:
-        st.caption(ui.md_escape(result.message))
-    foreign = result.classification == "foreign" and result.source_replay_text is not None
+def show_replay(view: stored.StoredReplay, *, key: str) -> None:
+    """One replay: production, the replay and (foreign) the source's replay side by side; the diff against
+    the replay that proves the cause; the evidence in words and numbers."""
+    st.metric("Classification", view.classification)
+    st.caption(MEANING.get(view.classification, ""))
+    if view.message:
+        st.markdown(f"**Why:** {ui.md_escape(view.message)}")
+    foreign = view.classification == "foreign" and view.source_replay_text is not None
     columns = st.columns(3 if foreign else 2)
     with columns[0]:
         st.markdown("**Production**")
-        st.code(_text(result.production_text), language=None, wrap_lines=True)
+        st.code(_text(view.production_text), language=None, wrap_lines=True)
     with columns[1]:
         st.markdown("**Replay with the request's identity**")
-        st.code(_text(result.replay_text), language=None, wrap_lines=True)
+        st.code(_text(view.replay_text), language=None, wrap_lines=True)
     if foreign:
         with columns[2]:
-            st.markdown(f"**Replay of the source request {ui.md_escape(result.source_request_id)}**")
-            st.code(_text(result.source_replay_text), language=None, wrap_lines=True)
-    diff = result.diff
-    if diff is not None:
-        row = st.columns(5)
-        row[0].metric("Common prefix (tokens)", ui.fmt_int(diff.common_prefix_tokens))
-        row[1].metric("First divergent token", ui.fmt_int(diff.first_divergent_token))
-        row[2].metric("Similarity", ui.fmt_pct(diff.similarity))
-        row[3].metric("Tokens production / replay",
-                      f"{ui.fmt_int(diff.production_tokens)} / {ui.fmt_int(diff.replay_tokens)}")
-        row[4].metric("max_tokens", ui.fmt_int(diff.max_tokens))
-        st.markdown("**Word diff** (production :red-background[~~removed~~], replay :green-background[added])")
-        st.markdown(diff_markdown(diff.word_ops) or "_(both empty)_")
+            st.markdown(f"**Replay of the source request {ui.code_span(view.source_request_id)}**")
+            st.code(_text(view.source_replay_text), language=None, wrap_lines=True)
+    row = st.columns(4)
+    row[0].metric("Common prefix (tokens)", ui.fmt_int(view.common_prefix_tokens))
+    row[1].metric("First divergent token", ui.fmt_int(view.first_divergent_token))
+    row[2].metric("Similarity", ui.fmt_pct(view.similarity))
+    rate = view.accepted_tokens / view.draft_tokens if view.draft_tokens else None
+    row[3].metric("Acceptance rate (replay)", ui.fmt_pct(rate))
+    against, _ = view.proof
+    proof = view.proof_diff()
+    if proof is not None:
+        ops, similarity = proof
+        st.markdown(f"**Word diff: production against {ui.md_escape(against)}** ({similarity:.0%} similar; "
+                    "production :red-background[~~removed~~], the replay :green-background[added])")
+        st.markdown(diff_markdown(ops) or "_(both empty)_")
         with st.expander("Diff operations"):
-            st.dataframe(pd.DataFrame([(w.op, w.production, w.replay) for w in diff.word_ops],
-                                      columns=["op", "production", "replay"]), hide_index=True)
-    row = st.columns(3)
-    row[0].metric("Draft tokens (replay)", ui.fmt_int(result.draft_tokens))
-    row[1].metric("Accepted tokens (replay)", ui.fmt_int(result.accepted_tokens))
-    rate = result.accepted_tokens / result.draft_tokens if result.draft_tokens else None
-    row[2].metric("Acceptance rate (replay)", ui.fmt_pct(rate))
+            st.dataframe(pd.DataFrame([(w.op, w.production, w.replay) for w in ops],
+                                      columns=["op", "production", "replay"]), hide_index=True, key=f"ops_{key}")
     st.markdown("**Evidence**")
-    st.json(result.evidence or {}, expanded=True)
+    lines = stored.evidence_lines(view.evidence)
+    if lines:
+        st.dataframe(pd.DataFrame(lines, columns=["what", "value"]), hide_index=True, key=f"evidence_{key}")
+    with st.expander("Environment of the replay"):
+        st.dataframe(pd.DataFrame(stored.evidence_lines(view.environment), columns=["what", "value"]),
+                     hide_index=True, key=f"environment_{key}")
+
+
+def replay_link(replay_id: str, label: str = "Open this replay's page (a permanent link)") -> None:
+    st.page_link(ui.PAGE_FILES["Replay"], label=label, icon=":material/link:",
+                 query_params={"replay_id": replay_id})
+
+
+# --- one stored replay, by its permanent address -------------------------------------------------------------
+
+replay_id = st.query_params.get("replay_id", "")
+if replay_id:
+    view = ui.cached(stored.stored_replay, replay_id)
+    if view is None:
+        st.warning(f"No replay {ui.code_span(replay_id)} in this database.")
+    else:
+        st.subheader(f"Replay of request {ui.code_span(view.request_id)}")
+        st.caption(f"Replayed {ui.fmt_ts(view.replayed_at)} · replay id {ui.code_span(view.replay_id)}")
+        record = ui.cached(analysis.request_record, view.request_id)
+        if record is not None:
+            with st.expander("The logged request", expanded=False):
+                show_record(record)
+        show_replay(view, key="stored")
+        st.page_link(ui.PAGE_FILES["Replay"], label="Replay this request again", icon=":material/replay:",
+                     query_params={"request_id": view.request_id})
+    st.stop()
+
+
+# --- a running replay: stages, progress, cancel --------------------------------------------------------------
+
+def current_job() -> jobs.ReplayJob | None:
+    job_id = st.session_state.get(ui.REPLAY_JOB_KEY)
+    return jobs.job(job_id) if job_id else None
+
+
+def start(ids: list[str], prompt: str | None = None) -> None:
+    job = jobs.start_job(db, ids, prompt=prompt)
+    st.session_state[ui.REPLAY_JOB_KEY] = job.job_id
+
+
+@st.fragment(run_every=1)
+def job_progress() -> None:
+    job = current_job()
+    if job is None or job.finished:
+        return
+    st.progress(job.done / job.total if job.total else 0.0,
+                text=ui.md_escape(f"{job.done} of {job.total} replayed · {job.describe()}"))
+    if st.button("Cancel", key="cancel_replay", icon=":material/cancel:"):
+        job.cancel()
+    if job.finished:
+        st.rerun(scope="app")
+
+
+def running() -> bool:
+    job = current_job()
+    return job is not None and not job.finished
+
+
+queued_start = st.session_state.pop(ui.REPLAY_START_KEY, None)
+if queued_start and not running():
+    start(queued_start)
+
+
+def choose_request() -> str:
+    """A link's ?request_id= or a new selection on Mismatches fills the box; typing replaces it."""
+    queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
+    linked = st.query_params.get("request_id", "")
+    for source, value in (("linked", linked), ("queued", queued[0] if queued else "")):
+        if value and st.session_state.get(f"_replay_{source}") != value:
+            st.session_state[f"_replay_{source}"] = value
+            st.session_state["replay_request_id"] = value
+    return st.text_input("Request id", key="replay_request_id").strip()
 
 
 request_id = choose_request()
 if request_id:
     record = ui.cached(analysis.request_record, request_id)
     if record is None:
-        st.warning(f"No request `{ui.md_escape(request_id)}` in this database.")
+        st.warning(f"No request {ui.code_span(request_id)} in this database.")
     else:
         show_record(record)
         st.subheader("Replay")
         prompt = None
         if record["prompt"] is None:
             prompt = st.text_area("Prompt (checked against the logged hash)", key="replay_prompt") or None
-        if st.button("Replay with the full identity", type="primary"):
-            with st.spinner("Loading models and decoding"):
-                try:
-                    results[request_id] = replay.replay(db, request_id, replay.default_decoder(), prompt=prompt)
-                except Exception as exc:  # the message is the user's next step; the page stays usable
-                    st.error(f"Replay of {ui.md_escape(request_id)} failed: {ui.md_escape(exc)}")
-        if request_id in results:
-            show_result(results[request_id])
+        if st.button("Replay with the full identity", type="primary", disabled=running(), key="replay_one"):
+            start([request_id], prompt)
 else:
-    st.info("Type a request id, select contaminated hits on the Mismatches page, or replay the most "
+    st.info("Type a request id, tick contaminated hits on the Mismatches page, or replay the most "
             "suspicious requests below.")
+
+preload = st.session_state.get(ui.PRELOAD_KEY)
+if preload is not None and not preload.finished:
+    st.caption(f"Models are loading in the background ({ui.md_escape(preload.stage)}): the first replay starts "
+               "as soon as they are in.")
+job_progress()
+job = current_job()
+if job is not None and job.finished:
+    if job.cancelled:
+        st.warning(f"Cancelled: {len(job.results)} of {job.total} replayed before; those are stored.")
+    for failed, why in job.errors.items():
+        st.error(f"Replay of {ui.code_span(failed)} failed: {ui.md_escape(why)}")
+    if job.total == 1 and job.results:
+        result = job.results[0]
+        replay_link(result.replay_id)
+        show_replay(stored.as_stored(result), key="fresh")
+    elif job.results:
+        st.subheader(f"Batch: {len(job.results)} of {job.total} replayed")
+        batch = pd.DataFrame({
+            "open": [ui.replay_url(r.replay_id) for r in job.results],
+            "request_id": [r.request_id for r in job.results],
+            "classification": [r.classification for r in job.results],
+            "similarity": [r.diff.similarity if r.diff else None for r in job.results],
+            "source_request_id": [r.source_request_id for r in job.results],
+            "message": [r.message for r in job.results],
+        })
+        st.dataframe(batch, hide_index=True, key="batch_table", column_config={
+            "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
+            "similarity": st.column_config.NumberColumn("similarity", format="percent"),
+        })
+        if st.toggle("Show each row's diff", key="batch_diffs"):
+            for n, result in enumerate(job.results):
+                with st.expander(f"{result.request_id}: {result.classification}"):
+                    replay_link(result.replay_id)
+                    show_replay(stored.as_stored(result), key=f"batch_{n}")
 
 st.subheader("Batch replay")
 queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
-which = st.radio("Replay", ["the most suspicious requests", f"the {len(queued)} selected requests"],
-                 index=1 if queued else 0, horizontal=True, key="batch_which")
+SUSPICIOUS = "the most suspicious requests"
+choices = [SUSPICIOUS] + ([f"the {len(queued)} selected requests"] if queued else [])
+which = st.radio("Replay", choices, index=len(choices) - 1, horizontal=True, key="batch_which")
 count = st.number_input("How many suspicious requests", min_value=1, max_value=1000, value=10, step=1,
-                        key="batch_count", disabled=which != "the most suspicious requests")
-if st.button("Replay batch"):
-    if which == "the most suspicious requests":
+                        key="batch_count", disabled=which != SUSPICIOUS)
+if st.button("Replay batch", disabled=running(), key="replay_batch"):
+    if which == SUSPICIOUS:
         ids = list(ui.cached(analysis.suspicious_requests, int(count), filters=filters).request_id)
     else:
         ids = list(queued)
-    bar = st.progress(0.0, text=f"0 of {len(ids)} replayed")
+    if ids:
+        start(ids)
+        st.rerun()
+    else:
+        st.info("Nothing to replay: no contaminated hit or length violation in this selection.")
 
-    def progress(done: int, total: int, result) -> None:
-        results[result.request_id] = result
-        bar.progress(done / total if total else 1.0, text=f"{done} of {total} replayed")
-
-    try:
-        replay.replay_many(db, ids, replay.default_decoder(), progress=progress)
-    except Exception as exc:  # the message is the user's next step; the page stays usable
-        st.error(f"Batch replay stopped: {ui.md_escape(exc)}")
-stored = ui.cached(replay.replays_table)
-if not stored.empty:
-    st.subheader("Replays stored in this database")
-    st.dataframe(stored, hide_index=True)
+st.subheader("Replay history")
+history = ui.cached(stored.replay_history, filters=filters)
+if history.empty:
+    st.caption("No replay stored for the requests of this selection yet. Replays run here or with "
+               "`specdec replay` are stored and listed here, each with its own page.")
+else:
+    history.insert(0, "open", [ui.replay_url(r) for r in history.replay_id])
+    st.dataframe(history, hide_index=True, key="replay_history", column_config={
+        "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
+        "similarity": st.column_config.NumberColumn("similarity", format="percent"),
+    })

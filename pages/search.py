@@ -1,0 +1,44 @@
+"""Search: every request whose prompt or output mentions a text (or matches a regular expression)."""
+
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+import ui
+from specdec_core import analysis
+
+ui.page_header("Search")
+ui.require_data()
+filters = ui.filters()
+LIMIT = 500
+
+text = st.text_input("Find requests whose prompt or output contains", key="search_text",
+                     placeholder="e.g. a phrase an output should never have mentioned")
+left, middle, right = st.columns(3)
+fields = left.multiselect("In", analysis.SEARCH_FIELDS, default=list(analysis.SEARCH_FIELDS), key="search_fields",
+                          format_func={"prompt": "prompts", "output_text": "outputs"}.get)
+mode = middle.radio("As", analysis.SEARCH_MODES, horizontal=True, key="search_mode",
+                    format_func={"contains": "plain text", "regex": "regular expression"}.get)
+case_sensitive = right.toggle("Match case", key="search_case")
+
+if not text:
+    st.info("Type a text to search the prompts and outputs of the requests the sidebar's filters select.")
+    st.stop()
+started = time.perf_counter()
+try:
+    found = ui.cached(analysis.search_requests, text, fields=tuple(fields), mode=mode,
+                      case_sensitive=case_sensitive, filters=filters, limit=LIMIT)
+except analysis.SearchError as exc:
+    st.error(ui.md_escape(exc))
+    st.stop()
+took = time.perf_counter() - started
+total = int(found.matches.iloc[0]) if len(found) else 0
+if not total:
+    st.warning(f"No request in this selection has {ui.code_span(text)} in its "
+               f"{' or '.join('prompt' if f == 'prompt' else 'output' for f in fields)}.")
+    st.stop()
+more = f"; the first {LIMIT:,} are listed" if total > LIMIT else ""
+st.caption(f"{total:,} requests match{more} ({took:.2f} s).")
+ui.request_table(found.drop(columns="matches"), key="search_results")
