@@ -230,7 +230,9 @@ def test_otel_line_level_problems_raise_format_error(line, reason):
 
 
 def test_request_span_without_required_attributes_still_yields_a_record():
-    assert read_otel(otlp(span(CHAT))) == LineResult(records=(one(otlp(span(CHAT))),), skipped=0)
+    result = read_otel(otlp(span(CHAT)))
+    assert (result.records, result.skipped) == ((one(otlp(span(CHAT))),), 0)
+    assert len(result.origins) == 1 and '"span"' in result.origins[0]  # quoted as it came, if quarantined
 
 
 # --- LiteLLM ------------------------------------------------------------------------------------
@@ -463,3 +465,10 @@ def test_line_reader_rejects_contract_and_unknown_formats(tmp_path):
         line_reader("map")
     with pytest.raises(ValueError):
         line_reader("otel", load_mapping(write(tmp_path, 'request_id = "id"')))
+
+
+def test_an_any_value_whose_unused_kinds_are_null_reads_as_its_one_kind():
+    from specdec_core.formats.otel import decode_any_value
+
+    assert decode_any_value({"stringValue": None, "doubleValue": 0.0, "intValue": None}) == 0.0
+    assert decode_any_value({"stringValue": None, "intValue": "64"}) == 64

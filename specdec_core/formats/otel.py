@@ -43,6 +43,9 @@ def decode_any_value(value: Any) -> Any:
     """An OTLP JSON AnyValue as a plain Python value; ``_MISSING`` when it holds nothing."""
     if not isinstance(value, dict):
         return _MISSING
+    if None in value.values():
+        # A writer that unifies record types (a DataFrame, a SQL engine) may spell the unused kinds as null.
+        value = {k: v for k, v in value.items() if v is not None}
     if "stringValue" in value:
         return value["stringValue"]
     if "boolValue" in value:

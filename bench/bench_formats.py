@@ -1,0 +1,199 @@
+"""Ingest of 1M records in each log shape beside DuckDB's bare read_json of the same file (the floor).
+
+- contract records as our service writes them, and the same records carrying ten fields we don't know
+  (mixed types, a nested object, a list, text that looks like JSON), as real services log them;
+- OpenTelemetry GenAI spans (OTLP JSON lines, ten spans a line, hex ids, a non-request span each line)
+  and LiteLLM payloads (a hit's model_parameters is {}), each made from the same requests.
+
+Every file also holds hostile lines (bad JSON, wrong types, a huge integer) and duplicate timestamps.
+Targets: contract with ten unknown fields within 3x of its floor, without them within 2.5x; OTel and
+LiteLLM: rows/s beside the contract's; peak memory under 2 GB everywhere. Each side runs in its own
+process, so peak memory is that process's.
+
+    .venv/bin/python bench/bench_formats.py [--rows 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "out"
+ROOT = OUT.parent.parent
+
+FLOOR = """
+import duckdb, sys
+con = duckdb.connect(sys.argv[2])
+con.execute("SET enable_progress_bar = false")
+con.execute("CREATE TABLE t AS SELECT * FROM read_json(?, format = 'newline_delimited', ignore_errors = true)",
+            [sys.argv[1]])
+con.close()
+"""
+
+OURS = """
+import sys
+from specdec_core.store import Store, ingest
+r = ingest(Store(sys.argv[2]), [sys.argv[1]], log_format=sys.argv[3])
+assert r.accepted + r.duplicates + r.quarantined + r.skipped == r.read, r
+print(f"{r.accepted} {r.quarantined} {r.skipped}")
+"""
+
+HOSTILE = [
+    '{"request_id": "bad-1", "ts": "2026-11-20T08:00:00Z", "temperature": "hot"',
+    '{"request_id": "bad-2", "ts": "2026-11-20T08:00:00Z", "max_tokens": 99999999999999999999999999999}',
+    '[1, 2, 3]',
+    '{"request_id": "bad-3", "ts": "not a time", "output_text": null}',
+]
+
+# Ten fields we don't know, of mixed types, as services add them (trace ids, versions, user data).
+UNKNOWN_FIELDS = """
+    'trace_id': md5(request_id), 'span_id': left(md5(request_id || 's'), 16), 'service_version': '4.2.' || (seq % 7),
+    'user_id': 'u-' || (seq % 9973), 'region': ['us-east-1', 'eu-west-1', 'ap-south-1'][1 + seq % 3],
+    'retries': seq % 3, 'sampled': seq % 2 = 0, 'cost_usd': (seq % 1000) / 1e5,
+    'tags': ['ab-test', 'v' || (seq % 5)],
+    'metadata': {'team': 'search', 'experiment': {'arm': seq % 2, 'note': '{"looks": "like json"}'}}
+"""
+
+# OTLP JSON: attributes are {key, value: AnyValue}; intValue as a string, as protobuf's JSON writes it.
+OTEL_SQL = """
+COPY (
+  WITH r AS (SELECT *, row_number() OVER () AS seq FROM read_json(?, format = 'newline_delimited')),
+  spans AS (
+    SELECT seq // 10 AS line, {
+      'traceId': md5(request_id), 'spanId': left(md5(request_id || 's'), 16), 'name': 'chat ' || target_model,
+      'kind': 3, 'startTimeUnixNano': (epoch_us(ts::TIMESTAMPTZ) * 1000)::VARCHAR,
+      'endTimeUnixNano': ((epoch_us(ts::TIMESTAMPTZ) + (coalesce(latency_ms, 1) * 1000)::BIGINT) * 1000)::VARCHAR,
+      'attributes': list_filter([
+        {'key': 'gen_ai.operation.name', 'value': {'stringValue': 'chat'}},
+        {'key': 'specdec.request_id', 'value': {'stringValue': request_id}},
+        {'key': 'gen_ai.request.model', 'value': {'stringValue': target_model}},
+        {'key': 'gen_ai.request.temperature', 'value': {'doubleValue': temperature}},
+        {'key': 'gen_ai.request.max_tokens', 'value': {'intValue': max_tokens::VARCHAR}},
+        CASE WHEN seed IS NOT NULL THEN {'key': 'gen_ai.request.seed', 'value': {'intValue': seed::VARCHAR}} END,
+        {'key': 'gen_ai.usage.output_tokens', 'value': {'intValue': output_tokens::VARCHAR}},
+        {'key': 'specdec.prompt', 'value': {'stringValue': prompt}},
+        {'key': 'specdec.output_text', 'value': {'stringValue': output_text}},
+        {'key': 'specdec.draft_model', 'value': {'stringValue': coalesce(draft_model, 'none')}},
+        {'key': 'specdec.tokenizer_version', 'value': {'stringValue': tokenizer_version}},
+        {'key': 'specdec.cache_key', 'value': {'stringValue': cache_key}},
+        {'key': 'specdec.cache_hit', 'value': {'boolValue': cache_hit}},
+        {'key': 'specdec.deployment', 'value': {'stringValue': deployment}}
+      ], lambda a: a IS NOT NULL)
+    } AS span FROM r
+  )
+  SELECT [{'resource': {'attributes': [{'key': 'service.name', 'value': {'stringValue': 'decode'}}]},
+           'scopeSpans': [{'scope': {'name': 'bench'}, 'spans': list(span) || [{
+               'traceId': md5(line::VARCHAR), 'spanId': left(md5(line::VARCHAR), 16), 'name': 'GET /healthz',
+               'kind': 2, 'startTimeUnixNano': '0', 'endTimeUnixNano': '0',
+               'attributes': [{'key': 'http.method', 'value': {'stringValue': 'GET'}}]}]}]}] AS resourceSpans
+  FROM spans GROUP BY line ORDER BY line
+) TO '{out}' (FORMAT JSON)
+"""
+
+LITELLM_SQL = """
+COPY (
+  SELECT request_id AS id, 'completion' AS call_type, epoch_us(ts::TIMESTAMPTZ) / 1e6 AS startTime,
+         epoch_us(ts::TIMESTAMPTZ) / 1e6 + coalesce(latency_ms, 1) / 1e3 AS endTime,
+         coalesce(latency_ms, 1) / 1e3 AS response_time, 'openai/' || target_model AS model,
+         {'litellm_model_name': target_model, 'cache_key': cache_key} AS hidden_params,
+         [{'role': 'user', 'content': prompt}] AS messages,
+         CASE WHEN cache_hit THEN '{}'::JSON
+              ELSE json_object('temperature', temperature, 'max_tokens', max_tokens) END AS model_parameters,
+         CASE WHEN cache_hit THEN true END AS cache_hit, CASE WHEN cache_hit THEN cache_key END AS cache_key,
+         output_tokens AS completion_tokens,
+         {'requester_metadata': {'draft_model': draft_model, 'tokenizer_version': tokenizer_version,
+                                 'deployment': deployment}} AS metadata,
+         {'id': request_id, 'choices': [{'finish_reason': finish_reason,
+                                         'message': {'role': 'assistant', 'content': output_text}}]} AS response,
+         0.0 AS saved_cache_cost
+  FROM read_json(?, format = 'newline_delimited')
+) TO '{out}' (FORMAT JSON)
+"""
+
+
+def run_child(code: str, *args: str) -> tuple[float, float, str]:
+    """(seconds, peak MB, stdout) of one side in a fresh process (GNU time reports its own peak RSS)."""
+    peak = OUT / "child.peak"
+    started = time.perf_counter()
+    done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(peak), sys.executable, "-c", code, *args],
+                          check=True, cwd=ROOT, capture_output=True, text=True)
+    return time.perf_counter() - started, int(peak.read_text().split()[-1]) / 1024, done.stdout.strip()
+
+
+def make_logs(rows: int) -> dict[str, Path]:
+    import duckdb
+
+    from specdec_core.demo.synthetic import make_synthetic_log
+
+    base = OUT / f"formats-{rows}-contract.jsonl"
+    logs = {"contract": base, "contract + 10 unknown fields": OUT / f"formats-{rows}-unknown.jsonl",
+            "otel": OUT / f"formats-{rows}-otel.jsonl", "litellm": OUT / f"formats-{rows}-litellm.jsonl"}
+    if all(p.exists() for p in logs.values()):
+        return logs
+    started = time.perf_counter()
+    make_synthetic_log(base, rows)
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute(f"""COPY (SELECT * EXCLUDE (seq), {_struct_fields()} FROM (
+                    SELECT *, row_number() OVER () AS seq FROM read_json(?, format = 'newline_delimited')))
+                    TO '{logs['contract + 10 unknown fields']}' (FORMAT JSON)""", [str(base)])
+    con.execute(OTEL_SQL.replace("{out}", str(logs["otel"])), [str(base)])
+    con.execute(LITELLM_SQL.replace("{out}", str(logs["litellm"])), [str(base)])
+    con.close()
+    for log in logs.values():  # hostile lines after the records, so read_json's schema comes from real ones
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write("\n".join(HOSTILE) + "\n")
+    print(f"generated {rows:,} requests in four shapes in {time.perf_counter() - started:.0f} s")
+    return logs
+
+
+def _struct_fields() -> str:
+    """The ten unknown fields as SELECT columns (`'name': expr` pairs become `expr AS name`)."""
+    columns = []
+    depth, current = 0, ""
+    for ch in UNKNOWN_FIELDS.strip():
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            columns.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    columns.append(current.strip())
+    out = []
+    for column in columns:
+        name, expr = column.split(":", 1)
+        out.append(f"{expr.strip()} AS {name.strip().strip(chr(39))}")
+    return ", ".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    OUT.mkdir(exist_ok=True)
+    logs = make_logs(args.rows)
+    print(f"\n{'log':30}{'floor s':>9}{'ours s':>9}{'ratio':>8}{'rows/s':>11}{'peak MB':>9}  accepted/quarantined/skipped")
+    results = {}
+    for name, log in logs.items():
+        fmt = {"otel": "otel", "litellm": "litellm"}.get(name, "contract")
+        floor_db, our_db = OUT / "formats-floor.duckdb", OUT / "formats-ours.duckdb"
+        floor_db.unlink(missing_ok=True)
+        our_db.unlink(missing_ok=True)
+        floor_s, _, _ = run_child(FLOOR, str(log), str(floor_db))
+        ours_s, ours_mb, counts = run_child(OURS, str(log), str(our_db), fmt)
+        results[name] = (floor_s, ours_s)
+        print(f"{name:30}{floor_s:>9.1f}{ours_s:>9.1f}{ours_s / floor_s:>7.2f}x{args.rows / ours_s:>11,.0f}"
+              f"{ours_mb:>9.0f}  {counts.replace(' ', '/')}")
+    for name, target in (("contract", 2.5), ("contract + 10 unknown fields", 3.0)):
+        floor_s, ours_s = results[name]
+        ratio = ours_s / floor_s
+        print(f"{name}: {ratio:.2f}x the floor (target <= {target}x): {'met' if ratio <= target else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
