@@ -258,7 +258,7 @@ def filter_slug(filters: Filters) -> str:
         if values:
             parts.append("+".join(deployment_label(v) for v in values))
     slug = "_".join(parts) or "all"
-    safe = "".join(ch if ch.isalnum() or ch in "-+." else "-" for ch in slug)
+    safe = "".join(ch if ch.isalnum() or ch in "-+._" else "-" for ch in slug)
     return safe[:120].strip("-") or "all"
 
 

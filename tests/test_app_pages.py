@@ -17,6 +17,7 @@ from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
 from specdec_core.analysis import Filters, report
+from specdec_core.replay import jobs
 from specdec_core.store.connection import Store
 from specdec_core.store.ingest import ingest
 
@@ -147,7 +148,8 @@ def test_overview_shows_the_headline_numbers(monkeypatch, incident_db):
         "Contaminated share of hits": "66.7%",
         "Length violations": "1",
         "Key collisions": "1",
-        "Unique keys / unique identities": "3 / 5",
+        "Unique keys": "3",
+        "Unique identities": "5",
         "Quarantined records": "0",
     }
 
@@ -205,7 +207,8 @@ def test_a_file_that_is_not_a_database_says_so_once(monkeypatch, tmp_path):
     bad.write_text("not a database")
     at = open_app(monkeypatch, bad)
     [error] = texts(at, "error")
-    assert "not a valid DuckDB database file" in markdown_unescape(error)
+    # The store's own words (DuckDB's, or the lake's probe of the file)
+    assert re.search(r"not a valid DuckDB database file|file is not a database", markdown_unescape(error))
     assert error.endswith("Choose another database file in the sidebar.")
     assert bad.read_text() == "not a database"
 
@@ -309,7 +312,8 @@ def test_a_path_that_cant_be_read_says_why_and_loads_nothing(monkeypatch, tmp_pa
 def test_uploading_logs_ingests_them(monkeypatch, tmp_path):
     at = open_app(monkeypatch, tmp_path / "uploaded.duckdb")
     payload = "\n".join(__import__("json").dumps(r) for r in incident_records()).encode()
-    at.sidebar.get("file_uploader")[0].set_value(("incident.jsonl", payload, "application/octet-stream"))
+    [uploader] = [u for u in at.sidebar.get("file_uploader") if u.key == "uploads"]
+    uploader.set_value(("incident.jsonl", payload, "application/octet-stream"))
     at.run()
     at.sidebar.button[1].click().run()
     assert metrics_of(at.sidebar)["Accepted"] == "6"
@@ -330,7 +334,9 @@ def test_numbers_follow_the_database_when_it_changes(monkeypatch, tmp_path):
 
 def test_cache_page_charts_and_tables(monkeypatch, incident_db):
     at = open_app(monkeypatch, incident_db, "cache")
-    assert len(at.get("plotly_chart")) == 5
+    assert [c.key for c in at.get("plotly_chart")] == [
+        "hit_rate_by_combination", "hit_rate_over_time", "first_sight_hits", "latency_histogram",
+        "acceptance_rate", "mean_accepted_length"]
     ratios, latency, acceptance = (d.value for d in at.dataframe)
     prod = ratios.set_index("deployment").loc["prod"]
     assert (prod.requests, prod.unique_keys, prod.unique_identities) == (4, 1, 3)
@@ -362,20 +368,31 @@ def test_mismatches_text_filter_narrows_the_table(monkeypatch, incident_db):
     at = open_app(monkeypatch, incident_db, "mismatches")
     at.text_input(key="mismatch_filter").set_value("DRAFT_MODEL").run()
     assert list(at.dataframe[0].value.request_id) == ["r4"]
-    assert "1 of 2 contaminated hits" in texts(at, "caption")[0]
+    assert any("1 of 2 contaminated hits" in c for c in texts(at, "caption"))
 
 
-def test_selecting_mismatches_queues_them_for_replay(monkeypatch, incident_db):
+def test_ticked_mismatches_stay_with_their_requests_when_the_filter_changes(monkeypatch, incident_db):
+    calls = stand_in_replay_module(monkeypatch)
     at = open_app(monkeypatch, incident_db, "mismatches")
-    at.session_state["mismatch_table"] = {"selection": {"rows": [1], "columns": []}}
+    at.session_state["mismatch_selected"] = ["r4"]
     at.run()
-    assert at.session_state[ui.REPLAY_IDS_KEY] == ["r4"]
-    assert ("Open Replay with the selection", "replay") in [(e.proto.label, e.proto.page)
-                                                            for e in at.get("page_link")]
-    [replay_button] = [b for b in at.main.button if b.label == "Replay selected"]
+    # r4 sits at position 1; a filter showing only r4 at position 0, then none, must not move the tick.
+    at.text_input(key="mismatch_filter").set_value("draft_model").run()
+    at.text_input(key="mismatch_filter").set_value("").run()
+    assert at.session_state["mismatch_selected"] == ["r4"]
+    [replay_button] = [b for b in at.main.button if b.label == "Replay 1 selected"]
     replay_button.click().run()
     assert texts(at, "title") == ["Replay"]
+    jobs.wait_all(30)
+    at.switch_page("pages/replay.py").run()
+    assert [c[1] for c in calls] == ["r4"], "Replay selected starts the replay of the ticked request"
     assert at.text_input(key="replay_request_id").value == "r4"
+    assert metrics_of(at.main)["Classification"] == "foreign"
+
+
+def test_the_batch_offers_selected_requests_only_when_there_are_some(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "replay")
+    assert at.radio(key="batch_which").options == ["the most suspicious requests"]
 
 
 def test_keys_page_shows_the_identities_behind_a_shared_key(monkeypatch, incident_db):
@@ -453,18 +470,23 @@ def test_replay_shows_both_outputs_the_diff_and_the_source_for_a_foreign_output(
     at = open_app(monkeypatch, incident_db, "replay", request_id="r3")
     [button] = [b for b in at.main.button if b.label == "Replay with the full identity"]
     button.click().run()
-    assert calls == [("replay", "r3", "decoder", None)]
+    jobs.wait_all(30)
+    at.run()
+    assert [(c[0], c[1], getattr(c[2], "_inner", c[2]), c[3]) for c in calls] == [("replay", "r3", "decoder", None)]
     shown = metrics_of(at.main)
     assert shown["Classification"] == "foreign"
     assert (shown["Common prefix (tokens)"], shown["Similarity"], shown["Acceptance rate (replay)"]) == (
         "1", "50.0%", "75.0%")
     assert texts(at, "code")[2:] == ["An output.", "An <b>other</b> output.", "An output."]
-    [diff] = [m for m in texts(at, "markdown") if "green-background[" in m and "Word diff" not in m]
-    assert diff == r"An :green-background[\<b\>other\<\/b\>] output\."
+    # A foreign output is diffed against the source's replay, the one that proves the cause.
+    [heading] = [m for m in texts(at, "markdown") if m.startswith("**Word diff")]
+    assert "against the replay of the source request r1" in markdown_unescape(heading)
     [ops] = [d.value for d in at.dataframe if "op" in d.value]
-    assert list(ops.op) == ["equal", "insert", "equal"]
-    assert list(at.dataframe[-1].value.request_id) == ["r3"], "the stored replays"
-    assert at.get("json")[0].proto.body == '{"source": "r1", "why": "replay of the source matches production"}'
+    assert list(ops.op) == ["equal"]
+    evidence = [d.value for d in at.dataframe if list(d.value.columns) == ["what", "value"]][0]
+    assert list(evidence.itertuples(index=False, name=None)) == [
+        ("Source", "r1"), ("Why", "replay of the source matches production")]
+    assert not at.get("json"), "evidence in words, not raw JSON"
 
 
 def test_batch_replay_of_the_most_suspicious_requests(monkeypatch, incident_db):
@@ -473,13 +495,15 @@ def test_batch_replay_of_the_most_suspicious_requests(monkeypatch, incident_db):
     at.number_input(key="batch_count").set_value(5).run()
     [button] = [b for b in at.main.button if b.label == "Replay batch"]
     button.click().run()
+    jobs.wait_all(30)
+    at.run()
     # contaminated hits first, the one also longer than its max_tokens ahead; nothing else is suspicious
     assert [c[1] for c in calls] == ["r4", "r3"]
-    assert at.get("progress")[0].proto.value == 100
-    assert list(at.dataframe[-1].value.request_id) == ["r4", "r3"]
-    at.switch_page("pages/export.py").run()
-    assert [b.label for b in at.get("download_button")] == ["Download mismatch report (CSV)",
-                                                             "Download replays (CSV)"]
+    [batch] = [d.value for d in at.dataframe if "open" in d.value and "message" in d.value]
+    assert list(batch.request_id) == ["r4", "r3"]
+    assert all(link.startswith("replay?replay_id=") for link in batch.open), "each row opens its replay page"
+    at.toggle(key="batch_diffs").set_value(True).run()
+    assert [e.label for e in at.get("expander") if e.label.startswith("r")] == ["r4: foreign", "r3: foreign"]
 
 
 # --- export -------------------------------------------------------------------------------------------------
@@ -578,6 +602,8 @@ def test_html_in_logs_renders_as_its_characters(monkeypatch, html_db):
     assert_inert(at)
     assert texts(at, "code")[:2] == [SCRIPT, HTML_OUTPUT]
     [b for b in at.main.button if b.label == "Replay with the full identity"][0].click().run()
+    jobs.wait_all(30)
+    at.run()
     assert_inert(at)
     assert "An <b>other</b> output." in texts(at, "code")
 

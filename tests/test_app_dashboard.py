@@ -1,0 +1,228 @@
+"""Issue #17 through AppTest: charts that tell the truth, annotations, search, export, small fixes."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from helpers import rec
+from test_app_pages import (  # noqa: F401
+    build_db,
+    clean_db,
+    download,
+    incident_db,
+    markdown_unescape,
+    metrics_of,
+    no_legacy_pages_folder,
+    open_app,
+    stand_in_replay_module,
+    texts,
+)
+
+from specdec_core import analysis
+from specdec_core.replay import jobs
+from specdec_core.store.connection import Store
+
+
+def _plain(value):
+    """Plotly writes numeric arrays as {dtype, bdata} (base64): back to lists, to compare."""
+    if isinstance(value, dict) and "bdata" in value and "dtype" in value:
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def figure(at, key: str) -> dict:
+    [chart] = [c for c in at.get("plotly_chart") if c.key == key]
+    return _plain(json.loads(chart.proto.spec))
+
+
+def test_hit_rate_too_good_shows_first_sight_hits_as_the_chart(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "cache")
+    spec = figure(at, "first_sight_hits")
+    bars = {t["name"].split(" (")[0]: dict(zip(t["y"], t["x"], strict=True)) for t in spec["data"]}
+    # prod: r3 and r4 hit identities prod had never served; r2 hit r1's own identity.
+    assert bars["hits on an identity never served before"] == {"prod": 2, "staging": 0}
+    assert bars["hits on an identity served before"] == {"prod": 1, "staging": 0}
+    assert spec["data"][0]["marker"]["color"] == "#D62728"
+
+
+def test_output_length_draws_the_limit_as_a_line_and_violations_as_points(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "output_length")
+    traces = {t["name"]: t for t in figure(at, "output_length_by_max_tokens")["data"]}
+    assert set(traces) == {"output tokens", "max_tokens (the limit)", "requests over their limit"}
+    assert traces["output tokens"]["marker"]["color"] != "#D62728", "no box turns red"
+    assert traces["max_tokens (the limit)"]["mode"] == "lines"
+    assert [y for y in traces["max_tokens (the limit)"]["y"] if y is not None] == [2, 2, 16, 16, 64, 64]
+    points = traces["requests over their limit"]
+    assert points["y"] == [3] and points["customdata"] == [["r4"]]
+    assert round(points["x"][0]) == 0, "r4's point sits on its own max_tokens (2), the first box"
+
+
+def test_hit_rate_over_time_is_split_by_deployment_and_smoothed(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "cache")
+    spec = figure(at, "hit_rate_over_time")
+    panels = sorted(a["text"] for a in spec["layout"]["annotations"] if a["text"] in ("prod", "staging"))
+    assert panels == ["prod", "staging"], "one panel per deployment"
+    assert all(t.get("line", {}).get("color") != "#D62728" for t in spec["data"])
+    at.select_slider(key="hit_rate_smoothing").set_value(3).run()
+    frame = analysis.hit_rate_by_deployment_over_time(Store(incident_db), bucket="1 minute", smoothing=3)
+    prod = frame[frame.deployment == "prod"].smoothed_hit_rate.round(3).tolist()
+    assert prod == [0.0, 0.5, 0.667, 1.0]
+    with pytest.raises(ValueError):
+        analysis.hit_rate_by_deployment_over_time(Store(incident_db), smoothing=4)
+
+
+def test_annotations_from_the_sidebar_and_detected_contamination_mark_every_time_chart(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db)
+    at.sidebar.text_area(key="annotations_text").set_value(
+        "2026-03-01T10:01:30Z, prod, deploy v2\n2026-03-01T10:04:00Z, , key fix\nnot a line").run()
+    assert any("line 3" in markdown_unescape(c) for c in texts(at, "caption"))
+    labels = lambda key: sorted(a["text"] for a in figure(at, key)["layout"]["annotations"]  # noqa: E731
+                                if "hit" in a["text"] or a["text"] in ("deploy v2", "key fix"))
+    assert labels("contamination_timeline") == ["deploy v2", "key fix", "prod: first contaminated hit",
+                                                "prod: last contaminated hit"]
+    for page, key in (("cache", "hit_rate_over_time"), ("mismatches", "mismatch_rate_over_time")):
+        at.switch_page(f"pages/{page}.py").run()
+        assert "deploy v2" in labels(key) and "prod: first contaminated hit" in labels(key), page
+
+
+def test_parse_annotations_reads_lines_json_and_says_what_it_skipped():
+    found, errors = analysis.parse_annotations('[{"ts": "2026-03-01T10:00:00Z", "label": "fix"}, {"ts": "x"}]')
+    assert [(a.label, a.deployment) for a in found] == [("fix", None)] and len(errors) == 1
+    found, errors = analysis.parse_annotations("ts,deployment,label\n1772359200000, edge, deploy, v2\n")
+    assert [(a.ts.isoformat(), a.deployment, a.label) for a in found] == [
+        ("2026-03-01T10:00:00+00:00", "edge", "deploy,v2")] and errors == []
+
+
+def test_overview_and_keys_have_their_charts(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db)
+    spec = figure(at, "contamination_timeline")
+    assert sum(sum(t["y"]) for t in spec["data"]) == 2
+    at.switch_page("pages/keys.py").run()
+    bars = figure(at, "identities_per_key")["data"][0]
+    assert bars["x"] == [3]
+    assert any("max_tokens" in markdown_unescape(m) and "draft_model" in markdown_unescape(m)
+               for m in texts(at, "markdown") if m.startswith("Identity fields that differ"))
+    assert "Summarise the incident." in texts(at, "code")
+
+
+def test_latency_of_hits_and_misses_is_a_histogram(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "cache")
+    traces = {t["name"]: t for t in figure(at, "latency_histogram")["data"]}
+    assert sum(traces["hit"]["y"]) == 3 and figure(at, "latency_histogram")["layout"]["xaxis"]["type"] == "log"
+
+
+def test_mismatch_chart_has_no_legend_for_a_clean_deployment_and_no_red(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "mismatches")
+    spec = figure(at, "mismatch_rate_over_time")
+    assert [t["name"] for t in spec["data"]] == ["prod"], "staging had no contaminated hit"
+    assert spec["data"][0]["marker"]["color"] != "#D62728"
+
+
+def test_search_finds_requests_by_output_text(monkeypatch, tmp_path):
+    db = build_db(tmp_path, [rec("a", output_text="the invoice total is 42"), rec("b", cache_key="k-2"),
+                             rec("c", cache_key="k-3", prompt="What is 100% of_it?")])
+    at = open_app(monkeypatch, db, "search")
+    at.text_input(key="search_text").set_value("INVOICE").run()
+    [results] = [d.value for d in at.dataframe]
+    assert list(results.request_id) == ["a"] and results.open[0] == "replay?request_id=a"
+    at.text_input(key="search_text").set_value("100% of_").run()
+    assert list(at.dataframe[0].value.request_id) == ["c"], "% and _ are literal"
+    at.text_input(key="search_text").set_value("inv(").run()
+    at.radio(key="search_mode").set_value("regex").run()
+    assert any("not a valid regular expression" in markdown_unescape(e) for e in texts(at, "error"))
+    at.text_input(key="search_text").set_value("nothing like this").run()
+    at.radio(key="search_mode").set_value("contains").run()
+    assert any("No request" in w for w in texts(at, "warning"))
+
+
+def test_export_replays_follow_the_filters_and_file_names_record_them(monkeypatch, incident_db, download):
+    at = open_app(monkeypatch, incident_db, "export")
+    at.sidebar.multiselect(key="f_deployments").set_value(["staging"]).run()
+    assert at.get("download_button")[0].proto.file_name if hasattr(at.get("download_button")[0].proto,
+                                                                     "file_name") else True
+    at.sidebar.multiselect(key="f_deployments").set_value(["prod"]).run()
+    [report] = at.get("download_button")
+    assert download(report).decode().count("\n") == 4
+    from specdec_core.replay.run import ReplayResult, _save
+
+    _save(Store(incident_db), [ReplayResult("r3", "foreign", "m"), ReplayResult("s1", "match", "m")])
+    at.run()
+    names = [b.label for b in at.get("download_button")]
+    assert names == ["Download mismatch report (CSV)", "Download replays (CSV)"]
+    replays = download(at.get("download_button")[1]).decode().splitlines()
+    assert len(replays) == 2 and ",r3," in replays[1], "only prod's replay"
+
+
+def test_filter_slug_names_the_selection():
+    import ui
+    from datetime import datetime, timezone
+
+    assert ui.filter_slug(analysis.NO_FILTERS) == "all"
+    chosen = analysis.Filters(start=datetime(2026, 3, 1, 10, 2, tzinfo=timezone.utc), deployments=("prod",))
+    assert ui.filter_slug(chosen) == "20260301T1002-end_prod"
+    assert "/" not in ui.filter_slug(analysis.Filters(deployments=("../etc/x",)))
+
+
+def test_ids_in_messages_show_without_backslashes_and_a_backtick_keeps_its_code_span(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "replay")
+    at.text_input(key="replay_request_id").set_value("req-999999").run()
+    assert texts(at, "warning") == ["No request `req-999999` in this database."]
+    at.text_input(key="replay_request_id").set_value("a`b").run()
+    assert texts(at, "warning") == ["No request ``a`b`` in this database."]
+    at.switch_page("pages/export.py").run()
+    assert any(f"--db {incident_db} --out" in c for c in texts(at, "caption")), "a path shows as it is"
+
+
+def test_page_links_look_like_links_and_progress_is_not_red(monkeypatch, incident_db):
+    import tomllib
+
+    from test_app_pages import ROOT
+
+    at = open_app(monkeypatch, incident_db)
+    assert all(e.proto.icon for e in at.get("page_link"))
+    theme = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())["theme"]
+    assert theme["primaryColor"].lower() not in ("#ff4b4b", "#d62728") and theme["linkUnderline"] is True
+
+
+def test_an_empty_upload_says_the_file_was_empty(monkeypatch, tmp_path):
+    at = open_app(monkeypatch, tmp_path / "uploaded.duckdb")
+    [uploader] = [u for u in at.sidebar.get("file_uploader") if u.key == "uploads"]
+    uploader.set_value(("empty.jsonl", b"", "application/octet-stream"))
+    at.run()
+    [b for b in at.sidebar.button if b.label == "Load uploads"][0].click().run()
+    assert any("empty.jsonl" in w and "empty (0 bytes)" in w for w in texts(at, "warning"))
+    assert not metrics_of(at.sidebar), "no zeros shown as if a file had been read"
+
+
+def test_the_load_box_offers_the_log_formats(monkeypatch, tmp_path):
+    at = open_app(monkeypatch, tmp_path / "x.duckdb")
+    assert at.sidebar.selectbox(key="load_format").options == [
+        "auto (decided per file)", "the log contract", "OpenTelemetry GenAI spans", "LiteLLM payloads"]
+
+
+def test_live_shows_the_newest_request_and_its_lag(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db)
+    at.sidebar.toggle(key="live").set_value(True).run()
+    [live] = [c for c in texts(at, "caption") if c.startswith("Live")]
+    assert "2026-03-01 10:06:00 UTC" in live and "lag" in live
+    fresh = analysis.freshness(Store(incident_db))
+    assert fresh["requests"] == 6 and fresh["lag_seconds"] > 0
+
+
+def test_a_stand_in_batch_job_can_be_cancelled_between_requests(monkeypatch, incident_db):
+    calls = stand_in_replay_module(monkeypatch)
+    job = jobs.start_job(Store(incident_db), ["r3", "r4"], lambda: "decoder")
+    job.cancel()
+    job.wait(10)
+    assert job.finished and job.done <= 2 and len(calls) == job.done
+    assert re.match(r"(cancelled|finished)", job.stage)
