@@ -16,13 +16,13 @@ process, so peak memory is that process's.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent / "out"
-ROOT = OUT.parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import OUT, ROOT, run_child  # noqa: E402
 
 FLOOR = """
 import duckdb, sys
@@ -112,15 +112,6 @@ COPY (
   FROM read_json(?, format = 'newline_delimited')
 ) TO '{out}' (FORMAT JSON)
 """
-
-
-def run_child(code: str, *args: str) -> tuple[float, float, str]:
-    """(seconds, peak MB, stdout) of one side in a fresh process (GNU time reports its own peak RSS)."""
-    peak = OUT / "child.peak"
-    started = time.perf_counter()
-    done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(peak), sys.executable, "-c", code, *args],
-                          check=True, cwd=ROOT, capture_output=True, text=True)
-    return time.perf_counter() - started, int(peak.read_text().split()[-1]) / 1024, done.stdout.strip()
 
 
 def make_logs(rows: int) -> dict[str, Path]:

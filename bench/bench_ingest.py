@@ -9,13 +9,13 @@ Each side runs in its own process so peak memory (max RSS) is measured per side.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent / "out"
-ROOT = OUT.parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import OUT, ROOT, run_child  # noqa: E402
 
 BASELINE = """
 import duckdb, sys
@@ -40,17 +40,10 @@ print("ours by phase: " + ", ".join(f"{what} {s:.1f} s" for what, s in phases[1:
 """
 
 
-def run_child(code: str, log: Path, db: Path) -> tuple[float, float]:
-    """(seconds, peak MB) of one side, in a fresh process."""
+def run_side(code: str, log: Path, db: Path) -> tuple[float, float]:
     db.unlink(missing_ok=True)
-    # GNU time reports the child's own peak RSS; a child forked from this (large) process would
-    # inherit this process's high-water mark instead.
-    peak_file = db.with_suffix(".peak")
-    started = time.perf_counter()
-    subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(peak_file), sys.executable, "-c", code, str(log),
-                    str(db)], check=True, cwd=ROOT)
-    seconds = time.perf_counter() - started
-    return seconds, int(peak_file.read_text().split()[-1]) / 1024
+    seconds, peak_mb, _ = run_child(code, str(log), str(db))
+    return seconds, peak_mb
 
 
 def main() -> None:
@@ -66,8 +59,8 @@ def main() -> None:
         t = time.perf_counter()
         make_synthetic_log(log, args.rows)
         print(f"generated {args.rows:,} rows ({log.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t:.1f} s")
-    base_s, base_mb = run_child(BASELINE, log, OUT / "bench-floor.duckdb")
-    ours_s, ours_mb = run_child(OURS, log, OUT / "bench-ingest.duckdb")
+    base_s, base_mb = run_side(BASELINE, log, OUT / "bench-floor.duckdb")
+    ours_s, ours_mb = run_side(OURS, log, OUT / "bench-ingest.duckdb")
     print(f"\n{'':28}{'seconds':>10}{'peak MB':>10}")
     print(f"{'floor: read_json -> table':28}{base_s:>10.1f}{base_mb:>10.0f}")
     print(f"{'ours: specdec ingest':28}{ours_s:>10.1f}{ours_mb:>10.0f}")

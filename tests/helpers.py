@@ -147,3 +147,15 @@ def start_redis(port: int, workdir: str | Path) -> subprocess.Popen:
                 time.sleep(0.05)
     finally:
         client.close()
+
+
+# A decode result with every field set, for cache and entry tests.
+SAMPLE_RESULT = DecodeResult(
+    text="A draft proposes, the target verifies.",
+    token_ids=(5, 6, 7),
+    finish_reason="stop",
+    draft_tokens=8,
+    accepted_tokens=6,
+    accepted_per_step=(4, 2),
+    environment={"torch": "2.4.0"},
+)

@@ -10,6 +10,7 @@ import re
 import threading
 
 import pytest
+from helpers import SAMPLE_RESULT
 
 from specdec_core.cache import (
     Cache,
@@ -21,7 +22,6 @@ from specdec_core.cache import (
     open_cache,
 )
 from specdec_core.contract.identity import DecodeRequest, fingerprint, identity
-from specdec_core.contract.result import DecodeResult
 from specdec_core.keys.schemes import KEY_SCHEMA_VERSION, cache_key
 
 REQ_A = DecodeRequest(
@@ -43,15 +43,7 @@ REQ_B = DecodeRequest(
     max_tokens=16,
     tokenizer_version="hf-4.44",
 )
-RESULT_A = DecodeResult(
-    text="A draft proposes, the target verifies.",
-    token_ids=(5, 6, 7),
-    finish_reason="stop",
-    draft_tokens=8,
-    accepted_tokens=6,
-    accepted_per_step=(4, 2),
-    environment={"torch": "2.4.0"},
-)
+RESULT_A = SAMPLE_RESULT
 
 
 class FakeClock:

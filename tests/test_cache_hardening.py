@@ -3,6 +3,7 @@ deadline and a circuit breaker, tested against real misbehaving TCP servers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import socket
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import SAMPLE_RESULT
 
 from specdec_core.cache import CacheRead, CacheStats, MemoryCache, RedisCache, decode_entry
 from specdec_core.contract.identity import DecodeRequest, identity
@@ -28,16 +30,7 @@ REQ = DecodeRequest(
     max_tokens=64,
     tokenizer_version="hf-4.44",
 )
-RESULT = DecodeResult(
-    text="A draft proposes, the target verifies.",
-    token_ids=(5, 6, 7),
-    finish_reason="stop",
-    draft_tokens=8,
-    accepted_tokens=6,
-    accepted_per_step=(4, 2),
-    latency_ms=12.5,
-    environment={"torch": "2.4.0"},
-)
+RESULT = dataclasses.replace(SAMPLE_RESULT, latency_ms=12.5)
 
 
 def _entry(**result_fields: Any) -> str:

@@ -12,7 +12,7 @@ from specdec_core.analysis.query import (
     Filters,
     df,
     draft_label,
-    time_bucket,
+    over_time,
 )
 from specdec_core.store.connection import Store
 from specdec_core.store.summaries import NO_DRAFT, histogram_quantiles
@@ -57,9 +57,7 @@ GROUP BY ALL ORDER BY bucket, combination
 
 
 def hit_rate_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
-    # Summary minutes align with every bucket offered (1 minute to 1 day, UTC).
-    return df(store, HIT_RATE_OVER_TIME_SQL, filters, leading=[bucket or time_bucket(store, filters)],
-               minute=HIT_RATE_OVER_TIME_MINUTE_SQL)
+    return over_time(store, HIT_RATE_OVER_TIME_SQL, HIT_RATE_OVER_TIME_MINUTE_SQL, filters, bucket)
 
 
 KEY_RATIO_BY_DEPLOYMENT_SQL = """

@@ -10,8 +10,8 @@ from specdec_core.analysis.query import (
     Filters,
     df,
     draft_label,
+    over_time,
     run,
-    time_bucket,
 )
 from specdec_core.store import summaries as summary
 from specdec_core.store.connection import Store
@@ -63,8 +63,7 @@ GROUP BY ALL ORDER BY bucket, deployment
 
 def mismatch_rate_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
     """Contaminated hits per time bucket and deployment, as a share of all requests."""
-    return df(store, MISMATCH_RATE_OVER_TIME_SQL, filters, leading=[bucket or time_bucket(store, filters)],
-               minute=MISMATCH_RATE_OVER_TIME_MINUTE_SQL)
+    return over_time(store, MISMATCH_RATE_OVER_TIME_SQL, MISMATCH_RATE_OVER_TIME_MINUTE_SQL, filters, bucket)
 
 
 CONTAMINATION_WINDOW_SQL = """
