@@ -27,7 +27,9 @@ from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402
 from specdec_core.store.ingest import ingest  # noqa: E402
 
-PAGES = ("overview", "cache", "output_length", "mismatches", "keys", "replay", "export")
+PAGES = ("overview", "cache", "output_length", "mismatches", "keys", "replay", "search", "export")
+# A search typed on the Search page: the scan over every prompt and output it costs.
+SEARCH_TEXT = "cache"
 TARGET_S = 2.0
 
 
@@ -53,6 +55,8 @@ def render(page: str) -> tuple[float, float]:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
     if page != "overview":
         at.switch_page(f"pages/{page}.py")
+    if page == "search":
+        at.session_state["search_text"] = SEARCH_TEXT
     st.cache_data.clear()
     t0 = time.perf_counter()
     at.run()

@@ -11,6 +11,7 @@ from test_app_pages import build_db, metrics_of, no_legacy_pages_folder, open_ap
 import specdec_core.replay.run as replay_module
 from specdec_core.contract.identity import DecodeRequest
 from specdec_core.decoding.engine import SpecDecoder
+from specdec_core.replay import jobs
 
 PROMPT = "The cache key"
 TINY = {"target_model": "tiny-target", "draft_model": "tiny-draft-a", "num_speculative_tokens": 4,
@@ -43,13 +44,25 @@ def test_replaying_a_contaminated_hit_proves_its_foreign_source(monkeypatch, for
     at = open_app(monkeypatch, foreign_db, "replay", request_id="h1")
     [button] = [b for b in at.main.button if b.label == "Replay with the full identity"]
     button.click().run()
+    jobs.wait_all(300)
+    at.run()
     assert not at.exception, [e.value for e in at.exception]
     shown = metrics_of(at.main)
     assert shown["Classification"] == "foreign"
-    assert shown["max_tokens"] == "6"
+    assert shown["Similarity"] != "–"
     production, replayed, source = texts(at, "code")[2:5]
     assert (production, replayed, source) == (outputs[24].text, outputs[6].text, outputs[24].text)
-    assert list(at.dataframe[-1].value.request_id) == ["h1"], "the replay is stored"
+    [history] = [d.value for d in at.dataframe if "replay_id" in d.value]
+    assert list(history.request_id) == ["h1"], "the replay is stored and listed in the history"
+
+    # Its permanent page: the same three outputs and the diff against the source's replay, read back.
+    at.query_params.clear()
+    at.query_params["replay_id"] = history.replay_id[0]
+    at.run()
+    assert metrics_of(at.main)["Classification"] == "foreign"
+    assert texts(at, "code")[-3:] == [outputs[24].text, outputs[6].text, outputs[24].text]
+    assert any("against the replay of the source request m1" in m.replace("\\", "")
+               for m in texts(at, "markdown"))
 
     at.switch_page("pages/overview.py").run()
     flags = [m for m in texts(at, "markdown") if "Offline replay does not match production" in m]

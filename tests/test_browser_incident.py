@@ -1,0 +1,185 @@
+"""Issue #17 in a real headless Chromium (the system's): stored replay pages, Replay selected starting the
+replays, progress and cancel, ticks by request id, drag-to-zoom and click-for-rows, filters in the URL and
+browser back, readable metrics and plots at 1024x768 and on a phone; screenshots of every page."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from playwright.sync_api import Page, expect
+from test_app_pages import build_incident_db
+from test_app_replay import build_foreign_db
+from test_browser_e2e import ROOT, browser, dashboard, metric, registry_toml  # noqa: F401
+
+from specdec_core.decoding.engine import SpecDecoder
+from specdec_core.replay import run as replay
+from specdec_core.store.connection import Store
+
+pytestmark = pytest.mark.browser
+SCREENSHOTS = ROOT / "data" / "screenshots"
+PAGES = {"overview": "", "cache": "cache", "output_length": "output_length", "mismatches": "mismatches",
+         "keys": "keys", "replay": "replay", "search": "search", "export": "export"}
+
+
+def new_page(browser, width: int = 1440, height: int = 900) -> Page:
+    page = browser.new_context(viewport={"width": width, "height": height}).new_page()
+    page.dialogs = []
+    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    return page
+
+
+def heading(page: Page, title: str) -> None:
+    expect(page.get_by_role("heading", level=1, name=title)).to_be_visible(timeout=30_000)
+
+
+@pytest.fixture(scope="module")
+def foreign_server(tmp_path_factory, tiny_registry, browser):
+    folder = tmp_path_factory.mktemp("foreign-browser")
+    engine = SpecDecoder(tiny_registry, device="cpu")
+    db, outputs = build_foreign_db(folder, engine)
+    # A replay run outside the dashboard (as `specdec replay` does): its page must open without decoding.
+    stored = replay.replay(Store(db), "h1", engine)
+    config = folder / "specdec.toml"
+    config.write_text(registry_toml(tiny_registry))
+    with dashboard(db, folder / "streamlit.log", env={"SPECDEC_CONFIG": str(config)}) as url:
+        yield url, db, outputs, stored
+
+
+def test_a_stored_replay_has_a_permanent_page_in_any_tab(browser, foreign_server):
+    url, _, outputs, stored = foreign_server
+    page = new_page(browser)
+    page.goto(f"{url}/replay?replay_id={stored.replay_id}")
+    heading(page, "Replay")
+    expect(metric(page, "Classification")).to_have_text("foreign", timeout=30_000)
+    expect(page.get_by_text("Replay of the source request m1", exact=True)).to_be_visible()
+    expect(page.get_by_text(re.compile(r"^Word diff: production against the replay of the source"))).to_be_visible()
+    expect(page.get_by_text("Why:")).to_be_visible()
+    # The evidence reads as words and short numbers, not JSON with 17-digit floats.
+    assert not re.search(r"\d\.\d{10,}", page.get_by_test_id("stMain").inner_text())
+    page.reload()
+    expect(metric(page, "Classification")).to_have_text("foreign", timeout=30_000)
+    page.context.close()
+
+
+def test_replay_selected_starts_the_replays_with_stages_and_ticks_follow_requests(browser, foreign_server):
+    url, *_ = foreign_server
+    page = new_page(browser)
+    page.goto(f"{url}/mismatches")
+    heading(page, "Mismatches")
+    editor = page.get_by_test_id("stDataFrame").last
+    expect(editor.locator("td[role=gridcell]").filter(has_text=re.compile(r"^h1$"))).to_have_count(1, timeout=30_000)
+    box = editor.bounding_box()
+    page.mouse.click(box["x"] + 30, box["y"] + 35 + 17)  # the replay tick of the first row
+    expect(page.get_by_text("1 selected for replay")).to_be_visible(timeout=15_000)
+    page.get_by_role("textbox", name="Filter rows").fill("no such row")
+    page.keyboard.press("Enter")
+    expect(page.get_by_text("1 selected for replay (1 not shown by this filter)")).to_be_visible(timeout=15_000)
+    page.get_by_role("button", name="Replay 1 selected").click()
+    heading(page, "Replay")
+    button = page.get_by_role("button", name="Replay with the full identity")
+    stage = page.get_by_text(re.compile(r"replayed · (loading models|decoding token \d+ of at most \d+|scoring|"
+                                        r"waiting for the decoder)"))
+    classification = metric(page, "Classification")
+    expect(stage.or_(classification).first).to_be_visible(timeout=60_000)
+    if stage.count():
+        expect(button).to_be_disabled()
+        expect(page.get_by_role("button", name="Cancel")).to_be_visible()
+    expect(classification).to_have_text("foreign", timeout=120_000)
+    expect(button).to_be_enabled()
+    link = page.get_by_role("link", name="Open this replay's page (a permanent link)")
+    expect(link).to_have_attribute("href", re.compile(r"replay\?replay_id=[0-9a-f]{32}"))
+    page.context.close()
+
+
+def test_drag_on_a_time_chart_sets_the_time_filter_and_a_click_lists_rows(browser, tmp_path):
+    db = build_incident_db(tmp_path)
+    with dashboard(db, tmp_path / "streamlit.log") as url:
+        page = new_page(browser)
+        page.goto(f"{url}/mismatches")
+        heading(page, "Mismatches")
+        chart = page.locator(".js-plotly-plot").first
+        expect(chart).to_be_visible(timeout=30_000)
+        plot = chart.locator(".nsewdrag").first
+        area = plot.bounding_box()
+        y = area["y"] + area["height"] * 0.6
+        page.mouse.move(area["x"] + area["width"] * 0.3, y)
+        page.mouse.down()
+        page.mouse.move(area["x"] + area["width"] * 0.55, y, steps=8)
+        page.mouse.move(area["x"] + area["width"] * 0.7, y, steps=8)
+        page.mouse.up()
+        expect(page).to_have_url(re.compile(r"[?&]start=2026-03-01T10"), timeout=30_000)
+        assert "end" in parse_qs(urlparse(page.url).query)
+        page.goto(f"{url}/mismatches")
+        chart = page.locator(".js-plotly-plot").first
+        expect(chart).to_be_visible(timeout=30_000)
+        bar = chart.locator("g.point path").first
+        bar.click(force=True)
+        expect(page.get_by_text(re.compile(r"contaminated hits\*?\*? from 2026-03-01"))).to_be_visible(timeout=30_000)
+        page.context.close()
+
+
+def test_filters_live_in_the_url_reload_keeps_them_and_back_goes_back(browser, tmp_path):
+    db = build_incident_db(tmp_path)
+    with dashboard(db, tmp_path / "streamlit.log") as url:
+        page = new_page(browser)
+        page.goto(url)
+        expect(metric(page, "Requests")).to_have_text("6", timeout=30_000)
+        page.goto(f"{url}/?deployment=staging")
+        expect(metric(page, "Requests")).to_have_text("2", timeout=30_000)
+        page.goto(f"{url}/cache?deployment=prod")
+        heading(page, "Cache")
+        page.goto(f"{url}/?deployment=prod")
+        expect(metric(page, "Requests")).to_have_text("4", timeout=30_000)
+        sidebar = page.get_by_test_id("stSidebar")
+        sidebar.get_by_text("prod", exact=True).locator("xpath=..").get_by_role("button").first.click()
+        expect(metric(page, "Requests")).to_have_text("6", timeout=30_000)
+        page.go_back()
+        expect(metric(page, "Requests")).to_have_text("4", timeout=30_000)
+        pasted = new_page(browser)
+        pasted.goto(f"{url}/?deployment=staging&db={db}")
+        expect(metric(pasted, "Requests")).to_have_text("2", timeout=30_000)
+        pasted.reload()
+        expect(metric(pasted, "Requests")).to_have_text("2", timeout=30_000)
+        expect(pasted.get_by_test_id("stSidebar").get_by_role("textbox", name="Database")).to_have_value(str(db))
+        pasted.context.close()
+        page.context.close()
+
+
+def _cut(page: Page) -> list[str]:
+    return page.evaluate("""() => [...document.querySelectorAll('[data-testid=stMetricValue]')]
+        .filter(e => e.scrollWidth > e.clientWidth + 1 || e.innerText.includes('…')).map(e => e.innerText)""")
+
+
+def test_metrics_and_plots_are_readable_at_1024_and_on_a_phone(browser, tmp_path):
+    db = build_incident_db(tmp_path)
+    with dashboard(db, tmp_path / "streamlit.log") as url:
+        page = new_page(browser, 1024, 768)
+        page.goto(url)
+        expect(metric(page, "Requests")).to_have_text("6", timeout=30_000)
+        assert _cut(page) == []
+        page.context.close()
+        phone = new_page(browser, 390, 844)
+        phone.goto(f"{url}/cache")
+        heading(phone, "Cache")
+        plot = phone.locator(".js-plotly-plot").nth(1).locator(".nsewdrag").first
+        expect(plot).to_be_visible(timeout=30_000)
+        assert plot.bounding_box()["width"] > 250, "the hit-rate plot is not squeezed by its legend"
+        phone.context.close()
+
+
+@pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)])
+def test_screenshots_of_every_page(browser, tmp_path, width, height):
+    db = build_incident_db(tmp_path)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with dashboard(db, tmp_path / "streamlit.log") as url:
+        page = new_page(browser, width, height)
+        for name, path in PAGES.items():
+            page.goto(f"{url}/{path}")
+            expect(page.get_by_role("heading", level=1)).to_be_visible(timeout=30_000)
+            page.wait_for_timeout(1500)
+            page.screenshot(path=SCREENSHOTS / f"{name}-{width}x{height}.png")
+        assert page.dialogs == []
+        page.context.close()
