@@ -164,8 +164,9 @@ def test_export_replays_follow_the_filters_and_file_names_record_them(monkeypatc
 
 
 def test_filter_slug_names_the_selection():
-    import ui
     from datetime import datetime, timezone
+
+    import ui
 
     assert ui.filter_slug(analysis.NO_FILTERS) == "all"
     chosen = analysis.Filters(start=datetime(2026, 3, 1, 10, 2, tzinfo=timezone.utc), deployments=("prod",))
@@ -185,7 +186,6 @@ def test_ids_in_messages_show_without_backslashes_and_a_backtick_keeps_its_code_
 
 def test_page_links_look_like_links_and_progress_is_not_red(monkeypatch, incident_db):
     import tomllib
-
     from test_app_pages import ROOT
 
     at = open_app(monkeypatch, incident_db)

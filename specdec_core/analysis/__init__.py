@@ -29,6 +29,7 @@ from specdec_core.analysis.overview import filter_options, headline
 from specdec_core.analysis.query import NO_FILTERS, Filters, time_bucket
 from specdec_core.analysis.red_flags import RED_FLAG_IDS, RedFlag, red_flags
 from specdec_core.analysis.report import KINDS, mismatch_report, report_counts, report_csv, write_report
+from specdec_core.analysis.requests import quarantined_records, request_record, suspicious_requests
 from specdec_core.analysis.search import SEARCH_FIELDS, SEARCH_MODES, SearchError, search_requests
 from specdec_core.analysis.timeline import (
     SMOOTHING_WINDOWS,
@@ -37,7 +38,6 @@ from specdec_core.analysis.timeline import (
     latency_histogram,
     requests_in_window,
 )
-from specdec_core.analysis.requests import quarantined_records, request_record, suspicious_requests
 from specdec_core.store.summaries import NO_DRAFT
 
 __all__ = [

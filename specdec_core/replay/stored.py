@@ -182,3 +182,20 @@ def readable(value: Any) -> str:
 def evidence_lines(evidence: dict[str, Any]) -> list[tuple[str, str]]:
     """The evidence as (label, readable value) pairs, in the order the classification weighed it."""
     return [(LABELS.get(key, key.replace("_", " ").capitalize()), readable(value)) for key, value in evidence.items()]
+
+
+def as_stored(result: Any) -> StoredReplay:
+    """A replay just run, in the shape of a stored one: one view shows both."""
+    diff = result.diff
+    return StoredReplay(
+        replay_id=result.replay_id, request_id=result.request_id, replayed_at=result.replayed_at,
+        classification=result.classification, message=result.message, production_text=result.production_text,
+        replay_text=result.replay_text, source_request_id=result.source_request_id,
+        source_replay_text=result.source_replay_text,
+        similarity=diff.similarity if diff else None,
+        first_divergent_token=diff.first_divergent_token if diff else None,
+        common_prefix_tokens=diff.common_prefix_tokens if diff else None,
+        replay_tokens=len(result.replay_token_ids) or (diff.replay_tokens if diff else 0),
+        draft_tokens=result.draft_tokens, accepted_tokens=result.accepted_tokens,
+        evidence=dict(result.evidence), environment=dict(result.environment),
+    )
