@@ -16,7 +16,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from helpers import rec, write_csv, write_jsonl
+from helpers import rec, run_cli, write_csv, write_jsonl
 
 from specdec_core.cli import main as cli_main
 from specdec_core.store import connection
@@ -25,11 +25,6 @@ from specdec_core.store.ingest import ingest
 from specdec_core.store.staging import IngestLimits
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def store(tmp_path):
-    return Store(tmp_path / "triage.duckdb")
 
 
 def loaded(store):
@@ -45,8 +40,7 @@ def quarantined(store):
 
 
 def specdec(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specdec_core", *args], capture_output=True, text=True,
-                          timeout=kwargs.pop("timeout", 120), cwd=REPO, **kwargs)
+    return run_cli(*args, cwd=REPO, **kwargs)
 
 
 # --- 5: glob characters in file names ------------------------------------------------------------

@@ -284,6 +284,10 @@ def read_jsonl(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[
     yield RawBatch(name, numbers, raws, reasons)
 
 
+# Records of another format carry their converted record and their input: smaller chunks keep memory flat.
+FOREIGN_CHUNK_ROWS = 20_000
+
+
 def first_line(path: Path) -> str | None:
     """The first non-blank line of a JSON Lines file (decoded leniently: it only decides the format)."""
     for data, _ in _lines(path):
@@ -293,17 +297,19 @@ def first_line(path: Path) -> str | None:
     return None
 
 
-def read_foreign(path: Path, name: str, reader: Callable[[str], Any]) -> Iterator[RawBatch]:
+def read_foreign(path: Path, name: str, reader: Callable[[str], Any], chunk_rows: int = FOREIGN_CHUNK_ROWS
+                 ) -> Iterator[RawBatch]:
     """Lines of another log format (OTel, LiteLLM, a mapping) as contract records, each with its input.
 
     A line the format can't read is a record rejected with the reader's reason, quoted as it was.
+    Chunks are cut by records, not lines: one OTLP line may hold hundreds of spans.
     """
-    for batch in read_jsonl(path, name):
-        numbers: list[int] = []
-        raws: list[str] = []
-        reasons: list[str | None] = []
-        origins: list[str | None] = []
-        skipped = 0
+    numbers: list[int] = []
+    raws: list[str] = []
+    reasons: list[str | None] = []
+    origins: list[str | None] = []
+    skipped = 0
+    for batch in read_jsonl(path, name, chunk_rows=chunk_rows):
         for number, text, reason in zip(batch.line_numbers, batch.raws, batch.reasons or [], strict=True):
             result = None
             if reason is None:
@@ -316,14 +322,17 @@ def read_foreign(path: Path, name: str, reader: Callable[[str], Any]) -> Iterato
                 raws.append(text)
                 reasons.append(reason)
                 origins.append(None)
-                continue
-            skipped += result.skipped
-            for i, record in enumerate(result.records):
-                numbers.append(number)
-                raws.append(json.dumps(record, ensure_ascii=False))
-                reasons.append(None)
-                origins.append(result.origins[i] if result.origins else text)
-        yield RawBatch(name, numbers, raws, reasons, origins, skipped)
+            else:
+                skipped += result.skipped
+                for i, record in enumerate(result.records):
+                    numbers.append(number)
+                    raws.append(json.dumps(record, ensure_ascii=False))
+                    reasons.append(None)
+                    origins.append(result.origins[i] if result.origins else text)
+            if len(raws) >= chunk_rows:
+                yield RawBatch(name, numbers, raws, reasons, origins, skipped)
+                numbers, raws, reasons, origins, skipped = [], [], [], [], 0
+    yield RawBatch(name, numbers, raws, reasons, origins, skipped)
 
 
 def _csv_integer(cell: str) -> object:
