@@ -25,8 +25,7 @@ from typing import Any
 from specdec_core.cache import Cache, MemoryCache, open_cache
 from specdec_core.contract.identity import DecodeRequest, canonicalize_identity, fingerprint, identity
 from specdec_core.contract.result import DecodeResult
-
-from .service import DecodeService
+from specdec_core.service import DecodeService
 
 
 @dataclass(frozen=True)
