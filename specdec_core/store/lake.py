@@ -163,35 +163,14 @@ def _create_sqlite_catalog(path: str) -> None:
         db.close()
 
 
-def _create_local_catalog(con: duckdb.DuckDBPyConnection, location: Location) -> None:
-    """Initialise a new catalog under a temporary name and rename it into place.
-
-    With its tables: a writer killed while creating it leaves no half-made store for readers to fail on.
-    """
-    tmp = f"{location.catalog}.{os.getpid()}.new"
-    _create_sqlite_catalog(tmp)
-    con.execute(f"ATTACH 'ducklake:sqlite:{_literal(tmp)}' AS new_store (DATA_PATH '{_literal(location.data_path)}')")
-    from specdec_core.store.schema import schema_sql
-
-    con.execute("USE new_store")
-    con.execute("BEGIN TRANSACTION")
-    for statement in schema_sql().split(";"):
-        if statement.strip():
-            con.execute(statement)
-    con.execute("COMMIT")
-    con.execute("USE memory")
-    con.execute("DETACH new_store")
-    os.replace(tmp, location.catalog)
-
-
 def open_lake(location: Location, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """A fresh DuckDB instance with the store attached as `store` (created when missing, unless read_only)."""
     con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
                                               "autoload_known_extensions": False})
     try:
-        _load_extensions(con, location)
         if location.local and not read_only and not os.path.exists(location.catalog):
-            _create_local_catalog(con, location)
+            _create_sqlite_catalog(location.catalog)
+        _load_extensions(con, location)
         options = [f"DATA_PATH '{_literal(location.data_path)}'"]
         if read_only:
             options.append("READ_ONLY")
