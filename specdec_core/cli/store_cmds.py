@@ -44,10 +44,6 @@ def _limits(args: argparse.Namespace) -> IngestLimits:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    if args.follow:
-        from specdec_core.cli.follow_cmd import cmd_follow
-
-        return cmd_follow(args)
     store = Store(args.db)
     show_progress = not args.json and sys.stderr.isatty()
     try:
@@ -162,10 +158,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the logs' shape: our contract, OpenTelemetry GenAI spans (OTLP JSON), LiteLLM payloads; "
                         "auto (default) decides per file from its first record")
     p.add_argument("--map", metavar="FILE.toml", help="read any JSON Lines through a mapping file")
-    p.add_argument("--follow", action="store_true",
-                   help="keep tailing the files and folders (appended lines, new and rotated files, finished "
-                        "gzip files), one batch per second or 10,000 rows; resumes where a killed run stopped")
-    p.add_argument("--batch-rows", type=int, metavar="N", help="with --follow: at most N rows per batch")
     p.add_argument("--max-record-bytes", type=int, metavar="N",
                    help="quarantine a record longer than this (default: $SPECDEC_MAX_RECORD_BYTES or 16 MiB)")
     p.add_argument("--max-fields", type=int, metavar="N",

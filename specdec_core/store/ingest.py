@@ -8,7 +8,7 @@ the distinct identity tuples, so the store and the library cannot disagree.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +38,6 @@ from specdec_core.store.validation import (
     typed_columns_sql,
     values_sql,
 )
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Lines to load from `path`, stored as lines `first_line + 1`... of the file `source` (follow mode)."""
-
-    path: Path
-    source: str
-    first_line: int = 0
-
-    def shift(self, lines: Lines) -> Lines:
-        if not self.first_line:
-            return lines
-        return replace(lines, sql=f"SELECT seq, source_line + {self.first_line} AS source_line, raw, pre_reason "
-                                  f"FROM ({lines.sql})")
 
 
 @dataclass(frozen=True)
@@ -248,8 +233,6 @@ def ingest(
     limits: IngestLimits | None = None,
     log_format: str = "auto",
     mapping: formats.Mapping | None = None,
-    chunks: list[Chunk] | None = None,
-    before_commit: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
 ) -> IngestResult:
     """Validate and load log files; all of them become visible at once, or none on error.
 
@@ -259,9 +242,7 @@ def ingest(
     """
     limits = limits or IngestLimits.from_env()
     files = resolve_paths(paths)  # raises LogReadError before anything is written
-    chunks = chunks or [Chunk(f, str(f.resolve())) for f in files]
-    files = [c.path for c in chunks]
-    chosen = [(c.path, file_format(c.path, log_format, mapping)) for c in chunks]
+    chosen = [(f, file_format(f, log_format, mapping)) for f in files]
     with store.write(begin=False) as con:
         _create_work_tables(con)
         read = 0
@@ -277,10 +258,10 @@ def ingest(
             say(f"reading {f.name}")
             first_seq = staged[-1].first_seq + staged[-1].count if staged else 0
             reader = None if fmt == "contract" else formats.line_reader(fmt, mapping)
-            staged.append(chunks[n].shift(stage_file(con, f, f"lines_{n}", first_seq, limits, reader)))
+            staged.append(stage_file(con, f, f"lines_{n}", first_seq, limits, reader))
             say(f"checking {f.name}")
-            rest, n_aside = set_aside(con, staged[-1], chunks[n].source, limits)
-            read += n_aside + _validate(con, rest, chunks[n].source) + staged[-1].skipped
+            rest, n_aside = set_aside(con, staged[-1], str(f.resolve()), limits)
+            read += n_aside + _validate(con, rest, str(f.resolve())) + staged[-1].skipped
         skipped = sum(s.skipped for s in staged)
         begin_batch(con)
         migrate_connection(con)  # an older store's derived tables first, so this batch is judged alike
@@ -302,10 +283,8 @@ def ingest(
         duplicates = read - accepted - quarantined - skipped
         con.execute(
             "INSERT INTO ingests VALUES (?, now(), ?, ?, ?, ?, ?)",
-            [ingest_id, [c.source for c in chunks], read, accepted, duplicates, quarantined],
+            [ingest_id, [str(f) for f in files], read, accepted, duplicates, quarantined],
         )
-        if before_commit is not None:
-            before_commit(con)
     say("done")
     return IngestResult(read, accepted, duplicates, quarantined, len(files), ingest_id, skipped,
                         tuple((str(f), fmt) for f, fmt in chosen))
