@@ -18,15 +18,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"
-	@# `specdec migrate` reads stores of the previous release, written by DuckDB 2.0, through this side install.
-	$(PY) -m pip install -q --no-deps --target $(VENV)/legacy-duckdb "duckdb==2.0.1"
 	@touch $(STAMP)
 
 # Redis and Chromium come from Debian's packages; installed only when missing.
 system-deps:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
-	command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v chromium >/dev/null || missing="$$missing chromium chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \

@@ -4,8 +4,8 @@ The contract's rules (shared/log-schema.md, "Contamination"): a hit's *source* i
 earlier miss with the same deployment and cache_key; the hit is contaminated when its identity
 differs from the source's, or from the `cached_fingerprint` it logged. A miss at the same instant
 as the hit counts as earlier; of several misses at one instant, the one logged last (file, line)
-is the source, since it wrote the entry last. An ingest judges only its own hits and those of the keys
-and identities it touched at or after its earliest row (`incremental.py`); `migrate` judges them all.
+is the source, since it wrote the entry last. Judged over the whole store after every ingest,
+since a new file may hold an earlier miss or a later hit.
 
 Two rules hold for any log format that has them: a logged source link (LiteLLM's `response.id` on a
 hit) names the source whatever the timestamps say; and a field the log marks unknown is never
@@ -18,16 +18,14 @@ import duckdb
 
 from specdec_core.contract import fields as contract
 
-_ROW = """SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key, cache_hit,
+HIT_SOURCES_SQL_TEMPLATE = """
+CREATE OR REPLACE TABLE hit_sources AS
+WITH r AS (
+    SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key, cache_hit,
            fingerprint, cached_identity_fingerprint, source_file, source_line, source_link,
            len(coalesce(unknown_fields, [])) > 0 AS partial
-    FROM requests"""
-
-# {R}: the rows whose misses may source the hits judged; {HITS}: those hits; {FIRSTS}, {LINKS}: the rows
-# that say when each deployment first saw an identity, and the rows a logged link may name. Over the
-# whole store they are all `requests`; an incremental judgement narrows each to what its batch touches.
-HIT_SOURCES_SQL_TEMPLATE = """
-WITH r AS ({R}), hits AS ({HITS}),
+    FROM requests
+), hits AS (SELECT * FROM r WHERE cache_hit),
 -- Misses of one entry at the same instant: the one logged last wrote the entry last. One per instant
 -- also makes the ASOF join's pick deterministic.
 misses AS (
@@ -37,9 +35,9 @@ misses AS (
           FROM r WHERE NOT cache_hit GROUP BY ALL)
 ),
 -- When each deployment first saw each identity: a grouped minimum, cheaper than a second ASOF join.
-firsts AS (SELECT dep, fingerprint, min(ts) AS first_ts FROM ({FIRSTS}) GROUP BY ALL),
+firsts AS (SELECT dep, fingerprint, min(ts) AS first_ts FROM r GROUP BY ALL),
 joined AS (
-    SELECT h.request_id, h.ts AS hit_ts,
+    SELECT h.request_id,
            CASE WHEN h.source_link IS NULL THEN m.request_id ELSE l.request_id END AS source_request_id,
            CASE WHEN h.source_link IS NULL THEN m.ts ELSE l.ts END AS source_ts, h.fingerprint AS fp,
            CASE WHEN h.source_link IS NULL THEN m.fingerprint ELSE l.fingerprint END AS source_fp,
@@ -49,7 +47,7 @@ joined AS (
            CASE WHEN NOT h.partial THEN h.ts <= f.first_ts END AS first_sight
     FROM hits h
     ASOF LEFT JOIN misses m ON h.dep = m.dep AND h.cache_key = m.cache_key AND h.ts >= m.ts
-    LEFT JOIN ({LINKS}) l ON l.request_id = h.source_link
+    LEFT JOIN r l ON l.request_id = h.source_link
     JOIN firsts f ON f.dep = h.dep AND f.fingerprint = h.fingerprint
 ), judged AS (
     SELECT *, coalesce(source_fp <> fp, false) AS source_differs,
@@ -69,7 +67,7 @@ joined AS (
 SELECT j.request_id, j.source_request_id,
        (j.source_differs OR j.fingerprint_mismatch) AND coalesce(d.differing_fields <> '', true) AS contaminated,
        j.fingerprint_mismatch AND coalesce(d.differing_fields <> '', true) AS fingerprint_mismatch,
-       nullif(d.differing_fields, '') AS differing_fields, j.first_sight, j.source_ts, j.hit_ts
+       nullif(d.differing_fields, '') AS differing_fields, j.first_sight, j.source_ts
 FROM judged j LEFT JOIN diffs d ON d.fp = j.fp AND d.other_fp = j.other_fp
 """
 
@@ -82,15 +80,11 @@ def _difference(f: contract.Field) -> str:
     return f"           CASE WHEN {guard}{known}a.{f.name} IS DISTINCT FROM b.{f.name} THEN '{f.name}' END"
 
 
-def hit_sources_sql(rows: str = _ROW, hits: str = "SELECT * FROM r WHERE cache_hit", firsts: str = "r",
-                    links: str = "r") -> str:
-    """The verdict of every hit in `hits` (one row each, the columns of `hit_sources`)."""
+def hit_sources_sql() -> str:
     differences = ",\n".join(_difference(f) for f in contract.FIELDS if f.identity)
-    sql = HIT_SOURCES_SQL_TEMPLATE.replace("{DIFFERENCES}", differences)
-    return (sql.replace("{R}", rows).replace("{HITS}", hits).replace("{FIRSTS}", f"SELECT * FROM {firsts}")
-            .replace("{LINKS}", f"SELECT * FROM {links}"))
+    return HIT_SOURCES_SQL_TEMPLATE.replace("{DIFFERENCES}", differences)
 
 
 def judge_hits(con: duckdb.DuckDBPyConnection) -> None:
-    """Rebuild `hit_sources` over the whole store: one row per hit with its source, verdict and differing fields."""
-    con.execute("CREATE OR REPLACE TABLE hit_sources AS " + hit_sources_sql())
+    """Rebuild `hit_sources`: one row per hit with its source, verdict and differing fields."""
+    con.execute(hit_sources_sql())

@@ -16,13 +16,12 @@ import duckdb
 
 from specdec_core import formats
 from specdec_core.contract import fields as contract
-from specdec_core.store.connection import Store, begin_batch, scalar
+from specdec_core.store.connection import Store, scalar
 from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.identities import ID_HASH, compute_identities
-from specdec_core.store.incremental import update_derived
 from specdec_core.store.migrate import migrate_connection
 from specdec_core.store.readers import JSONL_SUFFIXES, LogReadError, first_line, resolve_paths
-from specdec_core.store.staging import NO_LINES, ROW_INDEX, IngestLimits, Lines, set_aside, stage_file
+from specdec_core.store.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
 from specdec_core.store.summaries import build_summaries
 from specdec_core.store.validation import (
     _INDEX,
@@ -129,7 +128,7 @@ def _create_work_tables(con: duckdb.DuckDBPyConnection) -> None:
 
 def _raws_view(con: duckdb.DuckDBPyConnection, staged: list[Lines]) -> None:
     """`raws` (seq, raw): the text of every staged line, to quote rejected records exactly."""
-    parts = [f"SELECT {s.first_seq} + {ROW_INDEX} AS seq, {s.quote_sql} AS raw FROM {s.table}" for s in staged]
+    parts = [f"SELECT {s.first_seq} + rowid AS seq, {s.quote_sql} AS raw FROM {s.table}" for s in staged]
     con.execute("CREATE OR REPLACE TEMP VIEW raws AS " + " UNION ALL ".join(parts or ["SELECT NULL::BIGINT AS seq, NULL::VARCHAR AS raw LIMIT 0"]))
 
 
@@ -174,23 +173,15 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str) -> tuple[
     columns = ", ".join("m.prompt_sha" if c == "prompt_hash" else f"t.{c}" for c in _CONTENT_COLUMNS)
     names = ", ".join([*_CONTENT_COLUMNS, "fingerprint", "cached_identity_fingerprint", "source_file", "source_line",
                        "ingest_id"])
-    # `batch` keeps the new rows apart: what incremental.py judges and summarises.
-    con.execute("""
-        CREATE OR REPLACE TEMP TABLE batch AS
-        SELECT * FROM requests LIMIT 0
-    """)
     accepted = con.execute(f"""
-        INSERT INTO batch ({names})
+        INSERT INTO requests ({names})
         SELECT {columns}, m.fingerprint, cm.fingerprint, t.source_file, t.source_line, ?
         FROM typed t
         JOIN idmap m ON {join}
         LEFT JOIN outcome o USING (seq)
         LEFT JOIN cachedmap cm ON cm.text = t.cached_fingerprint::VARCHAR
         WHERE m.reject_reason IS NULL AND coalesce(o.outcome, 'accept') = 'accept'
-        ORDER BY t.seq
     """, [ingest_id]).fetchall()[0][0]
-    if accepted:
-        con.execute("INSERT INTO requests BY NAME SELECT * FROM batch")
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE bad AS
         WITH b AS (
@@ -243,7 +234,9 @@ def ingest(
     limits = limits or IngestLimits.from_env()
     files = resolve_paths(paths)  # raises LogReadError before anything is written
     chosen = [(f, file_format(f, log_format, mapping)) for f in files]
-    with store.write(begin=False) as con:
+    with store.write() as con:
+        migrate_connection(con)  # an older store's derived tables first, so this batch is judged alike
+        ingest_id = scalar(con, "SELECT coalesce(max(ingest_id), 0) + 1 FROM ingests")
         _create_work_tables(con)
         read = 0
         staged: list[Lines] = []
@@ -263,9 +256,6 @@ def ingest(
             rest, n_aside = set_aside(con, staged[-1], str(f.resolve()), limits)
             read += n_aside + _validate(con, rest, str(f.resolve())) + staged[-1].skipped
         skipped = sum(s.skipped for s in staged)
-        begin_batch(con)
-        migrate_connection(con)  # an older store's derived tables first, so this batch is judged alike
-        ingest_id = scalar(con, "SELECT coalesce(max(ingest_id), 0) + 1 FROM ingests")
         _raws_view(con, staged)
         _backfill_cache_keys(con)
         say(_BATCH_STEPS[0])
@@ -274,12 +264,11 @@ def ingest(
         say(_BATCH_STEPS[1])
         accepted, quarantined = _commit(con, ingest_id, join)
         say(_BATCH_STEPS[2])
-        if accepted and not _has_summaries(con):
+        if accepted:
             judge_hits(con)
-            build_summaries(con)
-        elif accepted or scalar(con, "SELECT count(*) FROM backfilled"):
-            update_derived(con, ingest_id)
         say(_BATCH_STEPS[3])
+        if accepted:
+            build_summaries(con)
         duplicates = read - accepted - quarantined - skipped
         con.execute(
             "INSERT INTO ingests VALUES (?, now(), ?, ?, ?, ?, ?)",
@@ -307,11 +296,6 @@ def file_format(path: Path, log_format: str, mapping: formats.Mapping | None) ->
     return formats.detect(first_line(path) or "")
 
 
-def _has_summaries(con: duckdb.DuckDBPyConnection) -> bool:
-    return bool(scalar(con, "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-                            "AND table_name = 'summary_minute'"))
-
-
 def _backfill_cache_keys(con: duckdb.DuckDBPyConnection) -> None:
     """A miss whose log has no cache key (LiteLLM logs none on a miss) takes the key of the hits it sourced.
 
@@ -319,15 +303,8 @@ def _backfill_cache_keys(con: duckdb.DuckDBPyConnection) -> None:
     """
     links = """SELECT source_link, arg_min(cache_key, seq) AS key FROM checked
                WHERE reason IS NULL AND cache_hit AND source_link IS NOT NULL AND cache_key IS NOT NULL GROUP BY 1"""
-    # Stored misses given a key here: incremental.py judges their keys again.
-    con.execute("""CREATE OR REPLACE TEMP TABLE backfilled AS
-                   SELECT request_id, deployment, cache_key, cache_key AS old_key, fingerprint, ts
-                   FROM requests LIMIT 0""")
     if not scalar(con, f"SELECT count(*) FROM ({links})"):
         return
-    con.execute(f"""INSERT INTO backfilled
-                    SELECT r.request_id, r.deployment, h.key, r.cache_key, r.fingerprint, r.ts
-                    FROM requests r JOIN ({links}) h ON r.request_id = h.source_link WHERE r.cache_key IS NULL""")
     for table in ("checked", "requests"):
         reject = "c.reason IS NULL AND " if table == "checked" else ""
         con.execute(f"""

@@ -15,7 +15,7 @@ from specdec_core.store.summaries import build_summaries
 
 def migrate_connection(con: duckdb.DuckDBPyConnection) -> bool:
     """Within a write: rejudge hits and rebuild summaries when they predate this version. Returns whether it did."""
-    if derived_current(con):
+    if derived_current(con, alias=None):
         return False
     judge_hits(con)
     build_summaries(con)

@@ -1,13 +1,6 @@
-"""The store's tables. The contract's columns of `requests` and `identities` come from the one field table.
-
-DuckLake keeps no keys or indexes: uniqueness (request_id, fingerprint, ingest_id) is the ingest's own work.
-"""
+"""The store's tables. The contract's columns of `requests` and `identities` come from the one field table."""
 
 from __future__ import annotations
-
-import functools
-
-import duckdb
 
 from specdec_core.contract import fields as contract
 
@@ -55,12 +48,12 @@ def requests_ddl() -> str:
 
 def identities_ddl() -> str:
     columns = ", ".join(f"{f.name} {_identity_type(f)}" for f in contract.FIELDS if f.identity)
-    return ("CREATE TABLE IF NOT EXISTS identities (\n    fingerprint VARCHAR NOT NULL,\n"
+    return ("CREATE TABLE IF NOT EXISTS identities (\n    fingerprint VARCHAR PRIMARY KEY,\n"
             f"    identity JSON NOT NULL,\n    greedy BOOLEAN NOT NULL,\n    {columns},\n    unknown VARCHAR[]\n);")
 
 
 REPLAY_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("replay_id", "VARCHAR NOT NULL"),
+    ("replay_id", "VARCHAR PRIMARY KEY"),
     ("request_id", "VARCHAR NOT NULL"),
     ("replayed_at", "TIMESTAMPTZ NOT NULL"),
     ("classification", "VARCHAR NOT NULL"),
@@ -79,7 +72,7 @@ REPLAY_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 _OTHER_TABLES = """
-CREATE TABLE IF NOT EXISTS meta (key VARCHAR NOT NULL, value VARCHAR);
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS quarantine (
     ingest_id BIGINT NOT NULL,
     source_file VARCHAR NOT NULL,
@@ -90,7 +83,7 @@ CREATE TABLE IF NOT EXISTS quarantine (
     raw_hash VARCHAR NOT NULL
 );
 CREATE TABLE IF NOT EXISTS ingests (
-    ingest_id BIGINT NOT NULL,
+    ingest_id BIGINT PRIMARY KEY,
     started_at TIMESTAMPTZ NOT NULL,
     paths VARCHAR[] NOT NULL,
     n_read BIGINT, n_accepted BIGINT, n_duplicates BIGINT, n_quarantined BIGINT
@@ -103,17 +96,7 @@ CREATE TABLE IF NOT EXISTS hit_sources (
     fingerprint_mismatch BOOLEAN NOT NULL,
     differing_fields VARCHAR,
     first_sight BOOLEAN,  -- a hit on an identity its deployment had not seen before in the log
-    source_ts TIMESTAMPTZ,
-    hit_ts TIMESTAMPTZ  -- the hit's own time: lets an ingest read only the minutes it changed
-);
--- How far `specdec ingest --follow` has read each file, committed with the rows it read.
-CREATE TABLE IF NOT EXISTS follow_offsets (
-    path VARCHAR NOT NULL,
-    device BIGINT NOT NULL,
-    inode BIGINT NOT NULL,
-    offset_bytes BIGINT NOT NULL,
-    lines BIGINT NOT NULL,
-    updated_at TIMESTAMPTZ NOT NULL
+    source_ts TIMESTAMPTZ
 );
 """
 
@@ -121,19 +104,7 @@ CREATE TABLE IF NOT EXISTS follow_offsets (
 def schema_sql() -> str:
     replays = ",\n".join(f"    {name} {sql_type}" for name, sql_type in REPLAY_COLUMNS)
     return "\n".join([_OTHER_TABLES, requests_ddl(), identities_ddl(),
-                      f"CREATE TABLE IF NOT EXISTS replays (\n{replays}\n);", column_migrations_sql()])
-
-
-@functools.cache
-def expected_columns() -> frozenset[tuple[str, str]]:
-    """Every (table, column) this version's schema has: a store holding them all needs no DDL."""
-    con = duckdb.connect(":memory:")
-    try:
-        con.execute(schema_sql())
-        return frozenset(con.execute("SELECT table_name, column_name FROM duckdb_columns() "
-                                     "WHERE database_name = current_database()").fetchall())
-    finally:
-        con.close()
+                      f"CREATE TABLE IF NOT EXISTS replays (\n{replays}\n);"])
 
 
 def column_migrations_sql() -> str:
@@ -141,7 +112,6 @@ def column_migrations_sql() -> str:
     statements = [
         "ALTER TABLE hit_sources ADD COLUMN IF NOT EXISTS first_sight BOOLEAN;",
         "ALTER TABLE hit_sources ADD COLUMN IF NOT EXISTS source_ts TIMESTAMPTZ;",
-        "ALTER TABLE hit_sources ADD COLUMN IF NOT EXISTS hit_ts TIMESTAMPTZ;",
     ]
     # A field added to the contract is NULL in rows stored before it existed (DuckDB can't add a NOT NULL column).
     statements += [f"ALTER TABLE requests ADD COLUMN IF NOT EXISTS {f.name} {_stored_type(f)};"

@@ -57,10 +57,6 @@ def _bytes_text(n: int) -> str:
     return f"{n:,} bytes"
 
 
-# Rows a transaction adds to a table are numbered from DuckDB's MAX_ROW_ID until it commits, and every
-# ingest stages its lines inside its write transaction: the remainder is the row's position.
-ROW_INDEX = "(rowid % 36028797018960000)"
-
 # DuckDB reads JSON Lines as raw lines, in parallel and in file order (insertion order is kept, so a
 # row's rowid is its line number - 1); the separator is a control character, so a line holding one
 # fails the strict read and the file is read by the Python reader instead, which takes anything.
@@ -118,7 +114,7 @@ def stage_file(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq
             pass  # not clean UTF-8 text, a control character in a line, a huge line: the Python reader copes
         else:
             count = scalar(con, f"SELECT count(*) FROM {table}")
-            return Lines(table, first_seq, count, f"SELECT {first_seq} + {ROW_INDEX} AS seq, {ROW_INDEX} + 1 AS source_line, "
+            return Lines(table, first_seq, count, f"SELECT {first_seq} + rowid AS seq, rowid + 1 AS source_line, "
                                                    f"raw, NULL::VARCHAR AS pre_reason FROM {table}")
     con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (source_line BIGINT, raw VARCHAR, pre_reason VARCHAR)")
     for chunk in read_file(path, resolved_name=name):
@@ -130,7 +126,7 @@ def stage_file(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq
         con.unregister("chunk_arrow")
     count = scalar(con, f"SELECT count(*) FROM {table}")
     return Lines(table, first_seq, count,
-                  f"SELECT {first_seq} + {ROW_INDEX} AS seq, source_line, raw, pre_reason FROM {table}")
+                  f"SELECT {first_seq} + rowid AS seq, source_line, raw, pre_reason FROM {table}")
 
 
 def _stage_foreign(con: duckdb.DuckDBPyConnection, path: Path, name: str, table: str, first_seq: int,
@@ -148,7 +144,7 @@ def _stage_foreign(con: duckdb.DuckDBPyConnection, path: Path, name: str, table:
         con.unregister("chunk_arrow")
     count = scalar(con, f"SELECT count(*) FROM {table}")
     return Lines(table, first_seq, count,
-                 f"SELECT {first_seq} + {ROW_INDEX} AS seq, source_line, raw, pre_reason FROM {table}",
+                 f"SELECT {first_seq} + rowid AS seq, source_line, raw, pre_reason FROM {table}",
                  quote_sql="coalesce(origin, raw)", skipped=skipped)
 
 
