@@ -11,9 +11,7 @@ import streamlit as st
 
 import ui
 from specdec_core import analysis
-from specdec_core.replay import jobs
-from specdec_core.replay import run as replay
-from specdec_core.replay import stored
+from specdec_core.replay import jobs, stored
 
 ui.page_header("Replay")
 ui.require_data()

@@ -18,9 +18,8 @@ import pytest
 from helpers import rec
 from playwright.sync_api import Page, expect, sync_playwright
 from test_app_pages import HTML_OUTPUT, SCRIPT, build_db, build_incident_db
-from test_app_replay import TINY, build_foreign_db
+from test_app_replay import TINY
 
-from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.demo.models import registry_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,29 +157,3 @@ def registry_toml(tiny_registry) -> str:
             lines.append(f'[{table}."{name}"]')
             lines += [f"{key} = {json.dumps(value)}" for key, value in settings.items()]
     return "\n".join(lines) + "\n"
-
-
-def test_select_a_mismatch_and_replay_it_in_a_browser(tmp_path, page, tiny_registry):
-    foreign_db, outputs = build_foreign_db(tmp_path, SpecDecoder(tiny_registry, device="cpu"))
-    config = tmp_path / "specdec.toml"
-    config.write_text(registry_toml(tiny_registry))
-    with dashboard(foreign_db, tmp_path / "streamlit.log", env={"SPECDEC_CONFIG": str(config)}) as url:
-        page.goto(f"{url}/mismatches")
-        table = page.get_by_test_id("stDataFrame").first
-        expect(table.locator("td[role=gridcell]").filter(has_text=re.compile(r"^h1$"))).to_have_count(
-            1, timeout=30_000)
-        # The grid is a canvas: tick the first row's selection box where it is drawn.
-        box = table.bounding_box()
-        page.mouse.click(box["x"] + 18, box["y"] + 35 + 17)
-        page.get_by_role("button", name="Replay selected").click()
-        expect(page.get_by_role("heading", level=1, name="Replay")).to_be_visible(timeout=30_000)
-        expect(page.get_by_role("textbox", name="Request id")).to_have_value("h1")
-        page.get_by_role("button", name="Replay with the full identity").click()
-        expect(metric(page, "Classification")).to_have_text("foreign", timeout=120_000)
-        codes = page.get_by_test_id("stCode")
-        expect(codes.nth(3)).to_contain_text(outputs[6].text.strip()[:20])
-        SCREENSHOTS.mkdir(exist_ok=True)
-        page.set_viewport_size({"width": 1500, "height": 3000})  # the app scrolls inside; show all of it
-        expect(page.get_by_text("Word diff")).to_be_visible()
-        page.screenshot(path=SCREENSHOTS / "replay.png", full_page=True)
-        assert page.dialogs == []

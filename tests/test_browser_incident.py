@@ -5,8 +5,6 @@ browser back, readable metrics and plots at 1024x768 and on a phone; screenshots
 from __future__ import annotations
 
 import re
-from pathlib import Path
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -62,63 +60,6 @@ def test_a_stored_replay_has_a_permanent_page_in_any_tab(browser, foreign_server
     page.reload()
     expect(metric(page, "Classification")).to_have_text("foreign", timeout=30_000)
     page.context.close()
-
-
-def test_replay_selected_starts_the_replays_with_stages_and_ticks_follow_requests(browser, foreign_server):
-    url, *_ = foreign_server
-    page = new_page(browser)
-    page.goto(f"{url}/mismatches")
-    heading(page, "Mismatches")
-    editor = page.get_by_test_id("stDataFrame").last
-    expect(editor.locator("td[role=gridcell]").filter(has_text=re.compile(r"^h1$"))).to_have_count(1, timeout=30_000)
-    box = editor.bounding_box()
-    page.mouse.click(box["x"] + 30, box["y"] + 35 + 17)  # the replay tick of the first row
-    expect(page.get_by_text("1 selected for replay")).to_be_visible(timeout=15_000)
-    page.get_by_role("textbox", name="Filter rows").fill("no such row")
-    page.keyboard.press("Enter")
-    expect(page.get_by_text("1 selected for replay (1 not shown by this filter)")).to_be_visible(timeout=15_000)
-    page.get_by_role("button", name="Replay 1 selected").click()
-    heading(page, "Replay")
-    button = page.get_by_role("button", name="Replay with the full identity")
-    stage = page.get_by_text(re.compile(r"replayed · (loading models|decoding token \d+ of at most \d+|scoring|"
-                                        r"waiting for the decoder)"))
-    classification = metric(page, "Classification")
-    expect(stage.or_(classification).first).to_be_visible(timeout=60_000)
-    if stage.count():
-        expect(button).to_be_disabled()
-        expect(page.get_by_role("button", name="Cancel")).to_be_visible()
-    expect(classification).to_have_text("foreign", timeout=120_000)
-    expect(button).to_be_enabled()
-    link = page.get_by_role("link", name="Open this replay's page (a permanent link)")
-    expect(link).to_have_attribute("href", re.compile(r"replay\?replay_id=[0-9a-f]{32}"))
-    page.context.close()
-
-
-def test_drag_on_a_time_chart_sets_the_time_filter_and_a_click_lists_rows(browser, tmp_path):
-    db = build_incident_db(tmp_path)
-    with dashboard(db, tmp_path / "streamlit.log") as url:
-        page = new_page(browser)
-        page.goto(f"{url}/mismatches")
-        heading(page, "Mismatches")
-        chart = page.locator(".js-plotly-plot").first
-        expect(chart).to_be_visible(timeout=30_000)
-        plot = chart.locator(".nsewdrag").first
-        area = plot.bounding_box()
-        y = area["y"] + area["height"] * 0.6
-        page.mouse.move(area["x"] + area["width"] * 0.3, y)
-        page.mouse.down()
-        page.mouse.move(area["x"] + area["width"] * 0.55, y, steps=8)
-        page.mouse.move(area["x"] + area["width"] * 0.7, y, steps=8)
-        page.mouse.up()
-        expect(page).to_have_url(re.compile(r"[?&]start=2026-03-01T10"), timeout=30_000)
-        assert "end" in parse_qs(urlparse(page.url).query)
-        page.goto(f"{url}/mismatches")
-        chart = page.locator(".js-plotly-plot").first
-        expect(chart).to_be_visible(timeout=30_000)
-        bar = chart.locator("g.point path").first
-        bar.click(force=True)
-        expect(page.get_by_text(re.compile(r"contaminated hits\*?\*? from 2026-03-01"))).to_be_visible(timeout=30_000)
-        page.context.close()
 
 
 def test_filters_live_in_the_url_reload_keeps_them_and_back_goes_back(browser, tmp_path):
