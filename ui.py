@@ -22,7 +22,7 @@ import streamlit as st
 from specdec_core import config
 from specdec_core.analysis import NO_FILTERS, Annotation, Filters, annotations_for
 from specdec_core.config import DashboardSettings
-from specdec_core.store.connection import Store, StoreError, resolve_db
+from specdec_core.store import Store, StoreError, resolve_db
 
 DB_KEY = "db_path"
 DB_ACCEPTED_KEY = "db_path_accepted"

@@ -12,10 +12,7 @@ from dataclasses import replace
 from specdec_core import formats
 from specdec_core.analysis import headline, logging_gaps, red_flags
 from specdec_core.analysis.report import KINDS, write_report
-from specdec_core.store.connection import Store, StoreError
-from specdec_core.store.ingest import ingest
-from specdec_core.store.readers import LogReadError
-from specdec_core.store.staging import IngestLimits
+from specdec_core.store import IngestLimits, LogReadError, Store, StoreError, ingest
 
 
 def _add_db(parser: argparse.ArgumentParser) -> None:
