@@ -159,3 +159,16 @@ SAMPLE_RESULT = DecodeResult(
     accepted_per_step=(4, 2),
     environment={"torch": "2.4.0"},
 )
+
+
+# A sampled request with every identity field set, for cache and entry tests.
+SAMPLE_REQUEST = DecodeRequest(
+    prompt="Explain speculative decoding.",
+    target_model="llama-3-8b",
+    draft_model="llama-3-1b",
+    num_speculative_tokens=4,
+    temperature=0.7,
+    seed=1,
+    max_tokens=64,
+    tokenizer_version="hf-4.44",
+)

@@ -10,7 +10,7 @@ import re
 import threading
 
 import pytest
-from helpers import SAMPLE_RESULT
+from helpers import SAMPLE_REQUEST, SAMPLE_RESULT
 
 from specdec_core.cache import (
     Cache,
@@ -24,16 +24,7 @@ from specdec_core.cache import (
 from specdec_core.contract.identity import DecodeRequest, fingerprint, identity
 from specdec_core.keys.schemes import KEY_SCHEMA_VERSION, cache_key
 
-REQ_A = DecodeRequest(
-    prompt="Explain speculative decoding.",
-    target_model="llama-3-8b",
-    draft_model="llama-3-1b",
-    num_speculative_tokens=4,
-    temperature=0.7,
-    seed=1,
-    max_tokens=64,
-    tokenizer_version="hf-4.44",
-)
+REQ_A = SAMPLE_REQUEST
 REQ_B = DecodeRequest(
     prompt="Explain speculative decoding.",
     target_model="llama-3-8b",

@@ -13,23 +13,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import SAMPLE_RESULT
+from helpers import SAMPLE_REQUEST, SAMPLE_RESULT
 
 from specdec_core.cache import CacheRead, CacheStats, MemoryCache, RedisCache, decode_entry
-from specdec_core.contract.identity import DecodeRequest, identity
+from specdec_core.contract.identity import identity
 from specdec_core.contract.result import DecodeResult
 from specdec_core.keys.schemes import KEY_SCHEMA_VERSION
 
-REQ = DecodeRequest(
-    prompt="Explain speculative decoding.",
-    target_model="llama-3-8b",
-    draft_model="llama-3-1b",
-    num_speculative_tokens=4,
-    temperature=0.7,
-    seed=1,
-    max_tokens=64,
-    tokenizer_version="hf-4.44",
-)
+REQ = SAMPLE_REQUEST
 RESULT = dataclasses.replace(SAMPLE_RESULT, latency_ms=12.5)
 
 
