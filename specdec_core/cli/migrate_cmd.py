@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from specdec_core.store import Store, migrate
+from specdec_core.cli.store_cmds import add_db, existing_store
+from specdec_core.store import migrate
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    store = Store(args.db)
-    if not store.exists:
-        print(f"specdec migrate: {store.path}: no such database", file=sys.stderr)
+    store = existing_store(args, "migrate")
+    if store is None:
         return 1
     rebuilt = migrate(store)
     print(f"{store.path}: {'rejudged hits and rebuilt summaries' if rebuilt else 'already up to date'}")
@@ -22,5 +21,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("migrate", help="bring a store written by an older specdec up to date",
                               description="Add the tables and columns this version has, rejudge hits and "
                                           "rebuild summaries where they predate it. Every ingest does this too.")
-    p.add_argument("--db", help="DuckDB file (default: $SPECDEC_DB or data/specdec.duckdb)")
+    add_db(p)
     p.set_defaults(func=cmd_migrate)

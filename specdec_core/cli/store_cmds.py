@@ -15,7 +15,7 @@ from specdec_core.analysis.report import KINDS, write_report
 from specdec_core.store import IngestLimits, LogReadError, Store, StoreError, ingest
 
 
-def _add_db(parser: argparse.ArgumentParser) -> None:
+def add_db(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", help="DuckDB file (default: $SPECDEC_DB or data/specdec.duckdb)")
 
 
@@ -149,7 +149,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ingest", help="load request logs (JSONL, JSONL.gz, CSV, Parquet; OTel, LiteLLM)",
                               description="Load request logs; bad records go to quarantine with their reason.")
     p.add_argument("paths", nargs="+", metavar="PATH", help="a file, a folder or a glob")
-    _add_db(p)
+    add_db(p)
     p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     p.add_argument("--format", choices=("auto", *formats.FORMATS), default="auto",
                    help="the logs' shape: our contract, OpenTelemetry GenAI spans (OTLP JSON), LiteLLM payloads; "
@@ -163,7 +163,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("report", help="write the mismatch report CSV",
                               description="One row per (flagged request, kind).")
-    _add_db(p)
+    add_db(p)
     p.add_argument("--out", required=True, metavar="FILE.csv")
     p.add_argument("--kind", action="append", choices=KINDS, help="only this kind (repeatable)")
     p.add_argument("--raw", action="store_true",
@@ -172,6 +172,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_report)
 
     p = subparsers.add_parser("stats", help="the headline numbers in the terminal")
-    _add_db(p)
+    add_db(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_stats)
