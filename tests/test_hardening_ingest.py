@@ -46,13 +46,19 @@ def specdec(*args: str, **kwargs) -> subprocess.CompletedProcess:
 # --- 5: glob characters in file names ------------------------------------------------------------
 
 
-def test_a_file_named_like_a_glob_is_read_as_itself_beside_the_files_it_would_match(store, tmp_path):
+def _logs_named_like_globs(tmp_path: Path) -> Path:
+    """A folder whose file names hold glob characters, each beside a file the pattern would match."""
     logs = tmp_path / "logs"
     logs.mkdir()
     write_jsonl(logs / "[ab].jsonl", [rec("bracket")])
     write_jsonl(logs / "a.jsonl", [rec("plain-a")])
     write_jsonl(logs / "x*.jsonl", [rec("star")])
     write_jsonl(logs / "xa.jsonl", [rec("plain-xa")])
+    return logs
+
+
+def test_a_file_named_like_a_glob_is_read_as_itself_beside_the_files_it_would_match(store, tmp_path):
+    logs = _logs_named_like_globs(tmp_path)
     with gzip.open(logs / "g?.jsonl.gz", "wt", encoding="utf-8") as fh:
         fh.write(json.dumps(rec("question")) + "\n")
     with gzip.open(logs / "gz.jsonl.gz", "wt", encoding="utf-8") as fh:
@@ -64,12 +70,7 @@ def test_a_file_named_like_a_glob_is_read_as_itself_beside_the_files_it_would_ma
 
 
 def test_a_path_that_exists_is_not_expanded_and_a_pattern_expands_once(tmp_path):
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    write_jsonl(logs / "[ab].jsonl", [rec("bracket")])
-    write_jsonl(logs / "a.jsonl", [rec("plain-a")])
-    write_jsonl(logs / "x*.jsonl", [rec("star")])
-    write_jsonl(logs / "xa.jsonl", [rec("plain-xa")])
+    logs = _logs_named_like_globs(tmp_path)
     literal = Store(tmp_path / "literal.duckdb")
     assert ingest(literal, [str(logs / "[ab].jsonl"), str(logs / "x*.jsonl")]).read == 2
     assert loaded(literal) == [("bracket", "[ab].jsonl", 1), ("star", "x*.jsonl", 1)]
