@@ -50,11 +50,11 @@ HOSTILE = [
 
 # Ten fields we don't know, of mixed types, as services add them (trace ids, versions, user data).
 UNKNOWN_FIELDS = """
-    'trace_id': md5(request_id), 'span_id': left(md5(request_id || 's'), 16), 'service_version': '4.2.' || (seq % 7),
-    'user_id': 'u-' || (seq % 9973), 'region': ['us-east-1', 'eu-west-1', 'ap-south-1'][1 + seq % 3],
-    'retries': seq % 3, 'sampled': seq % 2 = 0, 'cost_usd': (seq % 1000) / 1e5,
-    'tags': ['ab-test', 'v' || (seq % 5)],
-    'metadata': {'team': 'search', 'experiment': {'arm': seq % 2, 'note': '{"looks": "like json"}'}}
+    md5(request_id) AS trace_id, left(md5(request_id || 's'), 16) AS span_id, '4.2.' || (seq % 7) AS service_version,
+    'u-' || (seq % 9973) AS user_id, ['us-east-1', 'eu-west-1', 'ap-south-1'][1 + seq % 3] AS region,
+    seq % 3 AS retries, seq % 2 = 0 AS sampled, (seq % 1000) / 1e5 AS cost_usd,
+    ['ab-test', 'v' || (seq % 5)] AS tags,
+    {'team': 'search', 'experiment': {'arm': seq % 2, 'note': '{"looks": "like json"}'}} AS metadata
 """
 
 # OTLP JSON: attributes are {key, value: AnyValue}; intValue as a string, as protobuf's JSON writes it.
@@ -128,7 +128,7 @@ def make_logs(rows: int) -> dict[str, Path]:
     make_synthetic_log(base, rows)
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
-    con.execute(f"""COPY (SELECT * EXCLUDE (seq), {_struct_fields()} FROM (
+    con.execute(f"""COPY (SELECT * EXCLUDE (seq), {UNKNOWN_FIELDS} FROM (
                     SELECT *, row_number() OVER () AS seq FROM read_json(?, format = 'newline_delimited')))
                     TO '{logs['contract + 10 unknown fields']}' (FORMAT JSON)""", [str(base)])
     con.execute(OTEL_SQL.replace("{out}", str(logs["otel"])), [str(base)])
@@ -139,26 +139,6 @@ def make_logs(rows: int) -> dict[str, Path]:
             fh.write("\n".join(HOSTILE) + "\n")
     print(f"generated {rows:,} requests in four shapes in {time.perf_counter() - started:.0f} s")
     return logs
-
-
-def _struct_fields() -> str:
-    """The ten unknown fields as SELECT columns (`'name': expr` pairs become `expr AS name`)."""
-    columns = []
-    depth, current = 0, ""
-    for ch in UNKNOWN_FIELDS.strip():
-        depth += ch in "([{"
-        depth -= ch in ")]}"
-        if ch == "," and depth == 0:
-            columns.append(current.strip())
-            current = ""
-        else:
-            current += ch
-    columns.append(current.strip())
-    out = []
-    for column in columns:
-        name, expr = column.split(":", 1)
-        out.append(f"{expr.strip()} AS {name.strip().strip(chr(39))}")
-    return ", ".join(out)
 
 
 def main() -> None:
