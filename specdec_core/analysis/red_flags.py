@@ -47,14 +47,16 @@ def _output_identity_columns() -> str:
 
 
 SHARED_OUTPUTS_SQL = f"""
-WITH o AS (
+WITH f AS (
+    -- Outputs are grouped by DuckDB's 64-bit hash of the text: a heuristic count, within one query. The
+    -- requests are first folded to their (output, identity) pairs, so only those meet the identities table.
+    SELECT hash(r.output_text) AS out_hash, r.fingerprint, count(*) FILTER (WHERE r.cache_hit) AS hits
+    FROM requests r WHERE {{where}} GROUP BY 1, 2
+), o AS (
     -- Greedy speculative decoding is lossless: identities that differ only in their draft share outputs
-    -- legitimately, so the draft fields count only for sampled requests. Outputs are grouped by DuckDB's
-    -- 64-bit hash of the text: a heuristic count, within one query.
-    SELECT hash(r.output_text) AS out_hash,
-           count(DISTINCT ({_output_identity_columns()})) AS identities,
-           count(*) FILTER (WHERE r.cache_hit) AS hits
-    FROM requests r JOIN identities i USING (fingerprint) WHERE {{where}} GROUP BY 1
+    -- legitimately, so the draft fields count only for sampled requests.
+    SELECT f.out_hash, count(DISTINCT ({_output_identity_columns()})) AS identities, sum(f.hits) AS hits
+    FROM f JOIN identities i USING (fingerprint) GROUP BY 1
 )
 SELECT count(*) FILTER (WHERE identities > 1) AS shared_outputs,
        coalesce(sum(hits) FILTER (WHERE identities > 1), 0)::BIGINT AS hits_with_shared_output,
@@ -71,10 +73,13 @@ FROM requests r, w WHERE {where}
 """
 
 EXPERIMENT_BIAS_SQL = f"""
-SELECT r.target_model || ' / ' || {draft_label()} || ' / T=' || r.temperature AS arm, count(*) AS requests,
-       count(*) FILTER (WHERE h.contaminated) AS contaminated
-FROM requests r LEFT JOIN hit_sources h USING (request_id)
-WHERE {{where}} GROUP BY ALL HAVING count(*) FILTER (WHERE h.contaminated) > 0
+-- Grouped by the arm's columns, labelled after: one string per arm, not per request.
+SELECT target_model || ' / ' || draft || ' / T=' || temperature AS arm, requests, contaminated FROM (
+    SELECT r.target_model, {draft_label()} AS draft, r.temperature, count(*) AS requests,
+           count(h.request_id) AS contaminated
+    FROM requests r LEFT JOIN (SELECT request_id FROM hit_sources WHERE contaminated) h USING (request_id)
+    WHERE {{where}} GROUP BY ALL HAVING count(h.request_id) > 0
+)
 ORDER BY contaminated DESC LIMIT 5
 """
 
