@@ -95,11 +95,11 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
         lists AS (SELECT *, json_type(obj, {paths}) AS t, json_extract_string(obj, {paths}) AS s FROM o),
         -- One column per field: list indexing inside every later expression would repeat the work.
         fields AS (SELECT seq, source_file, source_line, raw, valid, root, obj,
-                          len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known, len(json_keys(obj)) AS n_keys,
+                          len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known, json_keys(obj) AS keys,
                           {", ".join(f"t[{i}] AS {field_type(n)}, s[{i}] AS {field_text(n)}" for n, i in _INDEX.items())}
                    FROM lists),
-        vals AS (SELECT *, {values_sql()}, {UNKNOWN_SQL}, {SOURCE_LINK_SQL},
-                        CASE WHEN n_keys > n_known THEN {REPEATED_FIELD} END AS repeated_field FROM fields),
+        vals AS (SELECT *, len(keys) AS n_keys, {values_sql()}, {UNKNOWN_SQL}, {SOURCE_LINK_SQL},
+                        {REPEATED_FIELD} AS repeated_field FROM fields),
         -- The raw text stays in the file's table: rejected rows are joined back to it by seq.
         verdict AS (
             SELECT seq, source_file, source_line, {EXTRA_SQL} AS extra, unknown_fields, source_link,

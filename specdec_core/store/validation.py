@@ -89,11 +89,12 @@ def values_sql() -> str:
 
 
 # The first contract field that a record names twice. Finding which one costs a pass over the keys per
-# key, so only records whose keys repeat at all (rare: one list_distinct tells) pay for it; only records
-# with more keys than known fields present can have one.
-REPEATED_FIELD = ("CASE WHEN len(list_distinct(json_keys(obj))) < n_keys THEN "
-                  "list_filter(json_keys(obj), lambda k, i: list_position(json_keys(obj), k) < i "
-                  "AND k IN (" + ", ".join(f"'{n}'" for n in FIELD_NAMES) + "))[1] END")
+# key, so only records that name contract fields more often than they hold distinct ones (rare: a count
+# of the `keys` list against the known names tells) pay for it.
+_CONTRACT_NAMES = "[" + ", ".join(f"'{n}'" for n in FIELD_NAMES) + "]"
+REPEATED_FIELD = (f"CASE WHEN len(list_filter(keys, lambda k: list_contains({_CONTRACT_NAMES}, k))) > n_known THEN "
+                  "list_filter(keys, lambda k, i: list_position(keys, k) < i "
+                  f"AND list_contains({_CONTRACT_NAMES}, k))[1] END")
 
 
 def reason_sql() -> str:
@@ -161,9 +162,10 @@ def typed_columns_sql() -> str:
 # Keys another log format's reader adds to a record (formats.UNKNOWN_KEY, formats.SOURCE_KEY): fields it
 # marks unknown, and a logged source link. Only records with keys beyond the known fields can hold them.
 UNKNOWN_KEY, SOURCE_KEY = "__unknown__", "__source_request_id__"
-UNKNOWN_SQL = (f"CASE WHEN n_keys > n_known THEN nullif(json_extract_string(obj, '$.{UNKNOWN_KEY}[*]'), []) "
-               "END AS unknown_fields")
-SOURCE_LINK_SQL = f"CASE WHEN n_keys > n_known THEN obj ->> '$.{SOURCE_KEY}' END AS source_link"
+# Each JSON function parses the whole record again: only records whose key list holds the marker pay for it.
+UNKNOWN_SQL = (f"CASE WHEN list_contains(keys, '{UNKNOWN_KEY}') "
+               f"THEN nullif(json_extract_string(obj, '$.{UNKNOWN_KEY}[*]'), []) END AS unknown_fields")
+SOURCE_LINK_SQL = f"CASE WHEN list_contains(keys, '{SOURCE_KEY}') THEN obj ->> '$.{SOURCE_KEY}' END AS source_link"
 
 
 # Fields the contract does not name are kept: a JSON merge patch with null deletes the known ones.
