@@ -162,17 +162,26 @@ def start(ids: list[str], prompt: str | None = None) -> None:
     st.session_state[ui.REPLAY_JOB_KEY] = job.job_id
 
 
+SHOWN_RUNNING = "_replay_shown_running"  # the job the page last drew as running (buttons disabled)
+
+
 @st.fragment(run_every=1)
 def job_progress() -> None:
+    """The running job's stage, redrawn every second; when it ends, the whole page is drawn again once."""
     job = current_job()
-    if job is None or job.finished:
+    if job is None:
         return
+    if job.finished:
+        # A rerun of this fragment alone leaves the rest of the page as the job found it (buttons disabled,
+        # no results): draw it all again, once.
+        if st.session_state.pop(SHOWN_RUNNING, None) == job.job_id:
+            st.rerun(scope="app")
+        return
+    st.session_state[SHOWN_RUNNING] = job.job_id
     st.progress(job.done / job.total if job.total else 0.0,
                 text=ui.md_escape(f"{job.done} of {job.total} replayed · {job.describe()}"))
     if st.button("Cancel", key="cancel_replay", icon=":material/cancel:"):
         job.cancel()
-    if job.finished:
-        st.rerun(scope="app")
 
 
 def running() -> bool:
