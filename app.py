@@ -315,6 +315,7 @@ with st.sidebar:
     filters_to_url(st.session_state[ui.FILTERS_KEY])
     if ready is not None:
         annotation_widgets()
+    ui.click_bridge()
 
 st.session_state[ui.PRELOAD_KEY] = model_preload()
 

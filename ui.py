@@ -327,11 +327,59 @@ def _set_time_filter_from(key: str) -> None:
 TIME_ZOOM_KEY = "time_zoom"
 
 
+# In drag-to-select mode Streamlit turns plotly's click-to-select off, so a click on a bar would be lost.
+# This script (no data in it) hands a click on a time chart to Streamlit as the selection of that one point;
+# a drag still selects a box. It runs in a same-origin component frame and watches for charts drawn later;
+# only charts drawn by time_chart (marked in their layout's meta) are touched.
+_CLICK_BRIDGE = """<script>
+(function () {
+  const doc = window.parent.document;
+  function attach() {
+    doc.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot').forEach(function (gd) {
+      if (gd.__specdecClick || !gd.on || !gd.emit) return;
+      const meta = gd.layout && gd.layout.meta;
+      if (!meta || !meta.specdec_click_selects) return;
+      gd.__specdecClick = true;
+      // A press and release on the same spot is a click on the point hovered when it was pressed. Only DOM
+      // listeners here: plotly drops its own event handlers when Streamlit draws the chart again.
+      let down = null;
+      gd.addEventListener('mousedown', function (ev) {
+        const hover = gd._hoverdata;
+        const h = hover && hover.length ? hover[0] : null;
+        // Only the fields a selected point carries: a hover point also holds the axes, which can't be sent.
+        const point = h && {curveNumber: h.curveNumber, pointNumber: h.pointNumber, pointIndex: h.pointNumber,
+                            x: h.x, y: h.y, customdata: h.customdata, data: h.data, fullData: h.fullData};
+        down = {x: ev.clientX, y: ev.clientY, point: point};
+      }, true);
+      doc.addEventListener('mouseup', function (ev) {
+        if (!down) return;
+        const moved = Math.abs(ev.clientX - down.x) + Math.abs(ev.clientY - down.y);
+        const point = down.point;
+        down = null;
+        if (moved > 3 || !point) return;
+        // After plotly has handled the click (it clears the selection), select that point.
+        doc.defaultView.setTimeout(function () { gd.emit('plotly_selected', {points: [point]}); }, 50);
+      }, true);
+    });
+  }
+  attach();
+  new MutationObserver(attach).observe(doc.body, {childList: true, subtree: true});
+})();
+</script>"""
+
+
+def click_bridge() -> None:
+    """Drawn once per run by the entrypoint (sidebar, no height), so every page's time charts have it."""
+    import streamlit.components.v1 as components
+
+    components.html(_CLICK_BRIDGE, height=0)
+
+
 def time_chart(figure: Any, key: str, deployment: str | None = None) -> dict | None:
     """Show a time chart with its annotations. Dragging across it sets the sidebar's time range (the
     global filter); clicking a bar or point returns that point (x, customdata) for its rows to be shown."""
     annotate(figure, deployment)
-    figure.update_layout(dragmode="select", selectdirection="h")
+    figure.update_layout(dragmode="select", selectdirection="h", meta={"specdec_click_selects": True})
     event = st.plotly_chart(figure, key=key, on_select=lambda: _set_time_filter_from(key),
                             selection_mode=("points", "box"), config={"displaylogo": False})
     points = event.selection.points if event is not None and event.selection else []
