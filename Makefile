@@ -9,7 +9,7 @@ PORT ?= 8501
 # torch first, pinned: a bare `torch` requirement pulls a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test install system-deps lint demo-db models bench clean
+.PHONY: run test install system-deps lint demo-db models bench clean screenshots
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ lint: $(STAMP)
 
 test: $(STAMP) system-deps lint
 	$(VENV)/bin/python -m pytest -q
+
+# The README's screenshots: every page of the demo at 1440x900 and 390x844, taken by the browser test.
+screenshots: $(STAMP) system-deps
+	SPECDEC_SCREENSHOTS=data/screenshots $(PY) -m pytest -q tests/test_browser_incident.py -k screenshots
 
 bench: $(STAMP)
 	@for s in bench/bench_*.py; do echo "== $$s"; $(PY) $$s || exit 1; done

@@ -4,7 +4,9 @@ browser back, readable metrics and plots at 1024x768 and on a phone; screenshots
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -15,9 +17,12 @@ from test_browser_e2e import ROOT, browser, dashboard, metric, registry_toml  # 
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.replay import run as replay
 from specdec_core.store.connection import Store
+from specdec_core.store.ingest import ingest
 
 pytestmark = pytest.mark.browser
-SCREENSHOTS = ROOT / "data" / "screenshots"
+# Where the screenshots go: test-output/ by default, so a test run leaves the tree clean; `make screenshots`
+# points this at data/screenshots/ (committed, shown in the README).
+SCREENSHOTS = Path(os.environ.get("SPECDEC_SCREENSHOTS", ROOT / "test-output" / "screenshots"))
 PAGES = {"overview": "", "cache": "cache", "output_length": "output_length", "mismatches": "mismatches",
          "keys": "keys", "replay": "replay", "search": "search", "export": "export"}
 
@@ -111,16 +116,35 @@ def test_metrics_and_plots_are_readable_at_1024_and_on_a_phone(browser, tmp_path
         phone.context.close()
 
 
+def settle(page: Page) -> None:
+    """Wait until the page has drawn its content: no script running, no loading skeleton, charts laid out."""
+    page.wait_for_function("""() => !document.querySelector('[data-testid="stSkeleton"]')
+        && !document.querySelector('[data-testid="stStatusWidget"] img, [data-testid="stStatusWidget"] svg')""",
+                           timeout=60_000)
+    page.wait_for_timeout(1000)
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory) -> Path:
+    """The bundled demo incident, as `make run` shows it."""
+    db = tmp_path_factory.mktemp("demo") / "demo.duckdb"
+    ingest(Store(db), [str(ROOT / "data" / "demo" / "requests.jsonl.gz")])
+    return db
+
+
 @pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)])
-def test_screenshots_of_every_page(browser, tmp_path, width, height):
-    db = build_incident_db(tmp_path)
+def test_screenshots_of_every_page(browser, demo_db, tmp_path, width, height):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with dashboard(db, tmp_path / "streamlit.log") as url:
+    with dashboard(demo_db, tmp_path / "streamlit.log") as url:
         page = new_page(browser, width, height)
         for name, path in PAGES.items():
             page.goto(f"{url}/{path}")
             expect(page.get_by_role("heading", level=1)).to_be_visible(timeout=30_000)
-            page.wait_for_timeout(1500)
+            settle(page)
+            expect(page.get_by_test_id("stException")).to_have_count(0)
+            if name not in ("replay", "search", "export"):
+                # The pages with charts drew them, not their placeholders.
+                expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible(timeout=30_000)
             page.screenshot(path=SCREENSHOTS / f"{name}-{width}x{height}.png")
         assert page.dialogs == []
         page.context.close()
