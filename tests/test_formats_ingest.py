@@ -136,7 +136,19 @@ def test_bad_lines_are_quarantined_with_their_line_and_the_rest_loads(name, fmt,
     assert all(r and "\n" not in r for r in quarantined["reason"])
     with Store(db).read() as con:
         accepted = {r[0] for r in con.execute("SELECT request_id FROM requests").fetchall()}
+        quotes = dict(con.execute("SELECT source_line, raw FROM quarantine").fetchall())
     assert accepted == set(truth["accepted_request_ids"])
+    lines = (FIXTURES / name).read_text(encoding="utf-8").splitlines()
+    for line, quote in quotes.items():
+        if fmt == "otel" and line == 4:
+            # A span read but rejected by the contract is quoted as its input (the span with its resource),
+            # read again from the file, not as the contract record made from it.
+            quoted = json.loads(quote)
+            assert set(quoted) == {"resource", "span"} and "otel-req-007" in quote
+            assert quoted["span"] in [s for r in json.loads(lines[3])["resourceSpans"]
+                                      for sc in r["scopeSpans"] for s in sc["spans"]]
+        else:
+            assert quote == lines[line - 1]  # a line no reader could read: quoted as it was
 
 
 def test_a_mapping_file_reads_any_json_lines(tmp_path):

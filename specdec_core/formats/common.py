@@ -40,8 +40,13 @@ class LineResult:
     records: tuple[dict, ...]  # contract records found on the line
     skipped: int = 0  # spans/entries that are not model requests
     # Each record's input as it was (a span with its resource), to quote it if the record is quarantined;
-    # empty: the line itself is each record's input.
-    origins: tuple[str, ...] = ()
+    # empty: the line itself is each record's input. Kept as objects: written out only for a record that
+    # is quarantined, not for the million that load.
+    origin_values: tuple[Any, ...] = ()
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        return tuple(json.dumps(v, ensure_ascii=False, separators=(",", ":")) for v in self.origin_values)
 
 
 def canonical_json(obj: Any) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from .common import (
@@ -188,7 +187,7 @@ def read_line(line: str) -> LineResult:
     if not isinstance(request.get("resourceSpans"), list):
         raise FormatError(f"not {WHAT}: no resourceSpans list")
     records: list[dict] = []
-    origins: list[str] = []
+    origins: list[dict] = []
     skipped = 0
     for i, resource_spans in enumerate(request["resourceSpans"]):
         where = f"resourceSpans[{i}]"
@@ -206,6 +205,5 @@ def read_line(line: str) -> LineResult:
                     skipped += 1
                 else:
                     records.append(record)
-                    origins.append(json.dumps({"resource": resource, "span": span}, ensure_ascii=False,
-                                              separators=(",", ":")))
-    return LineResult(records=tuple(records), skipped=skipped, origins=tuple(origins))
+                    origins.append({"resource": resource, "span": span})
+    return LineResult(records=tuple(records), skipped=skipped, origin_values=tuple(origins))

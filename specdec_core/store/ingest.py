@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from specdec_core import formats
 from specdec_core.contract import fields as contract
@@ -20,7 +21,7 @@ from specdec_core.store.connection import Store, scalar
 from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.identities import ID_HASH, compute_identities
 from specdec_core.store.migrate import migrate_connection
-from specdec_core.store.readers import JSONL_SUFFIXES, LogReadError, first_line, resolve_paths
+from specdec_core.store.readers import JSONL_SUFFIXES, LogReadError, first_line, foreign_inputs, resolve_paths
 from specdec_core.store.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
 from specdec_core.store.summaries import build_summaries
 from specdec_core.store.validation import (
@@ -127,9 +128,33 @@ def _create_work_tables(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _raws_view(con: duckdb.DuckDBPyConnection, staged: list[Lines]) -> None:
-    """`raws` (seq, raw): the text of every staged line, to quote rejected records exactly."""
-    parts = [f"SELECT {s.first_seq} + rowid AS seq, {s.quote_sql} AS raw FROM {s.table}" for s in staged]
-    con.execute("CREATE OR REPLACE TEMP VIEW raws AS " + " UNION ALL ".join(parts or ["SELECT NULL::BIGINT AS seq, NULL::VARCHAR AS raw LIMIT 0"]))
+    """`raws` (seq, raw, origin): the text of every staged line, to quote rejected records exactly; for
+    another log format, where the record's input is on its line (quoted instead, see _quote_inputs)."""
+    parts = [f"SELECT {s.first_seq} + rowid AS seq, raw, {s.origin_sql} AS origin FROM {s.table}" for s in staged]
+    con.execute("CREATE OR REPLACE TEMP VIEW raws AS " + " UNION ALL ".join(
+        parts or ["SELECT NULL::BIGINT AS seq, NULL::VARCHAR AS raw, NULL::INTEGER AS origin LIMIT 0"]))
+
+
+def _quote_inputs(con: duckdb.DuckDBPyConnection, inputs: dict[str, tuple[Path, Any]]) -> None:
+    """Rejected records of another log format are quoted as their input (the span with its resource, the
+    payload line), not as the contract record made from it: read again from the file, for these alone.
+
+    `inputs`: source_file -> (its path, the format's line reader).
+    """
+    rows = con.execute("SELECT b.seq, b.source_file, b.source_line, r.origin FROM bad b JOIN raws r USING (seq) "
+                       "WHERE r.origin IS NOT NULL").fetchall()
+    if not rows:
+        return
+    wanted: dict[str, dict[int, list[int]]] = {}
+    for _, source_file, line, origin in rows:
+        wanted.setdefault(source_file, {}).setdefault(line, []).append(origin)
+    found = {f: foreign_inputs(inputs[f][0], f, inputs[f][1], lines) for f, lines in wanted.items()}
+    con.register("quotes_arrow", pa.table({
+        "seq": pa.array([r[0] for r in rows], pa.int64()),
+        "quote": pa.array([found[f][(line, origin)] for _, f, line, origin in rows], pa.string()),
+    }))
+    con.execute("UPDATE bad SET raw = q.quote, raw_hash = md5(q.quote) FROM quotes_arrow q WHERE bad.seq = q.seq")
+    con.unregister("quotes_arrow")
 
 
 def _classify(con: duckdb.DuckDBPyConnection, join: str) -> None:
@@ -169,7 +194,8 @@ def _classify(con: duckdb.DuckDBPyConnection, join: str) -> None:
     """)
 
 
-def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str) -> tuple[int, int]:
+def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str, inputs: dict[str, tuple[Path, Any]]
+            ) -> tuple[int, int]:
     columns = ", ".join("m.prompt_sha" if c == "prompt_hash" else f"t.{c}" for c in _CONTENT_COLUMNS)
     names = ", ".join([*_CONTENT_COLUMNS, "fingerprint", "cached_identity_fingerprint", "source_file", "source_line",
                        "ingest_id"])
@@ -194,6 +220,7 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str) -> tuple[
         )
         SELECT b.*, r.raw, md5(r.raw) AS raw_hash FROM b JOIN raws r USING (seq)
     """)
+    _quote_inputs(con, inputs)
     _keep_new_rejects(con)
     con.execute("""
         INSERT INTO quarantine
@@ -240,6 +267,7 @@ def ingest(
         _create_work_tables(con)
         read = 0
         staged: list[Lines] = []
+        inputs: dict[str, tuple[Path, Any]] = {}  # files of another format: to quote their rejects
         total = 2 * len(files) + len(_BATCH_STEPS)
         step = iter(range(total + 1))
 
@@ -251,6 +279,8 @@ def ingest(
             say(f"reading {f.name}")
             first_seq = staged[-1].first_seq + staged[-1].count if staged else 0
             reader = None if fmt == "contract" else formats.line_reader(fmt, mapping)
+            if reader is not None:
+                inputs[str(f.resolve())] = (f, reader)
             staged.append(stage_file(con, f, f"lines_{n}", first_seq, limits, reader))
             say(f"checking {f.name}")
             rest, n_aside = set_aside(con, staged[-1], str(f.resolve()), limits)
@@ -262,7 +292,7 @@ def ingest(
         join = compute_identities(con)
         _classify(con, join)
         say(_BATCH_STEPS[1])
-        accepted, quarantined = _commit(con, ingest_id, join)
+        accepted, quarantined = _commit(con, ingest_id, join, inputs)
         say(_BATCH_STEPS[2])
         if accepted:
             judge_hits(con)

@@ -53,9 +53,10 @@ class RawBatch:
     raws: list[str]
     # Why a record is rejected before any JSON check (bytes that are not UTF-8, a cut-off stream); None: no reason.
     reasons: list[str | None] | None = None
-    # For another log format: each record's input as it was (the raw is its contract record), and how
-    # many entries of these lines are not model requests.
-    origins: list[str | None] | None = None
+    # For another log format: where each record's input is on its line (the raw is its contract record):
+    # the index of its origin in the reader's LineResult, -1 for the whole line, None when the raw is the
+    # line itself; and how many entries of these lines are not model requests.
+    origins: list[int | None] | None = None
     skipped: int = 0
 
 
@@ -302,12 +303,13 @@ def read_foreign(path: Path, name: str, reader: Callable[[str], Any], chunk_rows
     """Lines of another log format (OTel, LiteLLM, a mapping) as contract records, each with its input.
 
     A line the format can't read is a record rejected with the reader's reason, quoted as it was.
-    Chunks are cut by records, not lines: one OTLP line may hold hundreds of spans.
+    Chunks are cut by records, not lines: one OTLP line may hold hundreds of spans. A record's input is
+    not kept, only where it is (`foreign_inputs` reads it again for the few that are quarantined).
     """
     numbers: list[int] = []
     raws: list[str] = []
     reasons: list[str | None] = []
-    origins: list[str | None] = []
+    origins: list[int | None] = []
     skipped = 0
     for batch in read_jsonl(path, name, chunk_rows=chunk_rows):
         for number, text, reason in zip(batch.line_numbers, batch.raws, batch.reasons or [], strict=True):
@@ -328,11 +330,28 @@ def read_foreign(path: Path, name: str, reader: Callable[[str], Any], chunk_rows
                     numbers.append(number)
                     raws.append(json.dumps(record, ensure_ascii=False))
                     reasons.append(None)
-                    origins.append(result.origins[i] if result.origins else text)
+                    origins.append(i if result.origin_values else -1)
             if len(raws) >= chunk_rows:
                 yield RawBatch(name, numbers, raws, reasons, origins, skipped)
                 numbers, raws, reasons, origins, skipped = [], [], [], [], 0
     yield RawBatch(name, numbers, raws, reasons, origins, skipped)
+
+
+def foreign_inputs(path: Path, name: str, reader: Callable[[str], Any], wanted: dict[int, list[int]]
+                   ) -> dict[tuple[int, int], str]:
+    """The inputs of some records of another log format, read again: {(line, origin index): text}.
+
+    `wanted`: line number -> the origin indices read_foreign gave its records there (-1: the line).
+    """
+    found: dict[tuple[int, int], str] = {}
+    for batch in read_jsonl(path, name):
+        for number, text in zip(batch.line_numbers, batch.raws, strict=True):
+            if number not in wanted:
+                continue
+            origins = reader(text).origins if any(i >= 0 for i in wanted[number]) else ()
+            for index in wanted[number]:
+                found[(number, index)] = text if index < 0 else origins[index]
+    return found
 
 
 def _csv_integer(cell: str) -> object:

@@ -76,8 +76,9 @@ class Lines:
     first_seq: int
     count: int  # rows in the table, blank lines included: the seq values this file uses
     sql: str
-    # What a rejected record is quoted as: `raw`, or for another log format the input it came from.
-    quote_sql: str = "raw"
+    # For another log format, where each record's input is (readers.read_foreign's origin index): a
+    # rejected record is quoted as that input, read again from the file; NULL: quoted as its raw line.
+    origin_sql: str = "NULL::INTEGER"
     skipped: int = 0  # entries of another log format that are not model requests
 
 
@@ -132,20 +133,20 @@ def stage_file(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq
 def _stage_foreign(con: duckdb.DuckDBPyConnection, path: Path, name: str, table: str, first_seq: int,
                    reader: Callable[[str], Any]) -> Lines:
     con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (source_line BIGINT, raw VARCHAR, pre_reason VARCHAR, "
-                "origin VARCHAR)")
+                "origin INTEGER)")
     skipped = 0
     for chunk in read_foreign(path, name, reader):
         skipped += chunk.skipped
         con.register("chunk_arrow", pa.table({"source_line": pa.array(chunk.line_numbers, pa.int64()),
                                               "raw": pa.array(chunk.raws, pa.string()),
                                               "pre_reason": pa.array(chunk.reasons, pa.string()),
-                                              "origin": pa.array(chunk.origins, pa.string())}))
+                                              "origin": pa.array(chunk.origins, pa.int32())}))
         con.execute(f"INSERT INTO {table} SELECT * FROM chunk_arrow")
         con.unregister("chunk_arrow")
     count = scalar(con, f"SELECT count(*) FROM {table}")
     return Lines(table, first_seq, count,
                  f"SELECT {first_seq} + rowid AS seq, source_line, raw, pre_reason FROM {table}",
-                 quote_sql="coalesce(origin, raw)", skipped=skipped)
+                 origin_sql="origin", skipped=skipped)
 
 
 def set_aside(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, limits: IngestLimits
