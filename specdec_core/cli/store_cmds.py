@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from dataclasses import replace
 
 from specdec_core import formats
@@ -49,6 +50,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # a bad limit or mapping file: a usage error, nothing read
         print(f"specdec ingest: {exc}", file=sys.stderr)
         return 2
+    if args.follow:
+        return _follow(store, args, limits, mapping)
     try:
         result = ingest(store, args.paths, progress=_progress_bar(show_progress), limits=limits,
                         log_format=args.format, mapping=mapping)
@@ -71,6 +74,36 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         if result.quarantined:
             print("quarantined records and their reasons: table `quarantine`, or the dashboard's sidebar",
                   file=sys.stderr)
+    return 0
+
+
+def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mapping: formats.Mapping | None) -> int:
+    """`--follow`: one status line per committed batch until interrupted (or idle for --idle-exit seconds)."""
+    import signal
+
+    from specdec_core.store.follow import Follower, follow
+
+    if args.every <= 0 or args.batch_rows < 1:
+        print("specdec ingest: --every must be > 0 and --batch-rows >= 1", file=sys.stderr)
+        return 2
+    stopping: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: stopping.append(signum))  # stop after the batch under way
+
+    def show(batch) -> None:
+        line = json.dumps({**batch.result.to_json(), "lag_seconds": batch.lag_seconds}) if args.json \
+            else f"{time.strftime('%H:%M:%S')} {batch.status_line()}"
+        print(line, flush=True)
+
+    follower = Follower(store, args.paths, log_format=args.format, mapping=mapping, limits=limits,
+                        batch_rows=args.batch_rows)
+    try:
+        follow(follower, every=args.every, idle_exit=args.idle_exit, on_batch=show, stop=lambda: bool(stopping))
+    except (LogReadError, StoreError) as exc:
+        print(f"specdec ingest: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        follower.close()
     return 0
 
 
@@ -159,6 +192,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="quarantine a record longer than this (default: $SPECDEC_MAX_RECORD_BYTES or 16 MiB)")
     p.add_argument("--max-fields", type=int, metavar="N",
                    help="quarantine a record with more fields than this (default: $SPECDEC_MAX_FIELDS or 1000)")
+    p.add_argument("--follow", action="store_true",
+                   help="keep loading what is appended to the files and folders (new files, rotated files, "
+                        "gzip files once complete), one batch at most every --every seconds; resumes where it "
+                        "stopped")
+    p.add_argument("--every", type=float, default=1.0, metavar="SECONDS", help="--follow: poll interval (1)")
+    p.add_argument("--batch-rows", type=int, default=10_000, metavar="N", help="--follow: most lines a batch (10000)")
+    p.add_argument("--idle-exit", type=float, metavar="SECONDS",
+                   help="--follow: stop after this long with nothing new (default: run until interrupted)")
     p.set_defaults(func=cmd_ingest)
 
     p = subparsers.add_parser("report", help="write the mismatch report CSV",

@@ -7,7 +7,7 @@ the distinct identity tuples, so the store and the library cannot disagree.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -135,11 +135,11 @@ def _raws_view(con: duckdb.DuckDBPyConnection, staged: list[Lines]) -> None:
         parts or ["SELECT NULL::BIGINT AS seq, NULL::VARCHAR AS raw, NULL::INTEGER AS origin LIMIT 0"]))
 
 
-def _quote_inputs(con: duckdb.DuckDBPyConnection, inputs: dict[str, tuple[Path, Any]]) -> None:
+def _quote_inputs(con: duckdb.DuckDBPyConnection, inputs: dict[str, tuple[Path, Any, int]]) -> None:
     """Rejected records of another log format are quoted as their input (the span with its resource, the
     payload line), not as the contract record made from it: read again from the file, for these alone.
 
-    `inputs`: source_file -> (its path, the format's line reader).
+    `inputs`: source_file -> (the file read, the format's line reader, its lines before this part).
     """
     rows = con.execute("SELECT b.seq, b.source_file, b.source_line, r.origin FROM bad b JOIN raws r USING (seq) "
                        "WHERE r.origin IS NOT NULL").fetchall()
@@ -148,10 +148,13 @@ def _quote_inputs(con: duckdb.DuckDBPyConnection, inputs: dict[str, tuple[Path, 
     wanted: dict[str, dict[int, list[int]]] = {}
     for _, source_file, line, origin in rows:
         wanted.setdefault(source_file, {}).setdefault(line, []).append(origin)
-    found = {f: foreign_inputs(inputs[f][0], f, inputs[f][1], lines) for f, lines in wanted.items()}
+    found = {}
+    for f, lines in wanted.items():
+        path, reader, offset = inputs[f]
+        found[f] = foreign_inputs(path, f, reader, {line - offset: origins for line, origins in lines.items()})
     con.register("quotes_arrow", pa.table({
         "seq": pa.array([r[0] for r in rows], pa.int64()),
-        "quote": pa.array([found[f][(line, origin)] for _, f, line, origin in rows], pa.string()),
+        "quote": pa.array([found[f][(line - inputs[f][2], origin)] for _, f, line, origin in rows], pa.string()),
     }))
     con.execute("UPDATE bad SET raw = q.quote, raw_hash = md5(q.quote) FROM quotes_arrow q WHERE bad.seq = q.seq")
     con.unregister("quotes_arrow")
@@ -194,7 +197,7 @@ def _classify(con: duckdb.DuckDBPyConnection, join: str) -> None:
     """)
 
 
-def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str, inputs: dict[str, tuple[Path, Any]]
+def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str, inputs: dict[str, tuple[Path, Any, int]]
             ) -> tuple[int, int]:
     columns = ", ".join("m.prompt_sha" if c == "prompt_hash" else f"t.{c}" for c in _CONTENT_COLUMNS)
     names = ", ".join([*_CONTENT_COLUMNS, "fingerprint", "cached_identity_fingerprint", "source_file", "source_line",
@@ -251,13 +254,19 @@ def ingest(
     limits: IngestLimits | None = None,
     log_format: str = "auto",
     mapping: formats.Mapping | None = None,
+    parts: Mapping[Path, tuple[str, int]] | None = None,
+    before_commit: Callable[[duckdb.DuckDBPyConnection, int], None] | None = None,
 ) -> IngestResult:
     """Validate and load log files; all of them become visible at once, or none on error.
 
     `limits`: what one record may cost (default: `IngestLimits.from_env()`).
     `log_format`: "auto" (decided per file from its first record), "contract", "otel" or "litellm";
     `mapping` (formats.load_mapping) reads every file through a mapping file instead.
+    `parts`: files that hold a part of another file (a followed log's new lines): resolved path ->
+    (that file's name, the number of its lines before this part), which the rows record instead.
+    `before_commit(con, ingest_id)`: more writes that must land with this batch or not at all.
     """
+    parts = parts or {}
     limits = limits or IngestLimits.from_env()
     files = resolve_paths(paths)  # raises LogReadError before anything is written
     chosen = [(f, file_format(f, log_format, mapping)) for f in files]
@@ -267,7 +276,7 @@ def ingest(
         _create_work_tables(con)
         read = 0
         staged: list[Lines] = []
-        inputs: dict[str, tuple[Path, Any]] = {}  # files of another format: to quote their rejects
+        inputs: dict[str, tuple[Path, Any, int]] = {}  # files of another format: to quote their rejects
         total = 2 * len(files) + len(_BATCH_STEPS)
         step = iter(range(total + 1))
 
@@ -277,14 +286,15 @@ def ingest(
 
         for n, (f, fmt) in enumerate(chosen):
             say(f"reading {f.name}")
+            name, line_offset = parts.get(f.resolve(), (str(f.resolve()), 0))
             first_seq = staged[-1].first_seq + staged[-1].count if staged else 0
             reader = None if fmt == "contract" else formats.line_reader(fmt, mapping)
             if reader is not None:
-                inputs[str(f.resolve())] = (f, reader)
-            staged.append(stage_file(con, f, f"lines_{n}", first_seq, limits, reader))
+                inputs[name] = (f, reader, line_offset)
+            staged.append(stage_file(con, f, f"lines_{n}", first_seq, limits, reader, line_offset))
             say(f"checking {f.name}")
-            rest, n_aside = set_aside(con, staged[-1], str(f.resolve()), limits)
-            read += n_aside + _validate(con, rest, str(f.resolve())) + staged[-1].skipped
+            rest, n_aside = set_aside(con, staged[-1], name, limits)
+            read += n_aside + _validate(con, rest, name) + staged[-1].skipped
         skipped = sum(s.skipped for s in staged)
         _raws_view(con, staged)
         _backfill_cache_keys(con)
@@ -302,11 +312,14 @@ def ingest(
         duplicates = read - accepted - quarantined - skipped
         con.execute(
             "INSERT INTO ingests VALUES (?, now(), ?, ?, ?, ?, ?)",
-            [ingest_id, [str(f) for f in files], read, accepted, duplicates, quarantined],
+            [ingest_id, [parts.get(f.resolve(), (str(f), 0))[0] for f in files], read, accepted, duplicates,
+             quarantined],
         )
+        if before_commit is not None:
+            before_commit(con, ingest_id)
     say("done")
     return IngestResult(read, accepted, duplicates, quarantined, len(files), ingest_id, skipped,
-                        tuple((str(f), fmt) for f, fmt in chosen))
+                        tuple((parts.get(f.resolve(), (str(f), 0))[0], fmt) for f, fmt in chosen))
 
 
 def file_format(path: Path, log_format: str, mapping: formats.Mapping | None) -> str:

@@ -97,11 +97,21 @@ def _lines_end_in_newlines(path: Path) -> bool:
 
 
 def stage_file(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: int,
-               limits: IngestLimits, reader: Callable[[str], Any] | None = None) -> Lines:
+               limits: IngestLimits, reader: Callable[[str], Any] | None = None, line_offset: int = 0) -> Lines:
     """Load a file's lines or records, as they were, into the temp table `table`.
 
     `reader`: the line reader of another log format (formats.line_reader); None: the contract's own.
+    `line_offset`: lines of the log before this file's first (a followed log read in parts).
     """
+    lines = _stage(con, path, table, first_seq, limits, reader)
+    if not line_offset:
+        return lines
+    return replace(lines, sql=f"SELECT seq, source_line + {int(line_offset)} AS source_line, raw, pre_reason "
+                              f"FROM ({lines.sql})")
+
+
+def _stage(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: int,
+           limits: IngestLimits, reader: Callable[[str], Any] | None) -> Lines:
     name = str(path.resolve())
     if reader is not None:
         return _stage_foreign(con, path, name, table, first_seq, reader)

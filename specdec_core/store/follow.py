@@ -1,0 +1,263 @@
+"""`specdec ingest --follow`: keep loading the lines a service appends to its logs, in small batches.
+
+Files are followed by identity (device and inode), not by name: a log renamed away by rotation is read
+to its end through the handle kept open on it, and the new file under the old name starts at line 1.
+Only complete lines are read; a gzip file is read whole once its size holds still between two polls.
+Each batch's read positions are written in the same transaction as its rows (`follow_offsets`), so a
+follower killed at any point resumes where the last committed batch ended: nothing lost, nothing twice.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO
+
+import duckdb
+import pyarrow as pa
+
+from specdec_core import formats
+from specdec_core.store.connection import Store
+from specdec_core.store.ingest import IngestResult, ingest
+from specdec_core.store.readers import LogReadError, resolve_paths
+from specdec_core.store.staging import IngestLimits
+
+OFFSETS_DDL = """
+CREATE TABLE IF NOT EXISTS follow_offsets (
+    file_id VARCHAR PRIMARY KEY,  -- device:inode of the file followed
+    path VARCHAR,                 -- where it was last read
+    byte_offset BIGINT,           -- bytes consumed: complete lines only
+    line_count BIGINT,            -- lines consumed
+    done BOOLEAN                  -- a gzip file read whole
+)
+"""
+
+
+@dataclass
+class Position:
+    path: str
+    byte_offset: int = 0
+    line_count: int = 0
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One committed batch: what the ingest counted, the newest request it holds, and its lag."""
+
+    result: IngestResult
+    files: int
+    newest: datetime | None
+    lag_seconds: float | None
+
+    def status_line(self) -> str:
+        r = self.result
+        newest = "–" if self.newest is None else self.newest.strftime("%Y-%m-%d %H:%M:%S UTC")
+        lag = "–" if self.lag_seconds is None else f"{self.lag_seconds:.1f} s"
+        return (f"+{r.accepted} rows (read {r.read}, duplicates {r.duplicates}, quarantined {r.quarantined}) "
+                f"from {self.files} file{'s' if self.files != 1 else ''}; newest {newest}; lag {lag}")
+
+
+@dataclass
+class _Part:
+    file_id: str
+    path: Path
+    data: bytes | None  # the new complete lines; None: the whole (gzip) file
+    lines_before: int
+    new_position: Position
+
+
+def _file_id(st: os.stat_result) -> str:
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def _is_gzip(path: Path) -> bool:
+    return path.name.lower().endswith(".gz")
+
+
+class Follower:
+    """Polls the paths and commits what is new as one ingest batch per poll (at most `batch_rows` lines)."""
+
+    def __init__(self, store: Store, paths: list[str], *, log_format: str = "auto",
+                 mapping: formats.Mapping | None = None, limits: IngestLimits | None = None,
+                 batch_rows: int = 10_000) -> None:
+        self.store, self.paths, self.log_format, self.mapping = store, paths, log_format, mapping
+        self.limits, self.batch_rows = limits, batch_rows
+        self.positions = self._load_positions()
+        self._handles: dict[str, IO[bytes]] = {}  # file id -> an open handle, kept across renames
+        self._gzip_sizes: dict[str, int] = {}  # file id -> size at the last poll
+
+    def _load_positions(self) -> dict[str, Position]:
+        if not self.store.exists:
+            return {}
+        with self.store.read() as con:
+            if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'follow_offsets'"
+                               ).fetchall()[0][0]:
+                return {}
+            rows = con.execute("SELECT file_id, path, byte_offset, line_count, done FROM follow_offsets").fetchall()
+        return {fid: Position(path, offset, count, done) for fid, path, offset, count, done in rows}
+
+    def close(self) -> None:
+        for handle in self._handles.values():
+            handle.close()
+        self._handles.clear()
+
+    def _files(self) -> list[Path]:
+        try:
+            return resolve_paths(self.paths)
+        except LogReadError:
+            # A followed folder may be empty, a file not yet created: take what exists now.
+            found = []
+            for spec in self.paths:
+                try:
+                    found.extend(resolve_paths([spec]))
+                except LogReadError:
+                    continue
+            return found
+
+    def _parts(self) -> list[_Part]:
+        parts: list[_Part] = []
+        budget = self.batch_rows
+        seen: set[str] = set()
+        for path in self._files():
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            fid = _file_id(st)
+            seen.add(fid)
+            pos = self.positions.get(fid, Position(str(path)))
+            if _is_gzip(path):
+                # Complete when its size held still since the last poll and it reads to its end.
+                if not pos.done and st.st_size and self._gzip_sizes.get(fid) == st.st_size and _gzip_whole(path):
+                    parts.append(_Part(fid, path, None, 0, Position(str(path), st.st_size, 0, True)))
+                self._gzip_sizes[fid] = st.st_size
+                continue
+            if fid not in self._handles:
+                try:
+                    self._handles[fid] = open(path, "rb")  # noqa: SIM115 - kept open across polls
+                except OSError:
+                    continue
+            part = self._read_new(fid, str(path), pos, budget)
+            if part is not None:
+                parts.append(part)
+                budget -= part.new_position.line_count - part.lines_before
+            if budget <= 0:
+                return parts
+        # Files no longer under any followed name (renamed away by rotation): read to their end.
+        for fid in [f for f in self._handles if f not in seen]:
+            pos = self.positions.get(fid, Position(""))
+            part = self._read_new(fid, pos.path, pos, budget)
+            if part is None:
+                self._handles.pop(fid).close()  # nothing more will come
+                continue
+            parts.append(part)
+            budget -= part.new_position.line_count - part.lines_before
+            if budget <= 0:
+                break
+        return parts
+
+    def _read_new(self, fid: str, path: str, pos: Position, budget: int) -> _Part | None:
+        handle = self._handles[fid]
+        size = os.fstat(handle.fileno()).st_size
+        offset = pos.byte_offset
+        if size < offset:  # truncated in place: what follows is new
+            offset = 0
+        if size == offset or budget <= 0:
+            return None
+        handle.seek(offset)
+        data = handle.read(min(size - offset, 64 << 20))
+        end = data.rfind(b"\n")
+        if end < 0:
+            return None  # no complete line yet
+        data = data[: end + 1]
+        lines = data.count(b"\n")
+        if lines > budget:
+            cut = -1
+            for _ in range(budget):
+                cut = data.index(b"\n", cut + 1)
+            data, lines = data[: cut + 1], budget
+        before = pos.line_count if offset == pos.byte_offset else 0
+        return _Part(fid, Path(path), data, before, Position(path, offset + len(data), before + lines))
+
+    def poll(self) -> Batch | None:
+        """Commit what is new since the last poll as one batch; None when nothing is."""
+        parts = self._parts()
+        if not parts:
+            return None
+        with tempfile.TemporaryDirectory(prefix="specdec-follow-") as tmp:
+            paths, names = [], {}
+            for n, part in enumerate(parts):
+                if part.data is None:
+                    paths.append(str(part.path))
+                    continue
+                chunk = Path(tmp) / f"part-{n}.jsonl"
+                chunk.write_bytes(part.data)
+                paths.append(str(chunk))
+                names[chunk.resolve()] = (str(Path(part.path).resolve()), part.lines_before)
+            result = ingest(self.store, paths, limits=self.limits, log_format=self.log_format,
+                            mapping=self.mapping, parts=names,
+                            before_commit=lambda con, _: self._save_positions(con, parts))
+        for part in parts:
+            self.positions[part.file_id] = part.new_position
+        newest = self._newest(result.ingest_id)
+        lag = (datetime.now(timezone.utc) - newest).total_seconds() if newest is not None else None
+        return Batch(result, len(parts), newest, lag)
+
+    def _save_positions(self, con: duckdb.DuckDBPyConnection, parts: list[_Part]) -> None:
+        con.execute(OFFSETS_DDL)
+        con.register("positions_arrow", pa.table({
+            "file_id": [p.file_id for p in parts],
+            "path": [p.new_position.path for p in parts],
+            "byte_offset": pa.array([p.new_position.byte_offset for p in parts], pa.int64()),
+            "line_count": pa.array([p.new_position.line_count for p in parts], pa.int64()),
+            "done": [p.new_position.done for p in parts],
+        }))
+        con.execute("INSERT OR REPLACE INTO follow_offsets SELECT * FROM positions_arrow")
+        con.unregister("positions_arrow")
+
+    def _newest(self, ingest_id: int) -> datetime | None:
+        with self.store.read() as con:
+            row = con.execute("SELECT max(ts) FROM requests WHERE ingest_id = ?", [ingest_id]).fetchall()
+        return row[0][0] if row and row[0][0] is not None else None
+
+
+def _gzip_whole(path: Path) -> bool:
+    try:
+        with gzip.open(path, "rb") as fh:
+            while fh.read(1 << 20):
+                pass
+        return True
+    except (OSError, EOFError, zlib.error):
+        return False  # still being written (or broken: the ingest says so once it holds still)
+
+
+def follow(follower: Follower, *, every: float = 1.0, idle_exit: float | None = None,
+           on_batch: Callable[[Batch], None] | None = None, stop: Callable[[], bool] | None = None) -> int:
+    """Poll every `every` seconds until `stop()` says so, or nothing new came for `idle_exit` seconds.
+
+    Returns how many batches were committed. A poll that fills a batch is followed at once by the next.
+    """
+    batches = 0
+    idle_since = time.monotonic()
+    while not (stop and stop()):
+        started = time.monotonic()
+        batch = follower.poll()
+        if batch is not None:
+            batches += 1
+            idle_since = time.monotonic()
+            if on_batch:
+                on_batch(batch)
+            if batch.result.read >= follower.batch_rows:
+                continue
+        elif idle_exit is not None and time.monotonic() - idle_since >= idle_exit:
+            break
+        time.sleep(max(0.0, every - (time.monotonic() - started)))
+    return batches
