@@ -198,7 +198,7 @@ def test_clicking_a_bar_lists_its_rows_and_dragging_sets_the_time_range(browser,
         page.mouse.move(start_x + (end_x - start_x) * step / 10, mid_y)
     page.mouse.up()
     expect(sidebar.get_by_text(re.compile(r"UTC to .* UTC$"))).not_to_have_text(before, timeout=30_000)
-    shown = page.get_by_text(re.compile(rf"^\d+ of \d+ contaminated hits"))
+    shown = page.get_by_text(re.compile(r"^\d+ of \d+ contaminated hits"))
     expect(shown).not_to_have_text(re.compile(rf"^{HITS} of {HITS} "), timeout=30_000)
     n, total = map(int, re.match(r"(\d+) of (\d+)", shown.inner_text()).groups())
     assert 0 < n == total < HITS, shown.inner_text()
