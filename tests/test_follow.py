@@ -102,24 +102,41 @@ def test_a_new_follower_resumes_where_the_last_batch_ended(tmp_path):
     assert [r[-1] for r in rows(db)] == [1, 2, 3]
 
 
-def _follow(db: Path, log: Path, *extra: str) -> subprocess.Popen:
+def _follow(db: Path, log: Path, *extra: str, output: int = subprocess.PIPE) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "specdec_core", "ingest", "--follow", str(log), "--db", str(db),
-                             "--every", "0.2", "--batch-rows", "40", *extra],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--every", "0.2", "--batch-rows", "200", *extra],
+                            cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, text=True)
+
+
+def _batches(db: Path) -> int:
+    return query(db, "SELECT count(*) FROM ingests")[0][0] if db.exists() else 0
 
 
 def test_sigkill_at_several_points_then_resume_equals_a_clean_ingest(tmp_path):
     log, db, clean = tmp_path / "app.jsonl", tmp_path / "s.duckdb", tmp_path / "clean.duckdb"
     n = 0
-    for kill_after in (1.0, 2.5, 4.0):
-        follower = _follow(db, log)
-        started = time.monotonic()
-        while time.monotonic() - started < kill_after:
-            append(log, "".join(line(n + i, max_tokens=8 + i % 3) for i in range(25)))
-            n += 25
-            time.sleep(0.05)
+
+    def write_some() -> None:
+        nonlocal n
+        append(log, "".join(line(n + i, max_tokens=8 + i % 3) for i in range(25)))
+        n += 25
+        time.sleep(0.1)
+
+    # Each follower is killed while the writer appends: once it has committed a batch of its own, at
+    # once, a little later, or later still (between batches, or in the middle of one).
+    for delay in (0.0, 0.3, 0.8):
+        follower = _follow(db, log, output=subprocess.DEVNULL)
+        committed = _batches(db)
+        deadline = time.monotonic() + 120
+        while _batches(db) == committed and time.monotonic() < deadline:
+            write_some()
+        assert _batches(db) > committed, "the follower never committed a batch"
+        kill_at = time.monotonic() + delay
+        while time.monotonic() < kill_at:
+            write_some()
         follower.send_signal(signal.SIGKILL)
         follower.wait()
+        write_some()
     drained = _follow(db, log, "--idle-exit", "1.5")
     out, _ = drained.communicate(timeout=300)
     assert drained.returncode == 0, out
