@@ -298,15 +298,43 @@ def annotations() -> list[Annotation]:
 
 
 def annotate(figure: Any, deployment: str | None = None) -> Any:
-    """Deploys, fixes and the first/last contaminated hit as labelled vertical lines on a time chart."""
+    """Deploys, fixes and the first/last contaminated hit as labelled vertical lines on a time chart.
+
+    On a chart with one panel per deployment (facet_row), a deployment's marks go on its own panel only;
+    a mark for every deployment goes on each."""
+    panels = _deployment_panels(figure)
     for note in annotations_for(annotations(), deployment):
         detected = note.kind != "note"
         # An epoch-millisecond x: plotly's own arithmetic on datetimes in add_vline fails on some versions.
-        figure.add_vline(x=note.ts.timestamp() * 1000, line_width=1,
-                         line_dash="dot" if detected else "dash", line_color=ALARM if detected else "#444444",
-                         annotation_text=plot_label(note.label), annotation_position="top left",
-                         annotation_font_size=10)
+        x = note.ts.timestamp() * 1000
+        style = {"width": 1, "dash": "dot" if detected else "dash", "color": ALARM if detected else "#444444"}
+        if not panels:
+            figure.add_vline(x=x, line=style, annotation_text=plot_label(note.label),
+                             annotation_position="top left", annotation_font_size=10)
+            continue
+        own = panels.get(plot_label(deployment_label(note.deployment))) if note.deployment is not None else None
+        for x_axis, y_axis in ([own] if own else [] if note.deployment is not None else panels.values()):
+            figure.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, xref=x_axis, yref=f"{y_axis} domain", line=style)
+            figure.add_annotation(x=x, y=1, xref=x_axis, yref=f"{y_axis} domain", text=plot_label(note.label),
+                                  showarrow=False, xanchor="right", yanchor="bottom", font={"size": 10})
     return figure
+
+
+def _deployment_panels(figure: Any) -> dict[str, tuple[str, str]]:
+    """A facet_row chart's panels: the panel's label (as plotly express wrote it, turned on its side at the
+    right) -> the (x axis, y axis) its traces use. Empty for a chart of one panel."""
+    axes = {trace.yaxis or "y": trace.xaxis or "x" for trace in figure.data}
+    if len(axes) < 2:
+        return {}
+    panels = {}
+    for label in figure.layout.annotations:
+        if label.textangle != 90 or label.y is None:
+            continue
+        for y_axis, x_axis in axes.items():
+            domain = figure.layout["yaxis" + y_axis[1:]].domain or (0, 1)
+            if domain[0] <= label.y <= domain[1]:
+                panels[label.text] = (x_axis, y_axis)
+    return panels
 
 
 def _set_time_filter_from(key: str) -> None:

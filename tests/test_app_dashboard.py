@@ -93,6 +93,21 @@ def test_annotations_from_the_sidebar_and_detected_contamination_mark_every_time
     for page, key in (("cache", "hit_rate_over_time"), ("mismatches", "mismatch_rate_over_time")):
         at.switch_page(f"pages/{page}.py").run()
         assert "deploy v2" in labels(key) and "prod: first contaminated hit" in labels(key), page
+    # Hit rate over time has a panel per deployment: prod's marks sit on prod's panel alone, a mark for every
+    # deployment on each panel.
+    at.switch_page("pages/cache.py").run()
+    spec = figure(at, "hit_rate_over_time")
+    layout = spec["layout"]
+    panel_of = {a["text"]: a["y"] for a in layout["annotations"] if a["text"] in ("prod", "staging")}
+
+    def panel(annotation: dict) -> str:
+        axis = layout["yaxis" + annotation["yref"].split()[0][1:]]
+        return next(name for name, y in panel_of.items() if axis["domain"][0] <= y <= axis["domain"][1])
+
+    marks = [(a["text"], panel(a)) for a in layout["annotations"] if a["text"] in
+             ("deploy v2", "key fix", "prod: first contaminated hit", "prod: last contaminated hit")]
+    assert sorted(marks) == [("deploy v2", "prod"), ("key fix", "prod"), ("key fix", "staging"),
+                             ("prod: first contaminated hit", "prod"), ("prod: last contaminated hit", "prod")]
 
 
 def test_parse_annotations_reads_lines_json_and_says_what_it_skipped():
