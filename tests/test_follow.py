@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import rec
+from helpers import rec, write_csv
 
 from specdec_core.store.connection import Store
 from specdec_core.store.follow import Follower
@@ -89,6 +89,18 @@ def test_new_files_rotation_by_rename_and_gzip_once_complete(tmp_path):
     assert follower.poll() is None
     follower.close()
     assert [r[0] for r in rows(db)] == [f"r{n:05d}" for n in range(1, 8)]
+
+
+def test_a_csv_file_is_read_whole_once_complete_not_as_json_lines(tmp_path):
+    folder, db = tmp_path / "logs", tmp_path / "s.duckdb"
+    folder.mkdir()
+    write_csv(folder / "export.csv", [json.loads(line(n)) for n in (1, 2, 3)])
+    follower = Follower(Store(db), [str(folder)])
+    assert follower.poll() is None  # its size has not held still yet
+    batch = follower.poll()
+    assert (batch.result.accepted, batch.result.quarantined) == (3, 0)
+    assert follower.poll() is None
+    follower.close()
 
 
 def test_a_new_follower_resumes_where_the_last_batch_ended(tmp_path):

@@ -193,8 +193,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-fields", type=int, metavar="N",
                    help="quarantine a record with more fields than this (default: $SPECDEC_MAX_FIELDS or 1000)")
     p.add_argument("--follow", action="store_true",
-                   help="keep loading what is appended to the files and folders (new files, rotated files, "
-                        "gzip files once complete), one batch at most every --every seconds; resumes where it "
+                   help="keep loading what is appended to the files and folders (new files, rotated files; "
+                        "gzip, CSV and Parquet files whole, once complete), one batch at most every --every seconds; resumes where it "
                         "stopped")
     p.add_argument("--every", type=float, default=1.0, metavar="SECONDS", help="--follow: poll interval (1)")
     p.add_argument("--batch-rows", type=int, default=10_000, metavar="N", help="--follow: most lines a batch (10000)")

@@ -2,7 +2,8 @@
 
 Files are followed by identity (device and inode), not by name: a log renamed away by rotation is read
 to its end through the handle kept open on it, and the new file under the old name starts at line 1.
-Only complete lines are read; a gzip file is read whole once its size holds still between two polls.
+Only complete lines are read; a gzip, CSV or Parquet file is read whole once its size holds still
+between two polls.
 Each batch's read positions are written in the same transaction as its rows (`follow_offsets`), so a
 follower killed at any point resumes where the last committed batch ended: nothing lost, nothing twice.
 """
@@ -26,7 +27,7 @@ import pyarrow as pa
 from specdec_core import formats
 from specdec_core.store.connection import Store
 from specdec_core.store.ingest import IngestResult, ingest
-from specdec_core.store.readers import LogReadError, resolve_paths
+from specdec_core.store.readers import JSONL_SUFFIXES, LogReadError, resolve_paths
 from specdec_core.store.staging import IngestLimits
 
 OFFSETS_DDL = """
@@ -82,6 +83,11 @@ def _is_gzip(path: Path) -> bool:
     return path.name.lower().endswith(".gz")
 
 
+def _grows_by_lines(path: Path) -> bool:
+    """Plain JSON Lines are followed line by line; a gzip, CSV or Parquet file is read whole, once complete."""
+    return path.name.lower().endswith(JSONL_SUFFIXES) and not _is_gzip(path)
+
+
 class Follower:
     """Polls the paths and commits what is new as one ingest batch per poll (at most `batch_rows` lines)."""
 
@@ -92,7 +98,7 @@ class Follower:
         self.limits, self.batch_rows = limits, batch_rows
         self.positions = self._load_positions()
         self._handles: dict[str, IO[bytes]] = {}  # file id -> an open handle, kept across renames
-        self._gzip_sizes: dict[str, int] = {}  # file id -> size at the last poll
+        self._whole_sizes: dict[str, int] = {}  # file id -> size at the last poll (files read whole)
 
     def _load_positions(self) -> dict[str, Position]:
         if not self.store.exists:
@@ -134,11 +140,12 @@ class Follower:
             fid = _file_id(st)
             seen.add(fid)
             pos = self.positions.get(fid, Position(str(path)))
-            if _is_gzip(path):
-                # Complete when its size held still since the last poll and it reads to its end.
-                if not pos.done and st.st_size and self._gzip_sizes.get(fid) == st.st_size and _gzip_whole(path):
+            if not _grows_by_lines(path):
+                # Complete when its size held still since the last poll (and a gzip file reads to its end).
+                still = self._whole_sizes.get(fid) == st.st_size
+                if not pos.done and st.st_size and still and (not _is_gzip(path) or _gzip_whole(path)):
                     parts.append(_Part(fid, path, None, 0, Position(str(path), st.st_size, 0, True)))
-                self._gzip_sizes[fid] = st.st_size
+                self._whole_sizes[fid] = st.st_size
                 continue
             if fid not in self._handles:
                 try:
