@@ -209,16 +209,19 @@ class Follower:
                 chunk.write_bytes(part.data)
                 paths.append(str(chunk))
                 names[chunk.resolve()] = (str(Path(part.path).resolve()), part.lines_before)
+            newest: list[datetime | None] = []
             result = ingest(self.store, paths, limits=self.limits, log_format=self.log_format,
                             mapping=self.mapping, parts=names,
-                            before_commit=lambda con, _: self._save_positions(con, parts))
+                            before_commit=lambda con, ingest_id: newest.append(
+                                self._save_positions(con, parts, ingest_id)))
         for part in parts:
             self.positions[part.file_id] = part.new_position
-        newest = self._newest(result.ingest_id)
-        lag = (datetime.now(timezone.utc) - newest).total_seconds() if newest is not None else None
-        return Batch(result, len(parts), newest, lag)
+        lag = (datetime.now(timezone.utc) - newest[0]).total_seconds() if newest[0] is not None else None
+        return Batch(result, len(parts), newest[0], lag)
 
-    def _save_positions(self, con: duckdb.DuckDBPyConnection, parts: list[_Part]) -> None:
+    def _save_positions(self, con: duckdb.DuckDBPyConnection, parts: list[_Part], ingest_id: int
+                        ) -> datetime | None:
+        """Write the batch's read positions beside its rows; returns the newest request the batch holds."""
         con.execute(OFFSETS_DDL)
         con.register("positions_arrow", pa.table({
             "file_id": [p.file_id for p in parts],
@@ -229,11 +232,7 @@ class Follower:
         }))
         con.execute("INSERT OR REPLACE INTO follow_offsets SELECT * FROM positions_arrow")
         con.unregister("positions_arrow")
-
-    def _newest(self, ingest_id: int) -> datetime | None:
-        with self.store.read() as con:
-            row = con.execute("SELECT max(ts) FROM requests WHERE ingest_id = ?", [ingest_id]).fetchall()
-        return row[0][0] if row and row[0][0] is not None else None
+        return con.execute("SELECT max(ts) FROM requests WHERE ingest_id = ?", [ingest_id]).fetchall()[0][0]
 
 
 def _gzip_whole(path: Path) -> bool:
