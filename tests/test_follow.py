@@ -103,6 +103,17 @@ def test_a_csv_file_is_read_whole_once_complete_not_as_json_lines(tmp_path):
     follower.close()
 
 
+def test_a_file_named_twice_is_read_once(tmp_path):
+    folder, db = tmp_path / "logs", tmp_path / "s.duckdb"
+    folder.mkdir()
+    append(folder / "app.jsonl", line(1) + line(2))
+    # The glob matches nothing yet, so the paths are resolved one by one, the file through both others.
+    follower = Follower(Store(db), [str(folder), str(folder / "app.jsonl"), str(folder / "*.gz")])
+    batch = follower.poll()
+    follower.close()
+    assert (batch.files, batch.result.read, batch.result.accepted, batch.result.duplicates) == (1, 2, 2, 0)
+
+
 def test_a_new_follower_resumes_where_the_last_batch_ended(tmp_path):
     log, db = tmp_path / "app.jsonl", tmp_path / "s.duckdb"
     append(log, line(1) + line(2))

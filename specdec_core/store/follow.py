@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS follow_offsets (
     path VARCHAR,                 -- where it was last read
     byte_offset BIGINT,           -- bytes consumed: complete lines only
     line_count BIGINT,            -- lines consumed
-    done BOOLEAN                  -- a gzip file read whole
+    done BOOLEAN                  -- a file read whole (gzip, CSV, Parquet)
 )
 """
 
@@ -70,9 +70,13 @@ class Batch:
 class _Part:
     file_id: str
     path: Path
-    data: bytes | None  # the new complete lines; None: the whole (gzip) file
+    data: bytes | None  # the new complete lines; None: the whole file (gzip, CSV, Parquet)
     lines_before: int
     new_position: Position
+
+    @property
+    def lines(self) -> int:
+        return self.new_position.line_count - self.lines_before
 
 
 def _file_id(st: os.stat_result) -> str:
@@ -138,6 +142,8 @@ class Follower:
             except OSError:
                 continue
             fid = _file_id(st)
+            if fid in seen:
+                continue  # named twice (a folder and a file in it): read once
             seen.add(fid)
             pos = self.positions.get(fid, Position(str(path)))
             if not _grows_by_lines(path):
@@ -155,7 +161,7 @@ class Follower:
             part = self._read_new(fid, str(path), pos, budget)
             if part is not None:
                 parts.append(part)
-                budget -= part.new_position.line_count - part.lines_before
+                budget -= part.lines
             if budget <= 0:
                 return parts
         # Files no longer under any followed name (renamed away by rotation): read to their end.
@@ -166,7 +172,7 @@ class Follower:
                 self._handles.pop(fid).close()  # nothing more will come
                 continue
             parts.append(part)
-            budget -= part.new_position.line_count - part.lines_before
+            budget -= part.lines
             if budget <= 0:
                 break
         return parts
