@@ -146,12 +146,9 @@ def _quote_inputs(con: duckdb.DuckDBPyConnection, inputs: dict[str, tuple[Path, 
     if not rows:
         return
     wanted: dict[str, dict[int, list[int]]] = {}
-    for _, source_file, line, origin in rows:
-        wanted.setdefault(source_file, {}).setdefault(line, []).append(origin)
-    found = {}
-    for f, lines in wanted.items():
-        path, reader, offset = inputs[f]
-        found[f] = foreign_inputs(path, f, reader, {line - offset: origins for line, origins in lines.items()})
+    for _, source_file, line, origin in rows:  # lines of the file read (a followed part starts at 1)
+        wanted.setdefault(source_file, {}).setdefault(line - inputs[source_file][2], []).append(origin)
+    found = {f: foreign_inputs(inputs[f][0], f, inputs[f][1], lines) for f, lines in wanted.items()}
     con.register("quotes_arrow", pa.table({
         "seq": pa.array([r[0] for r in rows], pa.int64()),
         "quote": pa.array([found[f][(line - inputs[f][2], origin)] for _, f, line, origin in rows], pa.string()),
@@ -270,6 +267,8 @@ def ingest(
     limits = limits or IngestLimits.from_env()
     files = resolve_paths(paths)  # raises LogReadError before anything is written
     chosen = [(f, file_format(f, log_format, mapping)) for f in files]
+    # What each file is called in the ingest's record and result: itself, or the log a part came from.
+    shown = [parts[f.resolve()][0] if f.resolve() in parts else str(f) for f in files]
     with store.write() as con:
         migrate_connection(con)  # an older store's derived tables first, so this batch is judged alike
         ingest_id = scalar(con, "SELECT coalesce(max(ingest_id), 0) + 1 FROM ingests")
@@ -312,14 +311,13 @@ def ingest(
         duplicates = read - accepted - quarantined - skipped
         con.execute(
             "INSERT INTO ingests VALUES (?, now(), ?, ?, ?, ?, ?)",
-            [ingest_id, [parts.get(f.resolve(), (str(f), 0))[0] for f in files], read, accepted, duplicates,
-             quarantined],
+            [ingest_id, shown, read, accepted, duplicates, quarantined],
         )
         if before_commit is not None:
             before_commit(con, ingest_id)
     say("done")
     return IngestResult(read, accepted, duplicates, quarantined, len(files), ingest_id, skipped,
-                        tuple((parts.get(f.resolve(), (str(f), 0))[0], fmt) for f, fmt in chosen))
+                        tuple(zip(shown, (fmt for _, fmt in chosen), strict=True)))
 
 
 def file_format(path: Path, log_format: str, mapping: formats.Mapping | None) -> str:
