@@ -312,8 +312,12 @@ def annotate(figure: Any, deployment: str | None = None) -> Any:
             figure.add_vline(x=x, line=style, annotation_text=plot_label(note.label),
                              annotation_position="top left", annotation_font_size=10)
             continue
-        own = panels.get(plot_label(deployment_label(note.deployment))) if note.deployment is not None else None
-        for x_axis, y_axis in ([own] if own else [] if note.deployment is not None else panels.values()):
+        if note.deployment is None:
+            targets = list(panels.values())
+        else:
+            own = panels.get(plot_label(deployment_label(note.deployment)))
+            targets = [own] if own else []  # a deployment this chart has no panel for
+        for x_axis, y_axis in targets:
             figure.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, xref=x_axis, yref=f"{y_axis} domain", line=style)
             figure.add_annotation(x=x, y=1, xref=x_axis, yref=f"{y_axis} domain", text=plot_label(note.label),
                                   showarrow=False, xanchor="right", yanchor="bottom", font={"size": 10})
