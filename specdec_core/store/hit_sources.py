@@ -4,7 +4,8 @@ The contract's rules (shared/log-schema.md, "Contamination"): a hit's *source* i
 earlier miss with the same deployment and cache_key; the hit is contaminated when its identity
 differs from the source's, or from the `cached_fingerprint` it logged. A miss at the same instant
 as the hit counts as earlier; of several misses at one instant, the one logged last (file, line)
-is the source, since it wrote the entry last. Judged over the whole store after every ingest,
+is the source, since it wrote the entry last. Judged over the whole store by the first ingest (and
+`specdec migrate`); later ingests judge again only the hits their batch may change (store/incremental.py),
 since a new file may hold an earlier miss or a later hit.
 
 Two rules hold for any log format that has them: a logged source link (LiteLLM's `response.id` on a
@@ -18,24 +19,28 @@ import duckdb
 
 from specdec_core.contract import fields as contract
 
-HIT_SOURCES_SQL_TEMPLATE = """
-CREATE OR REPLACE TABLE hit_sources AS
-WITH r AS (
-    SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key, cache_hit,
+# What the judging reads of a request.
+_ROW = """SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key, cache_hit,
            fingerprint, cached_identity_fingerprint, source_file, source_line, source_link,
            len(coalesce(unknown_fields, [])) > 0 AS partial
-    FROM requests
-), hits AS (SELECT * FROM r WHERE cache_hit),
+    FROM requests"""
+
+# Every hit, judged against every request: the full rebuild.
+ALL_ROWS = f"""r AS ({_ROW}), hits AS (SELECT * FROM r WHERE cache_hit),
+miss_rows AS (SELECT * FROM r WHERE NOT cache_hit), first_rows AS (SELECT * FROM r), link_rows AS (SELECT * FROM r)"""
+
+HIT_SOURCES_SQL_TEMPLATE = """
+WITH {ROWS},
 -- Misses of one entry at the same instant: the one logged last wrote the entry last. One per instant
 -- also makes the ASOF join's pick deterministic.
 misses AS (
     SELECT dep, cache_key, ts, m.request_id, m.fingerprint
     FROM (SELECT dep, cache_key, ts,
                  arg_max(struct_pack(request_id, fingerprint), (source_file, source_line)) AS m
-          FROM r WHERE NOT cache_hit GROUP BY ALL)
+          FROM miss_rows GROUP BY ALL)
 ),
 -- When each deployment first saw each identity: a grouped minimum, cheaper than a second ASOF join.
-firsts AS (SELECT dep, fingerprint, min(ts) AS first_ts FROM r GROUP BY ALL),
+firsts AS (SELECT dep, fingerprint, min(ts) AS first_ts FROM first_rows GROUP BY ALL),
 joined AS (
     SELECT h.request_id,
            CASE WHEN h.source_link IS NULL THEN m.request_id ELSE l.request_id END AS source_request_id,
@@ -47,7 +52,7 @@ joined AS (
            CASE WHEN NOT h.partial THEN h.ts <= f.first_ts END AS first_sight
     FROM hits h
     ASOF LEFT JOIN misses m ON h.dep = m.dep AND h.cache_key = m.cache_key AND h.ts >= m.ts
-    LEFT JOIN r l ON l.request_id = h.source_link
+    LEFT JOIN link_rows l ON l.request_id = h.source_link
     JOIN firsts f ON f.dep = h.dep AND f.fingerprint = h.fingerprint
 ), judged AS (
     SELECT *, coalesce(source_fp <> fp, false) AS source_differs,
@@ -80,11 +85,13 @@ def _difference(f: contract.Field) -> str:
     return f"           CASE WHEN {guard}{known}a.{f.name} IS DISTINCT FROM b.{f.name} THEN '{f.name}' END"
 
 
-def hit_sources_sql() -> str:
+def hit_sources_sql(rows: str = ALL_ROWS) -> str:
+    """The verdict of each hit in `hits`; `rows` defines hits, miss_rows, first_rows and link_rows: the hits
+    to judge, and (at least) the misses of their keys, the rows of their identities and their linked sources."""
     differences = ",\n".join(_difference(f) for f in contract.FIELDS if f.identity)
-    return HIT_SOURCES_SQL_TEMPLATE.replace("{DIFFERENCES}", differences)
+    return HIT_SOURCES_SQL_TEMPLATE.replace("{DIFFERENCES}", differences).replace("{ROWS}", rows)
 
 
 def judge_hits(con: duckdb.DuckDBPyConnection) -> None:
     """Rebuild `hit_sources`: one row per hit with its source, verdict and differing fields."""
-    con.execute(hit_sources_sql())
+    con.execute("CREATE OR REPLACE TABLE hit_sources AS " + hit_sources_sql())

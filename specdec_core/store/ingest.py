@@ -20,6 +20,7 @@ from specdec_core.contract import fields as contract
 from specdec_core.store.connection import Store, scalar
 from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.identities import ID_HASH, compute_identities
+from specdec_core.store.incremental import update_derived
 from specdec_core.store.migrate import migrate_connection
 from specdec_core.store.readers import JSONL_SUFFIXES, LogReadError, first_line, foreign_inputs, resolve_paths
 from specdec_core.store.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
@@ -272,6 +273,7 @@ def ingest(
     with store.write() as con:
         migrate_connection(con)  # an older store's derived tables first, so this batch is judged alike
         ingest_id = scalar(con, "SELECT coalesce(max(ingest_id), 0) + 1 FROM ingests")
+        stored_before = scalar(con, "SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)") > 0
         _create_work_tables(con)
         read = 0
         staged: list[Lines] = []
@@ -296,18 +298,22 @@ def ingest(
             read += n_aside + _validate(con, rest, name) + staged[-1].skipped
         skipped = sum(s.skipped for s in staged)
         _raws_view(con, staged)
-        _backfill_cache_keys(con)
+        backfilled = _backfill_cache_keys(con)
         say(_BATCH_STEPS[0])
         join = compute_identities(con)
         _classify(con, join)
         say(_BATCH_STEPS[1])
         accepted, quarantined = _commit(con, ingest_id, join, inputs)
         say(_BATCH_STEPS[2])
-        if accepted:
+        if accepted and not stored_before:
             judge_hits(con)
-        say(_BATCH_STEPS[3])
-        if accepted:
+            say(_BATCH_STEPS[3])
             build_summaries(con)
+        elif accepted or backfilled:  # only what the batch may have changed: its cost follows the batch, not the store
+            update_derived(con, ingest_id)
+            say(_BATCH_STEPS[3])
+        else:
+            say(_BATCH_STEPS[3])
         duplicates = read - accepted - quarantined - skipped
         con.execute(
             "INSERT INTO ingests VALUES (?, now(), ?, ?, ?, ?, ?)",
@@ -337,20 +343,36 @@ def file_format(path: Path, log_format: str, mapping: formats.Mapping | None) ->
     return formats.detect(first_line(path) or "")
 
 
-def _backfill_cache_keys(con: duckdb.DuckDBPyConnection) -> None:
+def _backfill_cache_keys(con: duckdb.DuckDBPyConnection) -> int:
     """A miss whose log has no cache key (LiteLLM logs none on a miss) takes the key of the hits it sourced.
 
-    Misses loaded by an earlier ingest get it too, when their hits arrive later.
+    Whichever arrives first: a batch's misses take it from stored hits, stored misses from the batch's hits
+    (those are kept in `backfilled`: their keys' hits are judged again). Of several hits naming one miss,
+    the earliest (then the first logged) gives the key. Returns how many stored misses got a key.
     """
-    links = """SELECT source_link, arg_min(cache_key, seq) AS key FROM checked
-               WHERE reason IS NULL AND cache_hit AND source_link IS NOT NULL AND cache_key IS NOT NULL GROUP BY 1"""
-    if not scalar(con, f"SELECT count(*) FROM ({links})"):
-        return
+    valid_hits = "reason IS NULL AND cache_hit AND source_link IS NOT NULL AND cache_key IS NOT NULL"
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE links AS
+        SELECT source_link, arg_min(cache_key, (ts, source_file, source_line)) AS key FROM (
+            SELECT source_link, cache_key, ts, source_file, source_line FROM checked WHERE {valid_hits}
+            UNION ALL
+            SELECT source_link, cache_key, ts, source_file, source_line FROM requests
+            WHERE cache_hit AND source_link IS NOT NULL AND cache_key IS NOT NULL AND source_link IN
+                  (SELECT request_id FROM checked WHERE reason IS NULL AND NOT cache_hit AND cache_key IS NULL)
+        ) GROUP BY 1
+    """)
+    # The stored misses given a key, as they will be: what incremental.py needs of them.
+    con.execute("CREATE OR REPLACE TEMP TABLE backfilled AS SELECT c.request_id, c.ts, coalesce(c.deployment, chr(0)) "
+                "AS dep, coalesce(c.deployment, '') AS deployment, h.key AS cache_key FROM requests c "
+                "JOIN links h ON c.request_id = h.source_link WHERE c.cache_key IS NULL")
+    if not scalar(con, "SELECT count(*) FROM links"):
+        return 0
     for table in ("checked", "requests"):
         reject = "c.reason IS NULL AND " if table == "checked" else ""
         con.execute(f"""
             UPDATE {table} c SET cache_key = h.key,
                    unknown_fields = nullif(list_filter(c.unknown_fields, lambda x: x <> 'cache_key'), [])
-            FROM ({links}) h
+            FROM links h
             WHERE {reject}c.request_id = h.source_link AND c.cache_key IS NULL
         """)
+    return scalar(con, "SELECT count(*) FROM backfilled")

@@ -1,4 +1,4 @@
-"""Summary tables, rebuilt by every ingest: the dashboard's questions answered from
+"""Summary tables, kept up to date by every ingest: the dashboard's questions answered from
 thousands of rows instead of millions.
 
 - `summary_minute`: additive counts per UTC minute and (deployment, target, draft,
@@ -59,23 +59,51 @@ sum(r.draft_tokens) FILTER (WHERE {_SPECULATIVE}) AS draft_tokens,
 sum(r.accepted_tokens) FILTER (WHERE {_SPECULATIVE}) AS accepted_tokens,
 sum(r.draft_tokens / nullif(r.num_speculative_tokens, 0)) FILTER (WHERE {_SPECULATIVE}) AS steps"""
 
+# Each summary's rows over the requests that `{where}` picks (over `requests r`, `hit_sources h`): all of them
+# for a full build, those a batch touched for an update (store/incremental.py).
+MINUTE_SQL = f"""SELECT {MINUTE_DIMENSIONS}, {MINUTE_MEASURES}
+FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {{where}} GROUP BY ALL"""
+
+PAIRS_SQL = f"""SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint,
+       any_value(r.target_model) AS target_model, any_value({draft_label()}) AS draft_model,
+       count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
+       count(*) FILTER (WHERE h.first_sight) AS first_sight,
+       min(r.ts) AS first_seen, max(r.ts) AS last_seen
+FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {{where}} GROUP BY 1, 2, 3"""
+
+LENGTHS_SQL = f"""SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {draft_label()} AS draft_model,
+       r.max_tokens, r.output_tokens AS value, count(*) AS n
+FROM requests r WHERE {{where}} GROUP BY ALL"""
+
+LATENCY_SQL = f"""SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {draft_label()} AS draft_model,
+       r.cache_hit, r.latency_ms AS value, count(*) AS n
+FROM requests r WHERE r.latency_ms IS NOT NULL AND {{where}} GROUP BY ALL"""
+
+CONTAMINATED_SQL = f"""SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key,
+       h.source_request_id, h.source_ts, h.differing_fields, h.fingerprint_mismatch, r.target_model,
+       {draft_label()} AS draft_model, r.temperature, r.max_tokens, r.seed::VARCHAR AS seed,
+       r.tokenizer_version, r.output_tokens, left(r.output_text, 120) AS output_preview
+FROM requests r JOIN hit_sources h USING (request_id) WHERE h.contaminated AND {{where}}"""
+
+# The pairs of keys that more than one identity used. A filter only removes pairs, so a key
+# shared under any filter is among these: collisions are counted over this small table.
+SHARED_KEYS_SQL = """SELECT * FROM summary_keys
+WHERE key_id IN (SELECT key_id FROM summary_keys WHERE {where} GROUP BY key_id HAVING count(*) > 1)"""
+
+VERSION_SQL = f"INSERT OR REPLACE INTO meta VALUES ('summary_version', '{SUMMARY_VERSION}')"
+
+
+def over(sql: str, where: str) -> str:
+    """One of the summaries' queries over the rows `where` picks."""
+    return sql.replace("{where}", where)
+
+
 BUILD_SQL = f"""
-CREATE OR REPLACE TABLE summary_minute AS
-SELECT {MINUTE_DIMENSIONS}, {MINUTE_MEASURES}
-FROM requests r LEFT JOIN hit_sources h USING (request_id)
-GROUP BY ALL ORDER BY minute;
+CREATE OR REPLACE TABLE summary_minute AS {over(MINUTE_SQL, "TRUE")} ORDER BY minute;
 
 CREATE OR REPLACE TABLE summary_keys AS
 -- key_id and fp_id number the keys and fingerprints densely: distinct counts over integers, not 64-char text.
-WITH pairs AS (
-    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint,
-           any_value(r.target_model) AS target_model, any_value({draft_label()}) AS draft_model,
-           count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
-           count(*) FILTER (WHERE h.first_sight) AS first_sight,
-           min(r.ts) AS first_seen, max(r.ts) AS last_seen
-    FROM requests r LEFT JOIN hit_sources h USING (request_id)
-    GROUP BY 1, 2, 3
-), keys AS (
+WITH pairs AS ({over(PAIRS_SQL, "TRUE")}), keys AS (
     SELECT deployment, cache_key, row_number() OVER () AS key_id FROM (SELECT DISTINCT deployment, cache_key FROM pairs)
 ), fps AS (
     SELECT fingerprint, row_number() OVER () AS fp_id FROM (SELECT DISTINCT fingerprint FROM pairs)
@@ -83,31 +111,11 @@ WITH pairs AS (
 SELECT pairs.*, keys.key_id, fps.fp_id
 FROM pairs JOIN keys USING (deployment, cache_key) JOIN fps USING (fingerprint);
 
--- The pairs of keys that more than one identity used. A filter only removes pairs, so a key
--- shared under any filter is among these: collisions are counted over this small table.
-CREATE OR REPLACE TABLE summary_shared_keys AS
-SELECT * FROM summary_keys
-WHERE key_id IN (SELECT key_id FROM summary_keys GROUP BY key_id HAVING count(*) > 1);
-
-CREATE OR REPLACE TABLE summary_lengths AS
-SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {draft_label()} AS draft_model,
-       r.max_tokens, r.output_tokens AS value, count(*) AS n
-FROM requests r GROUP BY ALL;
-
-CREATE OR REPLACE TABLE summary_latency AS
-SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {draft_label()} AS draft_model,
-       r.cache_hit, r.latency_ms AS value, count(*) AS n
-FROM requests r WHERE r.latency_ms IS NOT NULL GROUP BY ALL;
-
-CREATE OR REPLACE TABLE summary_contaminated AS
-SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, h.source_request_id,
-       h.source_ts, h.differing_fields, h.fingerprint_mismatch, r.target_model,
-       {draft_label()} AS draft_model, r.temperature, r.max_tokens, r.seed::VARCHAR AS seed,
-       r.tokenizer_version, r.output_tokens, left(r.output_text, 120) AS output_preview
-FROM requests r JOIN hit_sources h USING (request_id)
-WHERE h.contaminated ORDER BY r.ts, r.request_id;
-
-INSERT OR REPLACE INTO meta VALUES ('summary_version', '{SUMMARY_VERSION}');
+CREATE OR REPLACE TABLE summary_shared_keys AS {over(SHARED_KEYS_SQL, "TRUE")};
+CREATE OR REPLACE TABLE summary_lengths AS {over(LENGTHS_SQL, "TRUE")};
+CREATE OR REPLACE TABLE summary_latency AS {over(LATENCY_SQL, "TRUE")};
+CREATE OR REPLACE TABLE summary_contaminated AS {over(CONTAMINATED_SQL, "TRUE")} ORDER BY r.ts, r.request_id;
+{VERSION_SQL};
 """
 
 

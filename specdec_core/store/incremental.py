@@ -1,0 +1,178 @@
+"""Bring `hit_sources` and the summaries up to date after a batch, at a cost that follows the batch, not the store.
+
+The batch is the rows of `requests` with the ingest's id; `backfilled` holds stored misses whose
+cache key the batch supplied (store/ingest.py, `_backfill_cache_keys`). What a batch may change:
+
+- its own hits' verdicts;
+- stored hits of a (deployment, cache_key) whose misses changed (the batch's misses, the backfilled
+  ones), at or after the earliest such miss: a late miss may now be their latest earlier miss;
+- stored hits that were the first sight of their identity, when the batch holds a row of it (an
+  earlier one makes them not the first);
+- stored hits whose logged source link names a request of the batch (the source arrived late).
+
+Only those are judged again, against every stored miss of their keys however old. The summaries are
+then recomputed for the minutes and keys their rows fall in; the histograms add the batch's counts.
+The result equals a full rebuild (`judge_hits` + `build_summaries`); tests/test_store_incremental.py
+holds it to that after every batch of random logs, late files, ties and source links included.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from specdec_core.store.hit_sources import _ROW, hit_sources_sql
+from specdec_core.store.summaries import (
+    CONTAMINATED_SQL,
+    LATENCY_SQL,
+    LENGTHS_SQL,
+    MINUTE_SQL,
+    PAIRS_SQL,
+    SHARED_KEYS_SQL,
+    VERSION_SQL,
+    over,
+)
+
+_DEP = "coalesce(r.deployment, chr(0))"
+
+# The judging's rows for the hits in `rejudge`: the misses of their keys, the rows of their identities,
+# their linked sources; all read from `requests`, never from a copy of it.
+_REJUDGE_ROWS = f"""hits AS (SELECT * FROM ({_ROW}) q WHERE cache_hit AND ts >= (SELECT min(ts) FROM rejudge)
+                                             AND request_id IN (SELECT request_id FROM rejudge)),
+hit_keys AS (SELECT DISTINCT dep, cache_key FROM hits),
+miss_rows AS (SELECT q.* FROM ({_ROW}) q SEMI JOIN hit_keys k ON k.dep = q.dep AND k.cache_key = q.cache_key
+              WHERE NOT q.cache_hit),
+hit_fps AS (SELECT DISTINCT dep, fingerprint FROM hits),
+first_rows AS (SELECT q.* FROM ({_ROW}) q SEMI JOIN hit_fps f ON f.dep = q.dep AND f.fingerprint = q.fingerprint),
+link_rows AS (SELECT * FROM ({_ROW}) q WHERE request_id IN (SELECT source_link FROM hits))"""
+
+_IN_AFFECTED_KEYS = ("EXISTS (SELECT 1 FROM affected_keys k WHERE k.deployment = coalesce(r.deployment, '') "
+                     "AND k.cache_key = r.cache_key)")
+
+
+def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
+    """Judge the hits the batch `ingest_id` may have changed, then bring every summary up to date from them."""
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE batch AS
+        SELECT request_id, ts, {_DEP} AS dep, coalesce(deployment, '') AS deployment, cache_key, cache_hit, fingerprint
+        FROM requests r WHERE ingest_id = ?
+    """, [ingest_id])
+    _rejudge_set(con, ingest_id)
+    con.execute("CREATE OR REPLACE TEMP TABLE judged_now AS " + hit_sources_sql(rows=_REJUDGE_ROWS))
+    if con.execute("SELECT count(*) FROM rejudge WHERE stored").fetchall()[0][0]:
+        con.execute("DELETE FROM hit_sources WHERE request_id IN (SELECT request_id FROM rejudge WHERE stored)")
+    con.execute("INSERT INTO hit_sources BY NAME SELECT * FROM judged_now")
+    # Every row whose summaries may differ now: the batch's, the rejudged hits', the backfilled misses'.
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE changed AS
+        SELECT request_id, ts, deployment, cache_key FROM batch
+        UNION ALL SELECT request_id, ts, deployment, cache_key FROM rejudge WHERE stored
+        UNION ALL SELECT request_id, ts, deployment, cache_key FROM backfilled
+    """)
+    _update_minutes(con)
+    _update_keys(con)
+    for table, sql, n in (("summary_lengths", LENGTHS_SQL, "n"), ("summary_latency", LATENCY_SQL, "n")):
+        _add_counts(con, table, over(sql, f"r.ingest_id = {int(ingest_id)}"), n)
+    con.execute("DELETE FROM summary_contaminated WHERE request_id IN (SELECT request_id FROM rejudge)")
+    con.execute("INSERT INTO summary_contaminated BY NAME "
+                + over(CONTAMINATED_SQL, "r.ts >= (SELECT min(ts) FROM rejudge) "
+                                       "AND r.request_id IN (SELECT request_id FROM rejudge)"))
+    con.execute(VERSION_SQL)
+
+
+def _rejudge_set(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
+    """`rejudge`: every hit whose verdict the batch may change (the module's list), with its time and key.
+
+    Each search of the stored rows is bounded in time where it can be, so that live traffic (a batch
+    later than everything stored) reads only the newest part of the store.
+    """
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE touched AS
+        SELECT dep, cache_key, min(ts) AS since FROM (
+            SELECT dep, cache_key, ts FROM batch WHERE NOT cache_hit
+            UNION ALL SELECT dep, cache_key, ts FROM backfilled
+        ) WHERE cache_key IS NOT NULL GROUP BY ALL
+    """)
+    stored = f"r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, r.ingest_id <> {int(ingest_id)}"
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE rejudge AS
+        SELECT DISTINCT ON (request_id) * FROM (
+            SELECT request_id, ts, deployment, cache_key, false AS stored FROM batch WHERE cache_hit
+            UNION ALL
+            SELECT {stored} FROM requests r JOIN touched t ON t.dep = {_DEP} AND t.cache_key = r.cache_key
+            WHERE r.cache_hit AND r.ts >= t.since AND r.ts >= (SELECT min(since) FROM touched)
+            UNION ALL
+            SELECT {stored} FROM requests r WHERE r.cache_hit AND r.source_link IN (SELECT request_id FROM batch)
+            UNION ALL
+            -- A first sight stops being one when the batch holds an earlier row of its identity.
+            SELECT {stored} FROM requests r SEMI JOIN batch b ON b.dep = {_DEP} AND b.fingerprint = r.fingerprint
+            WHERE r.cache_hit AND r.ts > (SELECT min(ts) FROM batch)
+              AND r.request_id IN (SELECT request_id FROM hit_sources WHERE first_sight)
+        ) ORDER BY request_id, stored
+    """)
+
+
+def _update_minutes(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("CREATE OR REPLACE TEMP TABLE minutes AS "
+                "SELECT DISTINCT time_bucket(INTERVAL 1 minute, ts) AS minute FROM changed")
+    lo, hi = con.execute("SELECT min(minute), max(minute) + INTERVAL 1 minute FROM minutes").fetchall()[0]
+    if lo is None:
+        return
+    con.execute("DELETE FROM summary_minute WHERE minute IN (SELECT minute FROM minutes)")
+    # The range lets the scan skip what lies outside it; the list keeps only the minutes that changed.
+    con.execute("INSERT INTO summary_minute BY NAME " + over(
+        MINUTE_SQL, "r.ts >= ? AND r.ts < ? AND time_bucket(INTERVAL 1 minute, r.ts) IN (SELECT minute FROM minutes)"),
+        [lo, hi])
+
+
+def _update_keys(con: duckdb.DuckDBPyConnection) -> None:
+    """Recount the (deployment, cache_key) pairs of the changed rows; a key or identity keeps its number."""
+    # Rows without a cache key have no pair, as in a full build (its join on the key drops them).
+    con.execute("CREATE OR REPLACE TEMP TABLE affected_keys AS "
+                "SELECT DISTINCT deployment, cache_key FROM changed WHERE cache_key IS NOT NULL")
+    con.execute("CREATE OR REPLACE TEMP TABLE new_pairs AS " + over(PAIRS_SQL, _IN_AFFECTED_KEYS))
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE key_ids AS
+        WITH old AS (
+            SELECT DISTINCT s.deployment, s.cache_key, s.key_id FROM summary_keys s
+            SEMI JOIN affected_keys k ON k.deployment = s.deployment AND k.cache_key = s.cache_key
+        ), fresh AS (
+            SELECT DISTINCT p.deployment, p.cache_key FROM new_pairs p
+            ANTI JOIN old o ON o.deployment = p.deployment AND o.cache_key = p.cache_key
+        )
+        SELECT * FROM old
+        UNION ALL
+        SELECT deployment, cache_key,
+               (SELECT coalesce(max(key_id), 0) FROM summary_keys) + row_number() OVER () AS key_id FROM fresh
+    """)
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE fp_ids AS
+        WITH old AS (
+            SELECT DISTINCT fingerprint, fp_id FROM summary_keys
+            WHERE fingerprint IN (SELECT fingerprint FROM new_pairs)
+        ), fresh AS (SELECT DISTINCT fingerprint FROM new_pairs WHERE fingerprint NOT IN (SELECT fingerprint FROM old))
+        SELECT * FROM old
+        UNION ALL
+        SELECT fingerprint, (SELECT coalesce(max(fp_id), 0) FROM summary_keys) + row_number() OVER () FROM fresh
+    """)
+    con.execute("DELETE FROM summary_keys r WHERE EXISTS (SELECT 1 FROM affected_keys k WHERE "
+                "k.deployment = r.deployment AND k.cache_key = r.cache_key)")
+    con.execute("""
+        INSERT INTO summary_keys BY NAME
+        SELECT p.*, k.key_id, f.fp_id FROM new_pairs p
+        JOIN key_ids k ON k.deployment = p.deployment AND k.cache_key = p.cache_key
+        JOIN fp_ids f USING (fingerprint)
+    """)
+    con.execute("DELETE FROM summary_shared_keys WHERE key_id IN (SELECT key_id FROM key_ids)")
+    con.execute("INSERT INTO summary_shared_keys BY NAME "
+                + over(SHARED_KEYS_SQL, "key_id IN (SELECT key_id FROM key_ids)"))
+
+
+def _add_counts(con: duckdb.DuckDBPyConnection, table: str, batch_sql: str, count: str) -> None:
+    """Add a batch's histogram to a stored one (a few thousand rows: merged whole, kept one row per value)."""
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE merged AS
+        SELECT * EXCLUDE ({count}), sum({count})::BIGINT AS {count}
+        FROM (SELECT * FROM {table} UNION ALL BY NAME {batch_sql}) GROUP BY ALL
+    """)
+    con.execute(f"DELETE FROM {table}")
+    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM merged")

@@ -1,0 +1,144 @@
+"""An ingest into a store that holds rows updates hit_sources and the summaries for what its batch touched
+only; after every batch they must equal a full rebuild (judge_hits + build_summaries) of the same rows.
+
+The batches are random files cut from one hard log (timestamp ties, keys shared across deployments,
+identities that recur), so a later file holds earlier misses and earlier first sights; LiteLLM-style
+rows add misses without a cache key whose hits arrive in another file naming them (backfill and late
+source links).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import duckdb
+import pandas as pd
+import pytest
+from helpers import DROP, rec, write_jsonl
+from test_contamination_reference import _spell_ts, random_log
+
+from specdec_core.store.connection import Store, release_snapshots
+from specdec_core.store.hit_sources import judge_hits
+from specdec_core.store.ingest import ingest
+from specdec_core.store.summaries import build_summaries
+
+# Each derived table as rows whose order and numbering don't matter: key_id and fp_id are checked apart.
+_TABLES = {
+    "hit_sources": "SELECT * FROM hit_sources",
+    "summary_minute": "SELECT * FROM summary_minute",
+    "summary_keys": "SELECT * EXCLUDE (key_id, fp_id) FROM summary_keys",
+    "summary_shared_keys": "SELECT * EXCLUDE (key_id, fp_id) FROM summary_shared_keys",
+    "summary_lengths": "SELECT * FROM summary_lengths",
+    "summary_latency": "SELECT * FROM summary_latency",
+    "summary_contaminated": "SELECT * FROM summary_contaminated",
+}
+
+
+def _linked_rows(rng: random.Random, n: int) -> list[dict]:
+    """Misses that logged no cache key, and hits that name them as their source (as LiteLLM logs them)."""
+    rows = []
+    for i in range(n):
+        miss_at = rng.randrange(0, 60_000, 250)
+        rows.append(rec(f"lm{i}", ts=_spell_ts(miss_at, rng), cache_key=DROP, __unknown__=["cache_key"],
+                        draft_model=rng.choice(["d1", "d2"])))
+        for j in range(rng.randrange(0, 3)):
+            rows.append(rec(f"lh{i}-{j}", ts=_spell_ts(miss_at + rng.randrange(0, 5_000, 250), rng),
+                            cache_key=f"L{i % 4}", cache_hit=True, __source_request_id__=f"lm{i}",
+                            draft_model=rng.choice(["d1", "d2"])))
+    return rows
+
+
+def _derived(con: duckdb.DuckDBPyConnection) -> dict[str, pd.DataFrame]:
+    con.execute("SET TimeZone = 'UTC'")
+    out = {}
+    for name, sql in _TABLES.items():
+        frame = con.execute(sql).df()
+        out[name] = frame.sort_values(list(frame.columns), na_position="first").reset_index(drop=True)
+    for ids, of in (("key_id", "deployment, cache_key"), ("fp_id", "fingerprint")):
+        # A number names one key (identity) and each key (identity) has one number.
+        assert con.execute(f"SELECT count(DISTINCT {ids}) = count(DISTINCT ({of})) FROM summary_keys").fetchall() == [
+            (True,)]
+        assert con.execute(f"SELECT count(*) FROM (SELECT {of} FROM summary_keys GROUP BY ALL "
+                           f"HAVING count(DISTINCT {ids}) > 1)").fetchall() == [(0,)]
+    return out
+
+
+def _assert_equals_full_rebuild(db, tmp_path) -> None:
+    release_snapshots()
+    rebuilt = tmp_path / "rebuilt.duckdb"
+    shutil.copyfile(db, rebuilt)
+    with duckdb.connect(str(db), read_only=True) as con:
+        updated = _derived(con)
+    with duckdb.connect(str(rebuilt)) as con:
+        judge_hits(con)
+        build_summaries(con)
+        full = _derived(con)
+    for name in _TABLES:
+        assert len(updated[name]) == len(full[name]), name
+        pd.testing.assert_frame_equal(updated[name], full[name], check_exact=False, rtol=1e-9, obj=name)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_each_batch_leaves_the_derived_tables_equal_to_a_full_rebuild(tmp_path, seed):
+    rng = random.Random(seed)
+    records = random_log(seed, n=300) + _linked_rows(rng, 12)
+    rng.shuffle(records)
+    cuts = sorted(rng.sample(range(1, len(records)), 4))
+    files = [write_jsonl(tmp_path / f"part{i}.jsonl", records[a:b])
+             for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(records)]))]
+    db = tmp_path / "store.duckdb"
+    contaminated = []
+    for f in files:
+        result = ingest(Store(db), [str(f)])
+        assert result.quarantined == 0
+        _assert_equals_full_rebuild(db, tmp_path)
+        with duckdb.connect(str(db), read_only=True) as con:
+            contaminated.append(con.execute("SELECT count(*) FROM hit_sources WHERE contaminated").fetchall()[0][0])
+            backfilled = con.execute("SELECT count(*) FROM requests WHERE request_id LIKE 'lm%' "
+                                     "AND cache_key IS NOT NULL").fetchall()[0][0]
+    assert contaminated[-1] > 20 and len(set(contaminated)) > 2  # verdicts moved from batch to batch
+    assert backfilled > 0
+    # The same file again changes nothing.
+    assert ingest(Store(db), [str(files[0])]).accepted == 0
+    _assert_equals_full_rebuild(db, tmp_path)
+
+
+def test_a_late_miss_changes_the_source_of_a_hit_stored_long_before(tmp_path):
+    db = tmp_path / "store.duckdb"
+    ingest(Store(db), [str(write_jsonl(tmp_path / "a.jsonl", [
+        rec("m1", ts="2026-03-01T10:00:00Z", cache_key="K", draft_model="d1"),
+        rec("h1", ts="2026-03-01T10:05:00Z", cache_key="K", cache_hit=True, draft_model="d1"),
+    ]))])
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT source_request_id, contaminated FROM hit_sources").fetchall() == [("m1", False)]
+    release_snapshots()
+    # A file that arrives late: a miss of another identity between the two.
+    ingest(Store(db), [str(write_jsonl(tmp_path / "b.jsonl", [
+        rec("m2", ts="2026-03-01T10:02:00Z", cache_key="K", draft_model="d2"),
+    ]))])
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT source_request_id, contaminated, differing_fields FROM hit_sources"
+                           ).fetchall() == [("m2", True, "draft_model")]
+        assert con.execute("SELECT sum(contaminated) FROM summary_minute").fetchall() == [(1,)]
+    _assert_equals_full_rebuild(db, tmp_path)
+
+
+def test_the_order_files_arrive_in_does_not_change_the_store(tmp_path):
+    # A hit naming its source may arrive before the miss or after it; either way the miss gets the hit's key.
+    rng = random.Random(4)
+    records = random_log(4, n=200) + _linked_rows(rng, 12)
+    rng.shuffle(records)
+    files = [write_jsonl(tmp_path / f"part{i}.jsonl", records[i::3]) for i in range(3)]
+    stores = []
+    for name, order in (("forward", files), ("backward", files[::-1])):
+        db = tmp_path / f"{name}.duckdb"
+        for f in order:
+            ingest(Store(db), [str(f)])
+        with duckdb.connect(str(db), read_only=True) as con:
+            stores.append((
+                con.execute("SELECT request_id, cache_key FROM requests ORDER BY ALL").fetchall(),
+                con.execute("SELECT request_id, source_request_id, contaminated, differing_fields, first_sight "
+                            "FROM hit_sources ORDER BY ALL").fetchall()))
+    assert stores[0] == stores[1]
+    assert sum(1 for rid, key in stores[0][0] if rid.startswith("lm") and key is not None) > 3
