@@ -36,7 +36,7 @@ _DEP = "coalesce(r.deployment, chr(0))"
 
 # The judging's rows for the hits in `rejudge`: the misses of their keys, the rows of their identities,
 # their linked sources; all read from `requests`, never from a copy of it.
-_REJUDGE_ROWS = f"""hits AS (SELECT * FROM ({_ROW}) q WHERE cache_hit AND ts >= (SELECT min(ts) FROM rejudge)
+_REJUDGE_ROWS = f"""hits AS (SELECT * FROM ({_ROW}) q WHERE cache_hit AND ts >= {{FIRST}}
                                              AND request_id IN (SELECT request_id FROM rejudge)),
 hit_keys AS (SELECT DISTINCT dep, cache_key FROM hits),
 miss_rows AS (SELECT q.* FROM ({_ROW}) q SEMI JOIN hit_keys k ON k.dep = q.dep AND k.cache_key = q.cache_key
@@ -44,10 +44,6 @@ miss_rows AS (SELECT q.* FROM ({_ROW}) q SEMI JOIN hit_keys k ON k.dep = q.dep A
 hit_fps AS (SELECT DISTINCT dep, fingerprint FROM hits),
 first_rows AS (SELECT q.* FROM ({_ROW}) q SEMI JOIN hit_fps f ON f.dep = q.dep AND f.fingerprint = q.fingerprint),
 link_rows AS (SELECT * FROM ({_ROW}) q WHERE request_id IN (SELECT source_link FROM hits))"""
-
-_IN_AFFECTED_KEYS = ("EXISTS (SELECT 1 FROM affected_keys k WHERE k.deployment = coalesce(r.deployment, '') "
-                     "AND k.cache_key = r.cache_key)")
-
 
 def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     """Judge the hits the batch `ingest_id` may have changed, then bring every summary up to date from them."""
@@ -57,7 +53,9 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
         FROM requests r WHERE ingest_id = ?
     """, [ingest_id])
     _rejudge_set(con, ingest_id)
-    con.execute("CREATE OR REPLACE TEMP TABLE judged_now AS " + hit_sources_sql(rows=_REJUDGE_ROWS))
+    first = _literal(con, "SELECT min(ts) FROM rejudge")
+    con.execute("CREATE OR REPLACE TEMP TABLE judged_now AS "
+                + hit_sources_sql(rows=_REJUDGE_ROWS.replace("{FIRST}", first)))
     if con.execute("SELECT count(*) FROM rejudge WHERE stored").fetchall()[0][0]:
         con.execute("DELETE FROM hit_sources WHERE request_id IN (SELECT request_id FROM rejudge WHERE stored)")
     con.execute("INSERT INTO hit_sources BY NAME SELECT * FROM judged_now")
@@ -74,8 +72,7 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
         _add_counts(con, table, over(sql, f"r.ingest_id = {int(ingest_id)}"), n)
     con.execute("DELETE FROM summary_contaminated WHERE request_id IN (SELECT request_id FROM rejudge)")
     con.execute("INSERT INTO summary_contaminated BY NAME "
-                + over(CONTAMINATED_SQL, "r.ts >= (SELECT min(ts) FROM rejudge) "
-                                       "AND r.request_id IN (SELECT request_id FROM rejudge)"))
+                + over(CONTAMINATED_SQL, f"r.ts >= {first} AND r.request_id IN (SELECT request_id FROM rejudge)"))
     con.execute(VERSION_SQL)
 
 
@@ -92,6 +89,8 @@ def _rejudge_set(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
             UNION ALL SELECT dep, cache_key, ts FROM backfilled
         ) WHERE cache_key IS NOT NULL GROUP BY ALL
     """)
+    since = _literal(con, "SELECT min(since) FROM touched")
+    batch_first = _literal(con, "SELECT min(ts) FROM batch")
     stored = f"r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, r.ingest_id <> {int(ingest_id)}"
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE rejudge AS
@@ -99,16 +98,23 @@ def _rejudge_set(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
             SELECT request_id, ts, deployment, cache_key, false AS stored FROM batch WHERE cache_hit
             UNION ALL
             SELECT {stored} FROM requests r JOIN touched t ON t.dep = {_DEP} AND t.cache_key = r.cache_key
-            WHERE r.cache_hit AND r.ts >= t.since AND r.ts >= (SELECT min(since) FROM touched)
+            WHERE r.cache_hit AND r.ts >= t.since AND r.ts >= {since}
             UNION ALL
             SELECT {stored} FROM requests r WHERE r.cache_hit AND r.source_link IN (SELECT request_id FROM batch)
             UNION ALL
             -- A first sight stops being one when the batch holds an earlier row of its identity.
             SELECT {stored} FROM requests r SEMI JOIN batch b ON b.dep = {_DEP} AND b.fingerprint = r.fingerprint
-            WHERE r.cache_hit AND r.ts > (SELECT min(ts) FROM batch)
+            WHERE r.cache_hit AND r.ts > {batch_first}
               AND r.request_id IN (SELECT request_id FROM hit_sources WHERE first_sight)
         ) ORDER BY request_id, stored
     """)
+
+
+def _literal(con: duckdb.DuckDBPyConnection, sql: str) -> str:
+    """A time the query returns, as a SQL constant: a scan skips the row groups a constant bound rules out,
+    which a subquery's bound can't do. A batch without such a time gives a bound no row passes."""
+    value = con.execute(f"SELECT coalesce(({sql})::VARCHAR, 'infinity')").fetchall()[0][0]
+    return "'" + value.replace("'", "''") + "'::TIMESTAMPTZ"
 
 
 def _update_minutes(con: duckdb.DuckDBPyConnection) -> None:
@@ -129,7 +135,11 @@ def _update_keys(con: duckdb.DuckDBPyConnection) -> None:
     # Rows without a cache key have no pair, as in a full build (its join on the key drops them).
     con.execute("CREATE OR REPLACE TEMP TABLE affected_keys AS "
                 "SELECT DISTINCT deployment, cache_key FROM changed WHERE cache_key IS NOT NULL")
-    con.execute("CREATE OR REPLACE TEMP TABLE new_pairs AS " + over(PAIRS_SQL, _IN_AFFECTED_KEYS))
+    # Those keys' rows first: joined to every hit's verdict, the few are looked up, not the many.
+    con.execute("CREATE OR REPLACE TEMP TABLE key_rows AS SELECT r.request_id, r.ts, r.deployment, r.cache_key, "
+                "r.fingerprint, r.target_model, r.draft_model, r.cache_hit FROM requests r SEMI JOIN affected_keys k "
+                "ON k.deployment = coalesce(r.deployment, '') AND k.cache_key = r.cache_key")
+    con.execute("CREATE OR REPLACE TEMP TABLE new_pairs AS " + over(PAIRS_SQL, "TRUE", rows="key_rows"))
     con.execute("""
         CREATE OR REPLACE TEMP TABLE key_ids AS
         WITH old AS (
