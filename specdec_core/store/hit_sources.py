@@ -27,7 +27,9 @@ _ROW = """SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key,
 
 # Every hit, judged against every request: the full rebuild.
 ALL_ROWS = f"""r AS ({_ROW}), hits AS (SELECT * FROM r WHERE cache_hit),
-miss_rows AS (SELECT * FROM r WHERE NOT cache_hit), first_rows AS (SELECT * FROM r), link_rows AS (SELECT * FROM r)"""
+miss_rows AS (SELECT * FROM r WHERE NOT cache_hit), first_rows AS (SELECT * FROM r),
+-- Only the rows a hit names: joined whole, the store's every row would be the hash table.
+link_rows AS (SELECT * FROM r WHERE request_id IN (SELECT source_link FROM r WHERE source_link IS NOT NULL))"""
 
 HIT_SOURCES_SQL_TEMPLATE = """
 WITH {ROWS},
