@@ -1,0 +1,114 @@
+"""Appending to a store that holds 1M and 5M rows beside appending the same lines to an empty store.
+
+Target (the appending-store issue): 3 lines, and 20,000 lines, into a 1M-row store (and a 5M-row one)
+take at most 1.5x as long as into an empty store. The appended lines are live traffic of the same
+services: the store's cache keys and identities, request ids it doesn't hold, ten fields we don't
+know, duplicate timestamps and a few hostile lines. Each append runs in a fresh process on a copy of
+the base store (copying is not timed); the figure is the ingest call's own time, median of three.
+
+    .venv/bin/python bench/bench_append.py [--sizes 1000000,5000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_formats import HOSTILE, UNKNOWN_FIELDS  # noqa: E402
+from common import OUT, ROOT, run_child  # noqa: E402
+
+APPEND = """
+import sys, time
+from specdec_core.store import Store, ingest
+t = time.perf_counter()
+r = ingest(Store(sys.argv[2]), [sys.argv[1]])
+print(f"{time.perf_counter() - t:.4f} {r.accepted} {r.quarantined}")
+"""
+
+START = datetime(2026, 11, 20, 8, 0, tzinfo=timezone.utc)
+
+
+def base_store(rows: int) -> Path:
+    """A store holding `rows` requests of eight hours of traffic, made once and kept in bench/out."""
+    db = OUT / f"append-base-{rows}.duckdb"
+    if rows and not db.exists():
+        from specdec_core.demo.synthetic import make_synthetic_log
+        from specdec_core.store import Store, ingest
+
+        log = make_synthetic_log(OUT / f"append-base-{rows}.jsonl", rows, start=START)
+        started = time.perf_counter()
+        ingest(Store(OUT / "append-base.tmp.duckdb"), [str(log)])
+        shutil.move(OUT / "append-base.tmp.duckdb", db)
+        log.unlink()
+        print(f"built the {rows:,}-row store in {time.perf_counter() - started:.0f} s")
+    return db
+
+
+def live_lines(rows: int) -> Path:
+    """`rows` lines of the next minutes of the same traffic, as a real service logs them."""
+    import duckdb
+
+    from specdec_core.demo.synthetic import make_synthetic_log
+
+    out = OUT / f"append-live-{rows}.jsonl"
+    if out.exists():
+        return out
+    plain = make_synthetic_log(OUT / f"append-live-{rows}.plain.jsonl", max(rows, 10), seed=2,
+                               start=datetime(2026, 11, 20, 16, 0, tzinfo=timezone.utc), hours=rows / 5000 / 3600)
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute(f"""COPY (SELECT * EXCLUDE (seq, request_id), 'live-' || request_id AS request_id, {UNKNOWN_FIELDS}
+                    FROM (SELECT *, row_number() OVER () AS seq FROM read_json(?, format = 'newline_delimited'))
+                    LIMIT {rows})
+                    TO '{out}' (FORMAT JSON)""", [str(plain)])
+    con.close()
+    plain.unlink()
+    if rows >= 1000:
+        with open(out, "a", encoding="utf-8") as fh:
+            fh.write("\n".join(HOSTILE) + "\n")
+    return out
+
+
+def time_append(base: Path, lines: Path, repeats: int = 3) -> float:
+    work = OUT / "append-work.duckdb"
+    seconds = []
+    for _ in range(repeats):
+        for leftover in (work, Path(str(work) + ".lock"), Path(str(work) + ".wal")):
+            leftover.unlink(missing_ok=True)
+        if base.exists():
+            shutil.copyfile(base, work)
+        _, _, printed = run_child(APPEND, str(lines), str(work))
+        seconds.append(float(printed.split()[0]))
+    work.unlink(missing_ok=True)
+    return statistics.median(seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="1000000,5000000", help="store sizes in rows, comma-separated")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    OUT.mkdir(exist_ok=True)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    batches = {n: live_lines(n) for n in (3, 20_000)}
+    bases = {size: base_store(size) for size in sizes}
+    print(f"\n{'lines':>8}{'empty store':>14}" + "".join(f"{f'{s:,} rows':>16}{'ratio':>8}" for s in sizes))
+    for n, lines in batches.items():
+        empty = time_append(OUT / "append-none.duckdb", lines)
+        row = f"{n:>8,}{empty:>12.2f} s"
+        for size in sizes:
+            into = time_append(bases[size], lines)
+            row += f"{into:>14.2f} s{into / empty:>7.2f}x"
+        print(row)
+    print("\ntarget: each ratio <= 1.5x (the append costs what it adds, not what the store holds)")
+
+
+if __name__ == "__main__":
+    main()
