@@ -86,7 +86,7 @@ def test_each_batch_leaves_the_derived_tables_equal_to_a_full_rebuild(tmp_path, 
     rng.shuffle(records)
     cuts = sorted(rng.sample(range(1, len(records)), 4))
     files = [write_jsonl(tmp_path / f"part{i}.jsonl", records[a:b])
-             for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(records)]))]
+             for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(records)], strict=True))]
     db = tmp_path / "store.duckdb"
     contaminated = []
     for f in files:

@@ -26,9 +26,9 @@ from specdec_core.store.summaries import (
     LATENCY_SQL,
     LENGTHS_SQL,
     MINUTE_SQL,
-    PAIRS_SQL,
     SHARED_KEYS_SQL,
     VERSION_SQL,
+    draft_label,
     over,
 )
 
@@ -56,7 +56,12 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     first = _literal(con, "SELECT min(ts) FROM rejudge")
     con.execute("CREATE OR REPLACE TEMP TABLE judged_now AS "
                 + hit_sources_sql(rows=_REJUDGE_ROWS.replace("{FIRST}", first)))
+    # The verdicts they had: the pairs' first-sight counts change by the difference.
+    con.execute("CREATE OR REPLACE TEMP TABLE old_verdicts AS SELECT request_id, first_sight FROM hit_sources "
+                "WHERE false")
     if con.execute("SELECT count(*) FROM rejudge WHERE stored").fetchall()[0][0]:
+        con.execute("INSERT INTO old_verdicts SELECT request_id, first_sight FROM hit_sources "
+                    "WHERE request_id IN (SELECT request_id FROM rejudge WHERE stored)")
         con.execute("DELETE FROM hit_sources WHERE request_id IN (SELECT request_id FROM rejudge WHERE stored)")
     con.execute("INSERT INTO hit_sources BY NAME SELECT * FROM judged_now")
     # Every row whose summaries may differ now: the batch's, the rejudged hits', the backfilled misses'.
@@ -67,7 +72,7 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
         UNION ALL SELECT request_id, ts, deployment, cache_key FROM backfilled
     """)
     _update_minutes(con)
-    _update_keys(con)
+    _update_keys(con, ingest_id)
     for table, sql, n in (("summary_lengths", LENGTHS_SQL, "n"), ("summary_latency", LATENCY_SQL, "n")):
         _add_counts(con, table, over(sql, f"r.ingest_id = {int(ingest_id)}"), n)
     con.execute("DELETE FROM summary_contaminated WHERE request_id IN (SELECT request_id FROM rejudge)")
@@ -91,11 +96,12 @@ def _rejudge_set(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     """)
     since = _literal(con, "SELECT min(since) FROM touched")
     batch_first = _literal(con, "SELECT min(ts) FROM batch")
-    stored = f"r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, r.ingest_id <> {int(ingest_id)}"
+    stored = (f"r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint, "
+              f"r.ingest_id <> {int(ingest_id)}")
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE rejudge AS
         SELECT DISTINCT ON (request_id) * FROM (
-            SELECT request_id, ts, deployment, cache_key, false AS stored FROM batch WHERE cache_hit
+            SELECT request_id, ts, deployment, cache_key, fingerprint, false AS stored FROM batch WHERE cache_hit
             UNION ALL
             SELECT {stored} FROM requests r JOIN touched t ON t.dep = {_DEP} AND t.cache_key = r.cache_key
             WHERE r.cache_hit AND r.ts >= t.since AND r.ts >= {since}
@@ -130,21 +136,53 @@ def _update_minutes(con: duckdb.DuckDBPyConnection) -> None:
         [lo, hi])
 
 
-def _update_keys(con: duckdb.DuckDBPyConnection) -> None:
-    """Recount the (deployment, cache_key) pairs of the changed rows; a key or identity keeps its number."""
+def _update_keys(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
+    """Add what the batch changed to the (deployment, cache_key, fingerprint) pairs: its rows, the stored misses
+    that got a key, the first sights rejudged hits gained or lost. A key or identity keeps its number."""
     # Rows without a cache key have no pair, as in a full build (its join on the key drops them).
-    con.execute("CREATE OR REPLACE TEMP TABLE affected_keys AS "
-                "SELECT DISTINCT deployment, cache_key FROM changed WHERE cache_key IS NOT NULL")
-    # Those keys' rows first: joined to every hit's verdict, the few are looked up, not the many.
-    con.execute("CREATE OR REPLACE TEMP TABLE key_rows AS SELECT r.request_id, r.ts, r.deployment, r.cache_key, "
-                "r.fingerprint, r.target_model, r.draft_model, r.cache_hit FROM requests r SEMI JOIN affected_keys k "
-                "ON k.deployment = coalesce(r.deployment, '') AND k.cache_key = r.cache_key")
-    con.execute("CREATE OR REPLACE TEMP TABLE new_pairs AS " + over(PAIRS_SQL, "TRUE", rows="key_rows"))
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE pair_delta AS
+        WITH added AS (
+            SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint,
+                   r.target_model, {draft_label()} AS draft_model, r.cache_hit
+            FROM requests r WHERE r.ingest_id = {int(ingest_id)} AND r.cache_key IS NOT NULL
+            UNION ALL
+            SELECT r.request_id, r.ts, coalesce(r.deployment, ''), r.cache_key, r.fingerprint, r.target_model,
+                   {draft_label()}, r.cache_hit
+            FROM requests r WHERE r.request_id IN (SELECT request_id FROM backfilled)
+        ), sights AS (
+            SELECT j.request_id, coalesce(j.first_sight::INT, 0) - coalesce(o.first_sight::INT, 0) AS gained
+            FROM judged_now j LEFT JOIN old_verdicts o USING (request_id)
+        ), rows AS (
+            SELECT a.*, true AS added, coalesce(s.gained, 0) AS gained FROM added a LEFT JOIN sights s USING (request_id)
+            UNION ALL
+            SELECT j.request_id, j.ts, j.deployment, j.cache_key, j.fingerprint, NULL, NULL, true, false, s.gained
+            FROM rejudge j JOIN sights s USING (request_id) WHERE j.stored AND j.cache_key IS NOT NULL
+        )
+        SELECT deployment, cache_key, fingerprint, any_value(target_model) AS target_model,
+               any_value(draft_model) AS draft_model, count(*) FILTER (WHERE added)::BIGINT AS requests,
+               count(*) FILTER (WHERE added AND cache_hit)::BIGINT AS hits, coalesce(sum(gained), 0)::BIGINT AS first_sight,
+               min(ts) FILTER (WHERE added) AS first_seen, max(ts) FILTER (WHERE added) AS last_seen
+        FROM rows GROUP BY 1, 2, 3
+    """)
+    con.execute("""
+        UPDATE summary_keys s SET requests = s.requests + d.requests, hits = s.hits + d.hits,
+               first_sight = s.first_sight + d.first_sight,
+               first_seen = least(s.first_seen, coalesce(d.first_seen, s.first_seen)),
+               last_seen = greatest(s.last_seen, coalesce(d.last_seen, s.last_seen))
+        FROM pair_delta d
+        WHERE s.deployment = d.deployment AND s.cache_key = d.cache_key AND s.fingerprint = d.fingerprint
+    """)
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE new_pairs AS
+        SELECT d.* FROM pair_delta d ANTI JOIN summary_keys s
+        ON s.deployment = d.deployment AND s.cache_key = d.cache_key AND s.fingerprint = d.fingerprint
+    """)
     con.execute("""
         CREATE OR REPLACE TEMP TABLE key_ids AS
         WITH old AS (
             SELECT DISTINCT s.deployment, s.cache_key, s.key_id FROM summary_keys s
-            SEMI JOIN affected_keys k ON k.deployment = s.deployment AND k.cache_key = s.cache_key
+            SEMI JOIN pair_delta k ON k.deployment = s.deployment AND k.cache_key = s.cache_key
         ), fresh AS (
             SELECT DISTINCT p.deployment, p.cache_key FROM new_pairs p
             ANTI JOIN old o ON o.deployment = p.deployment AND o.cache_key = p.cache_key
@@ -164,8 +202,6 @@ def _update_keys(con: duckdb.DuckDBPyConnection) -> None:
         UNION ALL
         SELECT fingerprint, (SELECT coalesce(max(fp_id), 0) FROM summary_keys) + row_number() OVER () FROM fresh
     """)
-    con.execute("DELETE FROM summary_keys r WHERE EXISTS (SELECT 1 FROM affected_keys k WHERE "
-                "k.deployment = r.deployment AND k.cache_key = r.cache_key)")
     con.execute("""
         INSERT INTO summary_keys BY NAME
         SELECT p.*, k.key_id, f.fp_id FROM new_pairs p

@@ -69,7 +69,7 @@ PAIRS_SQL = f"""SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.
        count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
        count(*) FILTER (WHERE h.first_sight) AS first_sight,
        min(r.ts) AS first_seen, max(r.ts) AS last_seen
-FROM {{rows}} r LEFT JOIN hit_sources h USING (request_id) WHERE {{where}} GROUP BY 1, 2, 3"""
+FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {{where}} GROUP BY 1, 2, 3"""
 
 LENGTHS_SQL = f"""SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {draft_label()} AS draft_model,
        r.max_tokens, r.output_tokens AS value, count(*) AS n
@@ -93,9 +93,9 @@ WHERE key_id IN (SELECT key_id FROM summary_keys WHERE {where} GROUP BY key_id H
 VERSION_SQL = f"INSERT OR REPLACE INTO meta VALUES ('summary_version', '{SUMMARY_VERSION}')"
 
 
-def over(sql: str, where: str, rows: str = "requests") -> str:
-    """One of the summaries' queries over the rows `where` picks (of `rows`, for those that take them)."""
-    return sql.replace("{where}", where).replace("{rows}", rows)
+def over(sql: str, where: str) -> str:
+    """One of the summaries' queries over the rows `where` picks."""
+    return sql.replace("{where}", where)
 
 
 BUILD_SQL = f"""
