@@ -87,17 +87,19 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
             SELECT seq, ?::VARCHAR AS source_file, source_line, raw FROM ({lines.sql})
             WHERE raw IS NOT NULL AND (raw[1] = '{{' OR NOT regexp_full_match(raw, '\\s*'))
         ),
-        p AS (SELECT *, json_valid(raw) AS valid FROM staging),
-        -- Valid JSON that opens with '{{' is an object; only other lines pay for a second parse.
-        q AS (SELECT *, CASE WHEN NOT valid THEN NULL WHEN raw[1] = '{{' THEN 'OBJECT'
-                             ELSE json_type(CASE WHEN valid THEN raw ELSE '{{}}' END) END AS root
-              FROM p),
+        -- A line that opens with '{{' is parsed once for its keys: NULL when it is not valid JSON. Only
+        -- other lines (rare) pay for a validity check and a second parse.
+        p AS (SELECT *, CASE WHEN raw[1] = '{{' THEN TRY(json_keys(raw)) END AS object_keys FROM staging),
+        q AS (SELECT *, root IS NOT NULL AS valid FROM (
+                SELECT *, CASE WHEN object_keys IS NOT NULL THEN 'OBJECT' WHEN raw[1] = '{{' THEN NULL
+                               ELSE json_type(CASE WHEN json_valid(raw) THEN raw END) END AS root
+                FROM p)),
         -- JSON functions are evaluated on every row of a vector: give the broken ones an empty object.
         o AS (SELECT *, CASE WHEN root = 'OBJECT' THEN raw ELSE '{{}}' END AS obj FROM q),
         lists AS (SELECT *, json_type(obj, {paths}) AS t, json_extract_string(obj, {paths}) AS s FROM o),
         -- One column per field: list indexing inside every later expression would repeat the work.
         fields AS (SELECT seq, source_file, source_line, raw, valid, root, obj,
-                          len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known, json_keys(obj) AS keys,
+                          len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known, coalesce(object_keys, json_keys(obj)) AS keys,
                           {", ".join(f"t[{i}] AS {field_type(n)}, s[{i}] AS {field_text(n)}" for n, i in _INDEX.items())}
                    FROM lists),
         vals AS (SELECT *, len(keys) AS n_keys, {values_sql()}, {UNKNOWN_SQL}, {SOURCE_LINK_SQL},
