@@ -21,7 +21,7 @@ OUT = Path(__file__).resolve().parent / "out"
 ROOT = OUT.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from specdec_core import metrics  # noqa: E402
+from specdec_core import analysis as metrics  # noqa: E402
 from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402
 from specdec_core.store.ingest import ingest  # noqa: E402
