@@ -10,8 +10,8 @@ cache key the batch supplied (store/ingest.py, `_backfill_cache_keys`). What a b
   earlier one makes them not the first);
 - stored hits whose logged source link names a request of the batch (the source arrived late).
 
-Only those are judged again, against every stored miss of their keys however old. The summaries are
-then recomputed for the minutes and keys their rows fall in; the histograms add the batch's counts.
+Only those are judged again, against every stored miss of their keys however old. The minutes their
+rows fall in are then recounted; the key/identity pairs and the histograms add what changed.
 The result equals a full rebuild (`judge_hits` + `build_summaries`); tests/test_store_incremental.py
 holds it to that after every batch of random logs, late files, ties and source links included.
 """
@@ -44,6 +44,7 @@ miss_rows AS (SELECT q.* FROM ({_ROW}) q SEMI JOIN hit_keys k ON k.dep = q.dep A
 hit_fps AS (SELECT DISTINCT dep, fingerprint FROM hits),
 first_rows AS (SELECT q.* FROM ({_ROW}) q SEMI JOIN hit_fps f ON f.dep = q.dep AND f.fingerprint = q.fingerprint),
 link_rows AS (SELECT * FROM ({_ROW}) q WHERE request_id IN (SELECT source_link FROM hits))"""
+
 
 def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     """Judge the hits the batch `ingest_id` may have changed, then bring every summary up to date from them."""

@@ -311,10 +311,9 @@ def ingest(
             judge_hits(con)
             say(_BATCH_STEPS[3])
             build_summaries(con)
-        elif accepted or backfilled:  # only what the batch may have changed: its cost follows the batch, not the store
-            update_derived(con, ingest_id)
-            say(_BATCH_STEPS[3])
         else:
+            if accepted or backfilled:  # only what the batch may have changed: its cost follows the batch
+                update_derived(con, ingest_id)
             say(_BATCH_STEPS[3])
         duplicates = read - accepted - quarantined - skipped
         con.execute(
