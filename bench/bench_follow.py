@@ -104,7 +104,7 @@ def run(size: int, rate: int, seconds: float) -> dict:
     follower.send_signal(signal.SIGINT)
     output = follower.communicate(timeout=60)[0]
     loaded = freshness(Store(db))["requests"] - size
-    return {"lags": lags, "written": written[0], "loaded": loaded, "batches": output.count("\n"),
+    return {"lags": lags, "written": written[0], "loaded": loaded,
             "tail": output.strip().splitlines()[-1] if output.strip() else ""}
 
 
