@@ -20,13 +20,13 @@ import duckdb
 from specdec_core.contract import fields as contract
 
 # What the judging reads of a request.
-_ROW = """SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key, cache_hit,
+ROW_SQL = """SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key, cache_hit,
            fingerprint, cached_identity_fingerprint, source_file, source_line, source_link,
            len(coalesce(unknown_fields, [])) > 0 AS partial
     FROM requests"""
 
 # Every hit, judged against every request: the full rebuild.
-ALL_ROWS = f"""r AS ({_ROW}), hits AS (SELECT * FROM r WHERE cache_hit),
+ALL_ROWS = f"""r AS ({ROW_SQL}), hits AS (SELECT * FROM r WHERE cache_hit),
 miss_rows AS (SELECT * FROM r WHERE NOT cache_hit), first_rows AS (SELECT * FROM r),
 -- Only the rows a hit names: joined whole, the store's every row would be the hash table.
 link_rows AS (SELECT * FROM r WHERE request_id IN (SELECT source_link FROM r WHERE source_link IS NOT NULL))"""

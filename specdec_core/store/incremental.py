@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import duckdb
 
-from specdec_core.store.hit_sources import _ROW, hit_sources_sql
+from specdec_core.store.connection import scalar
+from specdec_core.store.hit_sources import ROW_SQL, hit_sources_sql
 from specdec_core.store.summaries import (
     CONTAMINATED_SQL,
     LATENCY_SQL,
@@ -36,14 +37,14 @@ _DEP = "coalesce(r.deployment, chr(0))"
 
 # The judging's rows for the hits in `rejudge`: the misses of their keys, the rows of their identities,
 # their linked sources; all read from `requests`, never from a copy of it.
-_REJUDGE_ROWS = f"""hits AS (SELECT * FROM ({_ROW}) q WHERE cache_hit AND ts >= {{FIRST}}
+_REJUDGE_ROWS = f"""hits AS (SELECT * FROM ({ROW_SQL}) q WHERE cache_hit AND ts >= {{FIRST}}
                                              AND request_id IN (SELECT request_id FROM rejudge)),
 hit_keys AS (SELECT DISTINCT dep, cache_key FROM hits),
-miss_rows AS (SELECT q.* FROM ({_ROW}) q SEMI JOIN hit_keys k ON k.dep = q.dep AND k.cache_key = q.cache_key
+miss_rows AS (SELECT q.* FROM ({ROW_SQL}) q SEMI JOIN hit_keys k ON k.dep = q.dep AND k.cache_key = q.cache_key
               WHERE NOT q.cache_hit),
 hit_fps AS (SELECT DISTINCT dep, fingerprint FROM hits),
-first_rows AS (SELECT q.* FROM ({_ROW}) q SEMI JOIN hit_fps f ON f.dep = q.dep AND f.fingerprint = q.fingerprint),
-link_rows AS (SELECT * FROM ({_ROW}) q WHERE request_id IN (SELECT source_link FROM hits))"""
+first_rows AS (SELECT q.* FROM ({ROW_SQL}) q SEMI JOIN hit_fps f ON f.dep = q.dep AND f.fingerprint = q.fingerprint),
+link_rows AS (SELECT * FROM ({ROW_SQL}) q WHERE request_id IN (SELECT source_link FROM hits))"""
 
 
 def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
@@ -60,7 +61,7 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     # The verdicts they had: the pairs' first-sight counts change by the difference.
     con.execute("CREATE OR REPLACE TEMP TABLE old_verdicts AS SELECT request_id, first_sight FROM hit_sources "
                 "WHERE false")
-    if con.execute("SELECT count(*) FROM rejudge WHERE stored").fetchall()[0][0]:
+    if scalar(con, "SELECT count(*) FROM rejudge WHERE stored"):
         con.execute("INSERT INTO old_verdicts SELECT request_id, first_sight FROM hit_sources "
                     "WHERE request_id IN (SELECT request_id FROM rejudge WHERE stored)")
         con.execute("DELETE FROM hit_sources WHERE request_id IN (SELECT request_id FROM rejudge WHERE stored)")
@@ -120,7 +121,7 @@ def _rejudge_set(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
 def _literal(con: duckdb.DuckDBPyConnection, sql: str) -> str:
     """A time the query returns, as a SQL constant: a scan skips the row groups a constant bound rules out,
     which a subquery's bound can't do. A batch without such a time gives a bound no row passes."""
-    value = con.execute(f"SELECT coalesce(({sql})::VARCHAR, 'infinity')").fetchall()[0][0]
+    value = scalar(con, f"SELECT coalesce(({sql})::VARCHAR, 'infinity')")
     return "'" + value.replace("'", "''") + "'::TIMESTAMPTZ"
 
 
@@ -158,7 +159,8 @@ def _update_keys(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
             SELECT a.*, true AS added, coalesce(s.gained, 0) AS gained FROM added a LEFT JOIN sights s USING (request_id)
             UNION ALL
             SELECT j.request_id, j.ts, j.deployment, j.cache_key, j.fingerprint, NULL, NULL, true, false, s.gained
-            FROM rejudge j JOIN sights s USING (request_id) WHERE j.stored AND j.cache_key IS NOT NULL
+            FROM rejudge j JOIN sights s USING (request_id)
+            WHERE j.stored AND j.cache_key IS NOT NULL AND s.gained <> 0
         )
         SELECT deployment, cache_key, fingerprint, any_value(target_model) AS target_model,
                any_value(draft_model) AS draft_model, count(*) FILTER (WHERE added)::BIGINT AS requests,
