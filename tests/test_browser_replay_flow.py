@@ -5,12 +5,14 @@ dragging across a time chart sets the global time range.
 
 The incident: two misses (prod, staging) put a 24-token output under key k; forty hits with other
 max_tokens were served it, one a minute, alternating deployments. The models are the tiny family, so
-every replay really decodes.
+every replay really decodes. The long batch has its own incident: a thousand hits of one key, so it
+is still running when the page first draws it, however fast the machine.
 """
 
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from helpers import rec
@@ -48,6 +50,25 @@ def incident(tmp_path_factory, tiny_registry, browser):
     config = folder / "specdec.toml"
     config.write_text(registry_toml(tiny_registry))
     return db, config, folder
+
+
+LONG = 1000  # the number box's maximum: the batch lasts long on any machine (each tiny replay takes ~0.1 s)
+
+
+@pytest.fixture(scope="module")
+def long_incident(tmp_path_factory, tiny_registry, incident):
+    """The same served output under key k, hit by LONG requests, one a second."""
+    _, config, _ = incident
+    folder = tmp_path_factory.mktemp("replay-long")
+    long = SpecDecoder(tiny_registry, device="cpu").generate(DecodeRequest(max_tokens=24, **TINY))
+    served = {"output_text": long.text, "output_tokens": len(long.token_ids), "cache_key": "k"}
+    records = [rec("m-prod", ts="2026-03-01T09:59:00Z", max_tokens=24, deployment="prod", **served, **TINY)]
+    start = datetime(2026, 3, 1, 10, tzinfo=timezone.utc)
+    for n in range(1, LONG + 1):
+        ts = (start + timedelta(seconds=n)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        records.append(rec(f"l{n:04d}", ts=ts, max_tokens=4 + n % 9, cache_hit=True, deployment="prod",
+                           **served, **TINY))
+    return build_db(folder, records, "long"), config
 
 
 @pytest.fixture
@@ -133,30 +154,32 @@ def test_ticks_follow_requests_and_replay_selected_replays_them(browser, server)
     page.context.close()
 
 
-def test_a_long_batch_shows_its_stage_disables_the_button_and_cancels(browser, server):
-    page = new_page(browser)
-    page.goto(f"{server}/replay")
-    heading(page, "Replay")
-    count = page.get_by_role("spinbutton", name="How many suspicious requests")
-    count.fill(str(HITS))
-    count.press("Enter")
-    button = page.get_by_role("button", name="Replay batch")
-    expect(button).to_be_enabled(timeout=30_000)
-    button.click()
-    progress = page.get_by_text(re.compile(rf"^\d+ of {HITS} replayed · "))
-    expect(progress).to_be_visible(timeout=60_000)
-    expect(button).to_be_disabled()
-    # A stage in words: loading the models, or which request and token it is at.
-    expect(progress).to_have_text(re.compile(r"(loading|request h\d\d \(\d+ of 40\): (decoding token|scoring))"),
-                                  timeout=30_000)
-    page.get_by_role("button", name="Cancel").click()
-    cancelled = page.get_by_text(re.compile(rf"^Cancelled: \d+ of {HITS} replayed before; those are stored\."))
-    expect(cancelled).to_be_visible(timeout=60_000)
-    done = int(re.match(r"Cancelled: (\d+)", cancelled.inner_text()).group(1))
-    assert done < HITS
-    expect(button).to_be_enabled()
-    assert page.dialogs == []
-    page.context.close()
+def test_a_long_batch_shows_its_stage_disables_the_button_and_cancels(browser, long_incident, tmp_path):
+    db, config = long_incident
+    with dashboard(db, tmp_path / "streamlit.log", env={"SPECDEC_CONFIG": str(config)}) as url:
+        page = new_page(browser)
+        page.goto(f"{url}/replay")
+        heading(page, "Replay")
+        count = page.get_by_role("spinbutton", name="How many suspicious requests")
+        count.fill(str(LONG))
+        count.press("Enter")
+        button = page.get_by_role("button", name="Replay batch")
+        expect(button).to_be_enabled(timeout=30_000)
+        button.click()
+        progress = page.get_by_text(re.compile(rf"^\d+ of {LONG} replayed · "))
+        expect(progress).to_be_visible(timeout=60_000)
+        expect(button).to_be_disabled()
+        # A stage in words: loading the models, or which request and token it is at.
+        expect(progress).to_have_text(
+            re.compile(rf"(loading|request l\d{{4}} \(\d+ of {LONG}\): (decoding token|scoring))"), timeout=30_000)
+        page.get_by_role("button", name="Cancel").click()
+        cancelled = page.get_by_text(re.compile(rf"^Cancelled: \d+ of {LONG} replayed before; those are stored\."))
+        expect(cancelled).to_be_visible(timeout=60_000)
+        done = int(re.match(r"Cancelled: (\d+)", cancelled.inner_text()).group(1))
+        assert done < LONG
+        expect(button).to_be_enabled()
+        assert page.dialogs == []
+        page.context.close()
 
 
 def bars(page: Page):
