@@ -84,6 +84,8 @@ QUESTIONS = {
     "latency_hit_vs_miss": metrics.latency_hit_vs_miss,
     "contaminated_hits": metrics.contaminated_hits,
     "time_bucket": lambda s, f: pd.DataFrame([{"bucket": metrics.time_bucket(s, f)}]),
+    "red_flags": lambda s, f: pd.DataFrame([{**flag.to_json(), "numbers": str(flag.numbers)}
+                                            for flag in metrics.red_flags(s, f)]),
 }
 
 

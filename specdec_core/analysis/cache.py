@@ -14,6 +14,7 @@ from specdec_core.analysis.query import (
     draft_label,
     over_time,
 )
+from specdec_core.store import summaries as summary
 from specdec_core.store.connection import Store
 from specdec_core.store.summaries import NO_DRAFT, histogram_quantiles
 
@@ -88,8 +89,34 @@ GROUP BY ALL ORDER BY deployment
 """
 
 
+# A time range: the counts from the minute summary (and the rows of the minutes it cuts through); only the
+# distinct keys and identities need the rows, and those without the join to hit_sources.
+KEY_RATIO_BY_DEPLOYMENT_RANGE_SQL = f"""
+WITH c AS (
+    SELECT c.deployment, sum(c.requests)::BIGINT AS requests, {HITS}::BIGINT AS hits,
+           coalesce(sum(c.first_sight), 0)::BIGINT AS first_sight_hits
+    FROM {{source}} c GROUP BY 1
+), d AS (
+    SELECT coalesce(r.deployment, '') AS deployment, count(DISTINCT r.cache_key) AS unique_keys,
+           count(DISTINCT r.fingerprint) AS unique_identities
+    FROM requests r WHERE {{where}} GROUP BY 1
+)
+SELECT deployment, c.requests, d.unique_keys, d.unique_identities,
+       d.unique_keys / d.unique_identities AS keys_per_identity, c.hits / c.requests AS hit_rate,
+       1 - d.unique_identities / c.requests AS max_correct_hit_rate, c.hits, c.first_sight_hits
+FROM c JOIN d USING (deployment) ORDER BY deployment
+"""
+
+
 def key_ratio_by_deployment(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Unique cache keys per unique identity; below 1 means identities share keys."""
+    if filters.start is not None or filters.end is not None:
+        with store.read() as con:
+            if summary.ready(con):
+                where, params = filters.where()
+                source, source_params = summary.minute_source(filters, (where, params))
+                sql = KEY_RATIO_BY_DEPLOYMENT_RANGE_SQL.replace("{source}", source).replace("{where}", where)
+                return con.execute(sql, source_params + params).df()
     return df(store, KEY_RATIO_BY_DEPLOYMENT_SQL, filters, whole=KEY_RATIO_BY_DEPLOYMENT_WHOLE_SQL)
 
 

@@ -97,12 +97,16 @@ SELECT coalesce(sum(c.requests), 0)::BIGINT AS requests, {HITS}::BIGINT AS hits,
 FROM {{source}} c
 """
 
+# A time range: the rows fold once to their distinct (deployment, key, identity) triples; the three counts
+# are taken from those, a few hundred thousand rows however many millions the range holds.
 KEY_COUNTS_SQL = """
-WITH k AS (SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint FROM requests r WHERE {where})
-SELECT (SELECT count(DISTINCT (deployment, cache_key)) FROM k) AS unique_keys,
-       (SELECT count(DISTINCT (deployment, fingerprint)) FROM k) AS unique_identities,
-       (SELECT count(*) FROM (SELECT 1 FROM k GROUP BY deployment, cache_key HAVING count(DISTINCT fingerprint) > 1))
-           AS key_collisions
+WITH p AS MATERIALIZED (
+    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint FROM requests r WHERE {where}
+    GROUP BY ALL
+)
+SELECT (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, cache_key)) AS unique_keys,
+       (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, fingerprint)) AS unique_identities,
+       (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, cache_key HAVING count(*) > 1)) AS key_collisions
 """
 KEY_COUNTS_WHOLE_SQL = """
 WITH k AS (SELECT deployment, key_id, fp_id FROM summary_keys c WHERE {dims})

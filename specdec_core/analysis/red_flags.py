@@ -80,7 +80,17 @@ SELECT target_model || ' / ' || draft || ' / T=' || temperature AS arm, requests
     FROM requests r LEFT JOIN (SELECT request_id FROM hit_sources WHERE contaminated) h USING (request_id)
     WHERE {{where}} GROUP BY ALL HAVING count(h.request_id) > 0
 )
-ORDER BY contaminated DESC LIMIT 5
+ORDER BY contaminated DESC, arm LIMIT 5
+"""
+
+# The same arms from the minute summary, whose rows are per target, draft and temperature already.
+EXPERIMENT_BIAS_MINUTE_SQL = """
+SELECT target_model || ' / ' || draft_model || ' / T=' || temperature AS arm, requests, contaminated FROM (
+    SELECT c.target_model, c.draft_model, c.temperature, sum(c.requests)::BIGINT AS requests,
+           sum(c.contaminated)::BIGINT AS contaminated
+    FROM {source} c GROUP BY ALL HAVING sum(c.contaminated) > 0
+)
+ORDER BY contaminated DESC, arm LIMIT 5
 """
 
 REPLAY_SUMMARY_SQL = """
@@ -127,7 +137,7 @@ def _replay_disagrees(store: Store, filters: Filters) -> RedFlag:
 
 
 def _biased_experiments(store: Store, filters: Filters) -> RedFlag:
-    arms = df(store, EXPERIMENT_BIAS_SQL, filters)
+    arms = df(store, EXPERIMENT_BIAS_SQL, filters, minute=EXPERIMENT_BIAS_MINUTE_SQL)
     worst = "; ".join(f"{a.arm}: {a.contaminated} of {a.requests}" for a in arms.itertuples())
     return RedFlag(
         "biased_experiments", "Experiment arms compared on each other's outputs", not arms.empty,
