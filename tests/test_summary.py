@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import duckdb
 import pandas as pd
 import pytest
-from helpers import rec, write_jsonl
+from helpers import DROP, rec, write_jsonl
 
 from specdec_core import analysis as metrics
 from specdec_core.analysis import Filters
@@ -31,10 +31,16 @@ def store(tmp_path_factory):
             max_tokens=8, output_tokens=12, temperature=0.5, seed=3, latency_ms=1.5),
         rec("x3", ts="2026-11-20T08:04:00Z", deployment="", cache_key="KX", draft_model="none",
             latency_ms=None),
+        # Logs that don't say which key served a request: no key to count, share or collide on.
+        rec("x4", ts="2026-11-20T08:05:10Z", deployment="edge-z", cache_key=DROP, __unknown__=["cache_key"]),
+        rec("x5", ts="2026-11-20T08:05:20Z", deployment="edge-z", cache_key=DROP, __unknown__=["cache_key"],
+            max_tokens=9),
+        rec("x6", ts="2026-11-20T08:05:30Z", deployment="edge-z", cache_key=DROP, __unknown__=["cache_key"],
+            max_tokens=9, cache_hit=True),
     ])
     s = Store(tmp / "summary.duckdb")
     result = ingest(s, [str(log), str(extra)])
-    assert result.quarantined == 0 and result.accepted == 4003
+    assert result.quarantined == 0 and result.accepted == 4006
     return s
 
 

@@ -72,7 +72,7 @@ SELECT coalesce(r.deployment, '') AS deployment, count(*) AS requests,
        -- Hits on an identity the deployment had never seen: only a shared key (or an entry older than
        -- the log) can serve those.
        count(*) FILTER (WHERE h.first_sight) AS first_sight_hits
-FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where}
+FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NOT NULL AND {where}
 GROUP BY ALL ORDER BY deployment
 """
 
@@ -89,22 +89,31 @@ GROUP BY ALL ORDER BY deployment
 """
 
 
-# A time range: the counts from the minute summary (and the rows of the minutes it cuts through); only the
-# distinct keys and identities need the rows, and those without the join to hit_sources.
+# A time range: the counts from the minute summary (and the rows of the minutes it cuts through), less those
+# of the range's requests without a known cache key (few: they are read through the key's null mask); only
+# the distinct keys and identities need the rows, and those without the join to hit_sources.
 KEY_RATIO_BY_DEPLOYMENT_RANGE_SQL = f"""
 WITH c AS (
     SELECT c.deployment, sum(c.requests)::BIGINT AS requests, {HITS}::BIGINT AS hits,
            coalesce(sum(c.first_sight), 0)::BIGINT AS first_sight_hits
     FROM {{source}} c GROUP BY 1
+), u AS (
+    SELECT coalesce(r.deployment, '') AS deployment, count(*) AS requests,
+           count(*) FILTER (WHERE r.cache_hit) AS hits, count(*) FILTER (WHERE h.first_sight) AS first_sight_hits
+    FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NULL AND {{where}} GROUP BY 1
+), k AS (
+    SELECT c.deployment, c.requests - coalesce(u.requests, 0) AS requests, c.hits - coalesce(u.hits, 0) AS hits,
+           c.first_sight_hits - coalesce(u.first_sight_hits, 0) AS first_sight_hits
+    FROM c LEFT JOIN u USING (deployment)
 ), d AS (
     SELECT coalesce(r.deployment, '') AS deployment, count(DISTINCT r.cache_key) AS unique_keys,
            count(DISTINCT r.fingerprint) AS unique_identities
-    FROM requests r WHERE {{where}} GROUP BY 1
+    FROM requests r WHERE r.cache_key IS NOT NULL AND {{where}} GROUP BY 1
 )
-SELECT deployment, c.requests, d.unique_keys, d.unique_identities,
-       d.unique_keys / d.unique_identities AS keys_per_identity, c.hits / c.requests AS hit_rate,
-       1 - d.unique_identities / c.requests AS max_correct_hit_rate, c.hits, c.first_sight_hits
-FROM c JOIN d USING (deployment) ORDER BY deployment
+SELECT deployment, k.requests, d.unique_keys, d.unique_identities,
+       d.unique_keys / d.unique_identities AS keys_per_identity, k.hits / k.requests AS hit_rate,
+       1 - d.unique_identities / k.requests AS max_correct_hit_rate, k.hits, k.first_sight_hits
+FROM k JOIN d USING (deployment) ORDER BY deployment
 """
 
 
@@ -116,7 +125,7 @@ def key_ratio_by_deployment(store: Store, filters: Filters = NO_FILTERS) -> pd.D
                 where, params = filters.where()
                 source, source_params = summary.minute_source(filters, (where, params))
                 sql = KEY_RATIO_BY_DEPLOYMENT_RANGE_SQL.replace("{source}", source).replace("{where}", where)
-                return con.execute(sql, source_params + params).df()
+                return con.execute(sql, source_params + params + params).df()
     return df(store, KEY_RATIO_BY_DEPLOYMENT_SQL, filters, whole=KEY_RATIO_BY_DEPLOYMENT_WHOLE_SQL)
 
 

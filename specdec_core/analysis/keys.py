@@ -15,7 +15,7 @@ KEY_COLLISIONS_SQL = """
 SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, count(DISTINCT r.fingerprint) AS identities,
        count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
        min(r.ts) AS first_seen, max(r.ts) AS last_seen
-FROM requests r WHERE {where}
+FROM requests r WHERE r.cache_key IS NOT NULL AND {where}
 GROUP BY ALL HAVING count(DISTINCT r.fingerprint) > 1
 ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
 """

@@ -98,11 +98,13 @@ FROM {{source}} c
 """
 
 # A time range: the rows fold once to their distinct (deployment, key, identity) triples; the three counts
-# are taken from those, a few hundred thousand rows however many millions the range holds.
+# are taken from those, a few hundred thousand rows however many millions the range holds. A request whose
+# log leaves its cache key unknown has no key to count, share or collide on: it is left out, as the
+# summaries leave it out.
 KEY_COUNTS_SQL = """
 WITH p AS MATERIALIZED (
-    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint FROM requests r WHERE {where}
-    GROUP BY ALL
+    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint FROM requests r
+    WHERE r.cache_key IS NOT NULL AND {where} GROUP BY ALL
 )
 SELECT (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, cache_key)) AS unique_keys,
        (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, fingerprint)) AS unique_identities,
