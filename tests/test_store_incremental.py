@@ -32,6 +32,9 @@ _TABLES = {
     "summary_lengths": "SELECT * FROM summary_lengths",
     "summary_latency": "SELECT * FROM summary_latency",
     "summary_contaminated": "SELECT * FROM summary_contaminated",
+    # Appended per batch: equal once summed.
+    "summary_outputs": "SELECT * EXCLUDE (requests, hits), sum(requests)::BIGINT, sum(hits)::BIGINT "
+                       "FROM summary_outputs GROUP BY ALL",
 }
 
 

@@ -8,7 +8,10 @@ from specdec_core.analysis.query import (
     NO_FILTERS,
     Filters,
     df,
+    run,
+    whole_from_summaries,
 )
+from specdec_core.store import summaries as summary
 from specdec_core.store.connection import Store
 
 KEY_COLLISIONS_SQL = """
@@ -34,8 +37,19 @@ ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
 """
 
 
+# A time range: a key shared within it is shared in the whole log, so only the rows of the keys the summary
+# lists as shared are grouped.
+KEY_COLLISIONS_SHARED_SQL = KEY_COLLISIONS_SQL.replace(
+    "FROM requests r WHERE",
+    "FROM requests r SEMI JOIN (SELECT DISTINCT deployment, cache_key FROM summary_shared_keys) s\n"
+    "    ON coalesce(r.deployment, '') = s.deployment AND r.cache_key = s.cache_key WHERE")
+
+
 def key_collisions(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
     """Cache keys shared by more than one identity."""
+    with store.read() as con:
+        if summary.ready(con) and not whole_from_summaries(con, filters):
+            return run(con, KEY_COLLISIONS_SHARED_SQL, filters, [limit]).df()
     return df(store, KEY_COLLISIONS_SQL, filters, [limit], whole=KEY_COLLISIONS_WHOLE_SQL)
 
 

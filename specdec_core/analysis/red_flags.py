@@ -46,13 +46,10 @@ def _output_identity_columns() -> str:
     return ", ".join(cols)
 
 
-SHARED_OUTPUTS_SQL = f"""
-WITH f AS (
-    -- Outputs are grouped by DuckDB's 64-bit hash of the text: a heuristic count, within one query. The
-    -- requests are first folded to their (output, identity) pairs, so only those meet the identities table.
-    SELECT hash(r.output_text) AS out_hash, r.fingerprint, count(*) FILTER (WHERE r.cache_hit) AS hits
-    FROM requests r WHERE {{where}} GROUP BY 1, 2
-), o AS (
+# `{pairs}`: (out_hash, fingerprint, hits), the requests folded to their (output, identity) pairs first, so only
+# those meet the identities table. Outputs are grouped by a hash of the text: a heuristic count.
+_SHARED_OUTPUTS = f"""
+WITH f AS ({{pairs}}), o AS (
     -- Greedy speculative decoding is lossless: identities that differ only in their draft share outputs
     -- legitimately, so the draft fields count only for sampled requests.
     SELECT f.out_hash, count(DISTINCT ({_output_identity_columns()})) AS identities, sum(f.hits) AS hits
@@ -63,6 +60,13 @@ SELECT count(*) FILTER (WHERE identities > 1) AS shared_outputs,
        coalesce(sum(hits), 0)::BIGINT AS hits
 FROM o
 """
+# Over the rows: DuckDB's 64-bit hash, within one query.
+SHARED_OUTPUTS_SQL = _SHARED_OUTPUTS.replace(
+    "{pairs}", "SELECT hash(r.output_text) AS out_hash, r.fingerprint, count(*) FILTER (WHERE r.cache_hit) AS hits "
+               "FROM requests r WHERE {where} GROUP BY 1, 2")
+# Without a time range, from the outputs summary (texts by their MD5 there): no output text is read.
+SHARED_OUTPUTS_WHOLE_SQL = _SHARED_OUTPUTS.replace(
+    "{pairs}", "SELECT c.out_hash, c.fingerprint, sum(c.hits) AS hits FROM summary_outputs c WHERE {dims} GROUP BY 1, 2")
 
 HIT_RATE_TREND_SQL = """
 -- The window split at its midpoint in time: two aggregate passes, no sort.
@@ -107,7 +111,7 @@ FIRST_SIGHT_HIT_SHARE = 0.05
 
 
 def _identical_outputs(store: Store, filters: Filters, head: dict[str, Any]) -> RedFlag:
-    shared = one(store, SHARED_OUTPUTS_SQL, filters)
+    shared = one(store, SHARED_OUTPUTS_SQL, filters, whole=SHARED_OUTPUTS_WHOLE_SQL)
     trend = one(store, HIT_RATE_TREND_SQL, filters)
     rising = (trend["second_half"] or 0) > (trend["first_half"] or 0)
     shared_share = shared["hits_with_shared_output"] / shared["hits"] if shared["hits"] else 0.0

@@ -27,6 +27,7 @@ from specdec_core.store.summaries import (
     LATENCY_SQL,
     LENGTHS_SQL,
     MINUTE_SQL,
+    OUTPUTS_SQL,
     SHARED_KEYS_SQL,
     VERSION_SQL,
     draft_label,
@@ -77,6 +78,7 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     _update_keys(con, ingest_id)
     for table, sql, n in (("summary_lengths", LENGTHS_SQL, "n"), ("summary_latency", LATENCY_SQL, "n")):
         _add_counts(con, table, over(sql, f"r.ingest_id = {int(ingest_id)}"), n)
+    con.execute("INSERT INTO summary_outputs BY NAME " + over(OUTPUTS_SQL, f"r.ingest_id = {int(ingest_id)}"))
     con.execute("DELETE FROM summary_contaminated WHERE request_id IN (SELECT request_id FROM rejudge)")
     con.execute("INSERT INTO summary_contaminated BY NAME "
                 + over(CONTAMINATED_SQL, f"r.ts >= {first} AND r.request_id IN (SELECT request_id FROM rejudge)"))

@@ -10,6 +10,7 @@ thousands of rows instead of millions.
 - `summary_lengths`, `summary_latency`: exact histograms (a count per distinct value)
   of output tokens and latency; quantiles without a time range come from these.
 - `summary_contaminated`: the contaminated hits with the columns the report shows.
+- `summary_outputs`: requests and hits per output text (its MD5) and identity, for the red flags.
 
 A question with a time range that the histograms or distinct counts can't answer
 goes to `requests`, as it would without summaries. `from_rows()` forces that path:
@@ -30,7 +31,8 @@ import numpy as np
 
 # Bump when a summary table, or how hits are judged, changes: an older store is rejudged and rebuilt
 # when next read (Store.read). 4: ties among misses at one instant go to the one logged last.
-SUMMARY_VERSION = "4"
+# 5: summary_outputs.
+SUMMARY_VERSION = "5"
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)
 _ROWS_ONLY: ContextVar[bool] = ContextVar("specdec_rows_only", default=False)
@@ -90,6 +92,13 @@ FROM requests r JOIN hit_sources h USING (request_id) WHERE h.contaminated AND {
 SHARED_KEYS_SQL = """SELECT * FROM summary_keys
 WHERE key_id IN (SELECT key_id FROM summary_keys WHERE {where} GROUP BY key_id HAVING count(*) > 1)"""
 
+# Each output text per identity and labels, by 64 bits of the text's MD5 (stable across DuckDB versions, as stored values
+# must be): the identical-outputs red flag without hashing every output text of the log. A batch appends its
+# own rows, so one (text, identity, labels) may have several: read it summed.
+OUTPUTS_SQL = f"""SELECT md5_number_lower(r.output_text) AS out_hash, r.fingerprint, coalesce(r.deployment, '') AS deployment,
+       r.target_model, {draft_label()} AS draft_model, count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits
+FROM requests r WHERE {{where}} GROUP BY ALL"""
+
 VERSION_SQL = f"INSERT OR REPLACE INTO meta VALUES ('summary_version', '{SUMMARY_VERSION}')"
 
 
@@ -115,6 +124,7 @@ CREATE OR REPLACE TABLE summary_shared_keys AS {over(SHARED_KEYS_SQL, "TRUE")};
 CREATE OR REPLACE TABLE summary_lengths AS {over(LENGTHS_SQL, "TRUE")};
 CREATE OR REPLACE TABLE summary_latency AS {over(LATENCY_SQL, "TRUE")};
 CREATE OR REPLACE TABLE summary_contaminated AS {over(CONTAMINATED_SQL, "TRUE")} ORDER BY r.ts, r.request_id;
+CREATE OR REPLACE TABLE summary_outputs AS {over(OUTPUTS_SQL, "TRUE")};
 {VERSION_SQL};
 """
 
