@@ -95,9 +95,11 @@ WHERE key_id IN (SELECT key_id FROM summary_keys WHERE {where} GROUP BY key_id H
 # Each output text per identity and labels, by 64 bits of the text's MD5 (stable across DuckDB versions, as stored values
 # must be): the identical-outputs red flag without hashing every output text of the log. A batch appends its
 # own rows, so one (text, identity, labels) may have several: read it summed.
-OUTPUTS_SQL = f"""SELECT md5_number_lower(r.output_text) AS out_hash, r.fingerprint, coalesce(r.deployment, '') AS deployment,
-       r.target_model, {draft_label()} AS draft_model, count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits
-FROM requests r WHERE {{where}} GROUP BY ALL"""
+# The digest is taken once per group, not per request.
+OUTPUTS_SQL = f"""SELECT md5_number_lower(output_text) AS out_hash, * EXCLUDE (output_text) FROM (
+    SELECT r.output_text, r.fingerprint, coalesce(r.deployment, '') AS deployment, r.target_model,
+           {draft_label()} AS draft_model, count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits
+    FROM requests r WHERE {{where}} GROUP BY ALL)"""
 
 VERSION_SQL = f"INSERT OR REPLACE INTO meta VALUES ('summary_version', '{SUMMARY_VERSION}')"
 
