@@ -18,6 +18,7 @@ import pytest
 from helpers import DROP, rec, write_jsonl
 from test_contamination_reference import _spell_ts, random_log
 
+from specdec_core.store import summaries
 from specdec_core.store.connection import Store, release_snapshots
 from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.ingest import ingest
@@ -145,3 +146,27 @@ def test_the_order_files_arrive_in_does_not_change_the_store(tmp_path):
                             "FROM hit_sources ORDER BY ALL").fetchall()))
     assert stores[0] == stores[1]
     assert sum(1 for rid, key in stores[0][0] if rid.startswith("lm") and key is not None) > 3
+
+
+def test_the_outputs_summary_is_folded_once_it_has_doubled(tmp_path, monkeypatch):
+    """Batches append their output groups; without folding, a long --follow would grow the table like requests."""
+    monkeypatch.setattr(summaries, "OUTPUTS_SLACK", 0)
+    db = tmp_path / "store.duckdb"
+    sizes = []
+    for batch in range(6):
+        # The same ten outputs every batch (hits on them, as a cache serves them), and two new ones.
+        rows = [rec(f"b{batch}-{i}", ts=f"2026-03-01T10:{batch:02d}:{i:02d}Z", cache_key=f"K{i}",
+                    output_text=f"out {i}", cache_hit=batch > 0 and i < 10) for i in range(10)]
+        rows += [rec(f"b{batch}-new{i}", ts=f"2026-03-01T10:{batch:02d}:3{i}Z", cache_key=f"N{batch}-{i}",
+                     output_text=f"new {batch}-{i}", max_tokens=5 + i) for i in range(2)]
+        ingest(Store(db), [str(write_jsonl(tmp_path / f"b{batch}.jsonl", rows))])
+        release_snapshots()
+        with duckdb.connect(str(db), read_only=True) as con:
+            rows_now, groups = con.execute("SELECT count(*), count(DISTINCT (out_hash, fingerprint, deployment)) "
+                                           "FROM summary_outputs").fetchall()[0]
+            folded = int(con.execute("SELECT value FROM meta WHERE key = 'outputs_compacted'").fetchall()[0][0])
+        assert rows_now <= 2 * folded  # folded whenever it passed twice its folded size
+        sizes.append((rows_now, groups))
+        _assert_equals_full_rebuild(db, tmp_path)
+    assert any(rows_now == groups for rows_now, groups in sizes[1:])  # a fold happened after the first batch
+    assert sizes[-1][1] == 10 + 2 * 6

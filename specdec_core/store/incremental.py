@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import duckdb
 
+from specdec_core.store import summaries
 from specdec_core.store.connection import scalar
 from specdec_core.store.hit_sources import ROW_SQL, hit_sources_sql
 from specdec_core.store.summaries import (
+    COMPACT_OUTPUTS_SQL,
     CONTAMINATED_SQL,
     LATENCY_SQL,
     LENGTHS_SQL,
     MINUTE_SQL,
+    OUTPUTS_COMPACTED_SQL,
     OUTPUTS_SQL,
     SHARED_KEYS_SQL,
     VERSION_SQL,
@@ -78,7 +81,7 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     _update_keys(con, ingest_id)
     for table, sql, n in (("summary_lengths", LENGTHS_SQL, "n"), ("summary_latency", LATENCY_SQL, "n")):
         _add_counts(con, table, over(sql, f"r.ingest_id = {int(ingest_id)}"), n)
-    con.execute("INSERT INTO summary_outputs BY NAME " + over(OUTPUTS_SQL, f"r.ingest_id = {int(ingest_id)}"))
+    _append_outputs(con, ingest_id)
     con.execute("DELETE FROM summary_contaminated WHERE request_id IN (SELECT request_id FROM rejudge)")
     con.execute("INSERT INTO summary_contaminated BY NAME "
                 + over(CONTAMINATED_SQL, f"r.ts >= {first} AND r.request_id IN (SELECT request_id FROM rejudge)"))
@@ -216,6 +219,16 @@ def _update_keys(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     con.execute("DELETE FROM summary_shared_keys WHERE key_id IN (SELECT key_id FROM key_ids)")
     con.execute("INSERT INTO summary_shared_keys BY NAME "
                 + over(SHARED_KEYS_SQL, "key_id IN (SELECT key_id FROM key_ids)"))
+
+
+def _append_outputs(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
+    """Append the batch's output groups; fold the table again once it has doubled since it was last folded."""
+    con.execute("INSERT INTO summary_outputs BY NAME " + over(OUTPUTS_SQL, f"r.ingest_id = {int(ingest_id)}"))
+    rows = scalar(con, "SELECT count(*) FROM summary_outputs")
+    folded = scalar(con, "SELECT coalesce(max(value::BIGINT), 0) FROM meta WHERE key = 'outputs_compacted'")
+    if rows > 2 * folded + summaries.OUTPUTS_SLACK:
+        con.execute(COMPACT_OUTPUTS_SQL)
+        con.execute(OUTPUTS_COMPACTED_SQL)
 
 
 def _add_counts(con: duckdb.DuckDBPyConnection, table: str, batch_sql: str, count: str) -> None:

@@ -101,6 +101,14 @@ OUTPUTS_SQL = f"""SELECT md5_number_lower(output_text) AS out_hash, * EXCLUDE (o
            {draft_label()} AS draft_model, count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits
     FROM requests r WHERE {{where}} GROUP BY ALL)"""
 
+# Batches append rows a group already has; once the table has grown past twice its size when last one row per
+# group (plus OUTPUTS_SLACK rows), it is folded again: each row is folded a bounded number of times.
+OUTPUTS_SLACK = 100_000
+OUTPUTS_COMPACTED_SQL = ("INSERT OR REPLACE INTO meta SELECT 'outputs_compacted', count(*)::VARCHAR "
+                         "FROM summary_outputs")
+COMPACT_OUTPUTS_SQL = ("CREATE OR REPLACE TABLE summary_outputs AS SELECT * EXCLUDE (requests, hits), "
+                       "sum(requests)::BIGINT AS requests, sum(hits)::BIGINT AS hits FROM summary_outputs GROUP BY ALL")
+
 VERSION_SQL = f"INSERT OR REPLACE INTO meta VALUES ('summary_version', '{SUMMARY_VERSION}')"
 
 
@@ -127,6 +135,7 @@ CREATE OR REPLACE TABLE summary_lengths AS {over(LENGTHS_SQL, "TRUE")};
 CREATE OR REPLACE TABLE summary_latency AS {over(LATENCY_SQL, "TRUE")};
 CREATE OR REPLACE TABLE summary_contaminated AS {over(CONTAMINATED_SQL, "TRUE")} ORDER BY r.ts, r.request_id;
 CREATE OR REPLACE TABLE summary_outputs AS {over(OUTPUTS_SQL, "TRUE")};
+{OUTPUTS_COMPACTED_SQL};
 {VERSION_SQL};
 """
 
