@@ -39,7 +39,9 @@ DEMO_LOG := data/demo/requests.jsonl.gz
 $(DB): $(STAMP) $(DEMO_LOG)
 	$(VENV)/bin/specdec ingest $(DEMO_LOG) --db $(DB)
 
+# A demo database made by an older version is brought up to date first (the dashboard only reads).
 run: models $(DB)
+	$(VENV)/bin/specdec migrate --db $(DB)
 	$(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
 	  --server.headless true --browser.gatherUsageStats false -- --db $(DB)
 
