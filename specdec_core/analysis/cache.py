@@ -106,8 +106,9 @@ WITH c AS (
            c.first_sight_hits - coalesce(u.first_sight_hits, 0) AS first_sight_hits
     FROM c LEFT JOIN u USING (deployment)
 ), d AS (
-    SELECT coalesce(r.deployment, '') AS deployment, count(DISTINCT r.cache_key) AS unique_keys,
-           count(DISTINCT r.fingerprint) AS unique_identities
+    -- By DuckDB's 64-bit hash of the text, as the headline's range counts (overview.KEY_COUNTS_RANGE_SQL).
+    SELECT coalesce(r.deployment, '') AS deployment, count(DISTINCT hash(r.cache_key)) AS unique_keys,
+           count(DISTINCT hash(r.fingerprint)) AS unique_identities
     FROM requests r WHERE r.cache_key IS NOT NULL AND {{where}} GROUP BY 1
 )
 SELECT deployment, k.requests, d.unique_keys, d.unique_identities,
