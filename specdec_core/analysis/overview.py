@@ -133,6 +133,12 @@ SELECT (SELECT count(DISTINCT key_id) FROM k) AS unique_keys,
 """
 
 
+def headline_counts(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
+    """The headline's counts alone (requests, hits, contaminated hits, length violations): no distinct counts."""
+    with store.read() as con:
+        return row(run(con, HEADLINE_SQL, filters, minute=HEADLINE_MINUTE_SQL))
+
+
 def headline(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
     """Requests, hit rate, contaminated hits, length violations, collisions, keys per identity."""
     with store.read() as con:  # one connection for the three: opening one costs as much as a small query

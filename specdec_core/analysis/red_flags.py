@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from specdec_core.analysis.cache import key_ratio_by_deployment
-from specdec_core.analysis.overview import headline
+from specdec_core.analysis.overview import headline_counts
 from specdec_core.analysis.query import (
     NO_FILTERS,
     Filters,
@@ -186,8 +186,9 @@ def _few_keys(ratios: pd.DataFrame) -> RedFlag:
 
 
 def red_flags(store: Store, filters: Filters = NO_FILTERS, head: dict[str, Any] | None = None) -> list[RedFlag]:
-    """The six symptoms, in RED_FLAG_IDS order. `head` is `headline(store, filters)` when the caller has it."""
-    head = head if head is not None else headline(store, filters)
+    """The six symptoms, in RED_FLAG_IDS order. `head` is `headline(store, filters)` when the caller has it;
+    without it only the counts the flags read are asked (not the headline's distinct counts)."""
+    head = head if head is not None else headline_counts(store, filters)
     ratios = key_ratio_by_deployment(store, filters)
     return [
         _identical_outputs(store, filters, head),
