@@ -10,7 +10,8 @@ thousands of rows instead of millions.
 - `summary_lengths`, `summary_latency`: exact histograms (a count per distinct value)
   of output tokens and latency; quantiles without a time range come from these.
 - `summary_contaminated`: the contaminated hits with the columns the report shows.
-- `summary_outputs`: requests and hits per output text (its MD5) and identity, for the red flags.
+- `summary_outputs`: requests and hits per output text (64 bits of its MD5) and identity, for the
+  red flags.
 
 A question with a time range that the histograms or distinct counts can't answer
 goes to `requests`, as it would without summaries. `from_rows()` forces that path:
@@ -92,10 +93,10 @@ FROM requests r JOIN hit_sources h USING (request_id) WHERE h.contaminated AND {
 SHARED_KEYS_SQL = """SELECT * FROM summary_keys
 WHERE key_id IN (SELECT key_id FROM summary_keys WHERE {where} GROUP BY key_id HAVING count(*) > 1)"""
 
-# Each output text per identity and labels, by 64 bits of the text's MD5 (stable across DuckDB versions, as stored values
-# must be): the identical-outputs red flag without hashing every output text of the log. A batch appends its
-# own rows, so one (text, identity, labels) may have several: read it summed.
-# The digest is taken once per group, not per request.
+# Each output text per identity and labels, by 64 bits of the text's MD5 (stable across DuckDB versions, as
+# stored values must be; taken once per group, not per request): the identical-outputs red flag without
+# hashing every output text of the log. A batch appends its own rows, so one (text, identity, labels) may
+# have several: read it summed.
 OUTPUTS_SQL = f"""SELECT md5_number_lower(output_text) AS out_hash, * EXCLUDE (output_text) FROM (
     SELECT r.output_text, r.fingerprint, coalesce(r.deployment, '') AS deployment, r.target_model,
            {draft_label()} AS draft_model, count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits
