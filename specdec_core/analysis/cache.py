@@ -14,7 +14,6 @@ from specdec_core.analysis.query import (
     draft_label,
     over_time,
 )
-from specdec_core.store import summaries as summary
 from specdec_core.store.connection import Store
 from specdec_core.store.summaries import NO_DRAFT, histogram_quantiles
 
@@ -120,14 +119,8 @@ FROM k JOIN d USING (deployment) ORDER BY deployment
 
 def key_ratio_by_deployment(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Unique cache keys per unique identity; below 1 means identities share keys."""
-    if filters.start is not None or filters.end is not None:
-        with store.read() as con:
-            if summary.ready(con):
-                where, params = filters.where()
-                source, source_params = summary.minute_source(filters, (where, params))
-                sql = KEY_RATIO_BY_DEPLOYMENT_RANGE_SQL.replace("{source}", source).replace("{where}", where)
-                return con.execute(sql, source_params + params + params).df()
-    return df(store, KEY_RATIO_BY_DEPLOYMENT_SQL, filters, whole=KEY_RATIO_BY_DEPLOYMENT_WHOLE_SQL)
+    return df(store, KEY_RATIO_BY_DEPLOYMENT_SQL, filters, whole=KEY_RATIO_BY_DEPLOYMENT_WHOLE_SQL,
+              ranged=KEY_RATIO_BY_DEPLOYMENT_RANGE_SQL)
 
 
 LATENCY_HIT_VS_MISS_SQL = """

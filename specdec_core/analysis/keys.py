@@ -8,10 +8,7 @@ from specdec_core.analysis.query import (
     NO_FILTERS,
     Filters,
     df,
-    run,
-    whole_from_summaries,
 )
-from specdec_core.store import summaries as summary
 from specdec_core.store.connection import Store
 
 KEY_COLLISIONS_SQL = """
@@ -47,10 +44,8 @@ KEY_COLLISIONS_SHARED_SQL = KEY_COLLISIONS_SQL.replace(
 
 def key_collisions(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
     """Cache keys shared by more than one identity."""
-    with store.read() as con:
-        if summary.ready(con) and not whole_from_summaries(con, filters):
-            return run(con, KEY_COLLISIONS_SHARED_SQL, filters, [limit]).df()
-    return df(store, KEY_COLLISIONS_SQL, filters, [limit], whole=KEY_COLLISIONS_WHOLE_SQL)
+    return df(store, KEY_COLLISIONS_SQL, filters, [limit], whole=KEY_COLLISIONS_WHOLE_SQL,
+              ranged=KEY_COLLISIONS_SHARED_SQL)
 
 
 KEY_COLLISION_IDENTITIES_SQL = """

@@ -143,8 +143,7 @@ def headline(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
     """Requests, hit rate, contaminated hits, length violations, collisions, keys per identity."""
     with store.read() as con:  # one connection for the three: opening one costs as much as a small query
         out = row(run(con, HEADLINE_SQL, filters, minute=HEADLINE_MINUTE_SQL))
-        keys_sql = KEY_COUNTS_RANGE_SQL if summary.ready(con) else KEY_COUNTS_SQL
-        out.update(row(run(con, keys_sql, filters, whole=KEY_COUNTS_WHOLE_SQL)))
+        out.update(row(run(con, KEY_COUNTS_SQL, filters, whole=KEY_COUNTS_WHOLE_SQL, ranged=KEY_COUNTS_RANGE_SQL)))
         out["quarantined"] = con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
     out["keys_per_identity"] = (out["unique_keys"] / out["unique_identities"]) if out["unique_identities"] else None
     return out

@@ -4,6 +4,7 @@ the filtered window); filters choose which hits are shown."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -60,17 +61,17 @@ WholeAnswer = Callable[[Any, str, list[Any]], pd.DataFrame]
 
 def df(store: Store, sql: str, filters: Filters, extra: list[Any] | None = None,
         leading: list[Any] | None = None, *, minute: str | None = None,
-        whole: str | WholeAnswer | None = None) -> pd.DataFrame:
+        whole: str | WholeAnswer | None = None, ranged: str | None = None) -> pd.DataFrame:
     """Answer a question: from the summaries when they can (`minute` SQL over {source}, a relation shaped
-    like summary_minute; `whole` SQL with {dims}, or a function of it, without a time range), else `sql`
-    over the rows with the filters' WHERE (as often as it says {where}). `leading`/`extra` bind the ?
-    before and after."""
+    like summary_minute; `whole` SQL with {dims}, or a function of it, without a time range; `ranged` SQL,
+    the rows helped by the summaries, over {source} and {where} in any order), else `sql` over the rows
+    with the filters' WHERE (as often as it says {where}). `leading`/`extra` bind the ? before and after."""
     with store.read() as con:
         if callable(whole):
             if whole_from_summaries(con, filters):
                 return whole(con, *summary.dimension_where(filters))
             whole = None
-        return run(con, sql, filters, extra, leading, minute=minute, whole=whole).df()
+        return run(con, sql, filters, extra, leading, minute=minute, whole=whole, ranged=ranged).df()
 
 
 def whole_from_summaries(con: Any, filters: Filters) -> bool:
@@ -79,7 +80,7 @@ def whole_from_summaries(con: Any, filters: Filters) -> bool:
 
 
 def run(con: Any, sql: str, filters: Filters, extra: list[Any] | None = None, leading: list[Any] | None = None,
-         *, minute: str | None = None, whole: str | None = None) -> Any:
+         *, minute: str | None = None, whole: str | None = None, ranged: str | None = None) -> Any:
     extra, leading = extra or [], leading or []
     if minute is not None and summary.ready(con):
         source, params = minute_source(filters, filters.where())
@@ -87,8 +88,23 @@ def run(con: Any, sql: str, filters: Filters, extra: list[Any] | None = None, le
     if whole is not None and whole_from_summaries(con, filters):
         dims, params = summary.dimension_where(filters)
         return con.execute(whole.replace("{dims}", dims), leading + params * whole.count("{dims}") + extra)
+    if ranged is not None and summary.ready(con):
+        text, params = _bind_rows_and_source(ranged, filters)
+        return con.execute(text, leading + params + extra)
     where, params = filters.where()
     return con.execute(sql.replace("{where}", where), leading + params * sql.count("{where}") + extra)
+
+
+def _bind_rows_and_source(sql: str, filters: Filters) -> tuple[str, list[Any]]:
+    """`sql` with each {where} and {source} filled in, and their parameters in the order they stand."""
+    where = filters.where()
+    source = minute_source(filters, where) if "{source}" in sql else None
+    parts, params = [], []
+    for piece in re.split(r"(\{where\}|\{source\})", sql):
+        text, bound = (where if piece == "{where}" else source if piece == "{source}" else (piece, []))
+        parts.append(text)
+        params += bound
+    return "".join(parts), params
 
 
 def one(store: Store, sql: str, filters: Filters, **summaries: str) -> dict[str, Any]:
