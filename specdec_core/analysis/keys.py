@@ -11,14 +11,16 @@ from specdec_core.analysis.query import (
 )
 from specdec_core.store.connection import Store
 
-KEY_COLLISIONS_SQL = """
+# `{shared}`: what narrows the rows to keys shared at all, or nothing.
+_KEY_COLLISIONS = """
 SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, count(DISTINCT r.fingerprint) AS identities,
        count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
        min(r.ts) AS first_seen, max(r.ts) AS last_seen
-FROM requests r WHERE r.cache_key IS NOT NULL AND {where}
+FROM requests r {shared}WHERE r.cache_key IS NOT NULL AND {where}
 GROUP BY ALL HAVING count(DISTINCT r.fingerprint) > 1
 ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
 """
+KEY_COLLISIONS_SQL = _KEY_COLLISIONS.replace("{shared}", "")
 
 
 KEY_COLLISIONS_WHOLE_SQL = """
@@ -36,10 +38,9 @@ ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
 
 # A time range: a key shared within it is shared in the whole log, so only the rows of the keys the summary
 # lists as shared are grouped.
-KEY_COLLISIONS_SHARED_SQL = KEY_COLLISIONS_SQL.replace(
-    "FROM requests r WHERE",
-    "FROM requests r SEMI JOIN (SELECT DISTINCT deployment, cache_key FROM summary_shared_keys) s\n"
-    "    ON coalesce(r.deployment, '') = s.deployment AND r.cache_key = s.cache_key WHERE")
+KEY_COLLISIONS_SHARED_SQL = _KEY_COLLISIONS.replace(
+    "{shared}", "SEMI JOIN (SELECT DISTINCT deployment, cache_key FROM summary_shared_keys) s\n"
+                "    ON coalesce(r.deployment, '') = s.deployment AND r.cache_key = s.cache_key ")
 
 
 def key_collisions(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:

@@ -133,16 +133,20 @@ SELECT (SELECT count(DISTINCT key_id) FROM k) AS unique_keys,
 """
 
 
+def _counts(con: Any, filters: Filters) -> dict[str, Any]:
+    return row(run(con, HEADLINE_SQL, filters, minute=HEADLINE_MINUTE_SQL))
+
+
 def headline_counts(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
     """The headline's counts alone (requests, hits, contaminated hits, length violations): no distinct counts."""
     with store.read() as con:
-        return row(run(con, HEADLINE_SQL, filters, minute=HEADLINE_MINUTE_SQL))
+        return _counts(con, filters)
 
 
 def headline(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
     """Requests, hit rate, contaminated hits, length violations, collisions, keys per identity."""
     with store.read() as con:  # one connection for the three: opening one costs as much as a small query
-        out = row(run(con, HEADLINE_SQL, filters, minute=HEADLINE_MINUTE_SQL))
+        out = _counts(con, filters)
         out.update(row(run(con, KEY_COUNTS_SQL, filters, whole=KEY_COUNTS_WHOLE_SQL, ranged=KEY_COUNTS_RANGE_SQL)))
         out["quarantined"] = con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
     out["keys_per_identity"] = (out["unique_keys"] / out["unique_identities"]) if out["unique_identities"] else None

@@ -83,16 +83,16 @@ def run(con: Any, sql: str, filters: Filters, extra: list[Any] | None = None, le
          *, minute: str | None = None, whole: str | None = None, ranged: str | None = None) -> Any:
     extra, leading = extra or [], leading or []
     if minute is not None and summary.ready(con):
-        source, params = minute_source(filters, filters.where())
-        return con.execute(minute.replace("{source}", source), leading + params + extra)
-    if whole is not None and whole_from_summaries(con, filters):
+        chosen = minute
+    elif whole is not None and whole_from_summaries(con, filters):
         dims, params = summary.dimension_where(filters)
         return con.execute(whole.replace("{dims}", dims), leading + params * whole.count("{dims}") + extra)
-    if ranged is not None and summary.ready(con):
-        text, params = _bind_rows_and_source(ranged, filters)
-        return con.execute(text, leading + params + extra)
-    where, params = filters.where()
-    return con.execute(sql.replace("{where}", where), leading + params * sql.count("{where}") + extra)
+    elif ranged is not None and summary.ready(con):
+        chosen = ranged
+    else:
+        chosen = sql
+    text, params = _bind_rows_and_source(chosen, filters)
+    return con.execute(text, leading + params + extra)
 
 
 def _bind_rows_and_source(sql: str, filters: Filters) -> tuple[str, list[Any]]:
