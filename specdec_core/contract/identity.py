@@ -165,9 +165,11 @@ def _value(r: DecodeRequest, name: str) -> Any:
 
 
 def _canonical(f: Field, r: DecodeRequest) -> Any:
-    if f.canonical == "sha256":
-        return r.prompt_sha256
-    value = _value(r, f.name)
+    return r.prompt_sha256 if f.canonical == "sha256" else canonical_value(f, _value(r, f.name))
+
+
+def canonical_value(f: Field, value: Any) -> Any:
+    """An identity field's value in canonical form (not the prompt's: that is its SHA-256)."""
     if value is None:
         return [] if f.canonical == "string_set" else None
     if f.canonical == "none_is_null":
@@ -245,28 +247,32 @@ def _stop_json(stop: tuple[str, ...] | None) -> str:
     return text
 
 
+def value_json(f: Field) -> Callable[[Any], str]:
+    """The canonical JSON text of a value of identity field `f` (not the prompt): what `identity_json` writes,
+    and what the store writes for each distinct value of a batch (store/identities.py)."""
+    s = _json_str
+    if f.canonical == "number":
+        return lambda v: _NUMBER_JSON.get(v) or _number_json(v)
+    if f.canonical == "string_set":
+        return lambda v: _STOP_JSON.get(v) or _stop_json(v)
+    if f.canonical == "none_is_null":
+        return lambda v: "null" if v in (None, "none") else s(v)
+    if f.canonical == "zero_is_null":
+        return lambda v: str(v or "null")
+    if f.canonical == "integer":
+        return lambda v: "null" if v is None else str(v)
+    return lambda v: "null" if v is None else s(v)
+
+
 def _json_encoder(f: Field, dataclass_input: tuple[str, ...]) -> Callable[[DecodeRequest], str]:
     """The canonical JSON text of one identity field, straight from a request (see `identity_json`)."""
-    name, s = f.name, _json_str
+    name = f.name
     if f.canonical == "sha256":
         return lambda r: f'"{r.prompt_sha256}"'
+    encode = value_json(f)
     if name in dataclass_input:
-        def get(r: DecodeRequest) -> Any:
-            return r.__dict__[name]
-    else:
-        def get(r: DecodeRequest) -> Any:
-            return r.extra.get(name)
-    if f.canonical == "number":
-        return lambda r: _NUMBER_JSON.get(get(r)) or _number_json(get(r))
-    if f.canonical == "string_set":
-        return lambda r: _STOP_JSON.get(get(r)) or _stop_json(get(r))
-    if f.canonical == "none_is_null":
-        return lambda r: "null" if get(r) in (None, "none") else s(get(r))
-    if f.canonical == "zero_is_null":
-        return lambda r: str(get(r) or "null")
-    if f.canonical == "integer":
-        return lambda r: "null" if get(r) is None else str(get(r))
-    return lambda r: "null" if get(r) is None else s(get(r))
+        return lambda r: encode(r.__dict__[name])
+    return lambda r: encode(r.extra.get(name))
 
 
 def _composer(identity_fields: tuple[Field, ...], dataclass_input: tuple[str, ...], greedy: bool

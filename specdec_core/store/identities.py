@@ -1,21 +1,28 @@
-"""Fingerprint every distinct identity of an ingest batch with the library's own `identity`, so the store
-and the library cannot disagree, and keep each canonical identity in `identities`."""
+"""Fingerprint every distinct identity of an ingest batch exactly as the library does, and keep each
+canonical identity in `identities`.
+
+The canonical identity JSON is assembled in SQL over the batch's distinct identity tuples, one part per
+field in the library's key order. Each part's text comes from the library itself (`value_json`), once per
+distinct value of the field in the batch (a handful of temperatures, models, stop lists), not once per
+request; integers are written by the cast (the same digits), the prompt by its SHA-256. So a batch of a
+million requests with a million distinct prompts costs a few SQL passes, not a million Python calls, and the
+store and the library still cannot disagree: tests/test_identity_sql.py holds every stored fingerprint
+equal to `fingerprint(record)` over random and hostile values.
+"""
 
 from __future__ import annotations
 
 import json
 
 import duckdb
-import pyarrow as pa
 
 from specdec_core.contract import fields as contract
 from specdec_core.contract.identity import (
-    DecodeRequest,
     canonical_json,
+    canonical_value,
     canonicalize_identity,
-    identity_json,
-    identity_with_unknown,
     sha256_hex,
+    value_json,
 )
 
 # What decides a row's identity: its identity fields, and which of them the log left unknown.
@@ -25,69 +32,96 @@ ID_HASH = f"hash({', '.join(_IDENTITY_INPUT)})"  # DuckDB's hash, within one ing
 _ID_JOIN = "t.id_hash = m.id_hash"
 # Only needed when two distinct identity tuples share a hash (checked per ingest): then the exact match decides.
 _ID_JOIN_EXACT = _ID_JOIN + " AND " + " AND ".join(f"t.{c} IS NOT DISTINCT FROM m.{c}" for c in _IDENTITY_INPUT)
+_INTEGER_FORMS = ("integer", "zero_is_null")
+
+
+def _unknown(name: str) -> str:
+    return f"coalesce(list_contains(unknown_fields, '{name}'), false)"
 
 
 def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
-    """Fingerprint every distinct identity tuple with `request.identity` into `idmap` (or say why not).
+    """Fingerprint every distinct identity tuple of `typed` into `idmap` (fingerprint, prompt_sha).
 
     Returns the condition that joins `typed t` to `idmap m`.
     """
     cols = ", ".join(_IDENTITY_INPUT)
-    tuples = con.execute(f"SELECT DISTINCT {cols}, id_hash FROM typed").fetchall()
-    fps: list[str | None] = []
-    prompt_shas: list[str | None] = []
-    reasons: list[str | None] = []
-    identity_rows: dict[str, str] = {}  # fingerprint -> canonical identity JSON
-    unknown_of: dict[str, list[str]] = {}  # fingerprint -> the fields its identity leaves out as unknown
-    for row in tuples:
-        record = dict(zip(_IDENTITY_INPUT, row[:-1], strict=True))
-        unknown = record.pop("unknown_fields") or []
-        try:
-            if unknown:
-                text = canonical_json(identity_with_unknown(record, unknown))
-                prompt_sha = (None if "prompt" in unknown else sha256_hex(record["prompt"])
-                              if record["prompt"] is not None else record["prompt_hash"])
-            else:
-                req = DecodeRequest.from_record(record)
-                text = identity_json(req)  # canonical_json(identity(req)), pinned equal by test_request
-                prompt_sha = req.prompt_sha256
-        except ValueError as exc:
-            fps.append(None)
-            prompt_shas.append(None)
-            reasons.append(str(exc))
-            continue
-        fp = sha256_hex(text)
-        fps.append(fp)
-        prompt_shas.append(prompt_sha)
-        reasons.append(None)
-        identity_rows[fp] = text
-        if unknown:
-            unknown_of[fp] = sorted(unknown)
-    columns = {c: [row[i] for row in tuples] for i, c in enumerate(_IDENTITY_INPUT)}
-    columns["id_hash"] = [row[-1] for row in tuples]
-    join = _ID_JOIN if len(set(columns["id_hash"])) == len(tuples) else _ID_JOIN_EXACT
-    con.execute(f"CREATE OR REPLACE TEMP TABLE idmap AS SELECT {cols}, id_hash, NULL::VARCHAR AS fingerprint, "
-                "NULL::VARCHAR AS prompt_sha, NULL::VARCHAR AS reject_reason FROM typed LIMIT 0")
-    if tuples:
-        for c in _HUGEINT_INPUT:
-            columns[c] = _as_text(columns[c])
-        con.register("idmap_arrow", pa.table({**{c: pa.array(v, type=_arrow_type(c))
-                                                   for c, v in columns.items()},
-                                                "fingerprint": fps, "prompt_sha": prompt_shas,
-                                                "reject_reason": reasons}))
-        typed_cols = ", ".join(f"{c}::HUGEINT" if c in _HUGEINT_INPUT else c for c in _IDENTITY_INPUT)
-        con.execute(f"INSERT INTO idmap SELECT {typed_cols}, id_hash, fingerprint, prompt_sha, "
-                    "reject_reason FROM idmap_arrow")
-        con.unregister("idmap_arrow")
-    identity_rows.update(_canonical_cached_fingerprints(con))
-    _insert_identities(con, identity_rows, unknown_of)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE id_tuples AS SELECT DISTINCT {cols}, id_hash FROM typed")
+    tuples, hashes = con.execute("SELECT count(*), count(DISTINCT id_hash) FROM id_tuples").fetchall()[0]
+    join = _ID_JOIN if hashes == tuples else _ID_JOIN_EXACT
+    fields = sorted((f for f in contract.FIELDS if f.identity), key=lambda f: f.name)  # the canonical key order
+    joins, parts, values = [], [], []
+    for f in fields:
+        part, value = _field_sql(con, f, joins)
+        # Left out when the log leaves the field unknown, or (sampling only) when the request is greedy.
+        left_out = [_unknown(f.name)] + (["greedy"] if f.sampling_only else [])
+        parts.append(f"CASE WHEN NOT ({' OR '.join(left_out)}) THEN '{json.dumps(f.name)}:' || {part} END")
+        values.append(f"CASE WHEN NOT ({' OR '.join(left_out)}) THEN {value} END AS {f.name}")
+    temperature = "lk_temperature.canon"
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE idmap AS
+        WITH t AS (
+            SELECT i.*, CASE WHEN NOT {_unknown('prompt')} THEN coalesce(i.prompt_hash, sha256(i.prompt)) END
+                        AS prompt_sha,
+                   -- An unknown temperature counts as sampled: the sampling fields known are compared.
+                   coalesce(NOT {_unknown('temperature')} AND {temperature} = 0.0, false) AS greedy,
+                   {", ".join(f"{p} AS part_{f.name}" for p, f in zip(parts, fields))},
+                   {", ".join(f"{v.rsplit(' AS ', 1)[0]} AS value_{f.name}" for v, f in zip(values, fields))}
+            FROM id_tuples i {" ".join(joins)}
+        )
+        SELECT * EXCLUDE ({", ".join(f"part_{f.name}" for f in fields)}), sha256(identity) AS fingerprint FROM (
+            SELECT *, '{{' || concat_ws(',', {", ".join(f"part_{f.name}" for f in fields)}) || '}}' AS identity FROM t)
+    """)
+    con.execute(f"""
+        INSERT INTO identities (fingerprint, identity, greedy, {", ".join(f.name for f in fields)}, unknown)
+        SELECT fingerprint, any_value(identity)::JSON, any_value(greedy),
+               {", ".join(f"any_value(value_{f.name})" for f in fields)},
+               any_value(nullif(list_sort(list_filter(unknown_fields, lambda u: list_contains(
+                   {_names_literal(fields)}, u))), []))
+        FROM idmap m WHERE NOT EXISTS (SELECT 1 FROM identities i WHERE i.fingerprint = m.fingerprint)
+        GROUP BY fingerprint
+    """)
+    _insert_identities(con, _canonical_cached_fingerprints(con))
     return join
+
+
+def _names_literal(fields: list[contract.Field]) -> str:
+    return "[" + ", ".join(f"'{f.name}'" for f in fields) + "]"
+
+
+def _field_sql(con: duckdb.DuckDBPyConnection, f: contract.Field, joins: list[str]) -> tuple[str, str]:
+    """A field's canonical JSON text and canonical value over `id_tuples i`, as SQL (adding a lookup to `joins`)."""
+    column = f"i.{f.name}"
+    if f.canonical == "sha256":
+        return "'\"' || prompt_sha || '\"'", "prompt_sha"
+    if f.canonical in _INTEGER_FORMS and f.is_integer:
+        zero = f" OR {column} = 0" if f.canonical == "zero_is_null" else ""
+        return (f"CASE WHEN {column} IS NULL{zero} THEN 'null' ELSE {column}::VARCHAR END",
+                f"CASE WHEN {column} IS NULL{zero} THEN NULL ELSE {column} END")
+    # Every other form: the library's text and canonical value of each distinct value of the batch.
+    distinct = [row[0] for row in con.execute(f"SELECT DISTINCT {f.name} FROM id_tuples").fetchall()]
+    encode = value_json(f)
+    if f.canonical == "string_set":
+        texts = [encode(None if v is None else tuple(v)) for v in distinct]
+        # Kept as JSON text the way identities have always held it (json's default spacing), so stored
+        # identities compare field by field with new ones.
+        canons = [json.dumps(canonical_value(f, v), ensure_ascii=False) for v in distinct]
+        canon_type = "VARCHAR"
+    else:  # a null here is an unknown field's (left out of the identity) or an absent optional one's
+        texts = ["null" if v is None else encode(v) for v in distinct]
+        canons = [canonical_value(f, v) for v in distinct]
+        canon_type = f.sql_type
+    table = f"lk_{f.name}"
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT unnest(?::{f.sql_type}[]) AS v, "
+                f"unnest(?::VARCHAR[]) AS text, unnest(?::{canon_type}[]) AS canon", [distinct, texts, canons])
+    joins.append(f"LEFT JOIN {table} ON {table}.v IS NOT DISTINCT FROM {column}")
+    return f"{table}.text", f"{table}.canon"
 
 
 def _canonical_cached_fingerprints(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     """`cachedmap` (text, fingerprint) of the batch's cached_fingerprint objects; returns their identities.
 
-    They are canonicalised too, so a writer's spelling of an equivalence can't matter.
+    They are canonicalised too, so a writer's spelling of an equivalence can't matter. (Few: one per
+    distinct cached object of the batch.)
     """
     canonical_rows: dict[str, str] = {}
     cached = con.execute(
@@ -104,60 +138,34 @@ def _canonical_cached_fingerprints(con: duckdb.DuckDBPyConnection) -> dict[str, 
         cached_texts.append(text)
         cached_fps.append(fp)
         canonical_rows[fp] = canonical
-    con.register("cachedmap_arrow", pa.table({"text": pa.array(cached_texts, pa.string()),
-                                              "fingerprint": pa.array(cached_fps, pa.string())}))
-    con.execute("CREATE OR REPLACE TEMP TABLE cachedmap AS SELECT * FROM cachedmap_arrow")
-    con.unregister("cachedmap_arrow")
+    con.execute("CREATE OR REPLACE TEMP TABLE cachedmap AS SELECT unnest(?::VARCHAR[]) AS text, "
+                "unnest(?::VARCHAR[]) AS fingerprint", [cached_texts, cached_fps])
     return canonical_rows
 
 
-def _arrow_type(column: str) -> pa.DataType | None:
-    # HUGEINT values (seeds) go through text: Arrow has no 128-bit integer.
-    if column == "id_hash":
-        return pa.uint64()
-    if column == "unknown_fields":
-        return pa.list_(pa.string())
-    f = contract.BY_NAME[column]
-    return pa.string() if f.sql_type == "HUGEINT" else pa.list_(pa.string()) if f.kind == "str_list" else None
-
-
-def _as_text(values: list) -> list:
-    return [None if v is None else str(v) for v in values]
-
-
-_HUGEINT_INPUT = tuple(c for c in _IDENTITY_INPUT if c in contract.BY_NAME and contract.BY_NAME[c].sql_type == "HUGEINT")
-_IDENTITY_FIELDS = tuple(f for f in contract.FIELDS if f.identity)
-
-
-def _identity_column(f: contract.Field, objs: list[dict]) -> pa.Array | list:
-    values = [o.get(f.name) for o in objs]
-    if f.canonical == "string_set":
-        return [json.dumps(v, ensure_ascii=False) for v in values]  # the canonical set as JSON text
-    if f.sql_type == "HUGEINT":
-        return pa.array(_as_text(values), pa.string())
-    return values
-
-
-def _insert_identities(con: duckdb.DuckDBPyConnection, rows: dict[str, str],
-                       unknown_of: dict[str, list[str]] | None = None) -> None:
+def _insert_identities(con: duckdb.DuckDBPyConnection, rows: dict[str, str]) -> None:
+    """Keep identities given whole (fingerprint -> canonical JSON), with their fields as the library wrote them."""
     if not rows:
         return
     objs = [json.loads(text) for text in rows.values()]
-    table = pa.table({
-        "fingerprint": list(rows),
-        "identity": list(rows.values()),
-        # Greedy: a known temperature of 0 (an unknown one counts as sampled, so known sampling fields compare).
-        "greedy": [o.get("temperature", -1.0) == 0.0 for o in objs],
-        **{f.name: _identity_column(f, objs) for f in _IDENTITY_FIELDS},
-        "unknown": pa.array([(unknown_of or {}).get(fp) for fp in rows], pa.list_(pa.string())),
-    })
-    names = ["fingerprint", "identity", "greedy", *(f.name for f in _IDENTITY_FIELDS), "unknown"]
-    values = ["fingerprint", "identity::JSON", "greedy",
-              *(f"{f.name}::HUGEINT" if f.sql_type == "HUGEINT" else f.name for f in _IDENTITY_FIELDS), "unknown"]
-    con.register("identities_arrow", table)
-    con.execute(f"INSERT INTO identities ({', '.join(names)}) SELECT {', '.join(values)} "
-                "FROM identities_arrow a WHERE NOT EXISTS (SELECT 1 FROM identities i "
-                "WHERE i.fingerprint = a.fingerprint)")
-    con.unregister("identities_arrow")
-
-
+    fields = [f for f in contract.FIELDS if f.identity]
+    columns: list[list] = [list(rows), list(rows.values()), [o.get("temperature", -1.0) == 0.0 for o in objs]]
+    casts = ["VARCHAR", "VARCHAR", "BOOLEAN"]
+    for f in fields:
+        values = [o.get(f.name) for o in objs]
+        if f.canonical == "string_set":  # the canonical set as JSON text
+            columns.append([None if v is None else json.dumps(v, ensure_ascii=False) for v in values])
+            casts.append("VARCHAR")
+        elif f.sql_type == "HUGEINT":  # through text: a Python int may not fit a 64-bit parameter
+            columns.append([None if v is None else str(v) for v in values])
+            casts.append("VARCHAR")
+        else:
+            columns.append(values)
+            casts.append(f.sql_type)
+    names = ["fingerprint", "identity", "greedy", *(f.name for f in fields)]
+    selected = [f"unnest(?::{cast}[]) AS {name}" for cast, name in zip(casts, names)]
+    stored = ["fingerprint", "identity::JSON", "greedy",
+              *(f"{f.name}::HUGEINT" if f.sql_type == "HUGEINT" else f.name for f in fields)]
+    con.execute(f"INSERT INTO identities ({', '.join(names)}) SELECT {', '.join(stored)} "
+                f"FROM (SELECT {', '.join(selected)}) a "
+                "WHERE NOT EXISTS (SELECT 1 FROM identities i WHERE i.fingerprint = a.fingerprint)", columns)

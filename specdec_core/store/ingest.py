@@ -173,7 +173,7 @@ def _classify(con: duckdb.DuckDBPyConnection, join: str) -> None:
             SELECT t.seq, t.request_id, t.source_file, t.source_line,
                    {_content_hash_sql('t', 'm.prompt_sha')} AS content_hash
             FROM typed t JOIN idmap m ON {join}
-            WHERE m.reject_reason IS NULL AND t.request_id IN (SELECT request_id FROM contested)
+            WHERE t.request_id IN (SELECT request_id FROM contested)
         ), firsts AS (
             SELECT request_id, min(seq) AS first_seq, arg_min(content_hash, seq) AS first_hash,
                    arg_min(source_file || ':' || source_line, seq) AS first_at
@@ -209,7 +209,7 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str, inputs: d
         JOIN idmap m ON {join}
         LEFT JOIN outcome o USING (seq)
         LEFT JOIN cachedmap cm ON cm.text = t.cached_fingerprint::VARCHAR
-        WHERE m.reject_reason IS NULL AND coalesce(o.outcome, 'accept') = 'accept'
+        WHERE coalesce(o.outcome, 'accept') = 'accept'
     """, [ingest_id]).fetchall()[0][0]
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE bad AS
@@ -217,9 +217,8 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str, inputs: d
             SELECT seq, source_file, source_line, raw_request_id AS request_id, reason
             FROM checked WHERE reason IS NOT NULL
             UNION ALL
-            SELECT t.seq, t.source_file, t.source_line, t.request_id, coalesce(m.reject_reason, o.outcome)
-            FROM typed t JOIN idmap m ON {join} LEFT JOIN outcome o USING (seq)
-            WHERE m.reject_reason IS NOT NULL OR o.outcome LIKE 'conflict:%'
+            SELECT t.seq, t.source_file, t.source_line, t.request_id, o.outcome
+            FROM typed t JOIN outcome o USING (seq) WHERE o.outcome LIKE 'conflict:%'
         )
         SELECT b.*, r.raw, md5(r.raw) AS raw_hash FROM b JOIN raws r USING (seq)
     """)
