@@ -49,27 +49,29 @@ def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
     tuples, hashes = con.execute("SELECT count(*), count(DISTINCT id_hash) FROM id_tuples").fetchall()[0]
     join = _ID_JOIN if hashes == tuples else _ID_JOIN_EXACT
     fields = sorted((f for f in contract.FIELDS if f.identity), key=lambda f: f.name)  # the canonical key order
-    joins, parts, values = [], [], []
+    joins: list[str] = []  # the lookups of the fields written by the library, and their columns
+    parts, values = [], []  # per field: its '"name":text' part of the identity JSON, and its canonical value
     for f in fields:
         part, value = _field_sql(con, f, joins)
         # Left out when the log leaves the field unknown, or (sampling only) when the request is greedy.
-        left_out = [_unknown(f.name)] + (["greedy"] if f.sampling_only else [])
-        parts.append(f"CASE WHEN NOT ({' OR '.join(left_out)}) THEN '{json.dumps(f.name)}:' || {part} END")
-        values.append(f"CASE WHEN NOT ({' OR '.join(left_out)}) THEN {value} END AS {f.name}")
-    temperature = "lk_temperature.canon"
+        kept = "NOT (" + " OR ".join([_unknown(f.name)] + (["greedy"] if f.sampling_only else [])) + ")"
+        parts.append(f"CASE WHEN {kept} THEN '{json.dumps(f.name)}:' || {part} END AS part_{f.name}")
+        values.append(f"CASE WHEN {kept} THEN {value} END AS value_{f.name}")
+    part_names = ", ".join(f"part_{f.name}" for f in fields)
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE idmap AS
         WITH t AS (
             SELECT i.*, CASE WHEN NOT {_unknown('prompt')} THEN coalesce(i.prompt_hash, sha256(i.prompt)) END
                         AS prompt_sha,
                    -- An unknown temperature counts as sampled: the sampling fields known are compared.
-                   coalesce(NOT {_unknown('temperature')} AND {temperature} = 0.0, false) AS greedy,
-                   {", ".join(f"{p} AS part_{f.name}" for p, f in zip(parts, fields))},
-                   {", ".join(f"{v.rsplit(' AS ', 1)[0]} AS value_{f.name}" for v, f in zip(values, fields))}
+                   coalesce(NOT {_unknown('temperature')} AND lk_temperature.canon = 0.0, false) AS greedy,
+                   {", ".join(f"lk_{f.name}.text AS text_{f.name}, lk_{f.name}.canon AS canon_{f.name}"
+                              for f in fields if _looked_up(f))}
             FROM id_tuples i {" ".join(joins)}
         )
-        SELECT * EXCLUDE ({", ".join(f"part_{f.name}" for f in fields)}), sha256(identity) AS fingerprint FROM (
-            SELECT *, '{{' || concat_ws(',', {", ".join(f"part_{f.name}" for f in fields)}) || '}}' AS identity FROM t)
+        SELECT * EXCLUDE ({part_names}), sha256(identity) AS fingerprint FROM (
+            SELECT *, '{{' || concat_ws(',', {part_names}) || '}}' AS identity
+            FROM (SELECT *, {", ".join(parts)}, {", ".join(values)} FROM t))
     """)
     con.execute(f"""
         INSERT INTO identities (fingerprint, identity, greedy, {", ".join(f.name for f in fields)}, unknown)
@@ -84,16 +86,22 @@ def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
     return join
 
 
+def _looked_up(f: contract.Field) -> bool:
+    """Whether a field's canonical text comes from the library per distinct value (else it is written in SQL)."""
+    return f.canonical != "sha256" and not (f.canonical in _INTEGER_FORMS and f.is_integer)
+
+
 def _names_literal(fields: list[contract.Field]) -> str:
     return "[" + ", ".join(f"'{f.name}'" for f in fields) + "]"
 
 
 def _field_sql(con: duckdb.DuckDBPyConnection, f: contract.Field, joins: list[str]) -> tuple[str, str]:
-    """A field's canonical JSON text and canonical value over `id_tuples i`, as SQL (adding a lookup to `joins`)."""
-    column = f"i.{f.name}"
+    """A field's canonical JSON text and canonical value as SQL over `id_tuples i` and its lookup's columns
+    (`text_<name>`, `canon_<name>`, whose join it adds to `joins`)."""
+    column = f.name
     if f.canonical == "sha256":
         return "'\"' || prompt_sha || '\"'", "prompt_sha"
-    if f.canonical in _INTEGER_FORMS and f.is_integer:
+    if not _looked_up(f):  # an integer: the cast writes the digits Python's str() does
         zero = f" OR {column} = 0" if f.canonical == "zero_is_null" else ""
         return (f"CASE WHEN {column} IS NULL{zero} THEN 'null' ELSE {column}::VARCHAR END",
                 f"CASE WHEN {column} IS NULL{zero} THEN NULL ELSE {column} END")
@@ -113,8 +121,8 @@ def _field_sql(con: duckdb.DuckDBPyConnection, f: contract.Field, joins: list[st
     table = f"lk_{f.name}"
     con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT unnest(?::{f.sql_type}[]) AS v, "
                 f"unnest(?::VARCHAR[]) AS text, unnest(?::{canon_type}[]) AS canon", [distinct, texts, canons])
-    joins.append(f"LEFT JOIN {table} ON {table}.v IS NOT DISTINCT FROM {column}")
-    return f"{table}.text", f"{table}.canon"
+    joins.append(f"LEFT JOIN {table} ON {table}.v IS NOT DISTINCT FROM i.{f.name}")
+    return f"text_{f.name}", f"canon_{f.name}"
 
 
 def _canonical_cached_fingerprints(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
@@ -163,7 +171,7 @@ def _insert_identities(con: duckdb.DuckDBPyConnection, rows: dict[str, str]) -> 
             columns.append(values)
             casts.append(f.sql_type)
     names = ["fingerprint", "identity", "greedy", *(f.name for f in fields)]
-    selected = [f"unnest(?::{cast}[]) AS {name}" for cast, name in zip(casts, names)]
+    selected = [f"unnest(?::{cast}[]) AS {name}" for cast, name in zip(casts, names, strict=True)]
     stored = ["fingerprint", "identity::JSON", "greedy",
               *(f"{f.name}::HUGEINT" if f.sql_type == "HUGEINT" else f.name for f in fields)]
     con.execute(f"INSERT INTO identities ({', '.join(names)}) SELECT {', '.join(stored)} "

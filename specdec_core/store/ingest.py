@@ -211,7 +211,7 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str, inputs: d
         LEFT JOIN cachedmap cm ON cm.text = t.cached_fingerprint::VARCHAR
         WHERE coalesce(o.outcome, 'accept') = 'accept'
     """, [ingest_id]).fetchall()[0][0]
-    con.execute(f"""
+    con.execute("""
         CREATE OR REPLACE TEMP TABLE bad AS
         WITH b AS (
             SELECT seq, source_file, source_line, raw_request_id AS request_id, reason
