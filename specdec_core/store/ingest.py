@@ -1,8 +1,9 @@
 """Load request logs into the store: validate in SQL, quarantine what breaks the contract, never lose a line.
 
 Read = accepted + duplicates + quarantined, for every ingest. The identity and
-fingerprint of each row are computed once here, by `request.identity` itself over
-the distinct identity tuples, so the store and the library cannot disagree.
+fingerprint of each row are computed once here, over the distinct identity tuples,
+from the library's own text for each field value (store/identities.py), so the store
+and the library cannot disagree.
 """
 
 from __future__ import annotations
