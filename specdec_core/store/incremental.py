@@ -39,16 +39,29 @@ from specdec_core.store.summaries import (
 
 _DEP = "coalesce(r.deployment, chr(0))"
 
-# The judging's rows for the hits in `rejudge`: the misses of their keys, the rows of their identities,
-# their linked sources; all read from `requests`, never from a copy of it.
+# The judging's rows for the hits in `{HITS}`: the misses of their keys (from {SINCE} on: see
+# JUDGE_WINDOW_SECONDS), when their identities were first seen, their linked sources.
 _REJUDGE_ROWS = f"""hits AS (SELECT * FROM ({ROW_SQL}) q WHERE cache_hit AND ts >= {{FIRST}}
-                                             AND request_id IN (SELECT request_id FROM rejudge)),
+                                             AND request_id IN (SELECT request_id FROM {{HITS}})),
 hit_keys AS (SELECT DISTINCT dep, cache_key FROM hits),
 miss_rows AS (SELECT q.* FROM ({ROW_SQL}) q SEMI JOIN hit_keys k ON k.dep = q.dep AND k.cache_key = q.cache_key
-              WHERE NOT q.cache_hit),
+              WHERE NOT q.cache_hit AND q.ts >= {{SINCE}}),
 hit_fps AS (SELECT DISTINCT dep, fingerprint FROM hits),
-first_rows AS (SELECT q.* FROM ({ROW_SQL}) q SEMI JOIN hit_fps f ON f.dep = q.dep AND f.fingerprint = q.fingerprint),
+-- When each identity was first seen, kept up to date with the batch already (identity_first_seen).
+first_rows AS (SELECT f.dep, f.fingerprint, f.first_ts AS ts FROM identity_first_seen f
+               SEMI JOIN hit_fps h ON h.dep = f.dep AND h.fingerprint = f.fingerprint),
 link_rows AS (SELECT * FROM ({ROW_SQL}) q WHERE request_id IN (SELECT source_link FROM hits))"""
+
+# A hit's source is the latest earlier miss of its key. For live traffic that almost always lies in the last
+# hour before the batch's earliest hit: those misses are read first, a scan bounded in time that skips the
+# store's older row groups. A hit with a miss of its key in the window is settled (the latest one before it
+# lies there too); only the hits left without one are judged again against the whole history of their keys.
+JUDGE_WINDOW_SECONDS = 3600
+
+
+def _judge(hits: str, first: str, since: str) -> str:
+    return hit_sources_sql(rows=_REJUDGE_ROWS.replace("{FIRST}", first).replace("{HITS}", hits)
+                           .replace("{SINCE}", since))
 
 
 def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
@@ -59,9 +72,15 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
         FROM requests r WHERE ingest_id = ?
     """, [ingest_id])
     _rejudge_set(con, ingest_id)
+    _update_first_seen(con)
     first = _literal(con, "SELECT min(ts) FROM rejudge")
-    con.execute("CREATE OR REPLACE TEMP TABLE judged_now AS "
-                + hit_sources_sql(rows=_REJUDGE_ROWS.replace("{FIRST}", first)))
+    window = _literal(con, f"SELECT min(ts) - INTERVAL {int(JUDGE_WINDOW_SECONDS)} SECOND FROM rejudge")
+    con.execute("CREATE OR REPLACE TEMP TABLE judged_now AS " + _judge("rejudge", first, window))
+    con.execute("CREATE OR REPLACE TEMP TABLE unsettled AS SELECT request_id FROM judged_now "
+                "WHERE source_request_id IS NULL")
+    if scalar(con, "SELECT count(*) FROM unsettled"):
+        con.execute("DELETE FROM judged_now WHERE request_id IN (SELECT request_id FROM unsettled)")
+        con.execute("INSERT INTO judged_now " + _judge("unsettled", first, "'-infinity'::TIMESTAMPTZ"))
     # The verdicts they had: the pairs' first-sight counts change by the difference.
     con.execute("CREATE OR REPLACE TEMP TABLE old_verdicts AS SELECT request_id, first_sight FROM hit_sources "
                 "WHERE false")
@@ -86,6 +105,20 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     con.execute("INSERT INTO summary_contaminated BY NAME "
                 + over(CONTAMINATED_SQL, f"r.ts >= {first} AND r.request_id IN (SELECT request_id FROM rejudge)"))
     con.execute(VERSION_SQL)
+
+
+def _update_first_seen(con: duckdb.DuckDBPyConnection) -> None:
+    """Bring the batch's rows into `identity_first_seen`: an earlier time replaces a later one."""
+    con.execute("CREATE OR REPLACE TEMP TABLE batch_first_seen AS SELECT dep, fingerprint, min(ts) AS first_ts "
+                "FROM batch GROUP BY 1, 2")
+    con.execute("""
+        UPDATE identity_first_seen f SET first_ts = b.first_ts FROM batch_first_seen b
+        WHERE f.dep = b.dep AND f.fingerprint = b.fingerprint AND b.first_ts < f.first_ts
+    """)
+    con.execute("""
+        INSERT INTO identity_first_seen SELECT * FROM batch_first_seen b
+        WHERE NOT EXISTS (SELECT 1 FROM identity_first_seen f WHERE f.dep = b.dep AND f.fingerprint = b.fingerprint)
+    """)
 
 
 def _rejudge_set(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
