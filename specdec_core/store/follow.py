@@ -15,7 +15,7 @@ import os
 import tempfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -133,8 +133,28 @@ class Follower:
             return found
 
     def _parts(self) -> list[_Part]:
+        """What this poll reads: whole files found complete, and new lines up to the batch's row budget."""
         parts: list[_Part] = []
         budget = self.batch_rows
+        for source in self._sources():
+            if isinstance(source, _Part):  # a whole file: read once, outside the line budget
+                parts.append(source)
+                continue
+            fid, path, pos, renamed_away = source
+            part = self._read_new(fid, path, pos, budget)
+            if part is None:
+                if renamed_away:
+                    self._handles.pop(fid).close()  # read to its end: nothing more will come
+                continue
+            parts.append(part)
+            budget -= part.lines
+            if budget <= 0:
+                break
+        return parts
+
+    def _sources(self) -> Iterator[_Part | tuple[str, str, Position, bool]]:
+        """In order: each followed file (a whole file once complete, else its handle's id, name and position),
+        then the files no longer under any followed name (renamed away by rotation), to be read to their end."""
         seen: set[str] = set()
         for path in self._files():
             try:
@@ -150,7 +170,7 @@ class Follower:
                 # Complete when its size held still since the last poll (and a gzip file reads to its end).
                 still = self._whole_sizes.get(fid) == st.st_size
                 if not pos.done and st.st_size and still and (not _is_gzip(path) or _gzip_whole(path)):
-                    parts.append(_Part(fid, path, None, 0, Position(str(path), st.st_size, 0, True)))
+                    yield _Part(fid, path, None, 0, Position(str(path), st.st_size, 0, True))
                 self._whole_sizes[fid] = st.st_size
                 continue
             if fid not in self._handles:
@@ -158,24 +178,10 @@ class Follower:
                     self._handles[fid] = open(path, "rb")  # noqa: SIM115 - kept open across polls
                 except OSError:
                     continue
-            part = self._read_new(fid, str(path), pos, budget)
-            if part is not None:
-                parts.append(part)
-                budget -= part.lines
-            if budget <= 0:
-                return parts
-        # Files no longer under any followed name (renamed away by rotation): read to their end.
+            yield fid, str(path), pos, False
         for fid in [f for f in self._handles if f not in seen]:
             pos = self.positions.get(fid, Position(""))
-            part = self._read_new(fid, pos.path, pos, budget)
-            if part is None:
-                self._handles.pop(fid).close()  # nothing more will come
-                continue
-            parts.append(part)
-            budget -= part.lines
-            if budget <= 0:
-                break
-        return parts
+            yield fid, pos.path, pos, True
 
     def _read_new(self, fid: str, path: str, pos: Position, budget: int) -> _Part | None:
         handle = self._handles[fid]
