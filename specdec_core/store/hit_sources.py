@@ -26,8 +26,14 @@ ROW_SQL = """SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_k
     FROM requests"""
 
 # Every hit, judged against every request: the full rebuild.
+# When each deployment first saw each identity: the first sights read it (also the incremental judging,
+# which keeps it up to date per batch, store/incremental.py).
+FIRST_SEEN_SQL = """CREATE OR REPLACE TABLE identity_first_seen AS
+SELECT coalesce(deployment, chr(0)) AS dep, fingerprint, min(ts) AS first_ts FROM requests GROUP BY 1, 2"""
+
 ALL_ROWS = f"""r AS ({ROW_SQL}), hits AS (SELECT * FROM r WHERE cache_hit),
-miss_rows AS (SELECT * FROM r WHERE NOT cache_hit), first_rows AS (SELECT * FROM r),
+miss_rows AS (SELECT * FROM r WHERE NOT cache_hit),
+first_rows AS (SELECT dep, fingerprint, first_ts AS ts FROM identity_first_seen),
 -- Only the rows a hit names: joined whole, the store's every row would be the hash table.
 link_rows AS (SELECT * FROM r WHERE request_id IN (SELECT source_link FROM r WHERE source_link IS NOT NULL))"""
 
@@ -95,5 +101,7 @@ def hit_sources_sql(rows: str = ALL_ROWS) -> str:
 
 
 def judge_hits(con: duckdb.DuckDBPyConnection) -> None:
-    """Rebuild `hit_sources`: one row per hit with its source, verdict and differing fields."""
+    """Rebuild `identity_first_seen` and `hit_sources`: one row per hit with its source, verdict and differing
+    fields."""
+    con.execute(FIRST_SEEN_SQL)
     con.execute("CREATE OR REPLACE TABLE hit_sources AS " + hit_sources_sql())

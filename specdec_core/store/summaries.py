@@ -12,8 +12,6 @@ thousands of rows instead of millions.
 - `summary_contaminated`: the contaminated hits with the columns the report shows.
 - `summary_outputs`: requests and hits per output text (64 bits of its MD5) and identity, for the
   red flags.
-- `identity_first_seen`: when each deployment first saw each identity; the incremental judging reads a
-  hit's first sight here instead of every row of its identity.
 
 A question with a time range that the histograms or distinct counts can't answer
 goes to `requests`, as it would without summaries. `from_rows()` forces that path:
@@ -34,7 +32,7 @@ import numpy as np
 
 # Bump when a summary table, or how hits are judged, changes: an older store is rejudged and rebuilt
 # when next read (Store.read). 4: ties among misses at one instant go to the one logged last.
-# 5: summary_outputs. 6: identity_first_seen.
+# 5: summary_outputs. 6: identity_first_seen (built by the judging, hit_sources.py).
 SUMMARY_VERSION = "6"
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)
@@ -112,10 +110,6 @@ OUTPUTS_COMPACTED_SQL = ("INSERT OR REPLACE INTO meta SELECT 'outputs_compacted'
 COMPACT_OUTPUTS_SQL = ("CREATE OR REPLACE TABLE summary_outputs AS SELECT * EXCLUDE (requests, hits), "
                        "sum(requests)::BIGINT AS requests, sum(hits)::BIGINT AS hits FROM summary_outputs GROUP BY ALL")
 
-# The first time per (deployment as the judging keys it, identity), over the rows `{where}` picks.
-FIRST_SEEN_SQL = """SELECT coalesce(r.deployment, chr(0)) AS dep, r.fingerprint, min(r.ts) AS first_ts
-FROM requests r WHERE {where} GROUP BY 1, 2"""
-
 VERSION_SQL = f"INSERT OR REPLACE INTO meta VALUES ('summary_version', '{SUMMARY_VERSION}')"
 
 
@@ -143,7 +137,6 @@ CREATE OR REPLACE TABLE summary_latency AS {over(LATENCY_SQL, "TRUE")};
 CREATE OR REPLACE TABLE summary_contaminated AS {over(CONTAMINATED_SQL, "TRUE")} ORDER BY r.ts, r.request_id;
 CREATE OR REPLACE TABLE summary_outputs AS {over(OUTPUTS_SQL, "TRUE")};
 {OUTPUTS_COMPACTED_SQL};
-CREATE OR REPLACE TABLE identity_first_seen AS {over(FIRST_SEEN_SQL, "TRUE")};
 {VERSION_SQL};
 """
 
