@@ -24,6 +24,7 @@ from specdec_core.contract.identity import (
     sha256_hex,
     value_json,
 )
+from specdec_core.store.validation import is_unknown
 
 # What decides a row's identity: its identity fields, and which of them the log left unknown.
 _IDENTITY_INPUT = (*contract.IDENTITY_INPUT, "unknown_fields")
@@ -33,10 +34,6 @@ _ID_JOIN = "t.id_hash = m.id_hash"
 # Only needed when two distinct identity tuples share a hash (checked per ingest): then the exact match decides.
 _ID_JOIN_EXACT = _ID_JOIN + " AND " + " AND ".join(f"t.{c} IS NOT DISTINCT FROM m.{c}" for c in _IDENTITY_INPUT)
 _INTEGER_FORMS = ("integer", "zero_is_null")
-
-
-def _unknown(name: str) -> str:
-    return f"coalesce(list_contains(unknown_fields, '{name}'), false)"
 
 
 def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
@@ -54,17 +51,17 @@ def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
     for f in fields:
         part, value = _field_sql(con, f, joins)
         # Left out when the log leaves the field unknown, or (sampling only) when the request is greedy.
-        kept = "NOT (" + " OR ".join([_unknown(f.name)] + (["greedy"] if f.sampling_only else [])) + ")"
+        kept = "NOT (" + " OR ".join([is_unknown(f.name)] + (["greedy"] if f.sampling_only else [])) + ")"
         parts.append(f"CASE WHEN {kept} THEN '{json.dumps(f.name)}:' || {part} END AS part_{f.name}")
         values.append(f"CASE WHEN {kept} THEN {value} END AS value_{f.name}")
     part_names = ", ".join(f"part_{f.name}" for f in fields)
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE idmap AS
         WITH t AS (
-            SELECT i.*, CASE WHEN NOT {_unknown('prompt')} THEN coalesce(i.prompt_hash, sha256(i.prompt)) END
+            SELECT i.*, CASE WHEN NOT {is_unknown('prompt')} THEN coalesce(i.prompt_hash, sha256(i.prompt)) END
                         AS prompt_sha,
                    -- An unknown temperature counts as sampled: the sampling fields known are compared.
-                   coalesce(NOT {_unknown('temperature')} AND lk_temperature.canon = 0.0, false) AS greedy,
+                   coalesce(NOT {is_unknown('temperature')} AND lk_temperature.canon = 0.0, false) AS greedy,
                    {", ".join(f"lk_{f.name}.text AS text_{f.name}, lk_{f.name}.canon AS canon_{f.name}"
                               for f in fields if _looked_up(f))}
             FROM id_tuples i {" ".join(joins)}

@@ -22,6 +22,11 @@ def field_text(name: str) -> str:
     return f"s_{name}"  # the field as text: strings unquoted, anything else as JSON
 
 
+def is_unknown(name: str) -> str:
+    """Whether the record's log marks the field unknown (not null): true or false, never NULL."""
+    return f"coalesce(list_contains(unknown_fields, '{name}'), false)"
+
+
 _RFC3339_RE = (r"\s*[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?"
                r"([Zz]|[+-]([01][0-9]|2[0-3])(:?[0-5][0-9])?)?\s*")
 _EPOCH_MS_MIN, _EPOCH_MS_MAX = -62135596800000, 253402300799999  # 0001-01-01 to 9999-12-31, UTC
@@ -111,7 +116,7 @@ def reason_sql() -> str:
         name, kind, required, t = f.name, f.kind, f.required, field_type(f.name)
         if required:
             # A field the log marks unknown (not null) is no reason to reject the record.
-            unknown = (f" AND NOT coalesce(list_contains(unknown_fields, '{name}'), false)"
+            unknown = (f" AND NOT {is_unknown(name)}"
                        if name in contract.UNKNOWABLE_FIELDS else "")
             branches.append(f"WHEN {t} IS NULL{unknown} THEN 'missing required field: {name}'")
             branches.append(f"WHEN {t} = 'NULL' THEN '{name}: required, got null'")
@@ -127,7 +132,7 @@ def reason_sql() -> str:
             f"WHEN {cond} THEN '{name}: expected {_EXPECTED[kind]}, got ' || {got}"
         )
     branches.append(
-        "WHEN f_prompt IS NULL AND f_prompt_hash IS NULL AND NOT coalesce(list_contains(unknown_fields, 'prompt'), false) "
+        f"WHEN f_prompt IS NULL AND f_prompt_hash IS NULL AND NOT {is_unknown('prompt')} "
         "THEN 'missing required field: one of prompt or prompt_hash'"
     )
     branches.append(
@@ -150,7 +155,7 @@ def _typed_column(f: contract.Field) -> str:
     elif f.sql_type == "JSON":
         value = f"{value}::JSON"
     if f.default is not None:  # an absent optional field is its default; an unknown one stays unknown
-        value = (f"CASE WHEN coalesce(list_contains(unknown_fields, '{f.name}'), false) THEN NULL "
+        value = (f"CASE WHEN {is_unknown(f.name)} THEN NULL "
                  f"ELSE coalesce({value}, {f.default!r}) END")
     return f"{value} AS {f.name}"
 
