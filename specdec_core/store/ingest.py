@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from specdec_core import formats
 from specdec_core.contract import fields as contract
-from specdec_core.store.connection import Store, scalar
+from specdec_core.store.connection import WRITER_MEMORY_LIMIT_NATIVE, Store, scalar
 from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.identities import ID_HASH, compute_identities
 from specdec_core.store.incremental import update_derived
@@ -28,16 +28,17 @@ from specdec_core.store.staging import NO_LINES, IngestLimits, Lines, set_aside,
 from specdec_core.store.summaries import build_summaries
 from specdec_core.store.validation import (
     _INDEX,
-    EXTRA_SQL,
     FIELD_NAMES,
     REPEATED_FIELD,
     SOURCE_LINK_SQL,
     UNKNOWN_SQL,
+    extra_sql,
     field_text,
     field_type,
     paths_literal,
     reason_sql,
     typed_columns_sql,
+    usual_extra_keys,
     values_sql,
 )
 
@@ -82,7 +83,8 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
 
     Blank lines are not records. Returns how many records the file holds.
     """
-    paths = paths_literal()
+    usual = usual_extra_keys(con, lines.sql) if lines.count else ()
+    paths, extra = paths_literal(usual), extra_sql(usual)
     select = f"""
         WITH staging AS (
             SELECT seq, ?::VARCHAR AS source_file, source_line, raw FROM ({lines.sql})
@@ -100,14 +102,15 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
         lists AS (SELECT *, json_type(obj, {paths}) AS t, json_extract_string(obj, {paths}) AS s FROM o),
         -- One column per field: list indexing inside every later expression would repeat the work.
         fields AS (SELECT seq, source_file, source_line, raw, valid, root, obj,
-                          len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known, coalesce(object_keys, json_keys(obj)) AS keys,
-                          {", ".join(f"t[{i}] AS {field_type(n)}, s[{i}] AS {field_text(n)}" for n, i in _INDEX.items())}
+                          len(list_filter(t[:{len(_INDEX)}], lambda x: x IS NOT NULL)) AS n_known, coalesce(object_keys, json_keys(obj)) AS keys,
+                          {", ".join(f"t[{i}] AS {field_type(n)}, s[{i}] AS {field_text(n)}" for n, i in _INDEX.items())},
+                          t[{len(_INDEX) + 1}:] AS xt, s[{len(_INDEX) + 1}:] AS xs
                    FROM lists),
         vals AS (SELECT *, len(keys) AS n_keys, {values_sql()}, {UNKNOWN_SQL}, {SOURCE_LINK_SQL},
                         {REPEATED_FIELD} AS repeated_field FROM fields),
         -- The raw text stays in the file's table: rejected rows are joined back to it by seq.
         verdict AS (
-            SELECT seq, source_file, source_line, {EXTRA_SQL} AS extra, unknown_fields, source_link,
+            SELECT seq, source_file, source_line, {extra} AS extra, unknown_fields, source_link,
                    {", ".join(f"f_{n}" for n in FIELD_NAMES)},
                    {reason_sql()} AS reason,
                    CASE WHEN {field_type('request_id')} = 'VARCHAR' THEN {field_text('request_id')} END AS raw_request_id
@@ -277,6 +280,8 @@ def ingest(
         ingest_id = scalar(con, "SELECT coalesce(max(ingest_id), 0) + 1 FROM ingests")
         stored_before = scalar(con, "SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)") > 0
         _create_work_tables(con)
+        # DuckDB's own reader leaves it more memory; a Python reader lowers it again (staging._python_reads).
+        con.execute(f"SET memory_limit = '{WRITER_MEMORY_LIMIT_NATIVE}'")
         read = 0
         staged: list[Lines] = []
         inputs: dict[str, tuple[Path, Any, int]] = {}  # files of another format: to quote their rejects
@@ -306,6 +311,10 @@ def ingest(
         _classify(con, join)
         say(_BATCH_STEPS[1])
         accepted, quarantined = _commit(con, ingest_id, join, inputs)
+        # The rejects are quoted: the lines' text, as large as the files, would only crowd the judging.
+        con.execute("DROP VIEW raws")
+        for lines in staged:
+            con.execute(f"DROP TABLE {lines.table}")
         say(_BATCH_STEPS[2])
         if accepted and not stored_before:
             judge_hits(con)

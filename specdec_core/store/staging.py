@@ -18,7 +18,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from specdec_core.store.connection import scalar
+from specdec_core.store.connection import WRITER_MEMORY_LIMIT, scalar
 from specdec_core.store.readers import JSONL_SUFFIXES, duckdb_literal_path, read_file, read_foreign
 
 
@@ -111,10 +111,17 @@ def stage_file(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq
                               f"FROM ({lines.sql})")
 
 
+def _python_reads(con: duckdb.DuckDBPyConnection) -> None:
+    """A Python reader is about to stage lines: its memory counts against the ingest's 2 GB too, and stays
+    with the process once freed, so DuckDB keeps to the lower limit from here on."""
+    con.execute(f"SET memory_limit = '{WRITER_MEMORY_LIMIT}'")
+
+
 def _stage(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: int,
            limits: IngestLimits, reader: Callable[[str], Any] | None) -> Lines:
     name = str(path.resolve())
     if reader is not None:
+        _python_reads(con)
         return _stage_foreign(con, path, name, table, first_seq, reader)
     if path.name.lower().endswith(JSONL_SUFFIXES) and _lines_end_in_newlines(path):
         try:
@@ -129,6 +136,7 @@ def _stage(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: in
             count = scalar(con, f"SELECT count(*) FROM {table}")
             return Lines(table, first_seq, count, f"SELECT {first_seq} + rowid AS seq, rowid + 1 AS source_line, "
                                                    f"raw, NULL::VARCHAR AS pre_reason FROM {table}")
+    _python_reads(con)
     con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (source_line BIGINT, raw VARCHAR, pre_reason VARCHAR)")
     for chunk in read_file(path, resolved_name=name):
         reasons = chunk.reasons if chunk.reasons is not None else [None] * len(chunk.raws)

@@ -1,0 +1,112 @@
+"""Fields the contract does not name are kept as a JSON object (`requests.extra`).
+
+Records holding exactly the file's usual other fields, in its order, have that object written from the
+values read with the known fields (validation.extra_sql); all others go through a JSON merge patch. Both
+must give the same text, and the fields as they came: random records (values on the edges of JSON
+writing: escapes, control and astral characters, exponents, integers past 64 bits, nested objects, null)
+are ingested, some in the usual shape and some not, and every stored `extra` is compared with the patch
+of its line and with the record's own other fields.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import duckdb
+from helpers import rec, write_jsonl
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specdec_core.store.connection import Store
+from specdec_core.store.ingest import ingest
+from specdec_core.store.validation import _PATCHED, usual_extra_keys
+
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10)
+NUMBERS = st.one_of(st.integers(min_value=-(2**70), max_value=2**70),
+                    st.floats(allow_nan=False, allow_infinity=False),
+                    st.sampled_from(["1E2", "-0", "1.50", "0.0000001", "123456789012345678901234567890"]))
+SCALARS = st.one_of(st.none(), st.booleans(), TEXT, NUMBERS)
+VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                       st.dictionaries(TEXT, inner, max_size=3)), max_leaves=6)
+KEYS = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters='"\\\''), min_size=1, max_size=8)
+
+
+def _json(value) -> str:
+    """JSON text of a value; a string of NUMBERS' samples stands for itself, written as a bare number."""
+    if isinstance(value, str) and value in ("1E2", "-0", "1.50", "0.0000001", "123456789012345678901234567890"):
+        return value
+    if isinstance(value, list):
+        return "[" + ", ".join(_json(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {_json(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _line(known: dict, others: list[tuple[str, object]]) -> str:
+    parts = [f"{json.dumps(k)}: {_json(v)}" for k, v in known.items()]
+    parts += [f"{json.dumps(k, ensure_ascii=False)}: {_json(v)}" for k, v in others]
+    return "{" + ", ".join(parts) + "}"
+
+
+@st.composite
+def files(draw) -> list[tuple[str, list[tuple[str, object]]]]:
+    usual = draw(st.lists(KEYS.filter(lambda k: k not in rec("x") and not k.startswith("__")),
+                          min_size=1, max_size=5, unique_by=str.lower))
+    lines = []
+    for i in range(draw(st.integers(min_value=3, max_value=30))):
+        others = [(k, draw(VALUES)) for k in usual]
+        variant = draw(st.sampled_from(["usual", "usual", "usual", "missing", "more", "reordered", "repeated"]))
+        if variant == "missing":
+            others = others[1:]
+        elif variant == "more":
+            others.append((draw(KEYS.filter(lambda k: k not in usual and k not in rec("x"))), draw(VALUES)))
+        elif variant == "reordered":
+            others.reverse()
+        elif variant == "repeated":
+            others.append((usual[0], draw(VALUES)))
+        lines.append((_line(rec(f"r{i}"), others), others))
+    return lines
+
+
+def _as_dict(pairs):  # what a JSON reader takes from repeated keys: the first value, as the patch does
+    out = {}
+    for k, v in pairs:
+        out.setdefault(k, v)
+    return out
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(lines=files())
+def test_extra_is_the_patch_of_each_line_and_the_fields_as_they_came(lines):
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "extra.duckdb")
+        log = write_jsonl(Path(tmp) / "extra.jsonl", [text for text, _ in lines])
+        result = ingest(store, [str(log)])
+        assert result.quarantined == 0 and result.accepted == len(lines)
+        with store.read() as con:
+            stored = dict(con.execute("SELECT request_id, extra::VARCHAR FROM requests").fetchall())
+    con = duckdb.connect()
+    for i, (text, others) in enumerate(lines):
+        patched = con.execute(f"SELECT ({_PATCHED})::VARCHAR FROM (SELECT ?::VARCHAR AS obj)", [text]).fetchone()[0]
+        assert stored[f"r{i}"] == patched, text
+        if others:
+            expected = json.loads(json.dumps(_as_dict(others)), parse_float=float)
+            got = json.loads(stored[f"r{i}"])
+            assert got.keys() == expected.keys(), text
+
+
+def test_the_usual_fields_are_the_commonest_set_and_odd_names_are_left_to_the_patch(tmp_path):
+    con = duckdb.connect()
+    common = [_line(rec(f"a{i}"), [("trace_id", i), ("region", "eu")]) for i in range(5)]
+    rare = [_line(rec(f"b{i}"), [("user", i)]) for i in range(2)]
+    con.execute("CREATE TABLE t AS SELECT unnest(?::VARCHAR[]) AS raw", [rare + common])
+    assert usual_extra_keys(con, "SELECT raw FROM t") == ("trace_id", "region")
+    # Struct fields are told apart without regard to case: a name equal to a known field but for case is
+    # not read as a struct field.
+    con.execute("CREATE OR REPLACE TABLE t AS SELECT unnest(?::VARCHAR[]) AS raw",
+                [[_line(rec("c"), [("TS", 1)])] * 3])
+    assert usual_extra_keys(con, "SELECT raw FROM t") == ()
+    con.execute("CREATE OR REPLACE TABLE t AS SELECT unnest(?::VARCHAR[]) AS raw", [[json.dumps(rec("d"))] * 3])
+    assert usual_extra_keys(con, "SELECT raw FROM t") == ()
