@@ -103,8 +103,7 @@ def test_the_usual_fields_are_the_commonest_set_and_odd_names_are_left_to_the_pa
     rare = [_line(rec(f"b{i}"), [("user", i)]) for i in range(2)]
     con.execute("CREATE TABLE t AS SELECT unnest(?::VARCHAR[]) AS raw", [rare + common])
     assert usual_extra_keys(con, "SELECT raw FROM t") == ("trace_id", "region")
-    # Struct fields are told apart without regard to case: a name equal to a known field but for case is
-    # not read as a struct field.
+    # A name equal to a known field but for case is left to the patch.
     con.execute("CREATE OR REPLACE TABLE t AS SELECT unnest(?::VARCHAR[]) AS raw",
                 [[_line(rec("c"), [("TS", 1)])] * 3])
     assert usual_extra_keys(con, "SELECT raw FROM t") == ()

@@ -189,7 +189,7 @@ EXTRA_SQL = f"CASE WHEN n_keys > n_known THEN {_PATCHED} END"
 
 # A service writes the same fields on every line. The patch copies and writes the whole record, long prompt
 # and output included, so records whose other fields are exactly the file's usual ones, in its order, read
-# just those instead: the same JSON text (tests/test_extra_fields.py), at a third of the cost.
+# just those, with the known fields' paths: the same JSON text (tests/test_extra_fields.py), without the copy.
 _SHAPE_KEY = re.compile(r"[^\x00-\x1f\"\\']{1,200}")
 MAX_SHAPE_KEYS = 100
 
@@ -198,17 +198,20 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+_KNOWN_LIST = "[" + ", ".join(_literal(k) for k in _KNOWN_KEYS) + "]"
+
+
 def usual_extra_keys(con: duckdb.DuckDBPyConnection, lines_sql: str, sample: int = 1000) -> tuple[str, ...]:
     """The fields beyond the contract's that most of a file's first `sample` records hold, in their order;
-    () when they hold none, or names a DuckDB struct could not carry as they are."""
-    known = "[" + ", ".join(_literal(k) for k in _KNOWN_KEYS) + "]"
+    () when they hold none, or names left to the patch (below)."""
     row = con.execute(f"""
-        SELECT u FROM (SELECT list_filter(TRY(json_keys(raw)), lambda k: NOT list_contains({known}, k)) AS u
+        SELECT u FROM (SELECT list_filter(TRY(json_keys(raw)), lambda k: NOT list_contains({_KNOWN_LIST}, k)) AS u
                        FROM ({lines_sql}) WHERE raw[1] = '{{' LIMIT {int(sample)})
         WHERE len(u) > 0 GROUP BY u ORDER BY count(*) DESC, u LIMIT 1
     """).fetchone()
     keys = tuple(row[0]) if row else ()
-    # Struct fields are told apart without regard to case: such names go through the patch.
+    # Names a JSON path can't hold as they are (quotes, backslashes, control characters), and names equal to
+    # another but for case, go through the patch.
     lowered = {k.lower() for k in (*keys, *_KNOWN_KEYS)}
     if (not keys or len(keys) > MAX_SHAPE_KEYS or len(lowered) != len(keys) + len(_KNOWN_KEYS)
             or not all(_SHAPE_KEY.fullmatch(k) for k in keys)):
@@ -224,12 +227,11 @@ def extra_sql(usual: tuple[str, ...]) -> str:
     """
     if not usual:
         return EXTRA_SQL
-    known = "[" + ", ".join(_literal(k) for k in _KNOWN_KEYS) + "]"
     listed = "[" + ", ".join(_literal(k) for k in usual) + "]"
     members = " || ',' || ".join(
         _literal(json.dumps(k, ensure_ascii=False) + ":")
         + f" || CASE xt[{i}] WHEN 'VARCHAR' THEN to_json(xs[{i}])::VARCHAR WHEN 'NULL' THEN 'null' ELSE xs[{i}] END"
         for i, k in enumerate(usual, start=1))
     return (f"CASE WHEN n_keys <= n_known THEN NULL "
-            f"WHEN list_filter(keys, lambda k: NOT list_contains({known}, k)) = {listed} "
+            f"WHEN list_filter(keys, lambda k: NOT list_contains({_KNOWN_LIST}, k)) = {listed} "
             f"THEN ('{{' || {members} || '}}')::JSON ELSE {_PATCHED} END")
