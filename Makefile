@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"
+	# DuckDB 2.0.1 beside it, only to read stores an older specdec wrote (store/convert.py).
+	$(PY) -m pip install -q --upgrade --no-deps --target $(VENV)/duckdb-2.0.1 duckdb==2.0.1
 	@touch $(STAMP)
 
 # Redis and Chromium come from Debian's packages; installed only when missing.

@@ -66,7 +66,7 @@ def default_db_path(argv: Sequence[str] | None = None) -> str:
             chosen = args[i + 1]
         elif arg.startswith("--db="):
             chosen = arg.split("=", 1)[1]
-    return str(resolve_db(chosen))
+    return resolve_db(chosen)
 
 
 # --- what the dashboard may open: its users are whoever reaches the port, with no login ----------------------
@@ -114,7 +114,7 @@ def _call(name: str, db: str, version: tuple[int, int], args: tuple, kwargs: tup
 def cached(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """fn(store, *args, **kwargs), cached per (database, its version, arguments including the filters)."""
     db = store()
-    return _call(f"{fn.__module__}.{fn.__qualname__}", str(db.path), db.version(), args,
+    return _call(f"{fn.__module__}.{fn.__qualname__}", db.name, db.version(), args,
                  tuple(sorted(kwargs.items())), _fn=fn)
 
 

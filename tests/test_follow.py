@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from helpers import rec, write_csv
 
 from specdec_core.store.connection import Store
@@ -131,12 +132,17 @@ def _follow(db: Path, log: Path, *extra: str, output: int = subprocess.PIPE) -> 
                             cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, text=True)
 
 
-def _batches(db: Path) -> int:
-    return query(db, "SELECT count(*) FROM ingests")[0][0] if db.exists() else 0
+def _batches(db: Path | str) -> int:
+    return query(db, "SELECT count(*) FROM ingests")[0][0] if Store(db).exists else 0
 
 
-def test_sigkill_at_several_points_then_resume_equals_a_clean_ingest(tmp_path):
-    log, db, clean = tmp_path / "app.jsonl", tmp_path / "s.duckdb", tmp_path / "clean.duckdb"
+@pytest.mark.parametrize("kind", ["file", "lake"])
+def test_sigkill_at_several_points_then_resume_equals_a_clean_ingest(tmp_path, kind):
+    log = tmp_path / "app.jsonl"
+    if kind == "file":
+        db, clean = tmp_path / "s.duckdb", tmp_path / "clean.duckdb"
+    else:  # a DuckLake: the batch and its offsets are one transaction of its catalog
+        db, clean = f"ducklake:{tmp_path / 's.sqlite'}", f"ducklake:{tmp_path / 'clean.sqlite'}"
     n = 0
 
     def write_some() -> None:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-import duckdb
+import pytest
 from helpers import rec, write_jsonl
 
 from specdec_core.store import Store, ingest
@@ -49,14 +49,19 @@ def _batch(prefix: str, n: int, minute: int) -> list[dict]:
 
 
 def _content(db) -> tuple:
-    with duckdb.connect(str(db), read_only=True) as con:
+    with Store(db).read() as con:
         return (con.execute("SELECT * EXCLUDE (ingest_id) FROM requests ORDER BY request_id").fetchall(),
                 con.execute("SELECT * FROM hit_sources ORDER BY request_id").fetchall(),
                 con.execute("SELECT * FROM summary_minute ORDER BY ALL").fetchall())
 
 
-def test_two_writers_and_a_reader_at_once(tmp_path):
-    db = tmp_path / "shared.duckdb"
+def _store_name(tmp_path, kind: str, name: str) -> str:
+    return str(tmp_path / f"{name}.duckdb") if kind == "file" else f"ducklake:{tmp_path / name}.sqlite"
+
+
+@pytest.mark.parametrize("kind", ["file", "lake"])
+def test_two_writers_and_a_reader_at_once(tmp_path, kind):
+    db = _store_name(tmp_path, kind, "shared")
     seed = write_jsonl(tmp_path / "seed.jsonl", _batch("s", 200, 0))
     a = write_jsonl(tmp_path / "a.jsonl", _batch("a", 6000, 1))
     b = write_jsonl(tmp_path / "b.jsonl", _batch("b", 6000, 1))
@@ -75,7 +80,7 @@ def test_two_writers_and_a_reader_at_once(tmp_path):
     # No torn read: every snapshot's summaries and verdicts count the rows it holds.
     assert all(n == minute_total and verdicts == hits for n, minute_total, verdicts, hits in read["seen"])
 
-    one_by_one = tmp_path / "sequential.duckdb"
+    one_by_one = _store_name(tmp_path, kind, "sequential")
     for f in (seed, a, b):
         ingest(Store(one_by_one), [str(f)])
     assert _content(db) == _content(one_by_one)

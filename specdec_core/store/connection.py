@@ -18,24 +18,25 @@ import re
 import shutil
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 
+from specdec_core.store import lake as lakes
+from specdec_core.store.convert import SIDE_VERSION, ConversionError, convert_into, written_by_newer_duckdb
+from specdec_core.store.location import LocationError, lake_location, resolve_db
 from specdec_core.store.schema import column_migrations_sql, relax_not_null_sql, schema_sql
 from specdec_core.store.summaries import SUMMARY_VERSION
 
-DEFAULT_DB = "data/specdec.duckdb"
 SCHEMA_VERSION = 1
+T = TypeVar("T")
+
 
 class StoreError(RuntimeError):
     """The database can't be opened or written; the message says which file and why."""
-
-
-def resolve_db(path: str | os.PathLike[str] | None = None) -> Path:
-    return Path(path or os.environ.get("SPECDEC_DB") or DEFAULT_DB)
 
 
 # What DuckDB may hold while writing; beyond it, it spills to disk. An ingest stays under 2 GB: where a
@@ -87,9 +88,12 @@ def _snapshot(path: Path, version: tuple[int, int]) -> _View:
         return held
     con = duckdb.connect(":memory:")
     try:
-        con.execute(f"ATTACH ? AS {_SNAPSHOT_ALIAS} (READ_ONLY)", [key])
+        con.execute(f"ATTACH '{_sql_literal(key)}' AS {_SNAPSHOT_ALIAS} (READ_ONLY)")
     except duckdb.Error as exc:
         con.close()
+        if written_by_newer_duckdb(path):
+            raise StoreError(f"{path}: written by DuckDB {SIDE_VERSION} (an older specdec); convert it with "
+                             f"`specdec migrate --db {path}`") from None
         raise StoreError(f"{path}: cannot open for reading: {exc}") from exc
     if held is not None:
         held.current = False
@@ -122,23 +126,39 @@ def release_snapshots() -> None:
         if view.in_use == 0:
             view.con.close()
         del views[key]
+    lakes.forget_readers()
 
 
 class Store:
-    """A triage database file. Cheap to construct; connections are opened per use."""
+    """A triage store: a DuckDB file, or a DuckLake (`ducklake:CATALOG`). Cheap to construct; connections are
+    opened per use."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = resolve_db(path)
+        try:
+            self.name = resolve_db(path)
+            self.lake = lake_location(self.name)
+        except LocationError as exc:
+            raise StoreError(str(exc)) from None
+        self.path = Path(self.name)
 
     def __repr__(self) -> str:
-        return f"Store({str(self.path)!r})"
+        return f"Store({self.name!r})"
+
+    def __str__(self) -> str:
+        return self.name
 
     @property
     def exists(self) -> bool:
+        if self.lake is not None:
+            return self.lake.postgres or os.path.exists(self.lake.catalog)
         return self.path.exists()
 
     def version(self) -> tuple[int, int]:
-        """Changes whenever a writer swaps a new state in: a cache key for readers."""
+        """Changes whenever a writer swaps a new state in (a lake: commits a snapshot): a cache key for readers."""
+        if self.lake is not None:
+            if not self.exists:
+                return (0, 0)
+            return (lakes.snapshot_id(self._lake_reader().con), 0)
         try:
             st = self.path.stat()
         except FileNotFoundError:
@@ -157,7 +177,12 @@ class Store:
 
         Opening one costs about 20 ms, more than a summary query, so each thread keeps
         one per file and state (see `_snapshot`); a writer's swap gives the next read a new one.
+        A lake is read in one transaction: one snapshot, whatever writers commit meanwhile.
         """
+        if self.lake is not None:
+            with self._read_lake() as con:
+                yield con
+            return
         if not self.path.exists():
             raise StoreError(f"{self.path}: no such database; load logs with `specdec ingest PATH --db {self.path}`")
         view = _snapshot(self.path, self.version())
@@ -178,13 +203,63 @@ class Store:
         finally:
             view.release()
 
+    def _lake_reader(self) -> lakes._Reader:
+        try:
+            return lakes.reader(self.lake)
+        except lakes.LakeError as exc:
+            raise StoreError(str(exc)) from None
+
+    @contextmanager
+    def _read_lake(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        if not self.exists:
+            raise StoreError(f"{self}: no such store; load logs with `specdec ingest PATH --db {self}`")
+        held = self._lake_reader()
+        con = held.con.cursor()
+        try:
+            con.execute(f"USE {lakes.ALIAS}")
+            _configure(con)
+            con.execute("BEGIN TRANSACTION")
+            snapshot = lakes.snapshot_id(con)
+            if held.checked_at != snapshot:
+                if not derived_current(con, self.name):
+                    raise StoreError(f"{self}: written by an older specdec; bring it up to date with "
+                                     f"`specdec migrate --db {self}`")
+                held.checked_at = snapshot
+            yield con
+        finally:
+            try:
+                con.execute("ROLLBACK")  # reads never write: nothing to commit
+            except duckdb.Error:
+                pass
+            con.close()
+
+    def transact(self, work: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        """work(con) in one write, run again on the new state when another machine's writer committed first."""
+        def attempt() -> T:
+            with self.write() as con:
+                return work(con)
+
+        try:
+            return lakes.retrying(attempt) if self.lake is not None else attempt()
+        except lakes.WriteConflict as exc:
+            raise StoreError(f"{exc}, again and again: try the ingest again") from exc
+
     @contextmanager
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A connection whose changes become visible all at once when the block exits cleanly.
 
-        A symlinked path is written through to its target, so the link stays a link, and the new
+        A lake: one transaction (lakes.writing). A file: a symlinked path is written through to its target, so the link stays a link, and the new
         state keeps the old file's mode and owner: the copy-and-rename must not undo a chmod 600.
         """
+        if self.lake is not None:
+            try:
+                with lakes.writing(self.lake, _prepare_lake_write, WRITER_MEMORY_LIMIT) as con:
+                    yield con
+            except lakes.WriteConflict:
+                raise
+            except lakes.LakeError as exc:
+                raise StoreError(str(exc)) from None
+            return
         target = Path(os.path.realpath(self.path))
         if target.is_dir():
             raise StoreError(f"{self.path}: is a folder, not a database file")
@@ -201,9 +276,12 @@ class Store:
             tmp.unlink(missing_ok=True)
             try:
                 original = target.stat() if target.exists() else None
-                if original is not None:
+                convert = original is not None and written_by_newer_duckdb(target)
+                if original is not None and not convert:
                     _copy_database(target, tmp)
                 con = duckdb.connect(str(tmp))
+                if convert:
+                    os.chmod(tmp, 0o600)  # the converted rows are as private as the copy would be
             except BaseException as exc:
                 _remove_working_copy(tmp)
                 if isinstance(exc, (OSError, duckdb.Error)):
@@ -215,6 +293,8 @@ class Store:
                 con.execute(f"SET memory_limit = '{WRITER_MEMORY_LIMIT}'")
                 con.execute(f"SET temp_directory = '{_sql_literal(str(tmp) + '.spill')}'")
                 ensure_schema(con)
+                if convert:
+                    convert_into(target, con, str(self.path))
                 yield con
                 con.execute("CHECKPOINT")
                 con.close()
@@ -224,6 +304,8 @@ class Store:
             except BaseException as exc:
                 con.close()
                 _remove_working_copy(tmp)
+                if isinstance(exc, ConversionError):
+                    raise StoreError(str(exc)) from None
                 full = _out_of_space(exc)
                 if full:
                     raise StoreError(f"{self.path}: cannot write: {full} (the working copy needs about the "
@@ -310,16 +392,35 @@ def _own_words(exc: BaseException, tmp: Path, path: Path) -> str:
     return text.replace(str(tmp.resolve()), str(path)).replace(str(tmp), str(path))
 
 
+def is_lake(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the connection's database is a DuckLake (which has no PRIMARY KEY or UNIQUE constraints)."""
+    return scalar(con, "SELECT type FROM duckdb_databases() WHERE database_name = current_database()") == "ducklake"
+
+
+def create_tables(con: duckdb.DuckDBPyConnection, ddl: str) -> None:
+    """Run CREATE TABLE statements; in a lake without their keys, which its writers keep unique themselves."""
+    con.execute(re.sub(r"\s+PRIMARY KEY\b", " NOT NULL", ddl) if is_lake(con) else ddl)
+
+
+def _prepare_lake_write(con: duckdb.DuckDBPyConnection) -> None:
+    _configure(con)
+    ensure_schema(con)
+
+
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
-    """Create missing tables and add the columns a newer version has: cheap, so every write does it."""
-    con.execute(schema_sql())
+    """Create missing tables and add the columns a newer version has: cheap, so every write does it.
+
+    Every write rewrites meta's schema_version row; in a lake that makes two overlapping writers conflict
+    at commit, so neither commits a batch judged without the other's rows."""
+    create_tables(con, schema_sql())
     con.execute(column_migrations_sql())
     not_null = dict(con.execute("SELECT column_name, NOT is_nullable FROM duckdb_columns() "
                                 "WHERE table_name = 'requests' AND database_name = current_database()").fetchall())
     relax = relax_not_null_sql(not_null)
     if relax:
         con.execute(relax)
-    con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+    con.execute("DELETE FROM meta WHERE key = 'schema_version'")
+    con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
 
 
 def _sql_literal(text: str) -> str:

@@ -25,7 +25,7 @@ import duckdb
 import pyarrow as pa
 
 from specdec_core import formats
-from specdec_core.store.connection import Store
+from specdec_core.store.connection import Store, create_tables
 from specdec_core.store.ingest import IngestResult, ingest
 from specdec_core.store.readers import JSONL_SUFFIXES, LogReadError, resolve_paths
 from specdec_core.store.staging import IngestLimits
@@ -228,13 +228,13 @@ class Follower:
                                 self._save_positions(con, parts, ingest_id)))
         for part in parts:
             self.positions[part.file_id] = part.new_position
-        lag = (datetime.now(timezone.utc) - newest[0]).total_seconds() if newest[0] is not None else None
-        return Batch(result, len(parts), newest[0], lag)
+        lag = (datetime.now(timezone.utc) - newest[-1]).total_seconds() if newest[-1] is not None else None
+        return Batch(result, len(parts), newest[-1], lag)
 
     def _save_positions(self, con: duckdb.DuckDBPyConnection, parts: list[_Part], ingest_id: int
                         ) -> datetime | None:
         """Write the batch's read positions beside its rows; returns the newest request the batch holds."""
-        con.execute(OFFSETS_DDL)
+        create_tables(con, OFFSETS_DDL)
         con.register("positions_arrow", pa.table({
             "file_id": [p.file_id for p in parts],
             "path": [p.new_position.path for p in parts],
@@ -242,7 +242,8 @@ class Follower:
             "line_count": pa.array([p.new_position.line_count for p in parts], pa.int64()),
             "done": [p.new_position.done for p in parts],
         }))
-        con.execute("INSERT OR REPLACE INTO follow_offsets SELECT * FROM positions_arrow")
+        con.execute("DELETE FROM follow_offsets WHERE file_id IN (SELECT file_id FROM positions_arrow)")
+        con.execute("INSERT INTO follow_offsets SELECT * FROM positions_arrow")
         con.unregister("positions_arrow")
         return con.execute("SELECT max(ts) FROM requests WHERE ingest_id = ?", [ingest_id]).fetchall()[0][0]
 

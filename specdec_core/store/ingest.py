@@ -275,7 +275,8 @@ def ingest(
     chosen = [(f, file_format(f, log_format, mapping)) for f in files]
     # What each file is called in the ingest's record and result: itself, or the log a part came from.
     shown = [parts[f.resolve()][0] if f.resolve() in parts else str(f) for f in files]
-    with store.write() as con:
+
+    def load(con: duckdb.DuckDBPyConnection) -> IngestResult:
         migrate_connection(con)  # an older store's derived tables first, so this batch is judged alike
         ingest_id = scalar(con, "SELECT coalesce(max(ingest_id), 0) + 1 FROM ingests")
         stored_before = scalar(con, "SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)") > 0
@@ -331,9 +332,13 @@ def ingest(
         )
         if before_commit is not None:
             before_commit(con, ingest_id)
-    say("done")
-    return IngestResult(read, accepted, duplicates, quarantined, len(files), ingest_id, skipped,
-                        tuple(zip(shown, (fmt for _, fmt in chosen), strict=True)))
+        say("done")
+        return IngestResult(read, accepted, duplicates, quarantined, len(files), ingest_id, skipped,
+                            tuple(zip(shown, (fmt for _, fmt in chosen), strict=True)))
+
+    # On a shared store another machine may commit first: the batch is then read and judged again on the
+    # state it left, so the result equals loading the two one after the other.
+    return store.transact(load)
 
 
 def file_format(path: Path, log_format: str, mapping: formats.Mapping | None) -> str:

@@ -105,12 +105,13 @@ OUTPUTS_SQL = f"""SELECT md5_number_lower(output_text) AS out_hash, * EXCLUDE (o
 # Batches append rows a group already has; once the table has grown past twice its size when last one row per
 # group (plus OUTPUTS_SLACK rows), it is folded again: each row is folded a bounded number of times.
 OUTPUTS_SLACK = 100_000
-OUTPUTS_COMPACTED_SQL = ("INSERT OR REPLACE INTO meta SELECT 'outputs_compacted', count(*)::VARCHAR "
-                         "FROM summary_outputs")
+# meta is rewritten by DELETE and INSERT: a DuckLake table has no key for INSERT OR REPLACE to go by.
+OUTPUTS_COMPACTED_SQL = ("DELETE FROM meta WHERE key = 'outputs_compacted'; "
+                         "INSERT INTO meta SELECT 'outputs_compacted', count(*)::VARCHAR FROM summary_outputs")
 COMPACT_OUTPUTS_SQL = ("CREATE OR REPLACE TABLE summary_outputs AS SELECT * EXCLUDE (requests, hits), "
                        "sum(requests)::BIGINT AS requests, sum(hits)::BIGINT AS hits FROM summary_outputs GROUP BY ALL")
 
-VERSION_SQL = f"INSERT OR REPLACE INTO meta VALUES ('summary_version', '{SUMMARY_VERSION}')"
+VERSION_SQL = f"DELETE FROM meta WHERE key = 'summary_version'; INSERT INTO meta VALUES ('summary_version', '{SUMMARY_VERSION}')"
 
 
 def over(sql: str, where: str) -> str:

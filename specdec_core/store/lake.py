@@ -1,0 +1,256 @@
+"""A store several machines share: DuckLake, a catalog database plus a folder (or S3 prefix) of Parquet files.
+
+Named by `--db ducklake:CATALOG`, or by $SPECDEC_STORE or the `[store]` table of specdec.toml when no
+--db is given (store/location.py). The catalog is a SQLite file (one machine, several processes: its
+writers queue on a lock file beside it) or PostgreSQL (several machines: writers conflict at commit
+and the loser retries on the new state). Readers attach it read-only and read one snapshot per
+transaction: never blocked, never half a batch. Every extension is LOADed from the wheel pip
+installed; nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import duckdb
+
+from specdec_core.store.location import LakeLocation
+
+ALIAS = "store"
+_DUCKDB_VERSION = "v" + duckdb.__version__
+T = TypeVar("T")
+
+
+class LakeError(RuntimeError):
+    """The store's catalog or data path can't be used; the message is one line."""
+
+
+class WriteConflict(LakeError):
+    """Another writer committed first: the batch is retried on the state it left."""
+
+
+def _literal(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def _extension_file(package: str, name: str) -> Path:
+    module_name = package.replace("-", "_")
+    try:
+        module = __import__(module_name)
+    except ImportError:
+        raise LakeError(f"the {package} package is missing; install it with `pip install {package}=="
+                        f"{duckdb.__version__}` (it ships the DuckDB extension the shared store needs)") from None
+    found = Path(module.__file__).parent / "extensions" / _DUCKDB_VERSION / f"{name}.duckdb_extension"
+    if not found.is_file():
+        raise LakeError(f"{found}: no such extension for DuckDB {duckdb.__version__}; install "
+                        f"{package}=={duckdb.__version__}")
+    return found
+
+
+def _as_named(source: Path, name: str) -> Path:
+    """`source` under the file name DuckDB derives the extension's entry point from.
+
+    duckdb-extension-sqlite ships `sqlite.duckdb_extension`, whose entry point is sqlite_scanner's.
+    """
+    folder = Path(tempfile.gettempdir()) / f"specdec-extensions-{os.getuid()}-{_DUCKDB_VERSION}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    link = folder / f"{name}.duckdb_extension"
+    if not (link.is_symlink() and os.readlink(link) == str(source)):
+        tmp = folder / f".{name}.{os.getpid()}.{threading.get_ident()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(source)
+        os.replace(tmp, link)
+    return link
+
+
+def _load_extensions(con: duckdb.DuckDBPyConnection, location: LakeLocation) -> None:
+    con.execute(f"LOAD '{_literal(str(_extension_file('duckdb-extension-ducklake', 'ducklake')))}'")
+    if location.postgres:
+        con.execute(f"LOAD '{_literal(str(_extension_file('duckdb-extension-postgres', 'postgres')))}'")
+    else:
+        sqlite = _as_named(_extension_file("duckdb-extension-sqlite", "sqlite"), "sqlite_scanner")
+        con.execute(f"LOAD '{_literal(str(sqlite))}'")
+    if location.on_s3:
+        con.execute(f"LOAD '{_literal(str(_extension_file('duckdb-extension-httpfs', 'httpfs')))}'")
+        _s3_secret(con, location)
+
+
+def _s3_secret(con: duckdb.DuckDBPyConnection, location: LakeLocation) -> None:
+    """S3 credentials from the environment (never from the file), the endpoint and style from [store]."""
+    settings = dict(location.s3)
+    values = {"KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", ""),
+              "SECRET": os.environ.get("AWS_SECRET_ACCESS_KEY", "")}
+    for key, option in (("s3_endpoint", "ENDPOINT"), ("s3_region", "REGION"), ("s3_url_style", "URL_STYLE")):
+        if key in settings:
+            values[option] = settings[key]
+    parts = ["TYPE s3", *(f"{option} '{_literal(value)}'" for option, value in values.items())]
+    if "s3_use_ssl" in settings:
+        parts.append(f"USE_SSL {'true' if settings['s3_use_ssl'].lower() in ('1', 'true', 'yes') else 'false'}")
+    # CREATE SECRET takes no parameters: the credentials are quoted into the statement, never logged.
+    con.execute("CREATE OR REPLACE SECRET specdec_s3 (" + ", ".join(parts) + ")")
+
+
+def _create_sqlite_catalog(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection], None]) -> None:
+    """A new SQLite catalog in WAL mode (readers never block the writer's commit, nor it them), with the
+    store's tables, made under a temporary name and renamed into place: a catalog that exists is a whole
+    store, and a writer killed while making it leaves none that readers fail on."""
+    import sqlite3
+
+    os.makedirs(os.path.dirname(location.catalog) or ".", exist_ok=True)
+    tmp = f"{location.catalog}.{os.getpid()}.new"
+    for leftover in (tmp, tmp + "-wal", tmp + "-shm"):
+        Path(leftover).unlink(missing_ok=True)
+    db = sqlite3.connect(tmp)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+    finally:
+        db.close()
+    con = _attach(LakeLocation(tmp, location.data_path, location.s3), read_only=False)
+    try:
+        con.execute(f"USE {ALIAS}")
+        setup(con)
+    finally:
+        con.close()
+    os.replace(tmp, location.catalog)
+
+
+def open_lake(location: LakeLocation, read_only: bool = False,
+              setup: Callable[[duckdb.DuckDBPyConnection], None] | None = None) -> duckdb.DuckDBPyConnection:
+    """A fresh DuckDB instance with the store attached as `store`; a missing SQLite catalog is made first,
+    its tables by `setup`, unless read_only."""
+    if not location.postgres and not read_only and not os.path.exists(location.catalog):
+        _create_sqlite_catalog(location, setup or (lambda con: None))
+    return _attach(location, read_only)
+
+
+def _attach(location: LakeLocation, read_only: bool) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
+                                              "autoload_known_extensions": False})
+    try:
+        _load_extensions(con, location)
+        options = []
+        if location.data_path:
+            options.append(f"DATA_PATH '{_literal(location.data_path)}'")
+        if read_only:
+            options.append("READ_ONLY")
+        options_sql = f" ({', '.join(options)})" if options else ""
+        con.execute(f"ATTACH 'ducklake:{_literal(location.attach_target)}' AS {ALIAS}{options_sql}")
+    except duckdb.Error as exc:
+        con.close()
+        raise LakeError(f"{location}: cannot open: {str(exc).splitlines()[0]}") from exc
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def snapshot_id(con: duckdb.DuckDBPyConnection) -> int:
+    """The store's newest snapshot: changes with every commit, a cache key for readers."""
+    return int(con.execute(f"SELECT max(snapshot_id) FROM __ducklake_metadata_{ALIAS}.ducklake_snapshot"
+                           ).fetchall()[0][0] or 0)
+
+
+@dataclass
+class _Reader:
+    con: duckdb.DuckDBPyConnection
+    checked_at: int = -1  # the snapshot its derived tables were last found current at
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_readers = threading.local()
+
+
+def reader(location: LakeLocation) -> _Reader:
+    """This thread's read-only attachment of the store (attaching costs a few hundred ms: kept)."""
+    held: dict[str, _Reader] = _readers.__dict__.setdefault("held", {})
+    key = str(location)
+    if key not in held:
+        held[key] = _Reader(open_lake(location, read_only=True))
+    return held[key]
+
+
+def forget_readers() -> None:
+    held: dict[str, _Reader] = _readers.__dict__.setdefault("held", {})
+    for r in held.values():
+        r.con.close()
+    held.clear()
+
+
+_CONFLICT = re.compile(r"conflict|database is locked|could not serialize|deadlock", re.IGNORECASE)
+
+
+def is_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, duckdb.Error) and bool(_CONFLICT.search(str(exc)))
+
+
+@contextmanager
+def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection], None],
+            memory_limit: str) -> Iterator[duckdb.DuckDBPyConnection]:
+    """One write transaction on the store: all of it committed when the block exits cleanly, or none.
+
+    Writers of one SQLite catalog queue on `CATALOG.lock`; on PostgreSQL, each write rewrites the
+    store's `meta` row (setup does), so two writers that overlap conflict at commit and the second one
+    raises WriteConflict instead of committing a batch judged without the other's rows.
+    """
+    lock = None
+    if not location.postgres:
+        try:
+            os.makedirs(os.path.dirname(location.catalog) or ".", exist_ok=True)
+            lock = open(location.catalog + ".lock", "w")  # noqa: SIM115 - closed in finally
+        except OSError as exc:
+            raise LakeError(f"{location}: cannot write here: {exc.strerror or exc}") from exc
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    spill = tempfile.mkdtemp(prefix="specdec-spill-")
+    try:
+        con = open_lake(location, setup=setup)
+        try:
+            con.execute(f"USE {ALIAS}")
+            con.execute(f"SET memory_limit = '{memory_limit}'")
+            con.execute(f"SET temp_directory = '{_literal(spill)}'")
+            con.execute("BEGIN TRANSACTION")
+            setup(con)
+            yield con
+            try:
+                con.execute("COMMIT")
+            except duckdb.Error as exc:
+                if is_conflict(exc):
+                    raise WriteConflict(f"{location}: another writer committed first") from exc
+                raise
+        except BaseException:
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass  # the commit that failed already ended the transaction
+            raise
+        finally:
+            con.close()
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
+        if lock is not None:
+            lock.close()
+
+
+def retrying(attempt: Callable[[], T], tries: int = 8) -> T:
+    """attempt() again while it loses a commit race, with a growing, jittered pause."""
+    for n in range(tries):
+        try:
+            return attempt()
+        except WriteConflict:
+            if n == tries - 1:
+                raise
+        except duckdb.Error as exc:
+            if not is_conflict(exc) or n == tries - 1:
+                raise
+        time.sleep(min(2.0, 0.05 * 2 ** n) * (0.5 + (os.getpid() % 97) / 97))
+    raise AssertionError("unreachable")
