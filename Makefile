@@ -22,11 +22,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade --no-deps --target $(VENV)/duckdb-2.0.1 duckdb==2.0.1
 	@touch $(STAMP)
 
-# Redis and Chromium come from Debian's packages; installed only when missing.
+# Redis, Chromium and PostgreSQL (the shared store's tests) come from Debian's packages; installed only when missing.
 system-deps:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v chromium >/dev/null || missing="$$missing chromium chromium-driver"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -137,7 +137,8 @@ def _create_work_tables(con: duckdb.DuckDBPyConnection) -> None:
 def _raws_view(con: duckdb.DuckDBPyConnection, staged: list[Lines]) -> None:
     """`raws` (seq, raw, origin): the text of every staged line, to quote rejected records exactly; for
     another log format, where the record's input is on its line (quoted instead, see _quote_inputs)."""
-    parts = [f"SELECT {s.first_seq} + rowid AS seq, raw, {s.origin_sql} AS origin FROM {s.table}" for s in staged]
+    parts = [f"SELECT {s.first_seq} + {s.row_index} AS seq, raw, {s.origin_sql} AS origin FROM {s.table}"
+             for s in staged]
     con.execute("CREATE OR REPLACE TEMP VIEW raws AS " + " UNION ALL ".join(
         parts or ["SELECT NULL::BIGINT AS seq, NULL::VARCHAR AS raw, NULL::INTEGER AS origin LIMIT 0"]))
 

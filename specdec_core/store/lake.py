@@ -61,7 +61,8 @@ def _extension_file(package: str, name: str) -> Path:
 def _as_named(source: Path, name: str) -> Path:
     """`source` under the file name DuckDB derives the extension's entry point from.
 
-    duckdb-extension-sqlite ships `sqlite.duckdb_extension`, whose entry point is sqlite_scanner's.
+    duckdb-extension-sqlite ships `sqlite.duckdb_extension`, whose entry point is sqlite_scanner's (and
+    likewise postgres).
     """
     folder = Path(tempfile.gettempdir()) / f"specdec-extensions-{os.getuid()}-{_DUCKDB_VERSION}"
     folder.mkdir(mode=0o700, exist_ok=True)
@@ -76,11 +77,9 @@ def _as_named(source: Path, name: str) -> Path:
 
 def _load_extensions(con: duckdb.DuckDBPyConnection, location: LakeLocation) -> None:
     con.execute(f"LOAD '{_literal(str(_extension_file('duckdb-extension-ducklake', 'ducklake')))}'")
-    if location.postgres:
-        con.execute(f"LOAD '{_literal(str(_extension_file('duckdb-extension-postgres', 'postgres')))}'")
-    else:
-        sqlite = _as_named(_extension_file("duckdb-extension-sqlite", "sqlite"), "sqlite_scanner")
-        con.execute(f"LOAD '{_literal(str(sqlite))}'")
+    scanner = ("postgres", "postgres_scanner") if location.postgres else ("sqlite", "sqlite_scanner")
+    catalog = _as_named(_extension_file(f"duckdb-extension-{scanner[0]}", scanner[0]), scanner[1])
+    con.execute(f"LOAD '{_literal(str(catalog))}'")
     if location.on_s3:
         con.execute(f"LOAD '{_literal(str(_extension_file('duckdb-extension-httpfs', 'httpfs')))}'")
         _s3_secret(con, location)

@@ -81,6 +81,18 @@ class Lines:
     # rejected record is quoted as that input, read again from the file; NULL: quoted as its raw line.
     origin_sql: str = "NULL::INTEGER"
     skipped: int = 0  # entries of another log format that are not model requests
+    row_base: int = 0  # the table's first rowid: its row i has rowid row_base + i
+
+    @property
+    def row_index(self) -> str:
+        """SQL for a row's place in the table, from 0."""
+        return f"(rowid - {self.row_base})"
+
+
+def _row_base(con: duckdb.DuckDBPyConnection, table: str) -> int:
+    # A table made inside an open transaction (a DuckLake write is one) numbers its rows from a large base
+    # until it commits, not from 0.
+    return int(scalar(con, f"SELECT coalesce(min(rowid), 0) FROM {table}"))
 
 
 def _lines_end_in_newlines(path: Path) -> bool:
@@ -133,9 +145,10 @@ def _stage(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: in
         except duckdb.Error:
             pass  # not clean UTF-8 text, a control character in a line, a huge line: the Python reader copes
         else:
-            count = scalar(con, f"SELECT count(*) FROM {table}")
-            return Lines(table, first_seq, count, f"SELECT {first_seq} + rowid AS seq, rowid + 1 AS source_line, "
-                                                   f"raw, NULL::VARCHAR AS pre_reason FROM {table}")
+            count, base = scalar(con, f"SELECT count(*) FROM {table}"), _row_base(con, table)
+            return Lines(table, first_seq, count, f"SELECT {first_seq} + rowid - {base} AS seq, rowid - {base} + 1 "
+                                                   f"AS source_line, raw, NULL::VARCHAR AS pre_reason FROM {table}",
+                         row_base=base)
     _python_reads(con)
     con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (source_line BIGINT, raw VARCHAR, pre_reason VARCHAR)")
     for chunk in read_file(path, resolved_name=name):
@@ -145,9 +158,10 @@ def _stage(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: in
                                               "pre_reason": pa.array(reasons, pa.string())}))
         con.execute(f"INSERT INTO {table} SELECT * FROM chunk_arrow")
         con.unregister("chunk_arrow")
-    count = scalar(con, f"SELECT count(*) FROM {table}")
+    count, base = scalar(con, f"SELECT count(*) FROM {table}"), _row_base(con, table)
     return Lines(table, first_seq, count,
-                  f"SELECT {first_seq} + rowid AS seq, source_line, raw, pre_reason FROM {table}")
+                 f"SELECT {first_seq} + rowid - {base} AS seq, source_line, raw, pre_reason FROM {table}",
+                 row_base=base)
 
 
 def _stage_foreign(con: duckdb.DuckDBPyConnection, path: Path, name: str, table: str, first_seq: int,
@@ -163,10 +177,10 @@ def _stage_foreign(con: duckdb.DuckDBPyConnection, path: Path, name: str, table:
                                               "origin": pa.array(chunk.origins, pa.int32())}))
         con.execute(f"INSERT INTO {table} SELECT * FROM chunk_arrow")
         con.unregister("chunk_arrow")
-    count = scalar(con, f"SELECT count(*) FROM {table}")
+    count, base = scalar(con, f"SELECT count(*) FROM {table}"), _row_base(con, table)
     return Lines(table, first_seq, count,
-                 f"SELECT {first_seq} + rowid AS seq, source_line, raw, pre_reason FROM {table}",
-                 origin_sql="origin", skipped=skipped)
+                 f"SELECT {first_seq} + rowid - {base} AS seq, source_line, raw, pre_reason FROM {table}",
+                 origin_sql="origin", skipped=skipped, row_base=base)
 
 
 def set_aside(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, limits: IngestLimits

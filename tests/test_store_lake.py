@@ -1,0 +1,150 @@
+"""A store in a DuckLake (SQLite catalog here; PostgreSQL + S3 in test_store_shared.py) holds what a DuckDB file
+holds, batch after batch; specdec.toml's [store] names it; a store written by the last release (DuckDB 2.0.1)
+is converted by `specdec migrate` and by the first ingest."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import stat
+import struct
+from pathlib import Path
+
+import pytest
+from helpers import rec, run_cli, write_jsonl
+
+from specdec_core.store import Store, StoreError, ingest
+from specdec_core.store.convert import side_install
+
+FIXTURES = Path(__file__).parent / "fixtures"
+OLD_STORE = FIXTURES / "store-duckdb-2.0.1"
+
+# Every stored table, in an order that does not depend on how it was written.
+TABLES = {
+    "requests": "SELECT * EXCLUDE (ingest_id) FROM requests ORDER BY request_id",
+    "identities": "SELECT * FROM identities ORDER BY fingerprint",
+    "quarantine": "SELECT * EXCLUDE (ingest_id) FROM quarantine ORDER BY source_file, source_line, reason",
+    "hit_sources": "SELECT * FROM hit_sources ORDER BY request_id",
+    "identity_first_seen": "SELECT * FROM identity_first_seen ORDER BY ALL",
+    "summary_minute": "SELECT * FROM summary_minute ORDER BY ALL",
+    "summary_keys": "SELECT * EXCLUDE (key_id, fp_id) FROM summary_keys ORDER BY ALL",
+    "summary_contaminated": "SELECT * FROM summary_contaminated ORDER BY ALL",
+    "summary_lengths": "SELECT * FROM summary_lengths ORDER BY ALL",
+    "ingests": "SELECT ingest_id, n_read, n_accepted, n_duplicates, n_quarantined FROM ingests ORDER BY ingest_id",
+}
+
+
+def contents(name: str) -> dict[str, list[tuple]]:
+    with Store(name).read() as con:
+        return {table: con.execute(sql).fetchall() for table, sql in TABLES.items()}
+
+
+def _batches(tmp_path: Path) -> list[Path]:
+    early = [rec(f"e{i}", ts=f"2026-03-01T10:{i // 60:02d}:{i % 60:02d}Z", cache_key=f"K{i % 9}",
+                 cache_hit=i % 3 != 0, max_tokens=(32, 64)[i % 2], output_tokens=(20, 50)[i % 3 % 2])
+             for i in range(120)]
+    later = [rec(f"l{i}", ts=f"2026-03-01T11:{i // 60:02d}:{i % 60:02d}Z", cache_key=f"K{i % 9}",
+                 cache_hit=True, draft_model=("d1", "none")[i % 2]) for i in range(60)]
+    # A late file: rows older than those stored, whose misses change the verdicts of stored hits.
+    late = [rec(f"x{i}", ts=f"2026-03-01T09:59:{i:02d}Z", cache_key=f"K{i % 9}", temperature=0.7, seed=i)
+            for i in range(30)]
+    bad = ['{"request_id": "torn", ', '[1, 2]', json.dumps(rec("e1")), json.dumps(rec("e2", max_tokens=1))]
+    return [write_jsonl(tmp_path / "early.jsonl", early), write_jsonl(tmp_path / "later.jsonl", later + bad),
+            write_jsonl(tmp_path / "late.jsonl", late)]
+
+
+def test_a_lake_holds_what_a_file_holds_after_every_batch(tmp_path):
+    file_store, lake = str(tmp_path / "s.duckdb"), f"ducklake:{tmp_path / 'lake' / 's.sqlite'}"
+    for batch in _batches(tmp_path):
+        results = [ingest(Store(name), [str(batch)]) for name in (file_store, lake)]
+        assert results[0].read == results[1].read and results[0].accepted == results[1].accepted
+        assert results[0].quarantined == results[1].quarantined
+        assert contents(lake) == contents(file_store)
+    assert contents(lake)["quarantine"], "the bad lines were quarantined alike"
+    # The rows are Parquet files beside the catalog.
+    assert list((tmp_path / "lake" / "s.sqlite.files").glob("**/*.parquet"))
+
+
+def test_the_store_table_of_specdec_toml_names_the_store_when_no_db_is_given(tmp_path, monkeypatch):
+    config = tmp_path / "specdec.toml"
+    config.write_text(f'[store]\ncatalog = "{tmp_path / "team.sqlite"}"\ndata_path = "{tmp_path / "files"}"\n',
+                      encoding="utf-8")
+    monkeypatch.setenv("SPECDEC_CONFIG", str(config))
+    monkeypatch.delenv("SPECDEC_DB", raising=False)
+    monkeypatch.delenv("SPECDEC_STORE", raising=False)
+    # Enough rows that DuckLake writes them as Parquet files instead of inlining them in the catalog.
+    log = write_jsonl(tmp_path / "log.jsonl", [rec("m", cache_key="K"), rec("h", cache_key="K", cache_hit=True,
+                                                                             max_tokens=8, output_tokens=12)]
+                      + [rec(f"r{i}", cache_key=f"k{i}") for i in range(500)])
+    done = run_cli("ingest", str(log))
+    assert done.returncode == 0, done.stderr
+    assert f"db ducklake:{tmp_path / 'team.sqlite'}" in done.stdout
+    stats = run_cli("stats", "--json")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["length_violations"] == 1
+    assert list((tmp_path / "files").glob("**/*.parquet")) and not (tmp_path / "team.sqlite.files").exists()
+    # --db still wins over the configured store.
+    other = tmp_path / "other.duckdb"
+    assert run_cli("ingest", str(log), "--db", str(other)).returncode == 0 and other.exists()
+
+
+def test_a_misspelled_store_setting_is_a_one_line_error(tmp_path, monkeypatch):
+    config = tmp_path / "specdec.toml"
+    config.write_text('[store]\ncatalgo = "x.sqlite"\n', encoding="utf-8")
+    monkeypatch.setenv("SPECDEC_CONFIG", str(config))
+    monkeypatch.delenv("SPECDEC_DB", raising=False)
+    done = run_cli("stats")
+    assert done.returncode != 0
+    assert done.stderr.strip().count("\n") == 0 and "catalgo" in done.stderr and str(config) in done.stderr
+
+
+def _old_store(tmp_path: Path, mode: int = 0o640) -> Path:
+    db = tmp_path / "old.duckdb"
+    with gzip.open(OLD_STORE / "store.duckdb.gz", "rb") as src, open(db, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.chmod(db, mode)
+    return db
+
+
+def _storage_version(db: Path) -> int:
+    return struct.unpack("<Q", db.read_bytes()[12:20])[0]
+
+
+def test_a_store_of_the_last_release_is_refused_by_reads_and_converted_by_migrate(tmp_path):
+    assert (side_install() / "duckdb").is_dir(), "make install puts DuckDB 2.0.1 in .venv/duckdb-2.0.1"
+    db = _old_store(tmp_path)
+    assert _storage_version(db) == 999
+    refused = run_cli("stats", "--db", str(db))
+    assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1
+    assert f"specdec migrate --db {db}" in refused.stderr
+    done = run_cli("migrate", "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    assert _storage_version(db) < 999 and stat.S_IMODE(db.stat().st_mode) == 0o640
+    # The report equals the one the last release wrote from this store.
+    out = tmp_path / "report.csv"
+    assert run_cli("report", "--db", str(db), "--out", str(out)).returncode == 0
+    assert out.read_text(encoding="utf-8") == (OLD_STORE / "report.csv").read_text(encoding="utf-8")
+    with Store(db).read() as con:
+        assert con.execute("SELECT count(*) FROM requests").fetchall() == [(400,)]
+        assert con.execute("SELECT count(*) FROM quarantine").fetchall() == [(2,)]
+
+
+def test_the_first_ingest_converts_a_store_of_the_last_release(tmp_path):
+    db = _old_store(tmp_path, 0o600)
+    log = write_jsonl(tmp_path / "more.jsonl", [rec("new-1", ts="2026-11-20T10:00:00Z", cache_key="fresh")])
+    result = ingest(Store(db), [str(log)])
+    assert (result.read, result.accepted) == (1, 1)
+    assert _storage_version(db) < 999 and stat.S_IMODE(db.stat().st_mode) == 0o600
+    with Store(db).read() as con:
+        assert con.execute("SELECT count(*) FROM requests").fetchall() == [(401,)]
+
+
+def test_without_the_side_install_conversion_says_how_to_get_it(tmp_path, monkeypatch):
+    db = _old_store(tmp_path)
+    monkeypatch.setenv("SPECDEC_DUCKDB_2", str(tmp_path / "nowhere"))
+    with pytest.raises(StoreError) as err:
+        ingest(Store(db), [str(write_jsonl(tmp_path / "l.jsonl", [rec("a")]))])
+    assert "\n" not in str(err.value) and "duckdb==2.0.1" in str(err.value)
+    assert _storage_version(db) == 999, "the store is left as it was"

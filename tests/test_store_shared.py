@@ -1,0 +1,119 @@
+"""The multi-machine setup: a DuckLake whose catalog is PostgreSQL and whose data files are on S3, named by
+specdec.toml's [store] table. Real servers on free ports (tests/servers.py); "machines" are processes that
+share nothing but the two servers (no lock file: a lost commit race is retried on the new state)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import write_jsonl
+from servers import create_database, postgres, s3, s3_keys
+from test_store_concurrency import READER, WRITER, _batch, _content
+
+from specdec_core.store import Store, StoreError, ingest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with postgres() as dsn, s3() as endpoint:
+        yield dsn, endpoint
+
+
+@pytest.fixture
+def shared(servers, tmp_path, monkeypatch):
+    """specdec.toml naming the shared store, and the environment every machine of it runs with."""
+    dsn, endpoint = servers
+    prefix = f"specdec-{tmp_path.name}/"  # each test its own store: its own database and S3 prefix
+    database = "t_" + "".join(c if c.isalnum() else "_" for c in tmp_path.name.lower())
+    config = tmp_path / "specdec.toml"
+    config.write_text(f"""
+[store]
+catalog = "postgres:{dsn.replace('dbname=specdec', f'dbname={database}')}"
+data_path = "s3://incident-logs/{prefix}"
+s3_endpoint = "{endpoint}"
+s3_url_style = "path"
+s3_use_ssl = false
+s3_region = "us-east-1"
+""", encoding="utf-8")
+    create_database(dsn, database)
+    env = {"SPECDEC_CONFIG": str(config), "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SPECDEC_DB", raising=False)
+    return {**os.environ, **env}, endpoint, prefix
+
+
+def test_two_machines_and_a_reader_on_postgres_and_s3(shared, tmp_path):
+    env, endpoint, prefix = shared
+    store = Store()
+    assert store.lake is not None and store.lake.postgres and store.lake.on_s3
+    seed = write_jsonl(tmp_path / "seed.jsonl", _batch("s", 200, 0))
+    a = write_jsonl(tmp_path / "a.jsonl", _batch("a", 3000, 1))
+    b = write_jsonl(tmp_path / "b.jsonl", _batch("b", 3000, 1))
+    ingest(store, [str(seed)])
+    reader = subprocess.Popen([sys.executable, "-c", READER.replace("Store(sys.argv[1])", "Store()"), "-", "25"],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    time.sleep(3)
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER.replace("Store(sys.argv[1])", "Store()"), "-", str(f)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for f in (a, b)]
+    outs = [w.communicate(timeout=300) for w in writers]
+    assert [w.returncode for w in writers] == [0, 0], [err for _, err in outs]
+    assert [int(out) for out, _ in outs] == [3000, 3000]
+    read = json.loads(reader.communicate(timeout=120)[0])
+    assert read["errors"] == []
+    counts = {row[0] for row in read["seen"]}
+    assert counts <= {200, 3200, 6200} and 200 in counts and 6200 in counts
+    assert all(n == minute_total and verdicts == hits for n, minute_total, verdicts, hits in read["seen"])
+
+    one_by_one = str(tmp_path / "sequential.duckdb")
+    for f in (seed, a, b):
+        ingest(Store(one_by_one), [str(f)])
+    assert _content(store.name) == _content(one_by_one)
+    # The rows are Parquet files on S3, not on this machine's disk.
+    keys = s3_keys(endpoint)
+    assert any(k.startswith(prefix + "main/requests/") and k.endswith(".parquet") for k in keys)
+    assert not list(tmp_path.glob("**/*.parquet"))
+
+
+def test_the_cli_reads_and_writes_the_configured_store_without_db(shared, tmp_path):
+    env, _, _ = shared
+    log = write_jsonl(tmp_path / "app.jsonl", _batch("c", 300, 0))
+
+    def specdec(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "specdec_core", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    loaded = specdec("ingest", str(log), "--json")
+    assert loaded.returncode == 0, loaded.stderr
+    assert json.loads(loaded.stdout)["accepted"] == 300
+    stats = specdec("stats", "--json")
+    assert stats.returncode == 0, stats.stderr
+    local = str(tmp_path / "local.duckdb")
+    ingest(Store(local), [str(log)])
+    expected = subprocess.run([sys.executable, "-m", "specdec_core", "stats", "--json", "--db", local], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=300)
+    assert json.loads(stats.stdout) == json.loads(expected.stdout)
+    report = specdec("report", "--out", str(tmp_path / "report.csv"))
+    assert report.returncode == 0, report.stderr
+    assert (tmp_path / "report.csv").read_text().count("\n") > 1
+
+
+def test_a_shared_store_that_cannot_be_reached_is_a_one_line_error(tmp_path, monkeypatch):
+    config = tmp_path / "specdec.toml"
+    config.write_text('[store]\ncatalog = "postgres:dbname=specdec host=127.0.0.1 port=1 user=nobody"\n'
+                      'data_path = "s3://nowhere/specdec/"\n', encoding="utf-8")
+    monkeypatch.setenv("SPECDEC_CONFIG", str(config))
+    monkeypatch.delenv("SPECDEC_DB", raising=False)
+    with pytest.raises(StoreError) as err:
+        with Store().read():
+            pass
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("ducklake:postgres:dbname=specdec") and "cannot open" in message
