@@ -1,12 +1,14 @@
 """Appending to a store that holds 1M and 5M rows beside appending the same lines to an empty store.
 
 Target (the appending-store issue): 3 lines, and 20,000 lines, into a 1M-row store (and a 5M-row one)
-take at most 1.5x as long as into an empty store. The appended lines are live traffic of the same
+take at most 1.5x as long as into an empty store. Both kinds of store, in the same run: the DuckDB file
+(each write works on a copy swapped in whole) and a DuckLake (SQLite catalog, Parquet files beside it;
+a write is one transaction that adds files). The appended lines are live traffic of the same
 services: the store's cache keys and identities, request ids it doesn't hold, ten fields we don't
 know, duplicate timestamps and a few hostile lines. Each append runs in a fresh process on a copy of
 the base store (copying is not timed); the figure is the ingest call's own time, median of three.
 
-    .venv/bin/python bench/bench_append.py [--sizes 1000000,5000000]
+    .venv/bin/python bench/bench_append.py [--sizes 1000000,5000000] [--kinds file,lake]
 """
 
 from __future__ import annotations
@@ -36,20 +38,29 @@ print(f"{time.perf_counter() - t:.4f} {r.accepted} {r.quarantined}")
 START = datetime(2026, 11, 20, 8, 0, tzinfo=timezone.utc)
 
 
-def base_store(rows: int) -> Path:
-    """A store holding `rows` requests of eight hours of traffic, made once and kept in bench/out."""
-    db = OUT / f"append-base-{rows}.duckdb"
+def base_store(rows: int, kind: str = "file") -> Path:
+    """A store holding `rows` requests of eight hours of traffic, made once and kept in bench/out.
+
+    A file store is the .duckdb file; a lake, a folder holding its catalog (s.sqlite) and files."""
+    db = OUT / (f"append-base-{rows}.duckdb" if kind == "file" else f"append-base-{rows}.lake")
     if rows and not db.exists():
         from specdec_core.demo.synthetic import make_synthetic_log
         from specdec_core.store import Store, ingest
 
         log = make_synthetic_log(OUT / f"append-base-{rows}.jsonl", rows, start=START)
         started = time.perf_counter()
-        ingest(Store(OUT / "append-base.tmp.duckdb"), [str(log)])
-        shutil.move(OUT / "append-base.tmp.duckdb", db)
+        tmp = OUT / f"append-base.tmp.{kind}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.unlink(missing_ok=True)
+        ingest(Store(str(tmp) if kind == "file" else f"ducklake:{tmp / 's.sqlite'}"), [str(log)])
+        shutil.move(tmp, db)
         log.unlink()
-        print(f"built the {rows:,}-row store in {time.perf_counter() - started:.0f} s")
+        print(f"built the {rows:,}-row {kind} store in {time.perf_counter() - started:.0f} s")
     return db
+
+
+def store_name(path: Path, kind: str) -> str:
+    return str(path) if kind == "file" else f"ducklake:{path / 's.sqlite'}"
 
 
 def live_lines(rows: int) -> Path:
@@ -77,39 +88,47 @@ def live_lines(rows: int) -> Path:
     return out
 
 
-def time_append(base: Path, lines: Path, repeats: int = 3) -> float:
-    work = OUT / "append-work.duckdb"
+def _remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    for leftover in (path, Path(str(path) + ".lock"), Path(str(path) + ".wal")):
+        leftover.unlink(missing_ok=True)
+
+
+def time_append(base: Path, lines: Path, kind: str = "file", repeats: int = 3) -> float:
+    work = OUT / f"append-work.{kind}"
     seconds = []
     for _ in range(repeats):
-        for leftover in (work, Path(str(work) + ".lock"), Path(str(work) + ".wal")):
-            leftover.unlink(missing_ok=True)
+        _remove(work)
         if base.exists():
-            shutil.copyfile(base, work)
+            (shutil.copyfile if kind == "file" else shutil.copytree)(base, work)
         # The copy is setup: its writeback must not land in the timed append (it cost up to 2 s at 5M).
         os.sync()
-        _, _, printed = run_child(APPEND, str(lines), str(work))
+        _, _, printed = run_child(APPEND, str(lines), store_name(work, kind))
         seconds.append(float(printed.split()[0]))
-    work.unlink(missing_ok=True)
+    _remove(work)
     return statistics.median(seconds)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1000000,5000000", help="store sizes in rows, comma-separated")
+    parser.add_argument("--kinds", default="file,lake", help="kinds of store: file, lake, or both")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     OUT.mkdir(exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
+    kinds = args.kinds.split(",")
     batches = {n: live_lines(n) for n in (3, 20_000)}
-    bases = {size: base_store(size) for size in sizes}
-    print(f"\n{'lines':>8}{'empty store':>14}" + "".join(f"{f'{s:,} rows':>16}{'ratio':>8}" for s in sizes))
-    for n, lines in batches.items():
-        empty = time_append(OUT / "append-none.duckdb", lines)
-        row = f"{n:>8,}{empty:>12.2f} s"
-        for size in sizes:
-            into = time_append(bases[size], lines)
-            row += f"{into:>14.2f} s{into / empty:>7.2f}x"
-        print(row)
+    bases = {(size, kind): base_store(size, kind) for size in sizes for kind in kinds}
+    print(f"\n{'store':>6}{'lines':>8}{'empty store':>14}" + "".join(f"{f'{s:,} rows':>16}{'ratio':>8}" for s in sizes))
+    for kind in kinds:
+        for n, lines in batches.items():
+            empty = time_append(OUT / "append-none", lines, kind)
+            row = f"{kind:>6}{n:>8,}{empty:>12.2f} s"
+            for size in sizes:
+                into = time_append(bases[(size, kind)], lines, kind)
+                row += f"{into:>14.2f} s{into / empty:>7.2f}x"
+            print(row)
     print("\ntarget: each ratio <= 1.5x (the append costs what it adds, not what the store holds)")
 
 

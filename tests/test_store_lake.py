@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import rec, run_cli, write_jsonl
 
-from specdec_core.store import Store, StoreError, ingest
+from specdec_core.store import Store, StoreError, ingest, migrate
 from specdec_core.store.convert import side_install
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -65,6 +65,42 @@ def test_a_lake_holds_what_a_file_holds_after_every_batch(tmp_path):
     assert contents(lake)["quarantine"], "the bad lines were quarantined alike"
     # The rows are Parquet files beside the catalog.
     assert list((tmp_path / "lake" / "s.sqlite.files").glob("**/*.parquet"))
+
+
+def test_small_batches_are_merged_into_few_files_and_the_lake_still_equals_a_file(tmp_path, monkeypatch):
+    from specdec_core.store import lake as lakes
+
+    monkeypatch.setattr(lakes, "MAINTAIN_ABOVE_FILES", 40)
+    monkeypatch.setattr(lakes, "KEEP_REPLACED", "0 seconds")
+    file_store, lake = str(tmp_path / "s.duckdb"), f"ducklake:{tmp_path / 's.sqlite'}"
+    for b in range(12):  # a follow's small batches: each adds files to every table it touches
+        batch = write_jsonl(tmp_path / f"b{b}.jsonl", [
+            rec(f"b{b}-{i}", ts=f"2026-03-01T10:{b:02d}:{i:02d}Z", cache_key=f"K{i % 7}", cache_hit=i % 2 == 1,
+                max_tokens=(16, 64)[(b + i) % 2], output_text=f"out {b} {i}" * 40) for i in range(300)])
+        for name in (file_store, lake):
+            ingest(Store(name), [str(batch)])
+        with Store(lake).read() as con:
+            assert lakes.live_files(con) <= 40 + 20, "merged once past the threshold"
+    assert contents(lake) == contents(file_store)
+    migrate(Store(lake))  # merges whatever the threshold left, and deletes what it replaced
+    files = list((tmp_path / "s.sqlite.files").glob("**/*.parquet"))
+    with Store(lake).read() as con:
+        deletes = con.execute("SELECT count(*) FROM __ducklake_metadata_store.ducklake_delete_file "
+                              "WHERE end_snapshot IS NULL").fetchall()[0][0]
+        assert len(files) == lakes.live_files(con) + deletes < 40, "replaced files are deleted from the disk"
+    assert contents(lake) == contents(file_store)
+
+
+def test_a_lake_moved_whole_still_opens(tmp_path):
+    first = f"ducklake:{tmp_path / 'a' / 's.sqlite'}"
+    ingest(Store(first), [str(_batches(tmp_path)[0])])
+    before = contents(first)
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    moved = f"ducklake:{tmp_path / 'b' / 's.sqlite'}"
+    assert contents(moved) == before
+    ingest(Store(moved), [str(_batches(tmp_path)[1])])
+    assert len(contents(moved)["requests"]) > len(before["requests"])
+    assert not (tmp_path / "a").exists(), "the moved store writes beside its new catalog"
 
 
 def test_the_store_table_of_specdec_toml_names_the_store_when_no_db_is_given(tmp_path, monkeypatch):

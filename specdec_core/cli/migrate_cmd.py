@@ -13,7 +13,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if store is None:
         return 1
     rebuilt = migrate(store)
-    print(f"{store.path}: {'rejudged hits and rebuilt summaries' if rebuilt else 'already up to date'}")
+    print(f"{store}: {'rejudged hits and rebuilt summaries' if rebuilt else 'already up to date'}")
     return 0
 
 

@@ -11,6 +11,7 @@ installed; nothing is downloaded at run time.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ import duckdb
 from specdec_core.store.location import LakeLocation
 
 ALIAS = "store"
+log = logging.getLogger(__name__)
 _DUCKDB_VERSION = "v" + duckdb.__version__
 T = TypeVar("T")
 
@@ -115,7 +117,7 @@ def _create_sqlite_catalog(location: LakeLocation, setup: Callable[[duckdb.DuckD
         db.execute("PRAGMA journal_mode=WAL")
     finally:
         db.close()
-    con = _attach(LakeLocation(tmp, location.data_path, location.s3), read_only=False)
+    con = _attach(LakeLocation(tmp, location.data_path, location.s3), read_only=False)  # not moved: made
     try:
         con.execute(f"USE {ALIAS}")
         setup(con)
@@ -141,6 +143,8 @@ def _attach(location: LakeLocation, read_only: bool) -> duckdb.DuckDBPyConnectio
         options = []
         if location.data_path:
             options.append(f"DATA_PATH '{_literal(location.data_path)}'")
+        if location.beside:  # the catalog records where its files were: a store moved whole still opens
+            options.append("OVERRIDE_DATA_PATH true")
         if read_only:
             options.append("READ_ONLY")
         options_sql = f" ({', '.join(options)})" if options else ""
@@ -186,6 +190,34 @@ def forget_readers() -> None:
     held.clear()
 
 
+# Each batch adds small files (or rows inlined in the catalog) to every table it touches: a --follow adds
+# thousands an hour, and reads slow down with each. Past this many, the writer merges them after its commit.
+MAINTAIN_ABOVE_FILES = 150
+# Files a merge replaced are deleted only this long after: a reader still on an older snapshot keeps them.
+KEEP_REPLACED = "10 minutes"
+
+
+def live_files(con: duckdb.DuckDBPyConnection) -> int:
+    return int(con.execute(f"SELECT count(*) FROM __ducklake_metadata_{ALIAS}.ducklake_data_file "
+                           "WHERE end_snapshot IS NULL").fetchall()[0][0])
+
+
+def maintain(con: duckdb.DuckDBPyConnection) -> None:
+    """Merge small files and inlined rows into larger files, apply deletes, drop what no reader can need.
+
+    Each step commits on its own; a step that loses a race with another writer is left to the next time."""
+    steps = [f"CALL ducklake_flush_inlined_data('{ALIAS}')",
+             f"CALL ducklake_merge_adjacent_files('{ALIAS}')",
+             f"CALL ducklake_rewrite_data_files('{ALIAS}')",
+             f"CALL ducklake_expire_snapshots('{ALIAS}', older_than => now() - INTERVAL '{KEEP_REPLACED}')",
+             f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => now() - INTERVAL '{KEEP_REPLACED}')"]
+    for step in steps:
+        try:
+            con.execute(step).fetchall()
+        except duckdb.Error as exc:
+            log.warning("%s: left for the next write: %s", step, str(exc).splitlines()[0])
+
+
 _CONFLICT = re.compile(r"conflict|database is locked|could not serialize|deadlock", re.IGNORECASE)
 
 
@@ -194,50 +226,69 @@ def is_conflict(exc: BaseException) -> bool:
 
 
 @contextmanager
+def _one_writer(location: LakeLocation) -> Iterator[None]:
+    """Writers of one SQLite catalog queue on `CATALOG.lock`; PostgreSQL's writers race (see writing)."""
+    if location.postgres:
+        yield
+        return
+    try:
+        os.makedirs(os.path.dirname(location.catalog) or ".", exist_ok=True)
+        lock = open(location.catalog + ".lock", "w")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise LakeError(f"{location}: cannot write here: {exc.strerror or exc}") from exc
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@contextmanager
 def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection], None],
             memory_limit: str) -> Iterator[duckdb.DuckDBPyConnection]:
     """One write transaction on the store: all of it committed when the block exits cleanly, or none.
 
-    Writers of one SQLite catalog queue on `CATALOG.lock`; on PostgreSQL, each write rewrites the
-    store's `meta` row (setup does), so two writers that overlap conflict at commit and the second one
-    raises WriteConflict instead of committing a batch judged without the other's rows.
+    On PostgreSQL, each write rewrites the store's `meta` row (setup does), so two writers that overlap
+    conflict at commit and the second one raises WriteConflict instead of committing a batch judged
+    without the other's rows.
     """
-    lock = None
-    if not location.postgres:
-        try:
-            os.makedirs(os.path.dirname(location.catalog) or ".", exist_ok=True)
-            lock = open(location.catalog + ".lock", "w")  # noqa: SIM115 - closed in finally
-        except OSError as exc:
-            raise LakeError(f"{location}: cannot write here: {exc.strerror or exc}") from exc
-        fcntl.flock(lock, fcntl.LOCK_EX)
     spill = tempfile.mkdtemp(prefix="specdec-spill-")
     try:
-        con = open_lake(location, setup=setup)
-        try:
-            con.execute(f"USE {ALIAS}")
-            con.execute(f"SET memory_limit = '{memory_limit}'")
-            con.execute(f"SET temp_directory = '{_literal(spill)}'")
-            con.execute("BEGIN TRANSACTION")
-            setup(con)
-            yield con
+        with _one_writer(location):
+            con = open_lake(location, setup=setup)
             try:
-                con.execute("COMMIT")
-            except duckdb.Error as exc:
-                if is_conflict(exc):
-                    raise WriteConflict(f"{location}: another writer committed first") from exc
+                con.execute(f"USE {ALIAS}")
+                con.execute(f"SET memory_limit = '{memory_limit}'")
+                con.execute(f"SET temp_directory = '{_literal(spill)}'")
+                con.execute("BEGIN TRANSACTION")
+                setup(con)
+                yield con
+                try:
+                    con.execute("COMMIT")
+                except duckdb.Error as exc:
+                    if is_conflict(exc):
+                        raise WriteConflict(f"{location}: another writer committed first") from exc
+                    raise
+                if live_files(con) > MAINTAIN_ABOVE_FILES:
+                    maintain(con)
+            except BaseException:
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass  # the commit that failed already ended the transaction
                 raise
-        except BaseException:
-            try:
-                con.execute("ROLLBACK")
-            except duckdb.Error:
-                pass  # the commit that failed already ended the transaction
-            raise
-        finally:
-            con.close()
+            finally:
+                con.close()
     finally:
         shutil.rmtree(spill, ignore_errors=True)
-        if lock is not None:
-            lock.close()
+
+
+def compact(location: LakeLocation) -> None:
+    """maintain() now, whatever the store's files number (`specdec migrate` does this)."""
+    with _one_writer(location):
+        con = open_lake(location, read_only=False)
+        try:
+            maintain(con)
+        finally:
+            con.close()
 
 
 def retrying(attempt: Callable[[], T], tries: int = 8) -> T:

@@ -37,6 +37,8 @@ class LakeLocation:
     catalog: str
     data_path: str | None
     s3: tuple[tuple[str, str], ...] = field(default=())
+    beside: bool = False  # the data files are in CATALOG.files/: the two move together
+
 
     @property
     def postgres(self) -> bool:
@@ -99,11 +101,13 @@ def lake_location(name: str) -> LakeLocation | None:
     is_configured = configured in (catalog, "sqlite:" + catalog)
     data_path = os.environ.get(STORE_DATA_ENV) or (table.get("data_path") if is_configured else None)
     s3 = tuple((k, str(table[k])) for k in _S3_KEYS if k in table) if is_configured else ()
+    beside = False
     if not catalog.startswith("postgres:"):
         catalog = os.path.realpath(catalog)  # through a symlink to its target: the link stays a link
+        beside = not data_path
         data_path = data_path or catalog + ".files" + os.sep
     if data_path and not data_path.endswith(("/", os.sep)):
         data_path += "/"
     if data_path and not data_path.startswith("s3://"):
         data_path = os.path.abspath(data_path) + os.sep
-    return LakeLocation(catalog, data_path, s3)
+    return LakeLocation(catalog, data_path, s3, beside)

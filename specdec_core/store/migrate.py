@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import duckdb
 
-from specdec_core.store.connection import Store, derived_current
+from specdec_core.store.connection import Store, StoreError, derived_current
 from specdec_core.store.hit_sources import judge_hits
+from specdec_core.store.lake import LakeError, compact
 from specdec_core.store.summaries import build_summaries
 
 
@@ -23,6 +24,13 @@ def migrate_connection(con: duckdb.DuckDBPyConnection) -> bool:
 
 
 def migrate(store: Store) -> bool:
-    """Bring `store` up to date (schema, then derived tables); returns whether anything was rebuilt."""
-    with store.write() as con:  # the write adds missing tables and columns first
-        return migrate_connection(con)
+    """Bring `store` up to date (schema, then derived tables); returns whether anything was rebuilt.
+
+    A lake's small files are merged as well (writers also do it once they pass a threshold)."""
+    rebuilt = store.transact(migrate_connection)  # the write adds missing tables and columns first
+    if store.lake is not None:
+        try:
+            compact(store.lake)
+        except LakeError as exc:
+            raise StoreError(str(exc)) from None
+    return rebuilt

@@ -145,10 +145,34 @@ def _stage(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: in
         except duckdb.Error:
             pass  # not clean UTF-8 text, a control character in a line, a huge line: the Python reader copes
         else:
+            if _gzip_cut_short(con, path, table):
+                con.execute(f"DROP TABLE {table}")  # the Python reader says where the stream ends
+                return _stage_in_python(con, path, name, table, first_seq)
             count, base = scalar(con, f"SELECT count(*) FROM {table}"), _row_base(con, table)
             return Lines(table, first_seq, count, f"SELECT {first_seq} + rowid - {base} AS seq, rowid - {base} + 1 "
                                                    f"AS source_line, raw, NULL::VARCHAR AS pre_reason FROM {table}",
                          row_base=base)
+    return _stage_in_python(con, path, name, table, first_seq)
+
+
+def _gzip_cut_short(con: duckdb.DuckDBPyConnection, path: Path, table: str) -> bool:
+    """Whether the lines DuckDB read from a .gz file are not its whole text: DuckDB reads a stream cut off
+    mid-way without an error. The gzip trailer holds the text's size (mod 2^32); a size that does not match
+    (a cut stream, or a file DuckDB split otherwise: CRLF lines, several gzip members) sends the file to
+    the Python reader, which reads it exactly."""
+    if not path.name.lower().endswith(".gz"):
+        return False
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(-4, os.SEEK_END)
+            stated = int.from_bytes(fh.read(4), "little")
+    except OSError:
+        return True
+    read = int(scalar(con, f"SELECT coalesce(sum(coalesce(strlen(raw), 0) + 1), 0)::BIGINT FROM {table}"))
+    return stated not in (read % 2**32, (read - 1) % 2**32)  # the last line may lack its newline
+
+
+def _stage_in_python(con: duckdb.DuckDBPyConnection, path: Path, name: str, table: str, first_seq: int) -> Lines:
     _python_reads(con)
     con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (source_line BIGINT, raw VARCHAR, pre_reason VARCHAR)")
     for chunk in read_file(path, resolved_name=name):
