@@ -184,3 +184,19 @@ def test_without_the_side_install_conversion_says_how_to_get_it(tmp_path, monkey
         ingest(Store(db), [str(write_jsonl(tmp_path / "l.jsonl", [rec("a")]))])
     assert "\n" not in str(err.value) and "duckdb==2.0.1" in str(err.value)
     assert _storage_version(db) == 999, "the store is left as it was"
+
+
+def test_the_dashboard_shows_a_lake_as_it_shows_a_file(tmp_path, monkeypatch):
+    from test_app_pages import incident_records, metrics_of, open_app, texts
+
+    log = write_jsonl(tmp_path / "incident.jsonl", incident_records())
+    file_store, lake = str(tmp_path / "s.duckdb"), f"ducklake:{tmp_path / 's.sqlite'}"
+    for name in (file_store, lake):
+        ingest(Store(name), [str(log)])
+    seen = {}
+    for name in (file_store, lake):
+        pages = {page: open_app(monkeypatch, name, page) for page in (None, "mismatches", "keys")}
+        seen[name] = {page: (metrics_of(at.main), texts(at, "markdown"), texts(at, "caption"))
+                      for page, at in pages.items()}
+    assert seen[lake] == seen[file_store]
+    assert seen[lake][None][0]["Contaminated hits"] == "2"
