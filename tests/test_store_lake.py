@@ -200,3 +200,37 @@ def test_the_dashboard_shows_a_lake_as_it_shows_a_file(tmp_path, monkeypatch):
                       for page, at in pages.items()}
     assert seen[lake] == seen[file_store]
     assert seen[lake][None][0]["Contaminated hits"] == "2"
+
+
+def test_a_private_lake_stays_private_and_a_symlinked_catalog_keeps_working(tmp_path):
+    real = tmp_path / "real"
+    first = f"ducklake:{real / 's.sqlite'}"
+    batches = _batches(tmp_path)
+    ingest(Store(first), [str(batches[0])])
+    os.chmod(real / "s.sqlite", 0o600)
+    link = tmp_path / "link.sqlite"
+    link.symlink_to(real / "s.sqlite")
+    ingest(Store(f"ducklake:{link}"), [str(batches[1])])
+    assert link.is_symlink(), "the link stays a link"
+    assert stat.S_IMODE((real / "s.sqlite").stat().st_mode) == 0o600
+    for sidecar in real.glob("s.sqlite-*"):  # SQLite's WAL files take the catalog's mode
+        assert stat.S_IMODE(sidecar.stat().st_mode) == 0o600
+    assert contents(f"ducklake:{link}") == contents(first)
+    assert len(contents(first)["requests"]) > 120
+
+
+def test_migrate_to_copies_a_local_store_into_a_new_lake_and_refuses_one_that_holds_rows(tmp_path):
+    file_store, lake = str(tmp_path / "s.duckdb"), f"ducklake:{tmp_path / 'shared.sqlite'}"
+    batches = _batches(tmp_path)
+    for batch in batches[:2]:
+        ingest(Store(file_store), [str(batch)])
+    done = run_cli("migrate", "--db", file_store, "--to", lake)
+    assert done.returncode == 0, done.stderr
+    assert "copied 180 requests" in done.stdout
+    assert contents(lake) == contents(file_store)
+    # The copy goes on as a store of its own: the next batch lands alike in both.
+    for name in (file_store, lake):
+        ingest(Store(name), [str(batches[2])])
+    assert contents(lake) == contents(file_store)
+    again = run_cli("migrate", "--db", file_store, "--to", lake)
+    assert again.returncode == 1 and "already holds requests" in again.stderr and len(again.stderr.splitlines()) == 1

@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from specdec_core.cli.store_cmds import add_db, existing_store
-from specdec_core.store import migrate
+from specdec_core.store import Store, StoreError, migrate
+from specdec_core.store.migrate import copy_store
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     store = existing_store(args, "migrate")
     if store is None:
         return 1
-    rebuilt = migrate(store)
+    if args.to:
+        try:
+            copied = copy_store(store, Store(args.to))
+        except StoreError as exc:
+            print(f"specdec migrate: {exc}", file=sys.stderr)
+            return 1
+        print(f"{store} -> {Store(args.to)}: copied {copied:,} requests, rejudged hits and rebuilt summaries")
+        return 0
+    try:
+        rebuilt = migrate(store)
+    except StoreError as exc:
+        print(f"specdec migrate: {exc}", file=sys.stderr)
+        return 1
     print(f"{store}: {'rejudged hits and rebuilt summaries' if rebuilt else 'already up to date'}")
     return 0
 
@@ -22,4 +36,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description="Add the tables and columns this version has, rejudge hits and "
                                           "rebuild summaries where they predate it. Every ingest does this too.")
     add_db(p)
+    p.add_argument("--to", metavar="STORE", help="copy the --db store into STORE, a new store (a file, or "
+                                                 "ducklake:CATALOG: a local store into a shared one)")
     p.set_defaults(func=cmd_migrate)

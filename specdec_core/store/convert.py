@@ -83,14 +83,30 @@ def convert_into(source: Path, con: duckdb.DuckDBPyConnection, shown: str) -> li
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
             raise ConversionError(f"{shown}: DuckDB {SIDE_VERSION} could not read it: {last}")
         manifest = json.loads(done.stdout.strip().splitlines()[-1])
-        existing = {r[0] for r in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
-        for i, table in enumerate(manifest["tables"]):
-            parquet = f"{out}/{i}.parquet"
-            if table in existing:
-                con.execute(f'DELETE FROM "{table}"')
-                con.execute(f"INSERT INTO \"{table}\" BY NAME SELECT * FROM read_parquet('{parquet}')")
-            else:
-                con.execute(f"CREATE TABLE \"{table}\" AS SELECT * FROM read_parquet('{parquet}')")
-    con.execute("DELETE FROM meta WHERE key = 'summary_version'")
+        load_tables(con, out, manifest["tables"])
     return manifest["tables"]
+
+
+def load_tables(con: duckdb.DuckDBPyConnection, folder: str, tables: list[str]) -> None:
+    """Load `folder`/i.parquet into table i of `tables`: by column name where the schema has the table, as it
+    was otherwise; then mark the derived tables stale, so the write rebuilds them for this store."""
+    existing = {r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
+    for i, table in enumerate(tables):
+        parquet = f"{folder}/{i}.parquet"
+        if table in existing:
+            con.execute(f'DELETE FROM "{table}"')
+            con.execute(f"INSERT INTO \"{table}\" BY NAME SELECT * FROM read_parquet('{parquet}')")
+        else:
+            con.execute(f"CREATE TABLE \"{table}\" AS SELECT * FROM read_parquet('{parquet}')")
+    con.execute("DELETE FROM meta WHERE key = 'summary_version'")
+
+
+def export_tables(con: duckdb.DuckDBPyConnection, folder: str) -> list[str]:
+    """Write every table of the connection's database to `folder`/i.parquet; returns their names in order."""
+    tables = [r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main' "
+        "AND NOT temporary ORDER BY table_name").fetchall()]
+    for i, table in enumerate(tables):
+        con.execute(f"COPY \"{table}\" TO '{folder}/{i}.parquet' (FORMAT parquet)")
+    return tables

@@ -6,9 +6,13 @@ command to run (`specdec migrate`); every ingest migrates first, within its own 
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import duckdb
 
-from specdec_core.store.connection import Store, StoreError, derived_current
+from specdec_core.store.connection import Store, StoreError, derived_current, scalar
+from specdec_core.store.convert import export_tables, load_tables
 from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.lake import LakeError, compact
 from specdec_core.store.summaries import build_summaries
@@ -34,3 +38,21 @@ def migrate(store: Store) -> bool:
         except LakeError as exc:
             raise StoreError(str(exc)) from None
     return rebuilt
+
+
+def copy_store(source: Store, dest: Store) -> int:
+    """Copy every table of `source` into `dest`, a store holding no requests yet (a local file into a shared
+    lake, or a lake into a file); dest's derived tables are built anew. Returns the requests copied."""
+    with tempfile.TemporaryDirectory(prefix="specdec-copy-") as out:
+        os.chmod(out, 0o700)  # the rows of a private store stay private while they are Parquet
+        with source.read() as con:
+            tables = export_tables(con, out)
+
+        def load(con: duckdb.DuckDBPyConnection) -> int:
+            if scalar(con, "SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)"):
+                raise StoreError(f"{dest}: already holds requests; copy into a new store")
+            load_tables(con, out, tables)
+            migrate_connection(con)
+            return scalar(con, "SELECT count(*) FROM requests")
+
+        return dest.transact(load)
