@@ -117,3 +117,28 @@ def test_a_shared_store_that_cannot_be_reached_is_a_one_line_error(tmp_path, mon
             pass
     message = str(err.value)
     assert "\n" not in message and message.startswith("ducklake:postgres:dbname=specdec") and "cannot open" in message
+
+
+def test_a_writer_that_loses_the_commit_race_loads_its_batch_again_on_the_new_state(shared, tmp_path):
+    import threading
+
+    seed = write_jsonl(tmp_path / "seed.jsonl", _batch("s", 100, 0))
+    a = write_jsonl(tmp_path / "a.jsonl", _batch("a", 500, 1))
+    b = write_jsonl(tmp_path / "b.jsonl", _batch("b", 500, 1))
+    ingest(Store(), [str(seed)])
+    attempts: list[int] = []
+
+    def meanwhile_another_machine_commits(con, ingest_id):
+        attempts.append(ingest_id)
+        if len(attempts) == 1:  # a's first try: b starts after it and commits before it
+            other = threading.Thread(target=ingest, args=(Store(), [str(b)]))
+            other.start()
+            other.join()
+
+    result = ingest(Store(), [str(a)], before_commit=meanwhile_another_machine_commits)
+    assert result.accepted == 500
+    assert attempts == [2, 3], "the first try lost to b's commit (ingest 2) and ran again as ingest 3"
+    one_by_one = str(tmp_path / "sequential.duckdb")
+    for f in (seed, b, a):
+        ingest(Store(one_by_one), [str(f)])
+    assert _content(Store().name) == _content(one_by_one)
