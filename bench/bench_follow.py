@@ -4,9 +4,10 @@ A writer appends 5,000 lines a second to a log (each stamped with the time it is
 with ten unknown fields, duplicate timestamps and a hostile line now and then), `specdec ingest --follow`
 loads it, and a reader asks the store every half second what the dashboard's Live toggle asks
 (`freshness`: the newest request's time) and how far that lags behind now. Run into an empty store and
-into one that already holds 1M rows, in the same run. Target: the lag stays at most 5 s.
+into one that already holds 1M rows, in the same run, for a DuckDB file and a DuckLake store. Target: the
+lag stays at most 5 s.
 
-    .venv/bin/python bench/bench_follow.py [--seconds 60] [--rate 5000] [--sizes 0,1000000]
+    .venv/bin/python bench/bench_follow.py [--seconds 60] [--rate 5000] [--sizes 0,1000000] [--kinds file,lake]
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_append import base_store, live_lines  # noqa: E402
+from bench_append import base_store, live_lines, store_name  # noqa: E402
 from bench_formats import HOSTILE  # noqa: E402
 from common import OUT, ROOT  # noqa: E402
 
@@ -63,16 +64,18 @@ def write_traffic(log: Path, rate: int, seconds: float, stop: threading.Event, w
     written.append(n)
 
 
-def run(size: int, rate: int, seconds: float) -> dict:
+def run(size: int, rate: int, seconds: float, kind: str = "file") -> dict:
     from specdec_core.analysis import freshness
     from specdec_core.store import Store
     from specdec_core.store.connection import StoreError
 
-    db, log = OUT / "follow-work.duckdb", OUT / "follow-live.jsonl"
-    for leftover in (db, log, Path(str(db) + ".lock")):
+    work, log = OUT / f"follow-work.{kind}", OUT / "follow-live.jsonl"
+    shutil.rmtree(work, ignore_errors=True)
+    for leftover in (work, log, Path(str(work) + ".lock")):
         leftover.unlink(missing_ok=True)
     if size:
-        shutil.copyfile(base_store(size), db)
+        (shutil.copyfile if kind == "file" else shutil.copytree)(base_store(size, kind), work)
+    db = store_name(work, kind)
     log.touch()
     follower = subprocess.Popen([sys.executable, "-m", "specdec_core", "ingest", "--follow", str(log), "--db", str(db),
                                  "--every", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -113,16 +116,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--rate", type=int, default=5000)
     parser.add_argument("--sizes", default="0,1000000")
+    parser.add_argument("--kinds", default="file,lake", help="kinds of store: file, lake, or both")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     OUT.mkdir(exist_ok=True)
-    print(f"{'store':>12}{'lines':>9}{'loaded':>9}{'lag p50':>9}{'p95':>7}{'max':>7}  (seconds; {args.rate:,} lines/s "
+    print(f"{'kind':>5}{'store':>12}{'lines':>9}{'loaded':>9}{'lag p50':>9}{'p95':>7}{'max':>7}  (seconds; {args.rate:,} lines/s "
           f"for {args.seconds:.0f} s)")
-    for size in (int(s) for s in args.sizes.split(",")):
-        r = run(size, args.rate, args.seconds)
+    for kind, size in ((k, int(s)) for k in args.kinds.split(",") for s in args.sizes.split(",")):
+        r = run(size, args.rate, args.seconds, kind)
         lags = sorted(r["lags"])
         p95 = lags[int(0.95 * (len(lags) - 1))] if lags else float("nan")
-        print(f"{size:>12,}{r['written']:>9,}{r['loaded']:>9,}{statistics.median(lags) if lags else float('nan'):>9.1f}"
+        print(f"{kind:>5}{size:>12,}{r['written']:>9,}{r['loaded']:>9,}{statistics.median(lags) if lags else float('nan'):>9.1f}"
               f"{p95:>7.1f}{max(lags, default=float('nan')):>7.1f}   last status: {r['tail']}")
     print("\ntarget: lag at most 5 s at 5,000 lines/s")
 

@@ -19,12 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdec_core.decoding.registry import CONFIG_ENV, REPO_ROOT, default_config_path
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+from specdec_core.settings_file import CONFIG_ENV, REPO_ROOT, default_config_path, tomllib
 
 _DASHBOARD_KEYS = {"audit_functions", "roots"}
 

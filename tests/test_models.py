@@ -14,12 +14,12 @@ from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.decoding.loader import ModelLoader
 from specdec_core.decoding.proposers import ngram_size
 from specdec_core.decoding.registry import (
-    REPO_ROOT,
     Registry,
     RegistryError,
     UnknownModelError,
 )
 from specdec_core.demo.models import FAMILY_DIRS, registry_dict
+from specdec_core.settings_file import REPO_ROOT
 
 TOML = """\
 [models.tiny-target]

@@ -23,7 +23,6 @@ with n-grams up to N) need no entry.
 
 from __future__ import annotations
 
-import os
 import re
 import unicodedata
 from collections.abc import Mapping
@@ -32,16 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec_core.decoding.proposers.ngram import ngram_size
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
-CONFIG_ENV = "SPECDEC_CONFIG"
-CONFIG_NAME = "specdec.toml"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
+from specdec_core.settings_file import CONFIG_ENV, default_config_path, tomllib
 
 # Prompt normalisation steps a tokenizer version may apply, in the order listed.
 NORMALIZERS = {
@@ -319,9 +309,3 @@ class Registry:
         return str(tok.hub_id), {"revision": tok.revision} if tok.revision else {}
 
 
-def default_config_path() -> Path:
-    env = os.environ.get(CONFIG_ENV)
-    if env:
-        return Path(env)
-    local = Path.cwd() / CONFIG_NAME
-    return local if local.is_file() else REPO_ROOT / CONFIG_NAME

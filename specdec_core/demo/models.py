@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from specdec_core.decoding.registry import REPO_ROOT, Registry
+from specdec_core.decoding.registry import Registry
+from specdec_core.settings_file import REPO_ROOT
 
 FAMILIES: tuple[str, ...] = ("tiny", "smollm2")
 DEFAULT_MODELS_DIR = REPO_ROOT / "data" / "models"

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from specdec_core.settings_file import default_config_path, tomllib
+
 DEFAULT_DB = "data/specdec.duckdb"
 STORE_ENV = "SPECDEC_STORE"
 STORE_DATA_ENV = "SPECDEC_STORE_DATA"
@@ -57,9 +59,6 @@ class LakeLocation:
 
 
 def _store_table() -> tuple[dict, str]:
-    from specdec_core.config import tomllib
-    from specdec_core.decoding.registry import default_config_path
-
     source = default_config_path()
     if not source.is_file():
         return {}, str(source)
