@@ -4,6 +4,7 @@ Targets: each of ours under 0.5 s; at least 5x faster than pandas. pandas gets t
 already in memory (its load time is printed apart and not counted against it).
 
     .venv/bin/python bench/bench_metrics.py [--rows 1000000] [--db bench/out/append-base-5000000.duckdb]
+    .venv/bin/python bench/bench_metrics.py --db ducklake:bench/out/append-base-5000000.lake/s.sqlite
 """
 
 from __future__ import annotations
@@ -106,12 +107,13 @@ def pd_hit_rate_over_time(df: pd.DataFrame) -> pd.DataFrame:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--db", type=Path, help="ask an existing store instead (e.g. one bench_append.py built)")
+    parser.add_argument("--db", help="ask an existing store instead (e.g. one bench_append.py built; a lake: "
+                                      "ducklake:bench/out/append-base-1000000.lake/s.sqlite)")
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
-    db = args.db or OUT / f"metrics-{args.rows}.duckdb"
+    db = args.db or str(OUT / f"metrics-{args.rows}.duckdb")
     store = Store(db)
-    if not db.exists():  # one written by an older version is brought up to date by its first read
+    if not store.exists:  # one written by an older version is brought up to date by its first read
         log = OUT / f"synthetic-{args.rows}.jsonl"
         if not log.exists():
             make_synthetic_log(log, args.rows)

@@ -10,6 +10,7 @@ installed; nothing is downloaded at run time.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import logging
 import os
@@ -188,6 +189,7 @@ def forget_readers() -> None:
     for r in held.values():
         r.con.close()
     held.clear()
+    forget_writers()
 
 
 # Each batch adds small files (or rows inlined in the catalog) to every table it touches: a --follow adds
@@ -250,35 +252,84 @@ def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
     conflict at commit and the second one raises WriteConflict instead of committing a batch judged
     without the other's rows.
     """
-    spill = tempfile.mkdtemp(prefix="specdec-spill-")
-    try:
-        with _one_writer(location):
-            con = open_lake(location, setup=setup)
+    with _one_writer(location):
+        held = _writer(location, setup)
+        con = held.con
+        try:
+            con.execute(f"SET memory_limit = '{memory_limit}'")
+            con.execute("BEGIN TRANSACTION")
+            setup(con)
+            yield con
             try:
-                con.execute(f"USE {ALIAS}")
-                con.execute(f"SET memory_limit = '{memory_limit}'")
-                con.execute(f"SET temp_directory = '{_literal(spill)}'")
-                con.execute("BEGIN TRANSACTION")
-                setup(con)
-                yield con
-                try:
-                    con.execute("COMMIT")
-                except duckdb.Error as exc:
-                    if is_conflict(exc):
-                        raise WriteConflict(f"{location}: another writer committed first") from exc
-                    raise
-                if live_files(con) > MAINTAIN_ABOVE_FILES:
-                    maintain(con)
-            except BaseException:
-                try:
-                    con.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass  # the commit that failed already ended the transaction
+                con.execute("COMMIT")
+            except duckdb.Error as exc:
+                if is_conflict(exc):
+                    raise WriteConflict(f"{location}: another writer committed first") from exc
                 raise
-            finally:
-                con.close()
-    finally:
-        shutil.rmtree(spill, ignore_errors=True)
+            _drop_work_tables(con)
+            if live_files(con) > MAINTAIN_ABOVE_FILES:
+                maintain(con)
+        except BaseException:
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass  # the commit that failed already ended the transaction
+            _forget_writer(location)  # the next write starts from a fresh instance
+            raise
+
+
+@dataclass
+class _Writer:
+    con: duckdb.DuckDBPyConnection
+    spill: str
+
+
+_writers = threading.local()
+_spills: list[str] = []  # every kept instance's spill folder, removed when the process ends
+atexit.register(lambda: [shutil.rmtree(spill, ignore_errors=True) for spill in _spills])
+
+
+def _writer(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection], None]) -> _Writer:
+    """This thread's writing instance of the store, kept between writes: loading the extensions and
+    attaching cost about 0.25 s, which a --follow would pay every batch."""
+    held: dict[str, _Writer] = _writers.__dict__.setdefault("held", {})
+    key = str(location)
+    if key not in held:
+        spill = tempfile.mkdtemp(prefix="specdec-spill-")
+        try:
+            con = open_lake(location, setup=setup)
+            con.execute(f"USE {ALIAS}")
+            con.execute(f"SET temp_directory = '{_literal(spill)}'")
+        except BaseException:
+            shutil.rmtree(spill, ignore_errors=True)
+            raise
+        held[key] = _Writer(con, spill)
+        _spills.append(spill)
+    return held[key]
+
+
+def _forget_writer(location: LakeLocation) -> None:
+    held: dict[str, _Writer] = _writers.__dict__.setdefault("held", {})
+    writer = held.pop(str(location), None)
+    if writer is not None:
+        writer.con.close()
+        shutil.rmtree(writer.spill, ignore_errors=True)
+
+
+def forget_writers() -> None:
+    held: dict[str, _Writer] = _writers.__dict__.setdefault("held", {})
+    for key in list(held):
+        writer = held.pop(key)
+        writer.con.close()
+        shutil.rmtree(writer.spill, ignore_errors=True)
+
+
+def _drop_work_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """The batch's temp tables and views: a kept instance must not hold a large ingest's rows."""
+    for name, kind in con.execute("SELECT view_name, 'VIEW' FROM duckdb_views() WHERE temporary "
+                                  "UNION ALL SELECT table_name, 'TABLE' FROM duckdb_tables() WHERE temporary"
+                                  ).fetchall():
+        con.execute(f'DROP {kind} IF EXISTS temp."{name}"')
 
 
 def compact(location: LakeLocation) -> None:
