@@ -234,3 +234,15 @@ def test_migrate_to_copies_a_local_store_into_a_new_lake_and_refuses_one_that_ho
     assert contents(lake) == contents(file_store)
     again = run_cli("migrate", "--db", file_store, "--to", lake)
     assert again.returncode == 1 and "already holds requests" in again.stderr and len(again.stderr.splitlines()) == 1
+
+
+def test_a_reader_sees_a_lake_made_again_under_the_same_name(tmp_path):
+    name = f"ducklake:{tmp_path / 's.sqlite'}"
+    batches = _batches(tmp_path)
+    ingest(Store(name), [str(batches[0])])
+    assert len(contents(name)["requests"]) == 120  # this thread's reader is attached now
+    for old in [tmp_path / "s.sqlite", *tmp_path.glob("s.sqlite-*")]:
+        old.unlink()
+    shutil.rmtree(tmp_path / "s.sqlite.files", ignore_errors=True)
+    ingest(Store(name), [str(batches[2])])
+    assert [r[0] for r in contents(name)["requests"]][:1] == ["x0"] and len(contents(name)["requests"]) == 30

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -168,19 +168,31 @@ def snapshot_id(con: duckdb.DuckDBPyConnection) -> int:
 @dataclass
 class _Reader:
     con: duckdb.DuckDBPyConnection
+    catalog_file: tuple[int, int] | None  # a SQLite catalog's (device, inode) when it was attached
     checked_at: int = -1  # the snapshot its derived tables were last found current at
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _readers = threading.local()
 
 
+def _catalog_file(location: LakeLocation) -> tuple[int, int] | None:
+    if location.postgres:
+        return None
+    try:
+        st = os.stat(location.catalog)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def reader(location: LakeLocation) -> _Reader:
-    """This thread's read-only attachment of the store (attaching costs a few hundred ms: kept)."""
+    """This thread's read-only attachment of the store (attaching costs a few hundred ms: kept until the
+    catalog file is another one: a store deleted and made again under the same name)."""
     held: dict[str, _Reader] = _readers.__dict__.setdefault("held", {})
-    key = str(location)
-    if key not in held:
-        held[key] = _Reader(open_lake(location, read_only=True))
+    key, current = str(location), _catalog_file(location)
+    if key not in held or held[key].catalog_file != current:
+        # A replaced one is left to close itself once no read uses it.
+        held[key] = _Reader(open_lake(location, read_only=True), current)
     return held[key]
 
 
@@ -282,6 +294,7 @@ def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
 class _Writer:
     con: duckdb.DuckDBPyConnection
     spill: str
+    catalog_file: tuple[int, int] | None = None
 
 
 _writers = threading.local()
@@ -294,6 +307,8 @@ def _writer(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
     attaching cost about 0.25 s, which a --follow would pay every batch."""
     held: dict[str, _Writer] = _writers.__dict__.setdefault("held", {})
     key = str(location)
+    if key in held and held[key].catalog_file != _catalog_file(location):
+        _forget_writer(location)  # the store was deleted (and perhaps made again) since
     if key not in held:
         spill = tempfile.mkdtemp(prefix="specdec-spill-")
         try:
@@ -303,7 +318,7 @@ def _writer(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
         except BaseException:
             shutil.rmtree(spill, ignore_errors=True)
             raise
-        held[key] = _Writer(con, spill)
+        held[key] = _Writer(con, spill, _catalog_file(location))
         _spills.append(spill)
     return held[key]
 
