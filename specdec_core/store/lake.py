@@ -341,10 +341,11 @@ def forget_writers() -> None:
 
 def _drop_work_tables(con: duckdb.DuckDBPyConnection) -> None:
     """The batch's temp tables and views: a kept instance must not hold a large ingest's rows."""
-    for name, kind in con.execute("SELECT view_name, 'VIEW' FROM duckdb_views() WHERE temporary "
-                                  "UNION ALL SELECT table_name, 'TABLE' FROM duckdb_tables() WHERE temporary"
-                                  ).fetchall():
-        con.execute(f'DROP {kind} IF EXISTS temp."{name}"')
+    # (duckdb_views() counts the system views as temporary too: information_schema names the batch's own.)
+    work = con.execute("SELECT table_name, CASE WHEN table_type = 'VIEW' THEN 'VIEW' ELSE 'TABLE' END "
+                       "FROM information_schema.tables WHERE table_catalog = 'temp'").fetchall()
+    if work:
+        con.execute(";".join(f'DROP {kind} IF EXISTS temp.main."{name}"' for name, kind in work))
 
 
 def compact(location: LakeLocation) -> None:
