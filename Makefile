@@ -13,12 +13,12 @@ TORCH_SPEC ?= torch==2.13.0
 
 install: $(STAMP)
 
+# DuckDB 2.0.1 goes beside the project, only to read stores an older specdec wrote (store/convert.py).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"
-	# DuckDB 2.0.1 beside it, only to read stores an older specdec wrote (store/convert.py).
 	$(PY) -m pip install -q --upgrade --no-deps --target $(VENV)/duckdb-2.0.1 duckdb==2.0.1
 	@touch $(STAMP)
 
