@@ -89,10 +89,17 @@ class Lines:
         return f"(rowid - {self.row_base})"
 
 
-def _row_base(con: duckdb.DuckDBPyConnection, table: str) -> int:
+def _staged(con: duckdb.DuckDBPyConnection, table: str, first_seq: int, source_line: str | None = None,
+            pre_reason: str = "pre_reason", **rest: Any) -> Lines:
+    """The Lines of a filled temp table; `source_line` None: the table's own column, else SQL over
+    `{index}` (the row's place in the table, from 0)."""
     # A table made inside an open transaction (a DuckLake write is one) numbers its rows from a large base
     # until it commits, not from 0.
-    return int(scalar(con, f"SELECT coalesce(min(rowid), 0) FROM {table}"))
+    count, base = con.execute(f"SELECT count(*), coalesce(min(rowid), 0) FROM {table}").fetchall()[0]
+    lines = Lines(table, first_seq, count, "", row_base=base, **rest)
+    line_sql = "source_line" if source_line is None else source_line.format(index=lines.row_index)
+    return replace(lines, sql=f"SELECT {first_seq} + {lines.row_index} AS seq, {line_sql} AS source_line, raw, "
+                              f"{pre_reason} AS pre_reason FROM {table}")
 
 
 def _lines_end_in_newlines(path: Path) -> bool:
@@ -148,10 +155,7 @@ def _stage(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: in
             if _gzip_cut_short(con, path, table):
                 con.execute(f"DROP TABLE {table}")  # the Python reader says where the stream ends
                 return _stage_in_python(con, path, name, table, first_seq)
-            count, base = scalar(con, f"SELECT count(*) FROM {table}"), _row_base(con, table)
-            return Lines(table, first_seq, count, f"SELECT {first_seq} + rowid - {base} AS seq, rowid - {base} + 1 "
-                                                   f"AS source_line, raw, NULL::VARCHAR AS pre_reason FROM {table}",
-                         row_base=base)
+            return _staged(con, table, first_seq, "{index} + 1", "NULL::VARCHAR")
     return _stage_in_python(con, path, name, table, first_seq)
 
 
@@ -182,10 +186,7 @@ def _stage_in_python(con: duckdb.DuckDBPyConnection, path: Path, name: str, tabl
                                               "pre_reason": pa.array(reasons, pa.string())}))
         con.execute(f"INSERT INTO {table} SELECT * FROM chunk_arrow")
         con.unregister("chunk_arrow")
-    count, base = scalar(con, f"SELECT count(*) FROM {table}"), _row_base(con, table)
-    return Lines(table, first_seq, count,
-                 f"SELECT {first_seq} + rowid - {base} AS seq, source_line, raw, pre_reason FROM {table}",
-                 row_base=base)
+    return _staged(con, table, first_seq)
 
 
 def _stage_foreign(con: duckdb.DuckDBPyConnection, path: Path, name: str, table: str, first_seq: int,
@@ -201,10 +202,7 @@ def _stage_foreign(con: duckdb.DuckDBPyConnection, path: Path, name: str, table:
                                               "origin": pa.array(chunk.origins, pa.int32())}))
         con.execute(f"INSERT INTO {table} SELECT * FROM chunk_arrow")
         con.unregister("chunk_arrow")
-    count, base = scalar(con, f"SELECT count(*) FROM {table}"), _row_base(con, table)
-    return Lines(table, first_seq, count,
-                 f"SELECT {first_seq} + rowid - {base} AS seq, source_line, raw, pre_reason FROM {table}",
-                 origin_sql="origin", skipped=skipped, row_base=base)
+    return _staged(con, table, first_seq, origin_sql="origin", skipped=skipped)
 
 
 def set_aside(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, limits: IngestLimits
