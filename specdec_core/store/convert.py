@@ -23,18 +23,19 @@ SIDE_VERSION = "2.0.1"
 # The storage version DuckDB 2.0 writes in a file's header; 1.5.5 reads 64 to 68.
 _NEWER_STORAGE = 999
 
+# The child runs this very file's export_tables under DuckDB 2.0.1, loaded by path: importing the package
+# would pull in the rest of specdec.
 _EXPORT = r"""
-import json, sys
+import importlib.util, json, sys
 import duckdb
-source, out = sys.argv[1], sys.argv[2]
+here, source, out = sys.argv[1:4]
+spec = importlib.util.spec_from_file_location("specdec_convert", here)
+convert = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(convert)
 con = duckdb.connect(":memory:")
 con.execute("ATTACH '" + source.replace("'", "''") + "' AS old (READ_ONLY)")
-tables = [r[0] for r in con.execute(
-    "SELECT table_name FROM duckdb_tables() WHERE database_name = 'old' AND schema_name = 'main' "
-    "AND NOT temporary ORDER BY table_name").fetchall()]
-for i, t in enumerate(tables):
-    con.execute(f'COPY old.main."{t}" TO \'{out}/{i}.parquet\' (FORMAT parquet)')
-print(json.dumps({"duckdb": duckdb.__version__, "tables": tables}))
+con.execute("USE old")
+print(json.dumps(convert.export_tables(con, out)))
 """
 
 
@@ -77,14 +78,14 @@ def convert_into(source: Path, con: duckdb.DuckDBPyConnection, shown: str) -> li
     with tempfile.TemporaryDirectory(prefix="specdec-convert-") as out:
         os.chmod(out, 0o700)  # the rows of a private store stay private while they are Parquet
         env = {**os.environ, "PYTHONPATH": str(folder)}
-        done = subprocess.run([sys.executable, "-c", _EXPORT, str(source), out], env=env, capture_output=True,
-                              text=True, check=False)
+        done = subprocess.run([sys.executable, "-c", _EXPORT, __file__, str(source), out], env=env,
+                              capture_output=True, text=True, check=False)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
             raise ConversionError(f"{shown}: DuckDB {SIDE_VERSION} could not read it: {last}")
-        manifest = json.loads(done.stdout.strip().splitlines()[-1])
-        load_tables(con, out, manifest["tables"])
-    return manifest["tables"]
+        tables = json.loads(done.stdout.strip().splitlines()[-1])
+        load_tables(con, out, tables)
+    return tables
 
 
 def load_tables(con: duckdb.DuckDBPyConnection, folder: str, tables: list[str]) -> None:
