@@ -118,7 +118,8 @@ def _create_sqlite_catalog(location: LakeLocation, setup: Callable[[duckdb.DuckD
         db.execute("PRAGMA journal_mode=WAL")
     finally:
         db.close()
-    con = _attach(LakeLocation(tmp, location.data_path, location.s3), read_only=False)  # not moved: made
+    # A new catalog records this data path: nothing to override (beside stays False).
+    con = _attach(LakeLocation(tmp, location.data_path, location.s3), read_only=False)
     try:
         con.execute(f"USE {ALIAS}")
         setup(con)
@@ -323,7 +324,7 @@ def _writer(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
     return held[key]
 
 
-def _forget_writer(location: LakeLocation) -> None:
+def _forget_writer(location: LakeLocation | str) -> None:
     held: dict[str, _Writer] = _writers.__dict__.setdefault("held", {})
     writer = held.pop(str(location), None)
     if writer is not None:
@@ -332,11 +333,8 @@ def _forget_writer(location: LakeLocation) -> None:
 
 
 def forget_writers() -> None:
-    held: dict[str, _Writer] = _writers.__dict__.setdefault("held", {})
-    for key in list(held):
-        writer = held.pop(key)
-        writer.con.close()
-        shutil.rmtree(writer.spill, ignore_errors=True)
+    for key in list(_writers.__dict__.get("held", {})):
+        _forget_writer(key)
 
 
 def _drop_work_tables(con: duckdb.DuckDBPyConnection) -> None:

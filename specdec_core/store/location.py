@@ -41,7 +41,6 @@ class LakeLocation:
     s3: tuple[tuple[str, str], ...] = field(default=())
     beside: bool = False  # the data files are in CATALOG.files/: the two move together
 
-
     @property
     def postgres(self) -> bool:
         return self.catalog.startswith("postgres:")
@@ -58,10 +57,10 @@ class LakeLocation:
         return LAKE_PREFIX + self.catalog
 
 
-def _store_table() -> tuple[dict, str]:
+def _store_table() -> dict:
     source = default_config_path()
     if not source.is_file():
-        return {}, str(source)
+        return {}
     try:
         table = tomllib.loads(source.read_text(encoding="utf-8")).get("store", {})
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -71,7 +70,7 @@ def _store_table() -> tuple[dict, str]:
     unknown = sorted(set(table) - _STORE_KEYS)
     if unknown:
         raise LocationError(f"{source}: [store] has no setting {unknown[0]!r}; it takes {', '.join(sorted(_STORE_KEYS))}")
-    return table, str(source)
+    return table
 
 
 def resolve_db(path: str | os.PathLike[str] | None = None) -> str:
@@ -79,7 +78,7 @@ def resolve_db(path: str | os.PathLike[str] | None = None) -> str:
     chosen = path or os.environ.get("SPECDEC_DB")
     if chosen:
         return str(chosen)
-    catalog = os.environ.get(STORE_ENV) or _store_table()[0].get("catalog")
+    catalog = os.environ.get(STORE_ENV) or _store_table().get("catalog")
     if catalog:
         return catalog if catalog.startswith(LAKE_PREFIX) else LAKE_PREFIX + catalog
     return DEFAULT_DB
@@ -94,7 +93,7 @@ def lake_location(name: str) -> LakeLocation | None:
         catalog = catalog[len("sqlite:"):]
     if not catalog:
         raise LocationError(f"{name}: names no catalog; write ducklake:PATH (SQLite) or ducklake:postgres:...")
-    table, source = _store_table()
+    table = _store_table()
     configured = table.get("catalog", "")
     configured = configured[len(LAKE_PREFIX):] if configured.startswith(LAKE_PREFIX) else configured
     is_configured = configured in (catalog, "sqlite:" + catalog)
