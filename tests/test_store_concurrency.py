@@ -55,32 +55,36 @@ def _content(db) -> tuple:
                 con.execute("SELECT * FROM summary_minute ORDER BY ALL").fetchall())
 
 
-def _store_name(tmp_path, kind: str, name: str) -> str:
-    return str(tmp_path / f"{name}.duckdb") if kind == "file" else f"ducklake:{tmp_path / name}.sqlite"
+def two_writers_and_a_reader(db: str, tmp_path, rows: int, env: dict | None = None) -> set[int]:
+    """Seed `db`, then two writer processes of `rows` rows each while a reader process reads in a loop: both
+    writers land, every snapshot the reader saw is whole, and the store equals a DuckDB file fed the same
+    logs one after the other. Returns the request counts the reader saw."""
+    seed = write_jsonl(tmp_path / "seed.jsonl", _batch("s", 200, 0))
+    a = write_jsonl(tmp_path / "a.jsonl", _batch("a", rows, 1))
+    b = write_jsonl(tmp_path / "b.jsonl", _batch("b", rows, 1))
+    ingest(Store(db), [str(seed)])
+    reader = subprocess.Popen([sys.executable, "-c", READER, db, "20"], stdout=subprocess.PIPE, text=True, env=env)
+    time.sleep(2)  # the reader is reading before the writers start
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, db, str(f)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env) for f in (a, b)]
+    outs = [w.communicate(timeout=300) for w in writers]
+    assert [w.returncode for w in writers] == [0, 0], [err for _, err in outs]
+    assert [int(out) for out, _ in outs] == [rows, rows]
+    read = json.loads(reader.communicate(timeout=120)[0])
+    assert read["errors"] == []
+    counts = {row[0] for row in read["seen"]}
+    assert counts <= {200, 200 + rows, 200 + 2 * rows} and 200 in counts and len(read["seen"]) > 20
+    # No torn read: every snapshot's summaries and verdicts count the rows it holds.
+    assert all(n == minute_total and verdicts == hits for n, minute_total, verdicts, hits in read["seen"])
+
+    one_by_one = str(tmp_path / "sequential.duckdb")
+    for f in (seed, a, b):
+        ingest(Store(one_by_one), [str(f)])
+    assert _content(db) == _content(one_by_one)
+    return counts
 
 
 @pytest.mark.parametrize("kind", ["file", "lake"])
 def test_two_writers_and_a_reader_at_once(tmp_path, kind):
-    db = _store_name(tmp_path, kind, "shared")
-    seed = write_jsonl(tmp_path / "seed.jsonl", _batch("s", 200, 0))
-    a = write_jsonl(tmp_path / "a.jsonl", _batch("a", 6000, 1))
-    b = write_jsonl(tmp_path / "b.jsonl", _batch("b", 6000, 1))
-    ingest(Store(db), [str(seed)])
-    reader = subprocess.Popen([sys.executable, "-c", READER, str(db), "20"], stdout=subprocess.PIPE, text=True)
-    time.sleep(2)  # the reader is reading before the writers start
-    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(db), str(f)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for f in (a, b)]
-    outs = [w.communicate(timeout=300) for w in writers]
-    assert [w.returncode for w in writers] == [0, 0], [err for _, err in outs]
-    assert [int(out) for out, _ in outs] == [6000, 6000]
-    read = json.loads(reader.communicate(timeout=120)[0])
-    assert read["errors"] == []
-    counts = {row[0] for row in read["seen"]}
-    assert counts <= {200, 6200, 12200} and 200 in counts and len(read["seen"]) > 20
-    # No torn read: every snapshot's summaries and verdicts count the rows it holds.
-    assert all(n == minute_total and verdicts == hits for n, minute_total, verdicts, hits in read["seen"])
-
-    one_by_one = _store_name(tmp_path, kind, "sequential")
-    for f in (seed, a, b):
-        ingest(Store(one_by_one), [str(f)])
-    assert _content(db) == _content(one_by_one)
+    db = str(tmp_path / "shared.duckdb") if kind == "file" else f"ducklake:{tmp_path / 'shared.sqlite'}"
+    two_writers_and_a_reader(db, tmp_path, 6000)

@@ -8,13 +8,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from helpers import write_jsonl
 from servers import create_database, postgres, s3, s3_keys
-from test_store_concurrency import READER, WRITER, _batch, _content
+from test_store_concurrency import _batch, _content, two_writers_and_a_reader
 
 from specdec_core.store import Store, StoreError, ingest
 
@@ -55,28 +54,8 @@ def test_two_machines_and_a_reader_on_postgres_and_s3(shared, tmp_path):
     env, endpoint, prefix = shared
     store = Store()
     assert store.lake is not None and store.lake.postgres and store.lake.on_s3
-    seed = write_jsonl(tmp_path / "seed.jsonl", _batch("s", 200, 0))
-    a = write_jsonl(tmp_path / "a.jsonl", _batch("a", 3000, 1))
-    b = write_jsonl(tmp_path / "b.jsonl", _batch("b", 3000, 1))
-    ingest(store, [str(seed)])
-    reader = subprocess.Popen([sys.executable, "-c", READER.replace("Store(sys.argv[1])", "Store()"), "-", "25"],
-                              stdout=subprocess.PIPE, text=True, env=env)
-    time.sleep(3)
-    writers = [subprocess.Popen([sys.executable, "-c", WRITER.replace("Store(sys.argv[1])", "Store()"), "-", str(f)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for f in (a, b)]
-    outs = [w.communicate(timeout=300) for w in writers]
-    assert [w.returncode for w in writers] == [0, 0], [err for _, err in outs]
-    assert [int(out) for out, _ in outs] == [3000, 3000]
-    read = json.loads(reader.communicate(timeout=120)[0])
-    assert read["errors"] == []
-    counts = {row[0] for row in read["seen"]}
-    assert counts <= {200, 3200, 6200} and 200 in counts and 6200 in counts
-    assert all(n == minute_total and verdicts == hits for n, minute_total, verdicts, hits in read["seen"])
-
-    one_by_one = str(tmp_path / "sequential.duckdb")
-    for f in (seed, a, b):
-        ingest(Store(one_by_one), [str(f)])
-    assert _content(store.name) == _content(one_by_one)
+    counts = two_writers_and_a_reader(store.name, tmp_path, 3000, env=env)
+    assert 6200 in counts, "the reader saw both machines' batches land"
     # The rows are Parquet files on S3, not on this machine's disk.
     keys = s3_keys(endpoint)
     assert any(k.startswith(prefix + "main/requests/") and k.endswith(".parquet") for k in keys)
