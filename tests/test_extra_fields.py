@@ -109,3 +109,25 @@ def test_the_usual_fields_are_the_commonest_set_and_odd_names_are_left_to_the_pa
     assert usual_extra_keys(con, "SELECT raw FROM t") == ()
     con.execute("CREATE OR REPLACE TABLE t AS SELECT unnest(?::VARCHAR[]) AS raw", [[json.dumps(rec("d"))] * 3])
     assert usual_extra_keys(con, "SELECT raw FROM t") == ()
+
+
+def test_a_field_named_twice_is_found_among_the_usual_other_fields(tmp_path):
+    """The repeated-field check is skipped for records with no more keys than fields read; one named twice
+    has more, whether it is the contract's (rejected) or one of the usual others (kept, as the patch keeps it)."""
+    usual = [("trace_id", 1), ("region", "eu")]
+    lines = [_line(rec(f"u{i}"), usual) for i in range(5)]
+    lines.append(_line(rec("twice"), usual)[:-1] + ', "max_tokens": 7}')
+    lines.append(_line(rec("other-twice"), [*usual, ("trace_id", 2)]))
+    lines.append(_line(rec("interleaved"), list(reversed(usual))))
+    store = Store(tmp_path / "s.duckdb")
+    result = ingest(store, [str(write_jsonl(tmp_path / "t.jsonl", lines))])
+    assert (result.accepted, result.quarantined) == (7, 1)
+    with store.read() as con:
+        assert con.execute("SELECT reason FROM quarantine").fetchone()[0] == \
+            "duplicate field: max_tokens appears more than once"
+        extra = dict(con.execute("SELECT request_id, extra::VARCHAR FROM requests").fetchall())
+    patched = duckdb.connect().execute(f"SELECT ({_PATCHED})::VARCHAR FROM (SELECT ?::VARCHAR AS obj)",
+                                       [lines[6]]).fetchone()[0]
+    assert extra["other-twice"] == patched and set(json.loads(patched)) == {"trace_id", "region"}
+    assert list(json.loads(extra["interleaved"])) == ["region", "trace_id"]
+    assert json.loads(extra["u0"]) == {"trace_id": 1, "region": "eu"}

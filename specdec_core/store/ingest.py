@@ -102,12 +102,14 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
         lists AS (SELECT *, json_type(obj, {paths}) AS t, json_extract_string(obj, {paths}) AS s FROM o),
         -- One column per field: list indexing inside every later expression would repeat the work.
         fields AS (SELECT seq, source_file, source_line, raw, valid, root, obj,
-                          len(list_filter(t[:{len(_INDEX)}], lambda x: x IS NOT NULL)) AS n_known, coalesce(object_keys, json_keys(obj)) AS keys,
+                          len(list_filter(t[:{len(_INDEX)}], lambda x: x IS NOT NULL)) AS n_known,
+                          len(list_filter(t[{len(_INDEX) + 1}:], lambda x: x IS NOT NULL)) AS n_usual, coalesce(object_keys, json_keys(obj)) AS keys,
                           {", ".join(f"t[{i}] AS {field_type(n)}, s[{i}] AS {field_text(n)}" for n, i in _INDEX.items())},
                           t[{len(_INDEX) + 1}:] AS xt, s[{len(_INDEX) + 1}:] AS xs
                    FROM lists),
-        vals AS (SELECT *, len(keys) AS n_keys, {values_sql()}, {UNKNOWN_SQL}, {SOURCE_LINK_SQL},
-                        {REPEATED_FIELD} AS repeated_field FROM fields),
+        counted AS (SELECT *, len(keys) AS n_keys FROM fields),
+        vals AS (SELECT *, {values_sql()}, {UNKNOWN_SQL}, {SOURCE_LINK_SQL},
+                        {REPEATED_FIELD} AS repeated_field FROM counted),
         -- The raw text stays in the file's table: rejected rows are joined back to it by seq.
         verdict AS (
             SELECT seq, source_file, source_line, {extra} AS extra, unknown_fields, source_link,
