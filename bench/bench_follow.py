@@ -107,6 +107,7 @@ def run(size: int, rate: int, seconds: float, kind: str = "file") -> dict:
     follower.send_signal(signal.SIGINT)
     output = follower.communicate(timeout=60)[0]
     loaded = freshness(Store(db))["requests"] - size
+    (OUT / f"follow-{kind}-{size}.out").write_text(output)
     return {"lags": lags, "written": written[0], "loaded": loaded,
             "tail": output.strip().splitlines()[-1] if output.strip() else ""}
 
