@@ -201,7 +201,6 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-_KNOWN_LIST = "[" + ", ".join(_literal(k) for k in _KNOWN_KEYS) + "]"
 _KNOWN_IN = "(" + ", ".join(_literal(k) for k in _KNOWN_KEYS) + ")"
 
 
@@ -209,7 +208,7 @@ def usual_extra_keys(con: duckdb.DuckDBPyConnection, lines_sql: str, sample: int
     """The fields beyond the contract's that most of a file's first `sample` records hold, in their order;
     () when they hold none, or names left to the patch (below)."""
     row = con.execute(f"""
-        SELECT u FROM (SELECT list_filter(TRY(json_keys(raw)), lambda k: NOT list_contains({_KNOWN_LIST}, k)) AS u
+        SELECT u FROM (SELECT list_filter(TRY(json_keys(raw)), lambda k: k NOT IN {_KNOWN_IN}) AS u
                        FROM ({lines_sql}) WHERE raw[1] = '{{' LIMIT {int(sample)})
         WHERE len(u) > 0 GROUP BY u ORDER BY count(*) DESC, u LIMIT 1
     """).fetchone()
