@@ -319,7 +319,7 @@ def _writer(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
         except BaseException:
             shutil.rmtree(spill, ignore_errors=True)
             raise
-        held[key] = _Writer(con, spill, _catalog_file(location))
+        held[key] = _Writer(con, spill, _catalog_file(location))  # a new catalog exists only now
         _spills.append(spill)
     return held[key]
 
@@ -330,6 +330,7 @@ def _forget_writer(location: LakeLocation | str) -> None:
     if writer is not None:
         writer.con.close()
         shutil.rmtree(writer.spill, ignore_errors=True)
+        _spills.remove(writer.spill)
 
 
 def forget_writers() -> None:
