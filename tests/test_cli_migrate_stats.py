@@ -37,3 +37,35 @@ def test_migrate_rebuilds_an_older_store_that_reads_refuse(tmp_path):
     assert done.returncode == 0 and "rebuilt" in done.stdout
     assert run_cli("stats", "--db", str(db)).returncode == 0
     assert "already up to date" in run_cli("migrate", "--db", str(db)).stdout
+
+
+def test_migrate_drops_the_key_that_identities_had_and_keeps_them_unique(tmp_path):
+    # Stores written before this change keyed identities by fingerprint (an index each checkpoint rewrote whole).
+    log = write_jsonl(tmp_path / "log.jsonl", [rec(f"m{i}", cache_key=f"K{i}", max_tokens=8 + i) for i in range(5)])
+    db = tmp_path / "s.duckdb"
+    assert run_cli("ingest", str(log), "--db", str(db)).returncode == 0
+    con = duckdb.connect(str(db))
+    rows = con.execute("SELECT * FROM identities ORDER BY fingerprint").fetchall()
+    columns = ", ".join(f'"{n}" {t}' + (" PRIMARY KEY" if n == "fingerprint" else "")
+                        for n, t, *_ in con.execute("DESCRIBE identities").fetchall())
+    con.execute("CREATE TABLE keyed AS SELECT * FROM identities; DROP TABLE identities")
+    con.execute(f"CREATE TABLE identities ({columns}); INSERT INTO identities SELECT * FROM keyed; DROP TABLE keyed")
+    con.close()
+
+    def keys() -> list[tuple]:
+        with duckdb.connect(str(db), read_only=True) as c:
+            return c.execute("SELECT constraint_type FROM duckdb_constraints() WHERE table_name = 'identities' "
+                             "AND constraint_type IN ('PRIMARY KEY', 'UNIQUE')").fetchall()
+
+    assert keys() == [("PRIMARY KEY",)]
+    assert run_cli("migrate", "--db", str(db)).returncode == 0
+    assert keys() == []
+    # The same identities again, and new ones: each identity is stored once.
+    more = write_jsonl(tmp_path / "more.jsonl", [rec(f"n{i}", cache_key=f"K{i}", max_tokens=8 + i) for i in range(8)])
+    assert run_cli("ingest", str(more), "--db", str(db)).returncode == 0
+    with duckdb.connect(str(db), read_only=True) as c:
+        counts = c.execute("SELECT count(*), count(DISTINCT fingerprint) FROM identities").fetchall()[0]
+        kept = c.execute("SELECT * FROM identities WHERE fingerprint IN "
+                         f"({', '.join(repr(r[0]) for r in rows)}) ORDER BY fingerprint").fetchall()
+    assert counts == (8, 8)
+    assert kept == rows

@@ -28,7 +28,7 @@ import duckdb
 from specdec_core.store import lake as lakes
 from specdec_core.store.convert import SIDE_VERSION, ConversionError, convert_into, written_by_newer_duckdb
 from specdec_core.store.location import LocationError, lake_location, resolve_db
-from specdec_core.store.schema import column_migrations_sql, relax_not_null_sql, schema_sql
+from specdec_core.store.schema import DROP_IDENTITIES_KEY_SQL, column_migrations_sql, relax_not_null_sql, schema_sql
 from specdec_core.store.summaries import SUMMARY_VERSION
 
 SCHEMA_VERSION = 1
@@ -415,11 +415,14 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     at commit, so neither commits a batch judged without the other's rows."""
     create_tables(con, schema_sql())
     con.execute(column_migrations_sql())
-    not_null = dict(con.execute("SELECT column_name, NOT is_nullable FROM duckdb_columns() "
-                                "WHERE table_name = 'requests' AND database_name = current_database()").fetchall())
-    relax = relax_not_null_sql(not_null)
+    constraints = con.execute("SELECT table_name, constraint_type, unnest(constraint_column_names) "
+                              "FROM duckdb_constraints() WHERE database_name = current_database() "
+                              "AND table_name IN ('requests', 'identities')").fetchall()
+    relax = relax_not_null_sql({c for t, kind, c in constraints if t == "requests" and kind == "NOT NULL"})
     if relax:
         con.execute(relax)
+    if ("identities", "PRIMARY KEY", "fingerprint") in constraints:
+        con.execute(DROP_IDENTITIES_KEY_SQL)
     con.execute("DELETE FROM meta WHERE key = 'schema_version'")
     con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
 

@@ -102,8 +102,10 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
         _add_counts(con, table, over(sql, f"r.ingest_id = {int(ingest_id)}"), n)
     _append_outputs(con, ingest_id)
     con.execute("DELETE FROM summary_contaminated WHERE request_id IN (SELECT request_id FROM rejudge)")
-    con.execute("INSERT INTO summary_contaminated BY NAME "
-                + over(CONTAMINATED_SQL, f"r.ts >= {first} AND r.request_id IN (SELECT request_id FROM rejudge)"))
+    # The verdicts just written for `rejudge` are `judged_now`: joined to it, not to every stored verdict.
+    con.execute("INSERT INTO summary_contaminated BY NAME " + over(
+        CONTAMINATED_SQL.replace("JOIN hit_sources h", "JOIN judged_now h"),
+        f"r.ts >= {first} AND r.request_id IN (SELECT request_id FROM judged_now)"))
     con.execute(VERSION_SQL)
 
 
