@@ -28,7 +28,12 @@ import duckdb
 from specdec_core.store import lake as lakes
 from specdec_core.store.convert import SIDE_VERSION, ConversionError, convert_into, written_by_newer_duckdb
 from specdec_core.store.location import LocationError, lake_location, resolve_db
-from specdec_core.store.schema import DROP_IDENTITIES_KEY_SQL, column_migrations_sql, relax_not_null_sql, schema_sql
+from specdec_core.store.schema import (
+    DROP_IDENTITIES_KEY_SQL,
+    column_migrations_sql,
+    relax_not_null_sql,
+    schema_sql,
+)
 from specdec_core.store.summaries import SUMMARY_VERSION
 
 SCHEMA_VERSION = 1
