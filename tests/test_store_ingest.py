@@ -391,3 +391,26 @@ def test_progress_moves_through_each_file_and_the_batch_steps(store, tmp_path):
     assert [what for _, _, what in seen] == [
         "reading a.jsonl", "checking a.jsonl", "reading b.jsonl", "checking b.jsonl", "fingerprinting identities",
         "writing requests", "finding each hit's source", "summarising", "done"]
+
+
+def test_rows_appended_to_a_store_go_into_small_row_groups_and_read_back_whole(tmp_path):
+    # A new store keeps DuckDB's row groups; a batch into a store holding rows writes groups of at most
+    # APPEND_ROW_GROUP_SIZE rows, whose checkpoint does not slow down as a large last group fills.
+    from specdec_core.store.connection import APPEND_ROW_GROUP_SIZE
+
+    store = Store(tmp_path / "s.duckdb")
+    first = [rec(f"a{i}", ts=f"2026-03-01T10:00:{i % 60:02d}Z", cache_key=f"K{i % 50}") for i in range(30_000)]
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", first))])
+    more = [rec(f"b{i}", ts=f"2026-03-01T11:00:{i % 60:02d}Z", cache_key=f"K{i % 50}", cache_hit=True)
+            for i in range(40_000)]
+    ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", more))])
+    with duckdb.connect(str(store.path), read_only=True) as con:
+        groups = [n for (n,) in con.execute(
+            "SELECT sum(count) FROM pragma_storage_info('requests') WHERE column_name = 'request_id' "
+            "AND segment_type = 'VARCHAR' GROUP BY row_group_id ORDER BY row_group_id").fetchall()]
+        assert groups[0] == 30_000
+        assert sum(groups) == 70_000
+        assert len(groups) >= 1 + -(-40_000 // APPEND_ROW_GROUP_SIZE)
+        assert max(groups[1:]) <= APPEND_ROW_GROUP_SIZE
+        assert con.execute("SELECT count(*), count(DISTINCT request_id) FROM requests WHERE request_id LIKE 'b%'"
+                           ).fetchall()[0] == (40_000, 40_000)
