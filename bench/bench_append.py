@@ -56,6 +56,11 @@ def base_store(rows: int, kind: str = "file") -> Path:
         shutil.move(tmp, db)
         log.unlink()
         print(f"built the {rows:,}-row {kind} store in {time.perf_counter() - started:.0f} s")
+    elif rows:
+        # A base kept from an older version is brought up to date once, so no timed write pays for it.
+        from specdec_core.store import Store, migrate
+
+        migrate(Store(store_name(db, kind)))
     return db
 
 
