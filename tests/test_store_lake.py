@@ -206,15 +206,24 @@ def test_a_private_lake_stays_private_and_a_symlinked_catalog_keeps_working(tmp_
     real = tmp_path / "real"
     first = f"ducklake:{real / 's.sqlite'}"
     batches = _batches(tmp_path)
-    ingest(Store(first), [str(batches[0])])
-    os.chmod(real / "s.sqlite", 0o600)
-    link = tmp_path / "link.sqlite"
-    link.symlink_to(real / "s.sqlite")
-    ingest(Store(f"ducklake:{link}"), [str(batches[1])])
+    old_umask = os.umask(0o022)  # the usual one: files others may read
+    try:
+        ingest(Store(first), [str(batches[0])])
+        data = real / "s.sqlite.files"
+        assert stat.S_IMODE(data.stat().st_mode) & 0o055, "a catalog others may read leaves its files so"
+        os.chmod(real / "s.sqlite", 0o600)
+        link = tmp_path / "link.sqlite"
+        link.symlink_to(real / "s.sqlite")
+        ingest(Store(f"ducklake:{link}"), [str(batches[1])])
+    finally:
+        os.umask(old_umask)
     assert link.is_symlink(), "the link stays a link"
     assert stat.S_IMODE((real / "s.sqlite").stat().st_mode) == 0o600
     for sidecar in real.glob("s.sqlite-*"):  # SQLite's WAL files take the catalog's mode
         assert stat.S_IMODE(sidecar.stat().st_mode) == 0o600
+    # The rows themselves: Parquet files written with the umask, in a folder others can't enter.
+    assert list(data.glob("**/*.parquet"))
+    assert stat.S_IMODE(data.stat().st_mode) & 0o077 == 0
     assert contents(f"ducklake:{link}") == contents(first)
     assert len(contents(first)["requests"]) > 120
 

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -282,6 +283,7 @@ def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
             _drop_work_tables(con)
             if live_files(con) > MAINTAIN_ABOVE_FILES:
                 maintain(con)
+            keep_data_private(location)
         except BaseException:
             try:
                 con.execute("ROLLBACK")
@@ -289,6 +291,22 @@ def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
                 pass  # the commit that failed already ended the transaction
             _forget_writer(location)  # the next write starts from a fresh instance
             raise
+
+
+def keep_data_private(location: LakeLocation) -> None:
+    """A SQLite catalog that only its owner may read keeps its rows so: DuckDB writes the Parquet files with
+    the process's umask (others may read them), so their folder is closed to others (mode 0700 at most)."""
+    if location.postgres or not location.data_path or location.on_s3:
+        return
+    try:
+        if stat.S_IMODE(os.stat(location.catalog).st_mode) & 0o077:
+            return
+        mode = stat.S_IMODE(os.stat(location.data_path).st_mode)
+        if mode & 0o077:
+            os.chmod(location.data_path, mode & 0o700)
+    except OSError as exc:
+        log.warning("%s: cannot keep the data files as private as the catalog: %s", location.data_path,
+                    exc.strerror or exc)
 
 
 @dataclass
