@@ -113,6 +113,30 @@ def test_each_batch_leaves_the_derived_tables_equal_to_a_full_rebuild(tmp_path, 
     _assert_equals_full_rebuild(db, tmp_path)
 
 
+def test_live_batches_into_a_busy_minute_add_their_counts_to_its_rows(tmp_path):
+    # Live traffic: each batch is later than every stored row and rejudges none of them, so its minutes add the
+    # batch's counts to the rows they hold (same minute, same dimensions) instead of being counted again.
+    db = tmp_path / "store.duckdb"
+    rng = random.Random(7)
+    for b in range(4):
+        rows = []
+        for i in range(60):
+            second = b * 12 + i // 5
+            key = f"K{b}-{i % 3}"
+            rows.append(rec(f"b{b}-{i}", ts=f"2026-03-01T10:00:{second:02d}.{i % 5}00Z", cache_key=key,
+                            cache_hit=i % 6 >= 3, temperature=rng.choice([0.0, 0.7]), max_tokens=rng.choice([16, 64]),
+                            output_tokens=rng.choice([10, 20, 80]), draft_tokens=rng.choice([0, 8, 12]),
+                            accepted_tokens=rng.choice([0, 3]), latency_ms=rng.choice([5.0, 50.0]),
+                            draft_model=rng.choice(["d1", "d2"]), seed=rng.choice([1, 2, None])))
+        ingest(Store(db), [str(write_jsonl(tmp_path / f"b{b}.jsonl", rows))])
+        _assert_equals_full_rebuild(db, tmp_path)
+    with duckdb.connect(str(db), read_only=True) as con:
+        # One row per minute and dimensions, holding all four batches.
+        assert con.execute("SELECT count(*) = count(DISTINCT (minute, deployment, target_model, draft_model, "
+                           "temperature, cache_hit)), sum(requests) FROM summary_minute").fetchall() == [(True, 240)]
+        assert con.execute("SELECT sum(contaminated) > 0 FROM summary_minute").fetchall() == [(True,)]
+
+
 def test_a_late_miss_changes_the_source_of_a_hit_stored_long_before(tmp_path):
     db = tmp_path / "store.duckdb"
     ingest(Store(db), [str(write_jsonl(tmp_path / "a.jsonl", [

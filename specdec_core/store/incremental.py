@@ -11,7 +11,8 @@ cache key the batch supplied (store/ingest.py, `_backfill_cache_keys`). What a b
 - stored hits whose logged source link names a request of the batch (the source arrived late).
 
 Only those are judged again, against every stored miss of their keys however old. The minutes their
-rows fall in are then recounted; the key/identity pairs and the histograms add what changed.
+rows fall in are then recounted (or, where only the batch added rows, add its counts); the key/identity
+pairs and the histograms add what changed.
 The result equals a full rebuild (`judge_hits` + `build_summaries`); tests/test_store_incremental.py
 holds it to that after every batch of random logs, late files, ties and source links included.
 """
@@ -28,6 +29,7 @@ from specdec_core.store.summaries import (
     CONTAMINATED_SQL,
     LATENCY_SQL,
     LENGTHS_SQL,
+    MINUTE_MERGE,
     MINUTE_SQL,
     OUTPUTS_COMPACTED_SQL,
     OUTPUTS_SQL,
@@ -89,14 +91,8 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
                     "WHERE request_id IN (SELECT request_id FROM rejudge WHERE stored)")
         con.execute("DELETE FROM hit_sources WHERE request_id IN (SELECT request_id FROM rejudge WHERE stored)")
     con.execute("INSERT INTO hit_sources BY NAME SELECT * FROM judged_now")
-    # Every row whose summaries may differ now: the batch's, the rejudged hits', the backfilled misses'.
-    con.execute("""
-        CREATE OR REPLACE TEMP TABLE changed AS
-        SELECT request_id, ts, deployment, cache_key FROM batch
-        UNION ALL SELECT request_id, ts, deployment, cache_key FROM rejudge WHERE stored
-        UNION ALL SELECT request_id, ts, deployment, cache_key FROM backfilled
-    """)
-    _update_minutes(con)
+    # The rows whose summaries may differ now: the batch's, the rejudged hits', the backfilled misses'.
+    _update_minutes(con, ingest_id)
     _update_keys(con, ingest_id)
     for table, sql, n in (("summary_lengths", LENGTHS_SQL, "n"), ("summary_latency", LATENCY_SQL, "n")):
         _add_counts(con, table, over(sql, f"r.ingest_id = {int(ingest_id)}"), n)
@@ -165,17 +161,31 @@ def _literal(con: duckdb.DuckDBPyConnection, sql: str) -> str:
     return "'" + value.replace("'", "''") + "'::TIMESTAMPTZ"
 
 
-def _update_minutes(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute("CREATE OR REPLACE TEMP TABLE minutes AS "
-                "SELECT DISTINCT time_bucket(INTERVAL 1 minute, ts) AS minute FROM changed")
-    lo, hi = con.execute("SELECT min(minute), max(minute) + INTERVAL 1 minute FROM minutes").fetchall()[0]
-    if lo is None:
-        return
-    con.execute("DELETE FROM summary_minute WHERE minute IN (SELECT minute FROM minutes)")
-    # The range lets the scan skip what lies outside it; the list keeps only the minutes that changed.
-    con.execute("INSERT INTO summary_minute BY NAME " + over(
-        MINUTE_SQL, "r.ts >= ? AND r.ts < ? AND time_bucket(INTERVAL 1 minute, r.ts) IN (SELECT minute FROM minutes)"),
-        [lo, hi])
+def _update_minutes(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
+    """Minutes where stored rows changed (rejudged hits, misses given a key) are counted again; minutes that
+    only gained the batch's rows (live traffic: all of them) add the batch's counts to theirs, so a batch into
+    a busy minute does not count the minute's every row again."""
+    minute = "time_bucket(INTERVAL 1 minute, {ts})"
+    con.execute(f"CREATE OR REPLACE TEMP TABLE recount AS SELECT DISTINCT {minute.format(ts='ts')} AS minute "
+                "FROM (SELECT ts FROM rejudge WHERE stored UNION ALL SELECT ts FROM backfilled)")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE added AS SELECT DISTINCT {minute.format(ts='ts')} AS minute "
+                "FROM batch WHERE minute NOT IN (SELECT minute FROM recount)")
+    for table, sql in (("recount", MINUTE_SQL),
+                       # The batch's hits were all judged now: their verdicts are judged_now's rows.
+                       ("added", MINUTE_SQL.replace("JOIN hit_sources h", "JOIN judged_now h"))):
+        lo, hi = con.execute(f"SELECT min(minute), max(minute) + INTERVAL 1 minute FROM {table}").fetchall()[0]
+        if lo is None:
+            continue
+        # The range lets the scan skip what lies outside it; the list keeps only the minutes that changed.
+        rows = over(sql, f"r.ts >= ? AND r.ts < ? AND {minute.format(ts='r.ts')} IN (SELECT minute FROM {table})"
+                    + (f" AND r.ingest_id = {int(ingest_id)}" if table == "added" else ""))
+        if table == "added":
+            merged = ", ".join(f"{how}({name}) AS {name}" for name, how in MINUTE_MERGE.items())
+            rows = (f"SELECT * EXCLUDE ({', '.join(MINUTE_MERGE)}), {merged} FROM (SELECT * FROM summary_minute "
+                    f"WHERE minute IN (SELECT minute FROM added) UNION ALL BY NAME {rows}) GROUP BY ALL")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE minute_rows AS {rows}", [lo, hi])
+        con.execute(f"DELETE FROM summary_minute WHERE minute IN (SELECT minute FROM {table})")
+        con.execute("INSERT INTO summary_minute BY NAME SELECT * FROM minute_rows")
 
 
 def _update_keys(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:

@@ -62,6 +62,12 @@ sum(r.draft_tokens) FILTER (WHERE {_SPECULATIVE}) AS draft_tokens,
 sum(r.accepted_tokens) FILTER (WHERE {_SPECULATIVE}) AS accepted_tokens,
 sum(r.draft_tokens / nullif(r.num_speculative_tokens, 0)) FILTER (WHERE {_SPECULATIVE}) AS steps"""
 
+# How two rows of one minute and dimensions combine into one (store/incremental.py adds a batch's rows to a
+# minute's this way): every measure above, by the aggregate that merges it.
+MINUTE_MERGE = {"requests": "sum", "contaminated": "sum", "first_sight": "sum", "violations": "sum",
+                "first_ts": "min", "last_ts": "max", "first_contaminated": "min", "last_contaminated": "max",
+                "decoded_requests": "sum", "draft_tokens": "sum", "accepted_tokens": "sum", "steps": "sum"}
+
 # Each summary's rows over the requests that `{where}` picks (over `requests r`, `hit_sources h`): all of them
 # for a full build, those a batch touched for an update (store/incremental.py).
 MINUTE_SQL = f"""SELECT {MINUTE_DIMENSIONS}, {MINUTE_MEASURES}
