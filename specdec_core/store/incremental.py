@@ -169,7 +169,7 @@ def _update_minutes(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     con.execute(f"CREATE OR REPLACE TEMP TABLE recount AS SELECT DISTINCT {minute.format(ts='ts')} AS minute "
                 "FROM (SELECT ts FROM rejudge WHERE stored UNION ALL SELECT ts FROM backfilled)")
     con.execute(f"CREATE OR REPLACE TEMP TABLE added AS SELECT DISTINCT {minute.format(ts='ts')} AS minute "
-                "FROM batch WHERE minute NOT IN (SELECT minute FROM recount)")
+                f"FROM batch WHERE {minute.format(ts='ts')} NOT IN (SELECT minute FROM recount)")
     for table, sql in (("recount", MINUTE_SQL),
                        # The batch's hits were all judged now: their verdicts are judged_now's rows.
                        ("added", MINUTE_SQL.replace("JOIN hit_sources h", "JOIN judged_now h"))):

@@ -283,7 +283,7 @@ def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
             _drop_work_tables(con)
             if live_files(con) > MAINTAIN_ABOVE_FILES:
                 maintain(con)
-            keep_data_private(location)
+            _keep_data_private(location)
         except BaseException:
             try:
                 con.execute("ROLLBACK")
@@ -293,7 +293,7 @@ def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
             raise
 
 
-def keep_data_private(location: LakeLocation) -> None:
+def _keep_data_private(location: LakeLocation) -> None:
     """A SQLite catalog that only its owner may read keeps its rows so: DuckDB writes the Parquet files with
     the process's umask (others may read them), so their folder is closed to others (mode 0700 at most)."""
     if location.postgres or not location.data_path or location.on_s3:
@@ -304,6 +304,8 @@ def keep_data_private(location: LakeLocation) -> None:
         mode = stat.S_IMODE(os.stat(location.data_path).st_mode)
         if mode & 0o077:
             os.chmod(location.data_path, mode & 0o700)
+    except FileNotFoundError:
+        return  # no data file written yet
     except OSError as exc:
         log.warning("%s: cannot keep the data files as private as the catalog: %s", location.data_path,
                     exc.strerror or exc)
