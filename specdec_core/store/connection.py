@@ -92,11 +92,9 @@ def _snapshot(path: Path, version: tuple[int, int]) -> _View:
     held = views.get(key)
     if held is not None and held.version == version:
         return held
-    con = duckdb.connect(":memory:")
     try:
-        con.execute(f"ATTACH '{_sql_literal(key)}' AS {_SNAPSHOT_ALIAS} (READ_ONLY)")
+        con = _attached(key, "READ_ONLY")
     except duckdb.Error as exc:
-        con.close()
         if written_by_newer_duckdb(path):
             raise StoreError(f"{path}: written by DuckDB {SIDE_VERSION} (an older specdec); convert it with "
                              f"`specdec migrate --db {path}`") from None
@@ -329,11 +327,16 @@ APPEND_ROW_GROUP_SIZE = 16_384
 
 
 def _open_working_copy(tmp: Path, appending: bool) -> duckdb.DuckDBPyConnection:
+    con = _attached(str(tmp), f"ROW_GROUP_SIZE {APPEND_ROW_GROUP_SIZE}" if appending else "")
+    con.execute(f"USE {_SNAPSHOT_ALIAS}")
+    return con
+
+
+def _attached(path: str, options: str) -> duckdb.DuckDBPyConnection:
+    """A private in-memory database with the file at `path` attached as `store` (`options`: ATTACH's)."""
     con = duckdb.connect(":memory:")
     try:
-        size = f" (ROW_GROUP_SIZE {APPEND_ROW_GROUP_SIZE})" if appending else ""
-        con.execute(f"ATTACH '{_sql_literal(str(tmp))}' AS {_SNAPSHOT_ALIAS}{size}")
-        con.execute(f"USE {_SNAPSHOT_ALIAS}")
+        con.execute(f"ATTACH '{_sql_literal(path)}' AS {_SNAPSHOT_ALIAS}{f' ({options})' if options else ''}")
     except BaseException:
         con.close()
         raise

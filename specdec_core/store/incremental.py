@@ -161,31 +161,41 @@ def _literal(con: duckdb.DuckDBPyConnection, sql: str) -> str:
     return "'" + value.replace("'", "''") + "'::TIMESTAMPTZ"
 
 
+def _minute(ts: str) -> str:
+    return f"time_bucket(INTERVAL 1 minute, {ts})"
+
+
 def _update_minutes(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     """Minutes where stored rows changed (rejudged hits, misses given a key) are counted again; minutes that
     only gained the batch's rows (live traffic: all of them) add the batch's counts to theirs, so a batch into
     a busy minute does not count the minute's every row again."""
-    minute = "time_bucket(INTERVAL 1 minute, {ts})"
-    con.execute(f"CREATE OR REPLACE TEMP TABLE recount AS SELECT DISTINCT {minute.format(ts='ts')} AS minute "
+    con.execute(f"CREATE OR REPLACE TEMP TABLE recount AS SELECT DISTINCT {_minute('ts')} AS minute "
                 "FROM (SELECT ts FROM rejudge WHERE stored UNION ALL SELECT ts FROM backfilled)")
-    con.execute(f"CREATE OR REPLACE TEMP TABLE added AS SELECT DISTINCT {minute.format(ts='ts')} AS minute "
-                f"FROM batch WHERE {minute.format(ts='ts')} NOT IN (SELECT minute FROM recount)")
-    for table, sql in (("recount", MINUTE_SQL),
-                       # The batch's hits were all judged now: their verdicts are judged_now's rows.
-                       ("added", MINUTE_SQL.replace("JOIN hit_sources h", "JOIN judged_now h"))):
-        lo, hi = con.execute(f"SELECT min(minute), max(minute) + INTERVAL 1 minute FROM {table}").fetchall()[0]
-        if lo is None:
-            continue
-        # The range lets the scan skip what lies outside it; the list keeps only the minutes that changed.
-        rows = over(sql, f"r.ts >= ? AND r.ts < ? AND {minute.format(ts='r.ts')} IN (SELECT minute FROM {table})"
-                    + (f" AND r.ingest_id = {int(ingest_id)}" if table == "added" else ""))
-        if table == "added":
-            merged = ", ".join(f"{how}({name}) AS {name}" for name, how in MINUTE_MERGE.items())
-            rows = (f"SELECT * EXCLUDE ({', '.join(MINUTE_MERGE)}), {merged} FROM (SELECT * FROM summary_minute "
-                    f"WHERE minute IN (SELECT minute FROM added) UNION ALL BY NAME {rows}) GROUP BY ALL")
-        con.execute(f"CREATE OR REPLACE TEMP TABLE minute_rows AS {rows}", [lo, hi])
-        con.execute(f"DELETE FROM summary_minute WHERE minute IN (SELECT minute FROM {table})")
-        con.execute("INSERT INTO summary_minute BY NAME SELECT * FROM minute_rows")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE added AS SELECT DISTINCT {_minute('ts')} AS minute "
+                f"FROM batch WHERE {_minute('ts')} NOT IN (SELECT minute FROM recount)")
+    _replace_minutes(con, "recount", over(MINUTE_SQL, _in_minutes("recount")))
+    # The batch's hits were all judged now: their verdicts are judged_now's rows.
+    batch_rows = over(MINUTE_SQL.replace("JOIN hit_sources h", "JOIN judged_now h"),
+                      f"{_in_minutes('added')} AND r.ingest_id = {int(ingest_id)}")
+    merged = ", ".join(f"{how}({name}) AS {name}" for name, how in MINUTE_MERGE.items())
+    _replace_minutes(con, "added", f"SELECT * EXCLUDE ({', '.join(MINUTE_MERGE)}), {merged} FROM ("
+                                   "SELECT * FROM summary_minute WHERE minute IN (SELECT minute FROM added) "
+                                   f"UNION ALL BY NAME {batch_rows}) GROUP BY ALL")
+
+
+def _in_minutes(minutes: str) -> str:
+    # The range (the ? bounds) lets the scan skip what lies outside it; the list keeps only those minutes.
+    return f"r.ts >= ? AND r.ts < ? AND {_minute('r.ts')} IN (SELECT minute FROM {minutes})"
+
+
+def _replace_minutes(con: duckdb.DuckDBPyConnection, minutes: str, rows: str) -> None:
+    """Replace summary_minute's rows of the minutes listed in the table `minutes` by `rows` (over _in_minutes)."""
+    lo, hi = con.execute(f"SELECT min(minute), max(minute) + INTERVAL 1 minute FROM {minutes}").fetchall()[0]
+    if lo is None:
+        return
+    con.execute(f"CREATE OR REPLACE TEMP TABLE minute_rows AS {rows}", [lo, hi])
+    con.execute(f"DELETE FROM summary_minute WHERE minute IN (SELECT minute FROM {minutes})")
+    con.execute("INSERT INTO summary_minute BY NAME SELECT * FROM minute_rows")
 
 
 def _update_keys(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:

@@ -103,7 +103,16 @@ def values_sql() -> str:
 # twice (nearly all do). Only the others count the contract names among their keys, and only records
 # that name them more often than they hold distinct ones pay for finding which. An IN list, not a list
 # constant: a constant list inside a lambda is built again for every key of every record (3x slower).
-_CONTRACT_NAMES = "(" + ", ".join(f"'{n}'" for n in FIELD_NAMES) + ")"
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _in_list(names: tuple[str, ...]) -> str:
+    """Names as the right side of IN: inside a lambda, cheaper than a list constant built for every key."""
+    return "(" + ", ".join(_literal(n) for n in names) + ")"
+
+
+_CONTRACT_NAMES = _in_list(FIELD_NAMES)
 REPEATED_FIELD = (f"CASE WHEN n_keys > n_known + n_usual "
                   f"AND len(list_filter(keys, lambda k: k IN {_CONTRACT_NAMES})) > n_known THEN "
                   "list_filter(keys, lambda k, i: list_position(keys, k) < i "
@@ -197,11 +206,7 @@ _SHAPE_KEY = re.compile(r"[^\x00-\x1f\"\\']{1,200}")
 MAX_SHAPE_KEYS = 100
 
 
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-_KNOWN_IN = "(" + ", ".join(_literal(k) for k in _KNOWN_KEYS) + ")"
+_KNOWN_IN = _in_list(_KNOWN_KEYS)
 
 
 def usual_extra_keys(con: duckdb.DuckDBPyConnection, lines_sql: str, sample: int = 1000) -> tuple[str, ...]:
