@@ -1,11 +1,11 @@
 """Fields the contract does not name are kept as a JSON object (`requests.extra`).
 
-Records holding exactly the file's usual other fields, in its order, have that object written from the
-values read with the known fields (validation.extra_sql); all others go through a JSON merge patch. Both
-must give the same text, and the fields as they came: random records (values on the edges of JSON
-writing: escapes, control and astral characters, exponents, integers past 64 bits, nested objects, null)
-are ingested, some in the usual shape and some not, and every stored `extra` is compared with the patch
-of its line and with the record's own other fields.
+Records holding exactly the file's usual other fields, last and in its order, keep the tail of their text
+as that object (validation.extra_sql); all others go through a JSON merge patch. Both must give the same
+JSON (the same text once DuckDB writes it, as the content hash does), and the fields as they came: random
+records (values on the edges of JSON writing: escapes, control and astral characters, exponents, integers
+past 64 bits, nested objects, null) are ingested, some in the usual shape and some not, and every stored
+`extra` is compared with the patch of its line and with the record's own other fields.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def test_extra_is_the_patch_of_each_line_and_the_fields_as_they_came(lines):
         result = ingest(store, [str(log)])
         assert result.quarantined == 0 and result.accepted == len(lines)
         with store.read() as con:
-            stored = dict(con.execute("SELECT request_id, extra::VARCHAR FROM requests").fetchall())
+            stored = dict(con.execute("SELECT request_id, json(extra)::VARCHAR FROM requests").fetchall())
     con = duckdb.connect()
     for i, (text, others) in enumerate(lines):
         patched = con.execute(f"SELECT ({_PATCHED})::VARCHAR FROM (SELECT ?::VARCHAR AS obj)", [text]).fetchone()[0]
@@ -128,3 +128,27 @@ def test_a_field_named_twice_is_found_among_the_usual_other_fields(tmp_path):
     assert extra["other-twice"] == patched and set(json.loads(patched)) == {"trace_id", "region"}
     assert list(json.loads(extra["interleaved"])) == ["region", "trace_id"]
     assert json.loads(extra["u0"]) == {"trace_id": 1, "region": "eu"}
+
+
+def test_the_tail_of_a_usual_record_is_its_other_fields_even_where_its_first_name_appears_before(tmp_path):
+    """The first usual key's text may appear before the key itself: as a string value, as a key nested in a
+    known field's object, inside a string, escaped. The record's other fields are still exactly those."""
+    usual = [("trace_id", {"trace_id": [1, {"trace_id": 2}]}), ("region", "trace_id")]
+    decoys = {
+        "value": {**rec("value"), "deployment": "trace_id"},
+        "nested": {**rec("nested"), "cached_fingerprint": {"trace_id": "x", "b": 1}},
+        "in-text": {**rec("in-text"), "output_text": '"trace_id": 1, "region": "eu"}'},
+        "spaced": rec("spaced"),
+    }
+    lines = [_line(rec(f"u{i}"), usual) for i in range(5)] + [_line(r, usual) for r in decoys.values()]
+    lines[-1] = lines[-1].replace('"trace_id": {', '"trace_id"  :\t{', 1)
+    lines.append(_line(rec("escaped"), usual).replace('"trace_id": {', '"\\u0074race_id": {', 1))
+    store = Store(tmp_path / "s.duckdb")
+    result = ingest(store, [str(write_jsonl(tmp_path / "t.jsonl", lines))])
+    assert (result.accepted, result.quarantined) == (len(lines), 0)
+    with store.read() as con:
+        extra = dict(con.execute("SELECT request_id, json(extra)::VARCHAR FROM requests").fetchall())
+    want = {"trace_id": {"trace_id": [1, {"trace_id": 2}]}, "region": "trace_id"}
+    for name in [*decoys, "escaped", "u0"]:
+        assert json.loads(extra[name]) == want, name
+        assert list(json.loads(extra[name])) == ["trace_id", "region"], name

@@ -39,6 +39,7 @@ from specdec_core.store.validation import (
     reason_sql,
     typed_columns_sql,
     usual_extra_keys,
+    usual_layout_sql,
     values_sql,
 )
 
@@ -84,7 +85,7 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
     Blank lines are not records. Returns how many records the file holds.
     """
     usual = usual_extra_keys(con, lines.sql) if lines.count else ()
-    paths, extra = paths_literal(usual), extra_sql(usual)
+    paths, extra = paths_literal(), extra_sql(usual)
     select = f"""
         WITH staging AS (
             SELECT seq, ?::VARCHAR AS source_file, source_line, raw FROM ({lines.sql})
@@ -102,12 +103,11 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
         lists AS (SELECT *, json_type(obj, {paths}) AS t, json_extract_string(obj, {paths}) AS s FROM o),
         -- One column per field: list indexing inside every later expression would repeat the work.
         fields AS (SELECT seq, source_file, source_line, raw, valid, root, obj,
-                          len(list_filter(t[:{len(_INDEX)}], lambda x: x IS NOT NULL)) AS n_known,
-                          len(list_filter(t[{len(_INDEX) + 1}:], lambda x: x IS NOT NULL)) AS n_usual, coalesce(object_keys, json_keys(obj)) AS keys,
-                          {", ".join(f"t[{i}] AS {field_type(n)}, s[{i}] AS {field_text(n)}" for n, i in _INDEX.items())},
-                          t[{len(_INDEX) + 1}:] AS xt, s[{len(_INDEX) + 1}:] AS xs
+                          len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known,
+                          coalesce(object_keys, json_keys(obj)) AS keys,
+                          {", ".join(f"t[{i}] AS {field_type(n)}, s[{i}] AS {field_text(n)}" for n, i in _INDEX.items())}
                    FROM lists),
-        counted AS (SELECT *, len(keys) AS n_keys FROM fields),
+        counted AS (SELECT *, {usual_layout_sql(usual)} AS usual_layout FROM (SELECT *, len(keys) AS n_keys FROM fields)),
         vals AS (SELECT *, {values_sql()}, {UNKNOWN_SQL}, {SOURCE_LINK_SQL},
                         {REPEATED_FIELD} AS repeated_field FROM counted),
         -- The raw text stays in the file's table: rejected rows are joined back to it by seq.

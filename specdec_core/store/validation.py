@@ -98,9 +98,9 @@ def values_sql() -> str:
     return ",\n".join(f"{_value_sql(f.name, f.kind)} AS f_{f.name}" for f in contract.FIELDS)
 
 
-# The first contract field that a record names twice. Each field read by path (the contract's and the
-# file's usual others) accounts for at least one key, so a record with no more keys than that names none
-# twice (nearly all do). Only the others count the contract names among their keys, and only records
+# The first contract field that a record names twice. Each contract field read by path accounts for at least
+# one key, so a record with no more keys than that names none twice (nearly all do); nor does one in the file's
+# usual layout (usual_layout_sql). Only the others count the contract names among their keys, and only records
 # that name them more often than they hold distinct ones pay for finding which. An IN list, not a list
 # constant: a constant list inside a lambda is built again for every key of every record (3x slower).
 def _literal(text: str) -> str:
@@ -113,7 +113,7 @@ def _in_list(names: tuple[str, ...]) -> str:
 
 
 _CONTRACT_NAMES = _in_list(FIELD_NAMES)
-REPEATED_FIELD = (f"CASE WHEN n_keys > n_known + n_usual "
+REPEATED_FIELD = (f"CASE WHEN n_keys > n_known AND NOT usual_layout "
                   f"AND len(list_filter(keys, lambda k: k IN {_CONTRACT_NAMES})) > n_known THEN "
                   "list_filter(keys, lambda k, i: list_position(keys, k) < i "
                   f"AND k IN {_CONTRACT_NAMES})[1] END")
@@ -159,9 +159,9 @@ def reason_sql() -> str:
     return "CASE " + "\n".join(branches) + " END"
 
 
-def paths_literal(usual: tuple[str, ...] = ()) -> str:
-    """The JSON paths of the contract's fields, then of the file's usual other fields (extra_sql)."""
-    return "[" + ", ".join(_literal(f'$."{name}"') for name in (*FIELD_NAMES, *usual)) + "]"
+def paths_literal() -> str:
+    """The JSON paths of the contract's fields."""
+    return "[" + ", ".join(_literal(f'$."{name}"') for name in FIELD_NAMES) + "]"
 
 
 def _typed_column(f: contract.Field) -> str:
@@ -200,8 +200,9 @@ _PATCHED = ("nullif(json_merge_patch(obj, '{" + ",".join(f'"{n}":null' for n in 
 EXTRA_SQL = f"CASE WHEN n_keys > n_known THEN {_PATCHED} END"
 
 # A service writes the same fields on every line. The patch copies and writes the whole record, long prompt
-# and output included, so records whose other fields are exactly the file's usual ones, in its order, read
-# just those, with the known fields' paths: the same JSON text (tests/test_extra_fields.py), without the copy.
+# and output included, and pays for every field of it; a record whose other fields are exactly the file's
+# usual ones, last and in its order, holds them as the tail of its text: that tail is its object, read once
+# (tests/test_extra_fields.py holds it equal to the patch's), and costs nothing per field.
 _SHAPE_KEY = re.compile(r"[^\x00-\x1f\"\\']{1,200}")
 MAX_SHAPE_KEYS = 100
 
@@ -227,21 +228,28 @@ def usual_extra_keys(con: duckdb.DuckDBPyConnection, lines_sql: str, sample: int
     return keys
 
 
+def usual_layout_sql(usual: tuple[str, ...]) -> str:
+    """Whether a record's keys are the contract's fields it holds, once each, then the usual others in order.
+
+    Each contract field found by path accounts for a key, so a key list that long, ending in the usual
+    ones, leaves no room for another key or one named twice."""
+    if not usual:
+        return "false"
+    listed = "[" + ", ".join(_literal(k) for k in usual) + "]"
+    return f"(n_keys = n_known + {len(usual)} AND keys[n_known + 1:] = {listed})"
+
+
 def extra_sql(usual: tuple[str, ...]) -> str:
     """The record's fields that the contract does not name, as a JSON object; NULL when there are none.
 
-    The usual ones are read with the known fields (paths_literal(usual)): `xt`, `xs` hold their JSON types
-    and texts, and their object is written from those, as the patch would write it.
+    In the usual layout (usual_layout_sql) the object is the record's text from its first usual key on,
+    behind a '{': the key's text first found is a key at the top level exactly when that text is JSON. A
+    match nested deeper leaves a brace unclosed or one too many, a string value has no colon after it, a
+    key JSON escapes is not found: those records, and any other layout, go through the patch.
     """
     if not usual:
         return EXTRA_SQL
-    listed = "[" + ", ".join(_literal(k) for k in usual) + "]"
-    members = " || ',' || ".join(
-        _literal(json.dumps(k, ensure_ascii=False) + ":")
-        + f" || CASE xt[{i}] WHEN 'VARCHAR' THEN to_json(xs[{i}])::VARCHAR WHEN 'NULL' THEN 'null' ELSE xs[{i}] END"
-        for i, k in enumerate(usual, start=1))
-    # The usual layout, cheaply: a key per field read (no other, none twice), the usual ones last and in order.
-    usual_last = f"n_keys = n_known + {len(usual)} AND n_usual = {len(usual)} AND keys[n_known + 1:] = {listed}"
+    first = _literal(json.dumps(usual[0], ensure_ascii=False))
+    tail = f"TRY_CAST('{{' || substr(obj, strpos(obj, {first})) AS JSON)"
     return (f"CASE WHEN n_keys <= n_known THEN NULL "
-            f"WHEN {usual_last} OR list_filter(keys, lambda k: k NOT IN {_KNOWN_IN}) = {listed} "
-            f"THEN ('{{' || {members} || '}}')::JSON ELSE {_PATCHED} END")
+            f"WHEN usual_layout THEN coalesce({tail}, {_PATCHED}) ELSE {_PATCHED} END")
