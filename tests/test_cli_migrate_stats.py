@@ -58,7 +58,9 @@ def test_migrate_drops_the_key_that_identities_had_and_keeps_them_unique(tmp_pat
                              "AND constraint_type IN ('PRIMARY KEY', 'UNIQUE')").fetchall()
 
     assert keys() == [("PRIMARY KEY",)]
-    assert run_cli("migrate", "--db", str(db)).returncode == 0
+    done = run_cli("migrate", "--db", str(db))
+    assert done.returncode == 0 and done.stdout.strip() == \
+        f"{db}: dropped the key of identities (kept unique by every ingest)", done.stdout
     assert keys() == []
     # The same identities again, and new ones: each identity is stored once.
     more = write_jsonl(tmp_path / "more.jsonl", [rec(f"n{i}", cache_key=f"K{i}", max_tokens=8 + i) for i in range(8)])

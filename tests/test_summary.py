@@ -145,11 +145,11 @@ def test_summaries_answer_when_ready_and_rows_otherwise(store, tmp_path):
     with pytest.raises(StoreError, match="specdec migrate"):
         metrics.headline(copy)
     assert copy.path.read_bytes() == before
-    assert migrate(copy) is True
+    assert migrate(copy) == ["rejudged hits and rebuilt summaries"]
     assert metrics.headline(copy)["requests"] == real
     with copy.read() as con:
         assert summary.ready(con)
-    assert migrate(copy) is False  # nothing left to do
+    assert migrate(copy) == []  # nothing left to do
 
 
 def test_a_store_from_an_older_version_is_brought_up_to_date_by_migrate(store, tmp_path):
@@ -163,7 +163,8 @@ def test_a_store_from_an_older_version_is_brought_up_to_date_by_migrate(store, t
     con.close()
     with pytest.raises(StoreError, match="older specdec"):
         metrics.contaminated_hits(old)
-    migrate(old)
+    changes = migrate(old)
+    assert changes[0] == "added column hit_sources.source_ts" and changes[-1] == "rejudged hits and rebuilt summaries"
     hits = metrics.contaminated_hits(old)
     assert len(hits) == len(metrics.contaminated_hits(store)) > 0 and hits["source_ts"].notna().any()
     with old.read() as con:

@@ -19,8 +19,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         copied = copy_store(store, dest)
         print(f"{store} -> {dest}: copied {copied:,} requests, rejudged hits and rebuilt summaries")
         return 0
-    rebuilt = migrate(store)
-    print(f"{store}: {'rejudged hits and rebuilt summaries' if rebuilt else 'already up to date'}")
+    changes = migrate(store)
+    print(f"{store}: {'; '.join(changes) if changes else 'already up to date'}")
     return 0
 
 

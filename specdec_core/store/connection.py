@@ -20,6 +20,7 @@ import stat
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TypeVar
 
@@ -435,23 +436,57 @@ def _prepare_lake_write(con: duckdb.DuckDBPyConnection) -> None:
     ensure_schema(con)
 
 
+# Where `specdec migrate` collects what the writes it runs changed in the store's shape (schema_changes()).
+_SCHEMA_CHANGES: ContextVar[list[str] | None] = ContextVar("specdec_schema_changes", default=None)
+
+
+@contextmanager
+def schema_changes() -> Iterator[list[str]]:
+    """The changes ensure_schema makes to a store's tables within this block, in words, once each."""
+    changes: list[str] = []
+    token = _SCHEMA_CHANGES.set(changes)
+    try:
+        yield changes
+    finally:
+        _SCHEMA_CHANGES.reset(token)
+
+
+def _columns(con: duckdb.DuckDBPyConnection) -> dict[str, set[str]]:
+    tables: dict[str, set[str]] = {}
+    for table, column in con.execute("SELECT table_name, column_name FROM duckdb_columns() "
+                                     "WHERE database_name = current_database()").fetchall():
+        tables.setdefault(table, set()).add(column)
+    return tables
+
+
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     """Create missing tables and add the columns a newer version has: cheap, so every write does it.
 
     Every write rewrites meta's schema_version row; in a lake that makes two overlapping writers conflict
     at commit, so neither commits a batch judged without the other's rows."""
+    report = _SCHEMA_CHANGES.get()
+    before = _columns(con) if report is not None else {}
     create_tables(con, schema_sql())
     con.execute(column_migrations_sql())
     constraints = con.execute("SELECT table_name, constraint_type, unnest(constraint_column_names) "
                               "FROM duckdb_constraints() WHERE database_name = current_database() "
                               "AND table_name IN ('requests', 'identities')").fetchall()
-    relax = relax_not_null_sql({c for t, kind, c in constraints if t == "requests" and kind == "NOT NULL"})
+    not_null = {c for t, kind, c in constraints if t == "requests" and kind == "NOT NULL"}
+    relax = relax_not_null_sql(not_null)
+    keyed = ("identities", "PRIMARY KEY", "fingerprint") in constraints
     if relax:
         con.execute(relax)
-    if ("identities", "PRIMARY KEY", "fingerprint") in constraints:
+    if keyed:
         con.execute(DROP_IDENTITIES_KEY_SQL)
     con.execute("DELETE FROM meta WHERE key = 'schema_version'")
     con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+    if report is not None and before:  # a store that had tables: what this write changed in them
+        after = _columns(con)
+        said = [f"added table {t}" for t in sorted(set(after) - set(before))]
+        said += [f"added column {t}.{c}" for t in sorted(before) for c in sorted(after.get(t, set()) - before[t])]
+        said += [f"let requests.{c} be unknown (NULL)" for c in re.findall(r"ALTER COLUMN (\w+) DROP NOT NULL", relax)]
+        said += ["dropped the key of identities (kept unique by every ingest)"] if keyed else []
+        report.extend(x for x in said if x not in report)
 
 
 def _sql_literal(text: str) -> str:

@@ -11,7 +11,7 @@ import tempfile
 
 import duckdb
 
-from specdec_core.store.connection import Store, StoreError, derived_current, scalar
+from specdec_core.store.connection import Store, StoreError, derived_current, scalar, schema_changes
 from specdec_core.store.convert import export_tables, load_tables
 from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.lake import LakeError, compact
@@ -27,17 +27,18 @@ def migrate_connection(con: duckdb.DuckDBPyConnection) -> bool:
     return True
 
 
-def migrate(store: Store) -> bool:
-    """Bring `store` up to date (schema, then derived tables); returns whether anything was rebuilt.
+def migrate(store: Store) -> list[str]:
+    """Bring `store` up to date (schema, then derived tables); returns what it changed, in words ([]: nothing).
 
     A lake's small files are merged as well (writers also do it once they pass a threshold)."""
-    rebuilt = store.transact(migrate_connection)  # the write adds missing tables and columns first
+    with schema_changes() as changes:
+        rebuilt = store.transact(migrate_connection)  # the write adds missing tables and columns first
     if store.lake is not None:
         try:
             compact(store.lake)
         except LakeError as exc:
             raise StoreError(str(exc)) from None
-    return rebuilt
+    return [*changes, *(["rejudged hits and rebuilt summaries"] if rebuilt else [])]
 
 
 def copy_store(source: Store, dest: Store) -> int:
