@@ -164,6 +164,17 @@ def paths_literal() -> str:
     return "[" + ", ".join(_literal(f'$."{name}"') for name in FIELD_NAMES) + "]"
 
 
+def texts_type() -> str:
+    """from_json's type for the contract's fields as text: each as json_extract_string reads it (a string
+    unquoted, anything else as JSON, null and absent as NULL; a name given twice: its first value)."""
+    return _literal(json.dumps({name: "VARCHAR" for name in FIELD_NAMES}))
+
+
+def text_in_texts(struct: str, name: str) -> str:
+    """A field's text from the struct that texts_type reads."""
+    return f"struct_extract({struct}, {_literal(name)})"
+
+
 def _typed_column(f: contract.Field) -> str:
     value = f"f_{f.name}"
     if f.name == "prompt_hash":
