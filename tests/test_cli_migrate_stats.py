@@ -71,3 +71,27 @@ def test_migrate_drops_the_key_that_identities_had_and_keeps_them_unique(tmp_pat
                          f"({', '.join(repr(r[0]) for r in rows)}) ORDER BY fingerprint").fetchall()
     assert counts == (8, 8)
     assert kept == rows
+
+
+def test_migrate_lets_fields_a_log_may_leave_unknown_be_null_and_says_so(tmp_path):
+    # Stores made before fields could be unknown had NOT NULL on the required ones.
+    log = write_jsonl(tmp_path / "log.jsonl", [rec("m", cache_key="K")])
+    db = tmp_path / "s.duckdb"
+    assert run_cli("ingest", str(log), "--db", str(db)).returncode == 0
+    con = duckdb.connect(str(db))
+    con.execute("ALTER TABLE requests ALTER COLUMN temperature SET NOT NULL; "
+                "ALTER TABLE requests ALTER COLUMN max_tokens SET NOT NULL")
+    con.close()
+
+    def not_null() -> set[str]:
+        with duckdb.connect(str(db), read_only=True) as c:
+            return {r[0] for r in c.execute("SELECT unnest(constraint_column_names) FROM duckdb_constraints() "
+                                            "WHERE table_name = 'requests' AND constraint_type = 'NOT NULL'")
+                    .fetchall()}
+
+    assert {"temperature", "max_tokens"} <= not_null()
+    done = run_cli("migrate", "--db", str(db))
+    assert done.returncode == 0 and done.stdout.strip() == (
+        f"{db}: let requests.temperature be unknown (NULL); let requests.max_tokens be unknown (NULL)"), done.stdout
+    assert not {"temperature", "max_tokens"} & not_null()
+    assert run_cli("migrate", "--db", str(db)).stdout.strip() == f"{db}: already up to date"

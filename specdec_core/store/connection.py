@@ -32,6 +32,7 @@ from specdec_core.store.location import LocationError, lake_location, resolve_db
 from specdec_core.store.schema import (
     DROP_IDENTITIES_KEY_SQL,
     column_migrations_sql,
+    columns_to_relax,
     relax_not_null_sql,
     schema_sql,
 )
@@ -471,11 +472,10 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     constraints = con.execute("SELECT table_name, constraint_type, unnest(constraint_column_names) "
                               "FROM duckdb_constraints() WHERE database_name = current_database() "
                               "AND table_name IN ('requests', 'identities')").fetchall()
-    not_null = {c for t, kind, c in constraints if t == "requests" and kind == "NOT NULL"}
-    relax = relax_not_null_sql(not_null)
+    relaxed = columns_to_relax({c for t, kind, c in constraints if t == "requests" and kind == "NOT NULL"})
     keyed = ("identities", "PRIMARY KEY", "fingerprint") in constraints
-    if relax:
-        con.execute(relax)
+    if relaxed:
+        con.execute(relax_not_null_sql(relaxed))
     if keyed:
         con.execute(DROP_IDENTITIES_KEY_SQL)
     con.execute("DELETE FROM meta WHERE key = 'schema_version'")
@@ -484,7 +484,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         after = _columns(con)
         said = [f"added table {t}" for t in sorted(set(after) - set(before))]
         said += [f"added column {t}.{c}" for t in sorted(before) for c in sorted(after.get(t, set()) - before[t])]
-        said += [f"let requests.{c} be unknown (NULL)" for c in re.findall(r"ALTER COLUMN (\w+) DROP NOT NULL", relax)]
+        said += [f"let requests.{c} be unknown (NULL)" for c in relaxed]
         said += ["dropped the key of identities (kept unique by every ingest)"] if keyed else []
         report.extend(x for x in said if x not in report)
 

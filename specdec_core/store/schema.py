@@ -135,7 +135,10 @@ def column_migrations_sql() -> str:
     return "\n".join(statements)
 
 
-def relax_not_null_sql(not_null: set[str]) -> str:
-    """Stores made before fields could be unknown have NOT NULL on them: drop it where still set."""
-    return "\n".join(f"ALTER TABLE requests ALTER COLUMN {f.name} DROP NOT NULL;" for f in contract.FIELDS
-                     if _may_be_unknown(f) and f.name in not_null)
+def columns_to_relax(not_null: set[str]) -> list[str]:
+    """Stores made before fields could be unknown have NOT NULL on them: the columns of `requests` that still do."""
+    return [f.name for f in contract.FIELDS if _may_be_unknown(f) and f.name in not_null]
+
+
+def relax_not_null_sql(columns: list[str]) -> str:
+    return "\n".join(f"ALTER TABLE requests ALTER COLUMN {name} DROP NOT NULL;" for name in columns)
