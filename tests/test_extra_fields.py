@@ -152,3 +152,27 @@ def test_the_tail_of_a_usual_record_is_its_other_fields_even_where_its_first_nam
     for name in [*decoys, "escaped", "u0"]:
         assert json.loads(extra[name]) == want, name
         assert list(json.loads(extra[name])) == ["trace_id", "region"], name
+
+
+def test_records_in_the_usual_shape_but_for_one_field_break_the_rules_a_record_read_whole_breaks(tmp_path):
+    """Records that hold the usual other fields last and in order, but also a contract field twice (before
+    them or after), a field the file does not usually hold, or no comma before the usual fields: each is
+    judged as if read whole, and the other fields kept are those of its own text."""
+    usual = [("trace_id", {"span": [1, 2]}), ("region", "eu")]
+    lines = [_line(rec(f"u{i}", max_tokens=10 + i), usual) for i in range(5)]
+    lines.append(_line(rec("head-twice"), usual).replace("{", '{"max_tokens": 7, ', 1))
+    lines.append(_line({**rec("head-other"), "user": {"id": 3}}, usual))
+    lines.append(_line(rec("no-comma"), usual).replace(', "trace_id"', ' "trace_id"', 1))
+    lines.append(_line(rec("tail-known"), usual)[:-1] + ', "temperature": 0.5}')
+    store = Store(tmp_path / "s.duckdb")
+    result = ingest(store, [str(write_jsonl(tmp_path / "t.jsonl", lines))])
+    assert (result.accepted, result.quarantined) == (6, 3)
+    with store.read() as con:
+        reasons = dict(con.execute("SELECT source_line, reason FROM quarantine").fetchall())
+        rows = {r: (m, json.loads(e)) for r, m, e in
+                con.execute("SELECT request_id, max_tokens, extra::VARCHAR FROM requests").fetchall()}
+    assert reasons == {6: "duplicate field: max_tokens appears more than once",
+                       8: "bad JSON: the line is not valid JSON",
+                       9: "duplicate field: temperature appears more than once"}
+    assert rows["u3"] == (13, {"trace_id": {"span": [1, 2]}, "region": "eu"})
+    assert rows["head-other"][1] == {"user": {"id": 3}, "trace_id": {"span": [1, 2]}, "region": "eu"}
