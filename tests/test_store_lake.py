@@ -255,3 +255,48 @@ def test_a_reader_sees_a_lake_made_again_under_the_same_name(tmp_path):
     shutil.rmtree(tmp_path / "s.sqlite.files", ignore_errors=True)
     ingest(Store(name), [str(batches[2])])
     assert [r[0] for r in contents(name)["requests"]][:1] == ["x0"] and len(contents(name)["requests"]) == 30
+
+
+def _dead_pid() -> int:
+    pid = 4_000_000
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except OSError:
+            pass
+        pid += 1
+
+
+def test_what_killed_writers_left_is_removed_and_nothing_else(tmp_path):
+    """A Parquet file no snapshot names (a writer killed before its commit) is deleted by the next maintenance
+    once a day old, a younger one (perhaps a live writer's) is kept; a catalog a killed writer was making is
+    removed by the next one that makes it, a live writer's is not. The lake was moved whole first: its files
+    are matched as where it now is, and every file it holds, however old, is kept."""
+    ingest(Store(f"ducklake:{tmp_path / 'a' / 's.sqlite'}"), [str(_batches(tmp_path)[0])])
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    lake = f"ducklake:{tmp_path / 'b' / 's.sqlite'}"
+    before = contents(lake)
+    live = list((tmp_path / "b").glob("**/*.parquet"))
+    assert live
+    old = live[0].stat().st_mtime - 3 * 86400
+    orphan, young = live[0].with_name("ducklake-killed.parquet"), live[0].with_name("ducklake-writing.parquet")
+    for path in (orphan, young):
+        shutil.copyfile(live[0], path)
+    for path in (*live, orphan):
+        os.utime(path, (old, old))
+    migrate(Store(lake))
+    assert not orphan.exists() and young.exists()
+    assert all(path.exists() for path in live) and contents(lake) == before
+
+    dead, alive = _dead_pid(), os.getppid()
+    catalog = tmp_path / "new" / "s.sqlite"
+    catalog.parent.mkdir()
+    leftovers = [catalog.with_name(f"s.sqlite.{dead}.new"), catalog.with_name(f"s.sqlite.{dead}.new-wal")]
+    writing = catalog.with_name(f"s.sqlite.{alive}.new")
+    for path in (*leftovers, writing):
+        path.write_bytes(b"half a catalog")
+    ingest(Store(f"ducklake:{catalog}"), [str(_batches(tmp_path)[1])])
+    assert not any(path.exists() for path in leftovers) and writing.exists()
+    assert contents(f"ducklake:{catalog}")["requests"]

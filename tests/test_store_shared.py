@@ -16,6 +16,7 @@ from servers import create_database, postgres, s3, s3_keys
 from test_store_concurrency import _batch, _content, two_writers_and_a_reader
 
 from specdec_core.store import Store, StoreError, ingest
+from specdec_core.store import lake as lakes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,6 +61,17 @@ def test_two_machines_and_a_reader_on_postgres_and_s3(shared, tmp_path):
     keys = s3_keys(endpoint)
     assert any(k.startswith(prefix + "main/requests/") and k.endswith(".parquet") for k in keys)
     assert not list(tmp_path.glob("**/*.parquet"))
+    # The store's maintenance deletes files no snapshot names: on S3 too, every file the store holds is named.
+    con = lakes.open_lake(store.lake)
+    try:
+        live = {Path(p).name for (p,) in con.execute(
+            "SELECT path FROM __ducklake_metadata_store.ducklake_data_file WHERE end_snapshot IS NULL").fetchall()}
+        would_delete = {Path(p).name for (p,) in con.execute(
+            "CALL ducklake_delete_orphaned_files('store', dry_run => true, older_than => now() + INTERVAL 1 DAY)"
+        ).fetchall()}
+    finally:
+        con.close()
+    assert live and not live & would_delete
 
 
 def test_the_cli_reads_and_writes_the_configured_store_without_db(shared, tmp_path):

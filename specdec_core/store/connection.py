@@ -28,6 +28,7 @@ import duckdb
 
 from specdec_core.store import lake as lakes
 from specdec_core.store.convert import SIDE_VERSION, ConversionError, convert_into, written_by_newer_duckdb
+from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LocationError, lake_location, resolve_db
 from specdec_core.store.schema import (
     DROP_IDENTITIES_KEY_SQL,
@@ -277,7 +278,7 @@ class Store:
             raise StoreError(f"{self.path}: cannot write here: {exc.strerror or exc}") from exc
         with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            _remove_dead_writers_files(target)
+            remove_dead_writers_files(target, WORKING_COPY_SUFFIX)
             tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
             tmp.unlink(missing_ok=True)
             try:
@@ -328,6 +329,12 @@ class Store:
 APPEND_ROW_GROUP_SIZE = 16_384
 
 
+# A writer's working copy of `<db>` is `<db>.<pid>.tmp` (with its WAL and spill folder). Leftovers of killed
+# writers are removed under the exclusive lock, so no live writer other than one whose pid is alive is
+# between its copy and its rename.
+WORKING_COPY_SUFFIX = r"\.tmp(?:\.wal|\.spill)?"
+
+
 def _open_working_copy(tmp: Path, appending: bool) -> duckdb.DuckDBPyConnection:
     con = _attached(str(tmp), f"ROW_GROUP_SIZE {APPEND_ROW_GROUP_SIZE}" if appending else "")
     con.execute(f"USE {_SNAPSHOT_ALIAS}")
@@ -363,40 +370,6 @@ def _remove_working_copy(tmp: Path) -> None:
     tmp.unlink(missing_ok=True)
     Path(str(tmp) + ".wal").unlink(missing_ok=True)
     shutil.rmtree(str(tmp) + ".spill", ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # it exists, owned by someone else
-    return True
-
-
-def _remove_dead_writers_files(target: Path) -> None:
-    """Remove working copies, WALs and spill folders that killed writers left beside `target`.
-
-    Called under the exclusive lock, so no live writer of this file is between its copy and its
-    rename except one whose pid is alive; those files are left alone.
-    """
-    pattern = re.compile(re.escape(target.name) + r"\.(\d+)\.tmp(?:\.wal|\.spill)?")
-    try:
-        entries = list(os.scandir(target.parent))
-    except OSError:
-        return
-    for entry in entries:
-        match = pattern.fullmatch(entry.name)
-        if not match or int(match.group(1)) == os.getpid() or _process_alive(int(match.group(1))):
-            continue
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                os.unlink(entry.path)
-        except OSError as exc:
-            log.warning("%s: cannot remove a killed writer's leftover: %s", entry.path, exc.strerror or exc)
 
 
 def _out_of_space(exc: BaseException) -> str | None:

@@ -28,6 +28,7 @@ from typing import TypeVar
 
 import duckdb
 
+from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LakeLocation
 
 ALIAS = "store"
@@ -112,6 +113,7 @@ def _create_sqlite_catalog(location: LakeLocation, setup: Callable[[duckdb.DuckD
 
     os.makedirs(os.path.dirname(location.catalog) or ".", exist_ok=True)
     tmp = f"{location.catalog}.{os.getpid()}.new"
+    remove_dead_writers_files(Path(location.catalog), r"\.new(?:-wal|-shm)?")  # killed while making one
     for leftover in (tmp, tmp + "-wal", tmp + "-shm"):
         Path(leftover).unlink(missing_ok=True)
     db = sqlite3.connect(tmp)
@@ -211,6 +213,9 @@ def forget_readers() -> None:
 MAINTAIN_ABOVE_FILES = 150
 # Files a merge replaced are deleted only this long after: a reader still on an older snapshot keeps them.
 KEEP_REPLACED = "10 minutes"
+# Data files no snapshot names (a writer killed before its commit) are deleted once this old: a live
+# writer's files, not committed yet, are younger than any batch takes.
+KEEP_ORPHANS = "1 day"
 
 
 def live_files(con: duckdb.DuckDBPyConnection) -> int:
@@ -219,14 +224,16 @@ def live_files(con: duckdb.DuckDBPyConnection) -> int:
 
 
 def maintain(con: duckdb.DuckDBPyConnection) -> None:
-    """Merge small files and inlined rows into larger files, apply deletes, drop what no reader can need.
+    """Merge small files and inlined rows into larger files, apply deletes, drop what no reader can need
+    and what killed writers left.
 
     Each step commits on its own; a step that loses a race with another writer is left to the next time."""
     steps = [f"CALL ducklake_flush_inlined_data('{ALIAS}')",
              f"CALL ducklake_merge_adjacent_files('{ALIAS}')",
              f"CALL ducklake_rewrite_data_files('{ALIAS}')",
              f"CALL ducklake_expire_snapshots('{ALIAS}', older_than => now() - INTERVAL '{KEEP_REPLACED}')",
-             f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => now() - INTERVAL '{KEEP_REPLACED}')"]
+             f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => now() - INTERVAL '{KEEP_REPLACED}')",
+             f"CALL ducklake_delete_orphaned_files('{ALIAS}', older_than => now() - INTERVAL '{KEEP_ORPHANS}')"]
     for step in steps:
         try:
             con.execute(step).fetchall()
