@@ -91,6 +91,48 @@ def test_small_batches_are_merged_into_few_files_and_the_lake_still_equals_a_fil
     assert contents(lake) == contents(file_store)
 
 
+def test_a_writes_merges_leave_large_files_alone_and_merge_a_tier_once_it_holds_enough(tmp_path, monkeypatch):
+    """A follow's maintenance merges its small files, not the store's large one into them each time."""
+    from specdec_core.store import lake as lakes
+
+    file_store, lake = str(tmp_path / "s.duckdb"), f"ducklake:{tmp_path / 's.sqlite'}"
+    catalog = "__ducklake_metadata_store"
+    requests_files = (f"SELECT f.path, f.file_size_bytes FROM {catalog}.ducklake_data_file f JOIN {catalog}.ducklake_table t "
+                      "USING (table_id) WHERE t.table_name = 'requests' AND f.end_snapshot IS NULL AND t.end_snapshot IS NULL")
+    big = write_jsonl(tmp_path / "big.jsonl", [
+        rec(f"big-{i}", ts=f"2026-03-01T09:{i // 60 % 60:02d}:{i % 60:02d}Z", cache_key=f"K{i % 11}",
+            output_text=f"stored {i} " * 30) for i in range(3000)])
+    for name in (file_store, lake):
+        ingest(Store(name), [str(big)])
+    with Store(lake).read() as con:
+        ((big_path, big_size),) = con.execute(requests_files).fetchall()
+    # Tiers scaled to this store: its large file is at the top; each batch's files are far below the first.
+    # Tiers scaled to this store: its large file is at the top; a batch's files are far below the first.
+    tiers = (big_size // 8, big_size // 4, big_size)
+    monkeypatch.setattr(lakes, "MERGE_TIERS", tiers)
+    monkeypatch.setattr(lakes, "MERGE_AT", 3)
+    monkeypatch.setattr(lakes, "MAINTAIN_ABOVE_FILES", 30)
+    monkeypatch.setattr(lakes, "KEEP_REPLACED", "0 seconds")
+    counts, merged_up = [], set()
+    for b in range(30):
+        batch = write_jsonl(tmp_path / f"b{b}.jsonl", [
+            rec(f"b{b}-{i}", ts=f"2026-03-01T10:{b:02d}:{i:02d}Z", cache_key=f"K{i % 7}", cache_hit=i % 2 == 1,
+                output_text=f"out {b} {i} " * 30) for i in range(40)])
+        for name in (file_store, lake):
+            ingest(Store(name), [str(batch)])
+        with Store(lake).read() as con:
+            files = dict(con.execute(requests_files).fetchall())
+            assert files.get(big_path) == big_size, f"batch {b}: the large file was rewritten"
+            assert lakes.live_files(con, below=tiers[0]) <= 30 + 20, "small files merged past the threshold"
+            middle = [size for size in files.values() if tiers[0] <= size < tiers[1]]
+            assert len(middle) < 3, f"batch {b}: a tier holding {len(middle)} files was not merged"
+            merged_up |= {path for path, size in files.items() if size >= tiers[1] and path != big_path}
+            counts.append(len(files))
+    assert min(counts[5:]) < max(counts), "the small files were merged"
+    assert merged_up, "the middle tier was merged up once it held three files"
+    assert contents(lake) == contents(file_store)
+
+
 def test_a_lake_moved_whole_still_opens(tmp_path):
     first = f"ducklake:{tmp_path / 'a' / 's.sqlite'}"
     ingest(Store(first), [str(_batches(tmp_path)[0])])
