@@ -106,7 +106,6 @@ def test_a_writes_merges_leave_large_files_alone_and_merge_a_tier_once_it_holds_
         ingest(Store(name), [str(big)])
     with Store(lake).read() as con:
         ((big_path, big_size),) = con.execute(requests_files).fetchall()
-    # Tiers scaled to this store: its large file is at the top; each batch's files are far below the first.
     # Tiers scaled to this store: its large file is at the top; a batch's files are far below the first.
     tiers = (big_size // 8, big_size // 4, big_size)
     monkeypatch.setattr(lakes, "MERGE_TIERS", tiers)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import TypeVar
 
@@ -239,7 +240,7 @@ def _most_in_one_table(con: duckdb.DuckDBPyConnection, at_least: int, below: int
                            "GROUP BY table_id)").fetchall()[0][0])
 
 
-def _merge(con: duckdb.DuckDBPyConnection, below: int) -> str:
+def _merge(below: int) -> str:
     return f"CALL ducklake_merge_adjacent_files('{ALIAS}', max_file_size => {int(below)})"
 
 
@@ -255,8 +256,8 @@ def maintain(con: duckdb.DuckDBPyConnection, full: bool = False) -> None:
             log.warning("%s: left for the next write: %s", sql, str(exc).splitlines()[0])
 
     step(f"CALL ducklake_flush_inlined_data('{ALIAS}')")
-    step(_merge(con, MERGE_TIERS[0]))
-    for smaller, size in zip(MERGE_TIERS, MERGE_TIERS[1:], strict=False):
+    step(_merge(MERGE_TIERS[0]))
+    for smaller, size in pairwise(MERGE_TIERS):
         # A tier's files, once the tier below is merged (its merge may have added one to this tier).
         try:
             due = full or _most_in_one_table(con, smaller, size) >= MERGE_AT
@@ -265,7 +266,7 @@ def maintain(con: duckdb.DuckDBPyConnection, full: bool = False) -> None:
                         str(exc).splitlines()[0])
             break
         if due:
-            step(_merge(con, size))
+            step(_merge(size))
     step(f"CALL ducklake_rewrite_data_files('{ALIAS}')")
     step(f"CALL ducklake_expire_snapshots('{ALIAS}', older_than => now() - INTERVAL '{KEEP_REPLACED}')")
     step(f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => now() - INTERVAL '{KEEP_REPLACED}')")
