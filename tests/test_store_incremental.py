@@ -34,6 +34,7 @@ _TABLES = {
     "summary_latency": "SELECT * FROM summary_latency",
     "summary_contaminated": "SELECT * FROM summary_contaminated",
     "identity_first_seen": "SELECT * FROM identity_first_seen",
+    "summary_request_keys": "SELECT * FROM summary_request_keys",
     # Appended per batch: equal once summed.
     "summary_outputs": "SELECT * EXCLUDE (requests, hits), sum(requests)::BIGINT, sum(hits)::BIGINT "
                        "FROM summary_outputs GROUP BY ALL",

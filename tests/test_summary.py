@@ -152,6 +152,26 @@ def test_summaries_answer_when_ready_and_rows_otherwise(store, tmp_path):
     assert migrate(copy) == []  # nothing left to do
 
 
+def test_key_hashes_another_duckdb_wrote_are_rebuilt_before_they_are_counted(store, tmp_path):
+    # The same summary version, written by a DuckDB whose hash() differs: its stored hashes can't be mixed with ours.
+    copy = Store(tmp_path / "other-hash.duckdb")
+    copy.path.write_bytes(store.path.read_bytes())
+    release_snapshots()
+    con = duckdb.connect(str(copy.path))
+    con.execute("UPDATE meta SET value = ? WHERE key = 'summary_version'", [f"{summary.SUMMARY_VERSION}.0"])
+    con.execute("UPDATE summary_request_keys SET key_hash = key_hash + 1, identity_hash = 0")
+    con.close()
+    with pytest.raises(StoreError, match="specdec migrate"):
+        metrics.headline(copy)
+    assert migrate(copy) == ["rejudged hits and rebuilt summaries"]
+    window = Filters(start=START + timedelta(minutes=2, seconds=17.25), end=START + timedelta(minutes=21))
+    assert metrics.headline(copy, window) == metrics.headline(store, window)
+    with copy.read() as con:
+        assert con.execute("SELECT count(*) FROM summary_request_keys k JOIN requests r "
+                           "ON r.ts = k.ts AND k.key_hash = hash(coalesce(r.deployment, ''), r.cache_key) AND "
+                           "k.identity_hash = hash(coalesce(r.deployment, ''), r.fingerprint)").fetchall()[0][0] == 4003
+
+
 def test_a_store_from_an_older_version_is_brought_up_to_date_by_migrate(store, tmp_path):
     # Written before summaries and before hit_sources had source_ts: the Mismatches page reads both.
     old = Store(tmp_path / "old.duckdb")

@@ -89,8 +89,8 @@ GROUP BY ALL ORDER BY deployment
 
 
 # A time range: the counts from the minute summary (and the rows of the minutes it cuts through), less those
-# of the range's requests without a known cache key (few: they are read through the key's null mask); only
-# the distinct keys and identities need the rows, and those without the join to hit_sources.
+# of the range's requests without a known cache key (few: they are read through the key's null mask); the
+# distinct keys and identities come from the per-request key hashes.
 KEY_RATIO_BY_DEPLOYMENT_RANGE_SQL = f"""
 WITH c AS (
     SELECT c.deployment, sum(c.requests)::BIGINT AS requests, {HITS}::BIGINT AS hits,
@@ -105,10 +105,9 @@ WITH c AS (
            c.first_sight_hits - coalesce(u.first_sight_hits, 0) AS first_sight_hits
     FROM c LEFT JOIN u USING (deployment)
 ), d AS (
-    -- By DuckDB's 64-bit hash of the text, as the headline's range counts (overview.KEY_COUNTS_RANGE_SQL).
-    SELECT coalesce(r.deployment, '') AS deployment, count(DISTINCT hash(r.cache_key)) AS unique_keys,
-           count(DISTINCT hash(r.fingerprint)) AS unique_identities
-    FROM requests r WHERE r.cache_key IS NOT NULL AND {{where}} GROUP BY 1
+    -- By the stored 64-bit hashes, as the headline's range counts (overview.KEY_COUNTS_RANGE_SQL).
+    SELECT r.deployment, count(DISTINCT r.key_hash) AS unique_keys, count(DISTINCT r.identity_hash) AS unique_identities
+    FROM summary_request_keys r WHERE {{where}} GROUP BY 1
 )
 SELECT deployment, k.requests, d.unique_keys, d.unique_identities,
        d.unique_keys / d.unique_identities AS keys_per_identity, k.hits / k.requests AS hit_rate,

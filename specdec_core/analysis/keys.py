@@ -11,16 +11,14 @@ from specdec_core.analysis.query import (
 )
 from specdec_core.store.connection import Store
 
-# `{shared}`: what narrows the rows to keys shared at all, or nothing.
-_KEY_COLLISIONS = """
+KEY_COLLISIONS_SQL = """
 SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, count(DISTINCT r.fingerprint) AS identities,
        count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
        min(r.ts) AS first_seen, max(r.ts) AS last_seen
-FROM requests r {shared}WHERE r.cache_key IS NOT NULL AND {where}
+FROM requests r WHERE r.cache_key IS NOT NULL AND {where}
 GROUP BY ALL HAVING count(DISTINCT r.fingerprint) > 1
 ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
 """
-KEY_COLLISIONS_SQL = _KEY_COLLISIONS.replace("{shared}", "")
 
 
 KEY_COLLISIONS_WHOLE_SQL = """
@@ -36,11 +34,21 @@ ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
 """
 
 
-# A time range: a key shared within it is shared in the whole log, so only the rows of the keys the summary
-# lists as shared are grouped.
-KEY_COLLISIONS_SHARED_SQL = _KEY_COLLISIONS.replace(
-    "{shared}", "SEMI JOIN (SELECT DISTINCT deployment, cache_key FROM summary_shared_keys) s\n"
-                "    ON coalesce(r.deployment, '') = s.deployment AND r.cache_key = s.cache_key ")
+# A time range: a key shared within it is shared in the whole log, so only the per-request key hashes of the keys
+# the summary lists as shared are grouped, and the groups take their key's text from that list.
+KEY_COLLISIONS_SHARED_SQL = """
+WITH shared AS (
+    SELECT DISTINCT hash(deployment, cache_key) AS key_hash, deployment, cache_key FROM summary_shared_keys
+), g AS (
+    SELECT r.key_hash, count(DISTINCT r.identity_hash) AS identities, count(*) AS requests,
+           count(*) FILTER (WHERE r.cache_hit) AS hits, min(r.ts) AS first_seen, max(r.ts) AS last_seen
+    FROM summary_request_keys r SEMI JOIN shared s USING (key_hash) WHERE {where}
+    GROUP BY 1 HAVING count(DISTINCT r.identity_hash) > 1
+)
+SELECT s.deployment, s.cache_key, g.identities, g.requests, g.hits, g.first_seen, g.last_seen
+FROM g JOIN shared s USING (key_hash)
+ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
+"""
 
 
 def key_collisions(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:

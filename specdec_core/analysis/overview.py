@@ -110,16 +110,11 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, cache_key)) A
        (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, fingerprint)) AS unique_identities,
        (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, cache_key HAVING count(*) > 1)) AS key_collisions
 """
-# The same where the summaries stand (a time range, the dashboard's path): keys and identities grouped by
-# DuckDB's 64-bit hash of their text, half the work of grouping the text; exact but for a hash collision
-# among the range's keys (about one chance in 10^9 for 200,000 of them). The text path above stays the
-# reference the tests hold it to.
+# The same where the summaries stand (a time range, the dashboard's path): over summary_request_keys, keys and
+# identities as the 64-bit hashes stored there, a few integers a row instead of two 64-character texts; exact
+# but for a hash collision among the range's keys. The text path above stays the reference the tests hold it to.
 KEY_COUNTS_RANGE_SQL = """
-WITH p AS MATERIALIZED (
-    SELECT hash(coalesce(r.deployment, ''), r.cache_key) AS key_hash,
-           hash(coalesce(r.deployment, ''), r.fingerprint) AS identity_hash
-    FROM requests r WHERE r.cache_key IS NOT NULL AND {where} GROUP BY ALL
-)
+WITH p AS MATERIALIZED (SELECT r.key_hash, r.identity_hash FROM summary_request_keys r WHERE {where} GROUP BY ALL)
 SELECT (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY key_hash)) AS unique_keys,
        (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY identity_hash)) AS unique_identities,
        (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY key_hash HAVING count(*) > 1)) AS key_collisions

@@ -37,7 +37,7 @@ from specdec_core.store.schema import (
     relax_not_null_sql,
     schema_sql,
 )
-from specdec_core.store.summaries import SUMMARY_VERSION
+from specdec_core.store.summaries import STORED_VERSION
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
@@ -118,7 +118,7 @@ def derived_current(con: duckdb.DuckDBPyConnection, path: Path | None = None, al
     alias = f"{alias}." if alias else ""
     try:
         version = con.execute(f"SELECT value FROM {alias}meta WHERE key = 'summary_version'").fetchall()
-        if version and version[0][0] == SUMMARY_VERSION:
+        if version and version[0][0] == STORED_VERSION:
             return True
         return not con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {alias}requests LIMIT 1)").fetchall()[0][0]
     except duckdb.CatalogException:

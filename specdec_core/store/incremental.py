@@ -12,7 +12,7 @@ cache key the batch supplied (store/ingest.py, `_backfill_cache_keys`). What a b
 
 Only those are judged again, against every stored miss of their keys however old. The minutes their
 rows fall in are then recounted (or, where only the batch added rows, add its counts); the key/identity
-pairs and the histograms add what changed.
+pairs and the histograms add what changed; the batch's rows are appended to the per-request key hashes.
 The result equals a full rebuild (`judge_hits` + `build_summaries`); tests/test_store_incremental.py
 holds it to that after every batch of random logs, late files, ties and source links included.
 """
@@ -33,6 +33,7 @@ from specdec_core.store.summaries import (
     MINUTE_SQL,
     OUTPUTS_COMPACTED_SQL,
     OUTPUTS_SQL,
+    REQUEST_KEYS_SQL,
     SHARED_KEYS_SQL,
     VERSION_SQL,
     draft_label,
@@ -97,6 +98,7 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     for table, sql, n in (("summary_lengths", LENGTHS_SQL, "n"), ("summary_latency", LATENCY_SQL, "n")):
         _add_counts(con, table, over(sql, f"r.ingest_id = {int(ingest_id)}"), n)
     _append_outputs(con, ingest_id)
+    _append_request_keys(con, ingest_id)
     con.execute("DELETE FROM summary_contaminated WHERE request_id IN (SELECT request_id FROM rejudge)")
     # The verdicts just written for `rejudge` are `judged_now`: joined to it, not to every stored verdict.
     con.execute("INSERT INTO summary_contaminated BY NAME " + over(
@@ -284,6 +286,14 @@ def _append_outputs(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     if rows > 2 * folded + summaries.OUTPUTS_SLACK:
         con.execute(COMPACT_OUTPUTS_SQL)
         con.execute(OUTPUTS_COMPACTED_SQL)
+
+
+def _append_request_keys(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
+    """The batch's rows, and the stored misses that only now have a cache key (none had a row before)."""
+    con.execute("INSERT INTO summary_request_keys BY NAME " + over(REQUEST_KEYS_SQL, f"r.ingest_id = {int(ingest_id)}"))
+    if scalar(con, "SELECT count(*) FROM backfilled"):
+        con.execute("INSERT INTO summary_request_keys BY NAME "
+                    + over(REQUEST_KEYS_SQL, "r.request_id IN (SELECT request_id FROM backfilled)"))
 
 
 def _add_counts(con: duckdb.DuckDBPyConnection, table: str, batch_sql: str, count: str) -> None:

@@ -12,6 +12,9 @@ thousands of rows instead of millions.
 - `summary_contaminated`: the contaminated hits with the columns the report shows.
 - `summary_outputs`: requests and hits per output text (64 bits of its MD5) and identity, for the
   red flags.
+- `summary_request_keys`: one narrow row per request with a cache key: its time, labels, hit flag and
+  DuckDB's 64-bit hashes of its key and identity. A time range's distinct keys, identities and collisions
+  are counted over these integers instead of the rows' 64-character texts.
 
 A question with a time range that the histograms or distinct counts can't answer
 goes to `requests`, as it would without summaries. `from_rows()` forces that path:
@@ -32,8 +35,8 @@ import numpy as np
 
 # Bump when a summary table, or how hits are judged, changes: an older store is rejudged and rebuilt
 # when next read (Store.read). 4: ties among misses at one instant go to the one logged last.
-# 5: summary_outputs. 6: identity_first_seen (built by the judging, hit_sources.py).
-SUMMARY_VERSION = "6"
+# 5: summary_outputs. 6: identity_first_seen (built by the judging, hit_sources.py). 7: summary_request_keys.
+SUMMARY_VERSION = "7"
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)
 _ROWS_ONLY: ContextVar[bool] = ContextVar("specdec_rows_only", default=False)
@@ -108,6 +111,16 @@ OUTPUTS_SQL = f"""SELECT md5_number_lower(output_text) AS out_hash, * EXCLUDE (o
            {draft_label()} AS draft_model, count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits
     FROM requests r WHERE {{where}} GROUP BY ALL)"""
 
+# The rows of the requests `{where}` picks that have a cache key, as summary_request_keys holds them: labels as the
+# filters read them (Filters.where applies to this table as to `requests r`), the key and identity (each with its
+# deployment) as DuckDB's 64-bit hash, as the time-range counts used to hash them from the text at every question.
+# Exact but for a hash collision among a range's keys (about one chance in 30 million for a million keys).
+REQUEST_KEYS_SQL = f"""SELECT r.ts, coalesce(r.deployment, '') AS deployment, r.target_model,
+       {draft_label()} AS draft_model, r.cache_hit,
+       hash(coalesce(r.deployment, ''), r.cache_key) AS key_hash,
+       hash(coalesce(r.deployment, ''), r.fingerprint) AS identity_hash
+FROM requests r WHERE r.cache_key IS NOT NULL AND {{where}}"""
+
 # Batches append rows a group already has; once the table has grown past twice its size when last one row per
 # group (plus OUTPUTS_SLACK rows), it is folded again: each row is folded a bounded number of times.
 OUTPUTS_SLACK = 100_000
@@ -117,7 +130,17 @@ OUTPUTS_COMPACTED_SQL = ("DELETE FROM meta WHERE key = 'outputs_compacted'; "
 COMPACT_OUTPUTS_SQL = ("CREATE OR REPLACE TABLE summary_outputs AS SELECT * EXCLUDE (requests, hits), "
                        "sum(requests)::BIGINT AS requests, sum(hits)::BIGINT AS hits FROM summary_outputs GROUP BY ALL")
 
-VERSION_SQL = f"DELETE FROM meta WHERE key = 'summary_version'; INSERT INTO meta VALUES ('summary_version', '{SUMMARY_VERSION}')"
+# A store's rows of summary_request_keys hold hashes that the DuckDB which wrote them computed, and DuckDB does not
+# promise its hash() stays the same across versions. The version stored names that hash too: a DuckDB whose
+# hash differs takes the summaries for out of date (a read asks for `specdec migrate`, which rebuilds them, as
+# an ingest does), so hashes of two versions never meet in one count.
+def _hash_probe() -> int:
+    with duckdb.connect() as con:
+        return int(con.execute("SELECT hash('specdec_core summary hash')").fetchall()[0][0])
+
+
+STORED_VERSION = f"{SUMMARY_VERSION}.{_hash_probe():x}"
+VERSION_SQL = f"DELETE FROM meta WHERE key = 'summary_version'; INSERT INTO meta VALUES ('summary_version', '{STORED_VERSION}')"
 
 
 def over(sql: str, where: str) -> str:
@@ -143,6 +166,8 @@ CREATE OR REPLACE TABLE summary_lengths AS {over(LENGTHS_SQL, "TRUE")};
 CREATE OR REPLACE TABLE summary_latency AS {over(LATENCY_SQL, "TRUE")};
 CREATE OR REPLACE TABLE summary_contaminated AS {over(CONTAMINATED_SQL, "TRUE")} ORDER BY r.ts, r.request_id;
 CREATE OR REPLACE TABLE summary_outputs AS {over(OUTPUTS_SQL, "TRUE")};
+-- In time order: a range's scan skips the row groups outside it.
+CREATE OR REPLACE TABLE summary_request_keys AS {over(REQUEST_KEYS_SQL, "TRUE")} ORDER BY r.ts;
 {OUTPUTS_COMPACTED_SQL};
 {VERSION_SQL};
 """
@@ -168,7 +193,7 @@ def ready(con: duckdb.DuckDBPyConnection) -> bool:
     if _ROWS_ONLY.get():
         return False
     rows = con.execute("SELECT value FROM meta WHERE key = 'summary_version'").fetchall()
-    return bool(rows) and rows[0][0] == SUMMARY_VERSION
+    return bool(rows) and rows[0][0] == STORED_VERSION
 
 
 def dimension_where(filters: Any, alias: str = "c") -> tuple[str, list[Any]]:
