@@ -10,6 +10,7 @@ from specdec_core.analysis.query import (
     df,
 )
 from specdec_core.store.connection import Store
+from specdec_core.store.summaries import key_hash
 
 KEY_COLLISIONS_SQL = """
 SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, count(DISTINCT r.fingerprint) AS identities,
@@ -36,13 +37,13 @@ ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
 
 # A time range: a key shared within it is shared in the whole log, so only the per-request key hashes of the keys
 # the summary lists as shared are grouped, and the groups take their key's text from that list.
-KEY_COLLISIONS_SHARED_SQL = """
+KEY_COLLISIONS_SHARED_SQL = f"""
 WITH shared AS (
-    SELECT DISTINCT hash(deployment, cache_key) AS key_hash, deployment, cache_key FROM summary_shared_keys
+    SELECT DISTINCT {key_hash("deployment", "cache_key")} AS key_hash, deployment, cache_key FROM summary_shared_keys
 ), g AS (
     SELECT r.key_hash, count(DISTINCT r.identity_hash) AS identities, count(*) AS requests,
            count(*) FILTER (WHERE r.cache_hit) AS hits, min(r.ts) AS first_seen, max(r.ts) AS last_seen
-    FROM summary_request_keys r SEMI JOIN shared s USING (key_hash) WHERE {where}
+    FROM summary_request_keys r SEMI JOIN shared s USING (key_hash) WHERE {{where}}
     GROUP BY 1 HAVING count(DISTINCT r.identity_hash) > 1
 )
 SELECT s.deployment, s.cache_key, g.identities, g.requests, g.hits, g.first_seen, g.last_seen

@@ -37,7 +37,7 @@ from specdec_core.store.schema import (
     relax_not_null_sql,
     schema_sql,
 )
-from specdec_core.store.summaries import STORED_VERSION
+from specdec_core.store.summaries import current_version_sql
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
@@ -117,8 +117,8 @@ def derived_current(con: duckdb.DuckDBPyConnection, path: Path | None = None, al
     `alias` None: the connection's own database (a writer's)."""
     alias = f"{alias}." if alias else ""
     try:
-        version = con.execute(f"SELECT value FROM {alias}meta WHERE key = 'summary_version'").fetchall()
-        if version and version[0][0] == STORED_VERSION:
+        version = con.execute(current_version_sql(f"{alias}meta")).fetchall()
+        if version and version[0][0]:
             return True
         return not con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {alias}requests LIMIT 1)").fetchall()[0][0]
     except duckdb.CatalogException:

@@ -34,7 +34,7 @@ import duckdb
 import numpy as np
 
 # Bump when a summary table, or how hits are judged, changes: an older store is rejudged and rebuilt
-# when next read (Store.read). 4: ties among misses at one instant go to the one logged last.
+# by `specdec migrate` or the next ingest (a read asks for the migrate). 4: ties among misses at one instant go to the one logged last.
 # 5: summary_outputs. 6: identity_first_seen (built by the judging, hit_sources.py). 7: summary_request_keys.
 SUMMARY_VERSION = "7"
 NO_DRAFT = "none"
@@ -115,10 +115,15 @@ OUTPUTS_SQL = f"""SELECT md5_number_lower(output_text) AS out_hash, * EXCLUDE (o
 # filters read them (Filters.where applies to this table as to `requests r`), the key and identity (each with its
 # deployment) as DuckDB's 64-bit hash, as the time-range counts used to hash them from the text at every question.
 # Exact but for a hash collision among a range's keys (about one chance in 30 million for a million keys).
+def key_hash(deployment: str, text: str) -> str:
+    """The SQL of a key's (or an identity's) stored hash, from its deployment ('' for none) and its text."""
+    return f"hash({deployment}, {text})"
+
+
 REQUEST_KEYS_SQL = f"""SELECT r.ts, coalesce(r.deployment, '') AS deployment, r.target_model,
        {draft_label()} AS draft_model, r.cache_hit,
-       hash(coalesce(r.deployment, ''), r.cache_key) AS key_hash,
-       hash(coalesce(r.deployment, ''), r.fingerprint) AS identity_hash
+       {key_hash("coalesce(r.deployment, '')", "r.cache_key")} AS key_hash,
+       {key_hash("coalesce(r.deployment, '')", "r.fingerprint")} AS identity_hash
 FROM requests r WHERE r.cache_key IS NOT NULL AND {{where}}"""
 
 # Batches append rows a group already has; once the table has grown past twice its size when last one row per
@@ -131,16 +136,17 @@ COMPACT_OUTPUTS_SQL = ("CREATE OR REPLACE TABLE summary_outputs AS SELECT * EXCL
                        "sum(requests)::BIGINT AS requests, sum(hits)::BIGINT AS hits FROM summary_outputs GROUP BY ALL")
 
 # A store's rows of summary_request_keys hold hashes that the DuckDB which wrote them computed, and DuckDB does not
-# promise its hash() stays the same across versions. The version stored names that hash too: a DuckDB whose
-# hash differs takes the summaries for out of date (a read asks for `specdec migrate`, which rebuilds them, as
-# an ingest does), so hashes of two versions never meet in one count.
-def _hash_probe() -> int:
-    with duckdb.connect() as con:
-        return int(con.execute("SELECT hash('specdec_core summary hash')").fetchall()[0][0])
+# promise its hash() stays the same across versions. The version stored names that hash too, as the connection
+# that writes or reads computes it: a DuckDB whose hash differs takes the summaries for out of date (a read asks
+# for `specdec migrate`, which rebuilds them, as an ingest does), so hashes of two versions never meet in one count.
+STORED_VERSION_SQL = f"'{SUMMARY_VERSION}.' || printf('%x', hash('specdec_core summary hash'))"
+VERSION_SQL = ("DELETE FROM meta WHERE key = 'summary_version'; "
+               f"INSERT INTO meta SELECT 'summary_version', {STORED_VERSION_SQL}")
 
 
-STORED_VERSION = f"{SUMMARY_VERSION}.{_hash_probe():x}"
-VERSION_SQL = f"DELETE FROM meta WHERE key = 'summary_version'; INSERT INTO meta VALUES ('summary_version', '{STORED_VERSION}')"
+def current_version_sql(meta: str = "meta") -> str:
+    """Whether the summaries in `meta` match this code and this DuckDB's hash: no row, or one true/false."""
+    return f"SELECT value = {STORED_VERSION_SQL} FROM {meta} WHERE key = 'summary_version'"
 
 
 def over(sql: str, where: str) -> str:
@@ -192,8 +198,8 @@ def ready(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether this store's summaries exist, match this code and may be used."""
     if _ROWS_ONLY.get():
         return False
-    rows = con.execute("SELECT value FROM meta WHERE key = 'summary_version'").fetchall()
-    return bool(rows) and rows[0][0] == STORED_VERSION
+    rows = con.execute(current_version_sql()).fetchall()
+    return bool(rows) and rows[0][0]
 
 
 def dimension_where(filters: Any, alias: str = "c") -> tuple[str, list[Any]]:
