@@ -8,7 +8,10 @@ services: the store's cache keys and identities, request ids it doesn't hold, te
 know, duplicate timestamps and a few hostile lines. Each append runs in a fresh process on a copy of
 the base store (copying is not timed); the figure is the ingest call's own time, median of three.
 
-    .venv/bin/python bench/bench_append.py [--sizes 1000000,5000000] [--kinds file,lake]
+A file store's write copies the file: `--work DIR` makes the stores (and so the copies) in DIR, e.g. on a
+filesystem with reflinks (XFS, btrfs), where the copy shares the file's blocks.
+
+    .venv/bin/python bench/bench_append.py [--sizes 1000000,5000000] [--kinds file,lake] [--work DIR]
 """
 
 from __future__ import annotations
@@ -99,8 +102,19 @@ def _remove(path: Path) -> None:
         leftover.unlink(missing_ok=True)
 
 
-def time_append(base: Path, lines: Path, kind: str = "file", repeats: int = 3) -> float:
-    work = OUT / f"append-work.{kind}"
+def filesystem(folder: Path) -> str:
+    """The type of the filesystem `folder` lies on (the longest mount point above it)."""
+    best, kind = "", "?"
+    with open("/proc/mounts", encoding="utf-8") as mounts:
+        for line in mounts:
+            point, fstype = line.split()[1:3]
+            if str(folder.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+                best, kind = point, fstype
+    return kind
+
+
+def time_append(base: Path, lines: Path, kind: str = "file", repeats: int = 3, folder: Path = OUT) -> float:
+    work = folder / f"append-work.{kind}"
     seconds = []
     for _ in range(repeats):
         _remove(work)
@@ -118,20 +132,24 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1000000,5000000", help="store sizes in rows, comma-separated")
     parser.add_argument("--kinds", default="file,lake", help="kinds of store: file, lake, or both")
+    parser.add_argument("--work", default=str(OUT), help="the folder the appended stores are made in")
     args = parser.parse_args()
+    folder = Path(args.work)
+    folder.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
     OUT.mkdir(exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     kinds = args.kinds.split(",")
     batches = {n: live_lines(n) for n in (3, 20_000)}
     bases = {(size, kind): base_store(size, kind) for size in sizes for kind in kinds}
-    print(f"\n{'store':>6}{'lines':>8}{'empty store':>14}" + "".join(f"{f'{s:,} rows':>16}{'ratio':>8}" for s in sizes))
+    print(f"\nstores appended to in {folder} ({filesystem(folder)})")
+    print(f"{'store':>6}{'lines':>8}{'empty store':>14}" + "".join(f"{f'{s:,} rows':>16}{'ratio':>8}" for s in sizes))
     for kind in kinds:
         for n, lines in batches.items():
-            empty = time_append(OUT / "append-none", lines, kind)
+            empty = time_append(OUT / "append-none", lines, kind, folder=folder)
             row = f"{kind:>6}{n:>8,}{empty:>12.2f} s"
             for size in sizes:
-                into = time_append(bases[(size, kind)], lines, kind)
+                into = time_append(bases[(size, kind)], lines, kind, folder=folder)
                 row += f"{into:>14.2f} s{into / empty:>7.2f}x"
             print(row)
     print("\ntarget: each ratio <= 1.5x (the append costs what it adds, not what the store holds)")

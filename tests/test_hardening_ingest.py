@@ -306,6 +306,48 @@ def test_a_full_disk_while_copying_is_one_line_and_the_store_is_untouched(store,
         "triage.duckdb", "triage.duckdb.lock"]
 
 
+def test_the_working_copy_is_the_file_byte_for_byte_and_private(store, tmp_path):
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec(f"r{i}") for i in range(50)]))])
+    os.chmod(store.path, 0o644)
+    copy = tmp_path / "copy.duckdb"
+    connection._copy_database(store.path, copy)
+    assert copy.read_bytes() == store.path.read_bytes()
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o600  # made private; the write gives it the store's mode at the end
+
+
+@pytest.mark.parametrize("refusal", [errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL])
+def test_a_filesystem_that_cannot_copy_ranges_gets_a_byte_copy(refusal, store, tmp_path, monkeypatch):
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec("a")]))])
+    tried = []
+
+    def cannot(*args):
+        tried.append(args)
+        raise OSError(refusal, os.strerror(refusal))
+
+    monkeypatch.setattr(os, "copy_file_range", cannot)
+    result = ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("b")]))])
+    assert tried and result.accepted == 1
+    assert [r[0] for r in loaded(store)] == ["a", "b"]
+
+
+def test_a_full_disk_inside_the_range_copy_is_one_line_and_the_store_is_untouched(store, tmp_path, monkeypatch):
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec("a")]))])
+    before = store.path.read_bytes()
+    real = os.copy_file_range
+
+    def fills_up(src, dst, count, *rest):
+        real(src, dst, min(count, 4096))  # part of the file lands, then the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "copy_file_range", fills_up)
+    with pytest.raises(StoreError, match="No space left on device") as err:
+        ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("b")]))])
+    assert "\n" not in str(err.value)
+    assert store.path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("triage")) == [
+        "triage.duckdb", "triage.duckdb.lock"]
+
+
 @pytest.fixture
 def tiny_disk(tmp_path):
     mnt = tmp_path / "mnt"
