@@ -370,8 +370,7 @@ def _copy_database(source: Path, dest: Path) -> None:
     except OSError as exc:
         if exc.errno not in _NO_RANGE_COPY:
             raise
-        os.ftruncate(fd, 0)
-        shutil.copyfile(source, dest)
+        shutil.copyfile(source, dest)  # opens the copy anew, from its first byte
     finally:
         os.close(fd)
 

@@ -111,15 +111,16 @@ OUTPUTS_SQL = f"""SELECT md5_number_lower(output_text) AS out_hash, * EXCLUDE (o
            {draft_label()} AS draft_model, count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits
     FROM requests r WHERE {{where}} GROUP BY ALL)"""
 
-# The rows of the requests `{where}` picks that have a cache key, as summary_request_keys holds them: labels as the
-# filters read them (Filters.where applies to this table as to `requests r`), the key and identity (each with its
-# deployment) as DuckDB's 64-bit hash, as the time-range counts used to hash them from the text at every question.
-# Exact but for a hash collision among a range's keys (about one chance in 30 million for a million keys).
+
 def key_hash(deployment: str, text: str) -> str:
     """The SQL of a key's (or an identity's) stored hash, from its deployment ('' for none) and its text."""
     return f"hash({deployment}, {text})"
 
 
+# The rows of the requests `{where}` picks that have a cache key, as summary_request_keys holds them: labels as the
+# filters read them (Filters.where applies to this table as to `requests r`), the key and identity (each with its
+# deployment) as DuckDB's 64-bit hash, as the time-range counts used to hash them from the text at every question.
+# Exact but for a hash collision among a range's keys (about one chance in 30 million for a million keys).
 REQUEST_KEYS_SQL = f"""SELECT r.ts, coalesce(r.deployment, '') AS deployment, r.target_model,
        {draft_label()} AS draft_model, r.cache_hit,
        {key_hash("coalesce(r.deployment, '')", "r.cache_key")} AS key_hash,
