@@ -10,8 +10,9 @@ the base store (copying is not timed); the figure is the ingest call's own time,
 
 `--warm` times the append in a process that has ingested once already (a --follow, the dashboard): the
 first ingest of a process also pays for imports (DuckDB's binding imports pandas, 0.17 s), which hides part
-of what a store that holds rows costs more. A file store's write copies the file: `--work DIR` makes the stores (and so the copies) in DIR, e.g. on a
-filesystem with reflinks (XFS, btrfs), where the copy shares the file's blocks.
+of what a store that holds rows costs more. A file store's write copies the file: `--work DIR` makes the
+stores (and so the copies) in DIR, e.g. on a filesystem with reflinks (XFS, btrfs), where the copy shares
+the file's blocks.
 
     .venv/bin/python bench/bench_append.py [--sizes 1000000,5000000] [--kinds file,lake] [--work DIR] [--warm]
 """
@@ -108,11 +109,11 @@ def _remove(path: Path) -> None:
 
 def filesystem(folder: Path) -> str:
     """The type of the filesystem `folder` lies on (the longest mount point above it)."""
-    best, kind = "", "?"
+    best, kind, path = "", "?", str(folder.resolve()).rstrip("/") + "/"  # a mount point lies on itself
     with open("/proc/mounts", encoding="utf-8") as mounts:
         for line in mounts:
             point, fstype = line.split()[1:3]
-            if str(folder.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+            if path.startswith(point.rstrip("/") + "/") and len(point) > len(best):
                 best, kind = point, fstype
     return kind
 
