@@ -453,8 +453,8 @@ def _columns(con: duckdb.DuckDBPyConnection) -> dict[str, set[str]]:
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     """Create missing tables and add the columns a newer version has: cheap, so every write does it.
 
-    Every write rewrites meta's schema_version row; in a lake that makes two overlapping writers conflict
-    at commit, so neither commits a batch judged without the other's rows."""
+    Every write to a lake rewrites meta's schema_version row: two overlapping writers then conflict at
+    commit, so neither commits a batch judged without the other's rows."""
     report = _SCHEMA_CHANGES.get()
     before = _columns(con) if report is not None else {}
     create_tables(con, schema_sql())
@@ -468,8 +468,10 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(relax_not_null_sql(relaxed))
     if keyed:
         con.execute(DROP_IDENTITIES_KEY_SQL)
-    con.execute("DELETE FROM meta WHERE key = 'schema_version'")
-    con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+    # A file's writers take turns (its lock): the row is only written when it changes.
+    if is_lake(con) or scalar(con, "SELECT max(value) FROM meta WHERE key = 'schema_version'") != str(SCHEMA_VERSION):
+        con.execute("DELETE FROM meta WHERE key = 'schema_version'")
+        con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
     if report is not None and before:  # a store that had tables: what this write changed in them
         after = _columns(con)
         said = [f"added table {t}" for t in sorted(set(after) - set(before))]

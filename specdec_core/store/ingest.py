@@ -186,6 +186,9 @@ def _classify(con: duckdb.DuckDBPyConnection, join: str) -> None:
         SELECT request_id FROM typed GROUP BY request_id HAVING count(*) > 1
         UNION SELECT DISTINCT t.request_id FROM typed t JOIN requests r USING (request_id)
     """)
+    if not scalar(con, "SELECT count(*) FROM contested"):  # every id is new: nothing to tell apart
+        con.execute("CREATE OR REPLACE TEMP TABLE outcome AS SELECT seq, NULL::VARCHAR AS outcome FROM typed LIMIT 0")
+        return
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE outcome AS
         WITH ok AS (
