@@ -20,7 +20,7 @@ from test_contamination_reference import _spell_ts, random_log
 
 from specdec_core.store import incremental, summaries
 from specdec_core.store.connection import Store, release_snapshots
-from specdec_core.store.hit_sources import judge_hits
+from specdec_core.store.hit_sources import judge_hits, last_miss_sql
 from specdec_core.store.ingest import ingest
 from specdec_core.store.summaries import build_summaries
 
@@ -34,6 +34,8 @@ _TABLES = {
     "summary_latency": "SELECT * FROM summary_latency",
     "summary_contaminated": "SELECT * FROM summary_contaminated",
     "identity_first_seen": "SELECT * FROM identity_first_seen",
+    # Appended per batch: one latest miss per key once folded.
+    "key_last_miss": last_miss_sql("SELECT * FROM key_last_miss"),
     "summary_request_keys": "SELECT * FROM summary_request_keys",
     # Appended per batch: equal once summed.
     "summary_outputs": "SELECT * EXCLUDE (requests, hits), sum(requests)::BIGINT, sum(hits)::BIGINT "
@@ -114,9 +116,14 @@ def test_each_batch_leaves_the_derived_tables_equal_to_a_full_rebuild(tmp_path, 
     _assert_equals_full_rebuild(db, tmp_path)
 
 
-def test_live_batches_into_a_busy_minute_add_their_counts_to_its_rows(tmp_path):
+def test_live_batches_into_a_busy_minute_add_their_counts_to_its_rows(tmp_path, monkeypatch):
     # Live traffic: each batch is later than every stored row and rejudges none of them, so its minutes add the
-    # batch's counts to the rows they hold (same minute, same dimensions) instead of being counted again.
+    # batch's counts to the rows they hold (same minute, same dimensions) instead of being counted again; and
+    # its hits are judged from each key's latest miss (key_last_miss), reading no stored misses.
+    judged = []
+    judge = incremental._judge
+    monkeypatch.setattr(incremental, "_judge", lambda hits, first, since=None: judged.append(since) or judge(
+        hits, first, since))
     db = tmp_path / "store.duckdb"
     rng = random.Random(7)
     for b in range(4):
@@ -131,6 +138,7 @@ def test_live_batches_into_a_busy_minute_add_their_counts_to_its_rows(tmp_path):
                             draft_model=rng.choice(["d1", "d2"]), seed=rng.choice([1, 2, None])))
         ingest(Store(db), [str(write_jsonl(tmp_path / f"b{b}.jsonl", rows))])
         _assert_equals_full_rebuild(db, tmp_path)
+    assert judged == [None, None, None]  # the three batches into a store with rows: no window, no history
     with duckdb.connect(str(db), read_only=True) as con:
         # One row per minute and dimensions, holding all four batches.
         assert con.execute("SELECT count(*) = count(DISTINCT (minute, deployment, target_model, draft_model, "

@@ -17,6 +17,7 @@ from helpers import rec, run_cli, write_jsonl
 
 from specdec_core.store import Store, StoreError, ingest, migrate
 from specdec_core.store.convert import side_install
+from specdec_core.store.hit_sources import last_miss_sql
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OLD_STORE = FIXTURES / "store-duckdb-2.0.1"
@@ -28,6 +29,7 @@ TABLES = {
     "quarantine": "SELECT * EXCLUDE (ingest_id) FROM quarantine ORDER BY source_file, source_line, reason",
     "hit_sources": "SELECT * FROM hit_sources ORDER BY request_id",
     "identity_first_seen": "SELECT * FROM identity_first_seen ORDER BY ALL",
+    "key_last_miss": last_miss_sql("SELECT * FROM key_last_miss") + " ORDER BY ALL",
     "summary_minute": "SELECT * FROM summary_minute ORDER BY ALL",
     "summary_keys": "SELECT * EXCLUDE (key_id, fp_id) FROM summary_keys ORDER BY ALL",
     "summary_contaminated": "SELECT * FROM summary_contaminated ORDER BY ALL",

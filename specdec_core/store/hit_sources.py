@@ -31,6 +31,26 @@ ROW_SQL = """SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_k
 FIRST_SEEN_SQL = """CREATE OR REPLACE TABLE identity_first_seen AS
 SELECT coalesce(deployment, chr(0)) AS dep, fingerprint, min(ts) AS first_ts FROM requests GROUP BY 1, 2"""
 
+# The latest miss of each (deployment, cache_key), of several at one instant the one logged last: what a hit
+# later than every stored miss of its key is judged against, so that live traffic's judging reads no stored
+# misses (store/incremental.py). Batches append their own latest misses; a key's latest is the last over its
+# rows (last_miss_sql), and the table is folded to one row per key once it has doubled.
+_LAST = "arg_max(struct_pack(ts, request_id, fingerprint, source_file, source_line), (ts, source_file, source_line))"
+MISS_COLUMNS = "dep, cache_key, ts, request_id, fingerprint, source_file, source_line"
+
+
+def last_miss_sql(rows: str) -> str:
+    """One row per (dep, cache_key) of `rows` (MISS_COLUMNS): its latest miss."""
+    return (f"SELECT dep, cache_key, m.ts AS ts, m.request_id AS request_id, m.fingerprint AS fingerprint, "
+            f"m.source_file AS source_file, m.source_line AS source_line "
+            f"FROM (SELECT dep, cache_key, {_LAST} AS m FROM ({rows}) GROUP BY ALL)")
+
+
+LAST_MISS_FOLDED = "last_miss_folded"  # meta's key: key_last_miss's rows when last folded
+LAST_MISS_SQL = ("CREATE OR REPLACE TABLE key_last_miss AS " + last_miss_sql(
+    "SELECT coalesce(deployment, chr(0)) AS dep, cache_key, ts, request_id, fingerprint, source_file, source_line "
+    "FROM requests WHERE NOT cache_hit AND cache_key IS NOT NULL"))
+
 ALL_ROWS = f"""r AS ({ROW_SQL}), hits AS (SELECT * FROM r WHERE cache_hit),
 miss_rows AS (SELECT * FROM r WHERE NOT cache_hit),
 first_rows AS (SELECT dep, fingerprint, first_ts AS ts FROM identity_first_seen),
@@ -101,7 +121,10 @@ def hit_sources_sql(rows: str = ALL_ROWS) -> str:
 
 
 def judge_hits(con: duckdb.DuckDBPyConnection) -> None:
-    """Rebuild `identity_first_seen` and `hit_sources`: one row per hit with its source, verdict and differing
+    """Rebuild `identity_first_seen`, `key_last_miss` and `hit_sources`: one row per hit with its source, verdict and differing
     fields."""
     con.execute(FIRST_SEEN_SQL)
+    con.execute(LAST_MISS_SQL)
+    con.execute(f"DELETE FROM meta WHERE key = '{LAST_MISS_FOLDED}'; "
+                f"INSERT INTO meta SELECT '{LAST_MISS_FOLDED}', count(*)::VARCHAR FROM key_last_miss")
     con.execute("CREATE OR REPLACE TABLE hit_sources AS " + hit_sources_sql())

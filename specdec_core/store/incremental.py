@@ -23,7 +23,13 @@ import duckdb
 
 from specdec_core.store import summaries
 from specdec_core.store.connection import scalar
-from specdec_core.store.hit_sources import ROW_SQL, hit_sources_sql
+from specdec_core.store.hit_sources import (
+    LAST_MISS_FOLDED,
+    MISS_COLUMNS,
+    ROW_SQL,
+    hit_sources_sql,
+    last_miss_sql,
+)
 from specdec_core.store.summaries import (
     COMPACT_OUTPUTS_SQL,
     CONTAMINATED_SQL,
@@ -31,11 +37,11 @@ from specdec_core.store.summaries import (
     LENGTHS_SQL,
     MINUTE_MERGE,
     MINUTE_SQL,
-    OUTPUTS_COMPACTED_SQL,
     OUTPUTS_SQL,
     REQUEST_KEYS_SQL,
     SHARED_KEYS_SQL,
     draft_label,
+    folded_sql,
     over,
 )
 
@@ -46,8 +52,7 @@ _DEP = "coalesce(r.deployment, chr(0))"
 _REJUDGE_ROWS = f"""hits AS (SELECT * FROM ({ROW_SQL}) q WHERE cache_hit AND ts >= {{FIRST}}
                                              AND request_id IN (SELECT request_id FROM {{HITS}})),
 hit_keys AS (SELECT DISTINCT dep, cache_key FROM hits),
-miss_rows AS (SELECT q.* FROM ({ROW_SQL}) q SEMI JOIN hit_keys k ON k.dep = q.dep AND k.cache_key = q.cache_key
-              WHERE NOT q.cache_hit AND q.ts >= {{SINCE}}),
+miss_rows AS ({{MISSES}}),
 hit_fps AS (SELECT DISTINCT dep, fingerprint FROM hits),
 -- When each identity was first seen, kept up to date with the batch already (identity_first_seen).
 first_rows AS (SELECT f.dep, f.fingerprint, f.first_ts AS ts FROM identity_first_seen f
@@ -61,32 +66,35 @@ link_rows AS (SELECT * FROM ({ROW_SQL}) q WHERE request_id IN (SELECT source_lin
 JUDGE_WINDOW_SECONDS = 3600
 
 
-def _judge(hits: str, first: str, since: str) -> str:
-    return hit_sources_sql(rows=_REJUDGE_ROWS.replace("{FIRST}", first).replace("{HITS}", hits)
-                           .replace("{SINCE}", since))
+# The stored misses of the hits' keys from {SINCE} on.
+_STORED_MISSES = f"""SELECT q.* FROM ({ROW_SQL}) q SEMI JOIN hit_keys k ON k.dep = q.dep AND k.cache_key = q.cache_key
+              WHERE NOT q.cache_hit AND q.ts >= {{SINCE}}"""
+# For hits later than every stored miss of their key (`fast`): that key's latest stored miss (`last_miss`) and
+# the misses this batch added or gave a key (`new_misses`) are all the misses their source can be.
+_LATEST_MISSES = f"""SELECT {MISS_COLUMNS} FROM last_miss
+              UNION ALL SELECT m.* FROM new_misses m SEMI JOIN hit_keys k ON k.dep = m.dep AND k.cache_key = m.cache_key"""
+
+
+def _judge(hits: str, first: str, since: str | None = None) -> str:
+    """The verdicts of the hits in the table `hits`: against the stored misses of their keys from `since` on, or
+    (no `since`) against the latest misses of their keys (`_LATEST_MISSES`)."""
+    misses = _LATEST_MISSES if since is None else _STORED_MISSES.replace("{SINCE}", since)
+    return hit_sources_sql(rows=_REJUDGE_ROWS.replace("{MISSES}", misses).replace("{FIRST}", first)
+                           .replace("{HITS}", hits))
 
 
 def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     """Judge the hits the batch `ingest_id` may have changed, then bring every summary up to date from them."""
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE batch AS
-        SELECT request_id, ts, {_DEP} AS dep, coalesce(deployment, '') AS deployment, cache_key, cache_hit, fingerprint
+        SELECT request_id, ts, {_DEP} AS dep, coalesce(deployment, '') AS deployment, cache_key, cache_hit, fingerprint,
+               source_file, source_line
         FROM requests r WHERE ingest_id = ?
     """, [ingest_id])
     _rejudge_set(con, ingest_id)
     _update_first_seen(con)
     first = _literal(con, "SELECT min(ts) FROM rejudge")
-    window = _literal(con, f"SELECT min(ts) - INTERVAL {int(JUDGE_WINDOW_SECONDS)} SECOND FROM rejudge")
-    # No hit to judge (a batch of misses nobody hit again yet): the judging's joins would still read the
-    # identities and first sights of the whole store, 35 ms at 5M rows, to find nothing.
-    empty = "" if scalar(con, "SELECT count(*) FROM rejudge") else " LIMIT 0"
-    con.execute("CREATE OR REPLACE TEMP TABLE judged_now AS SELECT * FROM (" + _judge("rejudge", first, window)
-                + ")" + empty)
-    con.execute("CREATE OR REPLACE TEMP TABLE unsettled AS SELECT request_id FROM judged_now "
-                "WHERE source_request_id IS NULL")
-    if scalar(con, "SELECT count(*) FROM unsettled"):
-        con.execute("DELETE FROM judged_now WHERE request_id IN (SELECT request_id FROM unsettled)")
-        con.execute("INSERT INTO judged_now " + _judge("unsettled", first, "'-infinity'::TIMESTAMPTZ"))
+    _judge_rejudged(con, first)
     # The verdicts they had: the pairs' first-sight counts change by the difference.
     con.execute("CREATE OR REPLACE TEMP TABLE old_verdicts AS SELECT request_id, first_sight FROM hit_sources "
                 "WHERE false")
@@ -95,6 +103,9 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
                     "WHERE request_id IN (SELECT request_id FROM rejudge WHERE stored)")
         con.execute("DELETE FROM hit_sources WHERE request_id IN (SELECT request_id FROM rejudge WHERE stored)")
     con.execute("INSERT INTO hit_sources BY NAME SELECT * FROM judged_now")
+    con.execute("INSERT INTO key_last_miss BY NAME " + last_miss_sql("SELECT * FROM new_misses"))
+    _fold_when_doubled(con, "key_last_miss", LAST_MISS_FOLDED, "CREATE OR REPLACE TABLE key_last_miss AS "
+                       + last_miss_sql("SELECT * FROM key_last_miss"))
     # The rows whose summaries may differ now: the batch's, the rejudged hits', the backfilled misses'.
     _update_minutes(con, ingest_id)
     _update_keys(con, ingest_id)
@@ -108,6 +119,40 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
         CONTAMINATED_SQL.replace("JOIN hit_sources h", "JOIN judged_now h"),
         f"r.ts >= {first} AND r.request_id IN (SELECT request_id FROM judged_now)"))
     # The summaries' version needs no rewrite: the ingest's migrate_connection found it current or rebuilt them.
+
+
+def _judge_rejudged(con: duckdb.DuckDBPyConnection, first: str) -> None:
+    """`judged_now`: the verdicts of the hits in `rejudge` (their earliest time: `first`).
+
+    A hit later than every stored miss of its key (live traffic: nearly all) has as source that key's latest
+    stored miss or one of the batch's: judged from key_last_miss, reading no stored misses. The others (a late
+    file's hits, stored hits a late miss may now source) are judged against the stored misses of their keys.
+    """
+    con.execute(f"CREATE OR REPLACE TEMP TABLE new_misses AS SELECT {MISS_COLUMNS} FROM batch "
+                f"WHERE NOT cache_hit AND cache_key IS NOT NULL "
+                f"UNION ALL SELECT {MISS_COLUMNS} FROM backfilled WHERE NOT cache_hit")
+    # key_last_miss still holds the misses stored before this batch: its own are added after the judging.
+    con.execute("CREATE OR REPLACE TEMP TABLE last_miss AS " + last_miss_sql(
+        "SELECT k.* FROM key_last_miss k SEMI JOIN rejudge r ON r.dep = k.dep AND r.cache_key = k.cache_key"))
+    con.execute("CREATE OR REPLACE TEMP TABLE fast AS SELECT r.request_id FROM rejudge r "
+                "LEFT JOIN last_miss l ON l.dep = r.dep AND l.cache_key = r.cache_key WHERE l.ts IS NULL OR l.ts <= r.ts")
+    # No hit to judge (a batch of misses nobody hit again yet): the judging's joins would still read the
+    # identities and first sights of the whole store, 35 ms at 5M rows, to find nothing.
+    empty = "" if scalar(con, "SELECT count(*) FROM fast") else " LIMIT 0"
+    con.execute(f"CREATE OR REPLACE TEMP TABLE judged_now AS SELECT * FROM ({_judge('fast', first)}){empty}")
+    con.execute("CREATE OR REPLACE TEMP TABLE slow AS SELECT * FROM rejudge WHERE request_id NOT IN "
+                "(SELECT request_id FROM fast)")
+    if not scalar(con, "SELECT count(*) FROM slow"):
+        return
+    slow_first = _literal(con, "SELECT min(ts) FROM slow")
+    window = _literal(con, f"SELECT min(ts) - INTERVAL {int(JUDGE_WINDOW_SECONDS)} SECOND FROM slow")
+    con.execute("CREATE OR REPLACE TEMP TABLE judged_slow AS " + _judge("slow", slow_first, window))
+    con.execute("CREATE OR REPLACE TEMP TABLE unsettled AS SELECT request_id FROM judged_slow "
+                "WHERE source_request_id IS NULL")
+    if scalar(con, "SELECT count(*) FROM unsettled"):
+        con.execute("DELETE FROM judged_slow WHERE request_id IN (SELECT request_id FROM unsettled)")
+        con.execute("INSERT INTO judged_slow " + _judge("unsettled", slow_first, "'-infinity'::TIMESTAMPTZ"))
+    con.execute("INSERT INTO judged_now BY NAME SELECT * FROM judged_slow")
 
 
 def _update_first_seen(con: duckdb.DuckDBPyConnection) -> None:
@@ -140,11 +185,11 @@ def _rejudge_set(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     since = _literal(con, "SELECT min(since) FROM touched")
     batch_first = _literal(con, "SELECT min(ts) FROM batch")
     stored = (f"r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint, "
-              f"r.ingest_id <> {int(ingest_id)}")
+              f"{_DEP}, r.ingest_id <> {int(ingest_id)}")
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE rejudge AS
         SELECT DISTINCT ON (request_id) * FROM (
-            SELECT request_id, ts, deployment, cache_key, fingerprint, false AS stored FROM batch WHERE cache_hit
+            SELECT request_id, ts, deployment, cache_key, fingerprint, dep, false AS stored FROM batch WHERE cache_hit
             UNION ALL
             SELECT {stored} FROM requests r JOIN touched t ON t.dep = {_DEP} AND t.cache_key = r.cache_key
             WHERE r.cache_hit AND r.ts >= t.since AND r.ts >= {since}
@@ -291,11 +336,17 @@ def _update_keys(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
 def _append_outputs(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     """Append the batch's output groups; fold the table again once it has doubled since it was last folded."""
     con.execute("INSERT INTO summary_outputs BY NAME " + over(OUTPUTS_SQL, f"r.ingest_id = {int(ingest_id)}"))
-    rows = scalar(con, "SELECT count(*) FROM summary_outputs")
-    folded = scalar(con, "SELECT coalesce(max(value::BIGINT), 0) FROM meta WHERE key = 'outputs_compacted'")
+    _fold_when_doubled(con, "summary_outputs", "outputs_compacted", COMPACT_OUTPUTS_SQL)
+
+
+def _fold_when_doubled(con: duckdb.DuckDBPyConnection, table: str, key: str, fold_sql: str) -> None:
+    """Fold a table that batches append to (`fold_sql`) once it holds more than twice its rows when last folded
+    (meta's `key`) plus a slack: each row is folded a bounded number of times."""
+    rows = scalar(con, f"SELECT count(*) FROM {table}")
+    folded = scalar(con, f"SELECT coalesce(max(value::BIGINT), 0) FROM meta WHERE key = '{key}'")
     if rows > 2 * folded + summaries.OUTPUTS_SLACK:
-        con.execute(COMPACT_OUTPUTS_SQL)
-        con.execute(OUTPUTS_COMPACTED_SQL)
+        con.execute(fold_sql)
+        con.execute(folded_sql(table, key))
 
 
 def _append_request_keys(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:

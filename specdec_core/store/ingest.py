@@ -396,7 +396,8 @@ def _backfill_cache_keys(con: duckdb.DuckDBPyConnection) -> int:
     """)
     # The stored misses given a key, as they will be: what incremental.py needs of them.
     con.execute("CREATE OR REPLACE TEMP TABLE backfilled AS SELECT c.request_id, c.ts, coalesce(c.deployment, chr(0)) "
-                "AS dep, coalesce(c.deployment, '') AS deployment, h.key AS cache_key FROM requests c "
+                "AS dep, coalesce(c.deployment, '') AS deployment, h.key AS cache_key, c.cache_hit, c.fingerprint, "
+                "c.source_file, c.source_line FROM requests c "
                 "JOIN links h ON c.request_id = h.source_link WHERE c.cache_key IS NULL")
     if not scalar(con, "SELECT count(*) FROM links"):
         return 0

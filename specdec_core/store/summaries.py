@@ -36,7 +36,8 @@ import numpy as np
 # Bump when a summary table, or how hits are judged, changes: an older store is rejudged and rebuilt
 # by `specdec migrate` or the next ingest (a read asks for the migrate). 4: ties among misses at one instant go to the one logged last.
 # 5: summary_outputs. 6: identity_first_seen (built by the judging, hit_sources.py). 7: summary_request_keys.
-SUMMARY_VERSION = "7"
+# 8: key_last_miss (built by the judging).
+SUMMARY_VERSION = "8"
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)
 _ROWS_ONLY: ContextVar[bool] = ContextVar("specdec_rows_only", default=False)
@@ -131,8 +132,12 @@ FROM requests r WHERE r.cache_key IS NOT NULL AND {{where}}"""
 # group (plus OUTPUTS_SLACK rows), it is folded again: each row is folded a bounded number of times.
 OUTPUTS_SLACK = 100_000
 # meta is rewritten by DELETE and INSERT: a DuckLake table has no key for INSERT OR REPLACE to go by.
-OUTPUTS_COMPACTED_SQL = ("DELETE FROM meta WHERE key = 'outputs_compacted'; "
-                         "INSERT INTO meta SELECT 'outputs_compacted', count(*)::VARCHAR FROM summary_outputs")
+def folded_sql(table: str, key: str) -> str:
+    """Record in meta under `key` how many rows `table` holds just after being folded (or built)."""
+    return f"DELETE FROM meta WHERE key = '{key}'; INSERT INTO meta SELECT '{key}', count(*)::VARCHAR FROM {table}"
+
+
+OUTPUTS_COMPACTED_SQL = folded_sql("summary_outputs", "outputs_compacted")
 COMPACT_OUTPUTS_SQL = ("CREATE OR REPLACE TABLE summary_outputs AS SELECT * EXCLUDE (requests, hits), "
                        "sum(requests)::BIGINT AS requests, sum(hits)::BIGINT AS hits FROM summary_outputs GROUP BY ALL")
 
