@@ -59,9 +59,9 @@ first_rows AS (SELECT f.dep, f.fingerprint, f.first_ts AS ts FROM identity_first
                SEMI JOIN hit_fps h ON h.dep = f.dep AND h.fingerprint = f.fingerprint),
 link_rows AS (SELECT * FROM ({ROW_SQL}) q WHERE request_id IN (SELECT source_link FROM hits))"""
 
-# A hit's source is the latest earlier miss of its key. For live traffic that almost always lies in the last
-# hour before the batch's earliest hit: those misses are read first, a scan bounded in time that skips the
-# store's older row groups. A hit with a miss of its key in the window is settled (the latest one before it
+# A hit's source is the latest earlier miss of its key. For a hit that key_last_miss can't settle (its key has
+# a stored miss later than it: a late file) that almost always lies in the last hour before the earliest such
+# hit: those misses are read first, a scan bounded in time that skips the store's older row groups. A hit with a miss of its key in the window is settled (the latest one before it
 # lies there too); only the hits left without one are judged again against the whole history of their keys.
 JUDGE_WINDOW_SECONDS = 3600
 
