@@ -18,6 +18,7 @@ from __future__ import annotations
 import duckdb
 
 from specdec_core.contract import fields as contract
+from specdec_core.store.summaries import folded_sql
 
 # What the judging reads of a request.
 ROW_SQL = """SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key, cache_hit,
@@ -50,6 +51,7 @@ LAST_MISS_FOLDED = "last_miss_folded"  # meta's key: key_last_miss's rows when l
 LAST_MISS_SQL = ("CREATE OR REPLACE TABLE key_last_miss AS " + last_miss_sql(
     "SELECT coalesce(deployment, chr(0)) AS dep, cache_key, ts, request_id, fingerprint, source_file, source_line "
     "FROM requests WHERE NOT cache_hit AND cache_key IS NOT NULL"))
+FOLD_LAST_MISS_SQL = "CREATE OR REPLACE TABLE key_last_miss AS " + last_miss_sql("SELECT * FROM key_last_miss")
 
 ALL_ROWS = f"""r AS ({ROW_SQL}), hits AS (SELECT * FROM r WHERE cache_hit),
 miss_rows AS (SELECT * FROM r WHERE NOT cache_hit),
@@ -121,10 +123,9 @@ def hit_sources_sql(rows: str = ALL_ROWS) -> str:
 
 
 def judge_hits(con: duckdb.DuckDBPyConnection) -> None:
-    """Rebuild `identity_first_seen`, `key_last_miss` and `hit_sources`: one row per hit with its source, verdict and differing
-    fields."""
+    """Rebuild `identity_first_seen`, `key_last_miss` and `hit_sources`: one row per hit with its source,
+    verdict and differing fields."""
     con.execute(FIRST_SEEN_SQL)
     con.execute(LAST_MISS_SQL)
-    con.execute(f"DELETE FROM meta WHERE key = '{LAST_MISS_FOLDED}'; "
-                f"INSERT INTO meta SELECT '{LAST_MISS_FOLDED}', count(*)::VARCHAR FROM key_last_miss")
+    con.execute(folded_sql("key_last_miss", LAST_MISS_FOLDED))
     con.execute("CREATE OR REPLACE TABLE hit_sources AS " + hit_sources_sql())

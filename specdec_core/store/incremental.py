@@ -24,6 +24,7 @@ import duckdb
 from specdec_core.store import summaries
 from specdec_core.store.connection import scalar
 from specdec_core.store.hit_sources import (
+    FOLD_LAST_MISS_SQL,
     LAST_MISS_FOLDED,
     MISS_COLUMNS,
     ROW_SQL,
@@ -61,8 +62,9 @@ link_rows AS (SELECT * FROM ({ROW_SQL}) q WHERE request_id IN (SELECT source_lin
 
 # A hit's source is the latest earlier miss of its key. For a hit that key_last_miss can't settle (its key has
 # a stored miss later than it: a late file) that almost always lies in the last hour before the earliest such
-# hit: those misses are read first, a scan bounded in time that skips the store's older row groups. A hit with a miss of its key in the window is settled (the latest one before it
-# lies there too); only the hits left without one are judged again against the whole history of their keys.
+# hit: those misses are read first, a scan bounded in time that skips the store's older row groups. A hit with
+# a miss of its key in the window is settled (the latest one before it lies there too); only the hits left
+# without one are judged again against the whole history of their keys.
 JUDGE_WINDOW_SECONDS = 3600
 
 
@@ -104,8 +106,7 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
         con.execute("DELETE FROM hit_sources WHERE request_id IN (SELECT request_id FROM rejudge WHERE stored)")
     con.execute("INSERT INTO hit_sources BY NAME SELECT * FROM judged_now")
     con.execute("INSERT INTO key_last_miss BY NAME " + last_miss_sql("SELECT * FROM new_misses"))
-    _fold_when_doubled(con, "key_last_miss", LAST_MISS_FOLDED, "CREATE OR REPLACE TABLE key_last_miss AS "
-                       + last_miss_sql("SELECT * FROM key_last_miss"))
+    _fold_when_doubled(con, "key_last_miss", LAST_MISS_FOLDED, FOLD_LAST_MISS_SQL)
     # The rows whose summaries may differ now: the batch's, the rejudged hits', the backfilled misses'.
     _update_minutes(con, ingest_id)
     _update_keys(con, ingest_id)
