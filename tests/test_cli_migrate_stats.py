@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import stat
 
 import duckdb
 from helpers import rec, run_cli, write_jsonl
 
 from specdec_core.analysis import RED_FLAG_IDS
+from specdec_core.store.connection import release_snapshots
 
 
 def test_stats_json_lists_the_six_red_flags_with_their_evidence(tmp_path):
@@ -95,3 +97,42 @@ def test_migrate_lets_fields_a_log_may_leave_unknown_be_null_and_says_so(tmp_pat
         f"{db}: let requests.temperature be unknown (NULL); let requests.max_tokens be unknown (NULL)"), done.stdout
     assert not {"temperature", "max_tokens"} & not_null()
     assert run_cli("migrate", "--db", str(db)).stdout.strip() == f"{db}: already up to date"
+
+
+def test_a_store_migrated_in_place_is_written_into_a_fresh_file_that_holds_the_same(tmp_path):
+    # Rebuilding every derived table in the working copy left their old blocks free in the file (a 5M-row store
+    # grew 1.1 -> 1.5 GB) and slowed every later checkpoint: the migration commits a fresh file instead.
+    from test_store_lake import contents
+
+    log = write_jsonl(tmp_path / "log.jsonl", [rec(f"r{i}", ts=f"2026-03-01T10:{i // 600 % 60:02d}:{i // 10 % 60:02d}Z",
+                                                   cache_key=f"K{i % 97}", cache_hit=i % 4 != 0, max_tokens=8 + i % 5,
+                                                   output_text=f"output {i} " * 40) for i in range(6000)])
+    db = tmp_path / "s.duckdb"
+    assert run_cli("ingest", str(log), "--db", str(db)).returncode == 0
+    db.chmod(0o640)
+
+    def shape() -> tuple[list, list, list]:
+        with duckdb.connect(str(db), read_only=True) as c:
+            return (c.execute("SELECT table_name, column_name, data_type, is_nullable, column_default "
+                              "FROM duckdb_columns() WHERE database_name = current_database() ORDER BY ALL").fetchall(),
+                    c.execute("SELECT table_name, constraint_type, constraint_text FROM duckdb_constraints() "
+                              "WHERE database_name = current_database() ORDER BY ALL").fetchall(),
+                    c.execute("PRAGMA database_size").fetchall()[0])
+
+    before, (columns, constraints, _) = contents(str(db)), shape()
+    release_snapshots()  # this process's read view holds the file open
+    with duckdb.connect(str(db)) as c:
+        c.execute("UPDATE meta SET value = '1' WHERE key = 'summary_version'")
+    done = run_cli("migrate", "--db", str(db))
+    assert done.returncode == 0 and "rebuilt" in done.stdout, done.stderr
+    after_columns, after_constraints, size = shape()
+    assert contents(str(db)) == before
+    assert (after_columns, after_constraints) == (columns, constraints)
+    free_blocks = size[5]
+    assert free_blocks == 0, f"{free_blocks} blocks left free of {size[3]}"
+    assert stat.S_IMODE(db.stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl", "s.duckdb", "s.duckdb.lock"]
+    # It takes appends as before.
+    more = write_jsonl(tmp_path / "more.jsonl", [rec("late-1", ts="2026-03-01T12:00:00Z", cache_key="K1")])
+    assert run_cli("ingest", str(more), "--db", str(db)).returncode == 0
+    assert len(contents(str(db))["requests"]) == len(before["requests"]) + 1

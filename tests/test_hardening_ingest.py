@@ -213,13 +213,15 @@ def test_leftovers_of_a_killed_writer_are_removed_on_the_next_write_and_a_live_o
     stale = [tmp_path / f"{name}.{dead}.tmp", tmp_path / f"{name}.{dead}.tmp.wal"]
     for p in stale:
         p.write_bytes(b"x" * 1000)
-    (tmp_path / f"{name}.{dead}.tmp.spill").mkdir()
-    (tmp_path / f"{name}.{dead}.tmp.spill" / "duckdb_temp_block-1.block").write_bytes(b"x" * 1000)
+    folders = [tmp_path / f"{name}.{dead}.tmp.spill", tmp_path / f"{name}.{dead}.tmp.fresh"]  # spill, fresh file
+    for folder in folders:
+        folder.mkdir()
+        (folder / "block").write_bytes(b"x" * 1000)
     kept = [tmp_path / f"{name}.{live}.tmp", tmp_path / f"other.duckdb.{dead}.tmp", tmp_path / f"{name}.notes.tmp"]
     for p in kept:
         p.write_bytes(b"y")
     ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("b")]))])
-    assert not any(p.exists() for p in stale) and not (tmp_path / f"{name}.{dead}.tmp.spill").exists()
+    assert not any(p.exists() for p in [*stale, *folders])
     assert all(p.exists() for p in kept)
 
 

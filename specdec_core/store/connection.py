@@ -304,10 +304,13 @@ class Store:
                     convert_into(target, con, str(self.path))
                 yield con
                 con.execute("CHECKPOINT")
+                written = tmp
+                if original is not None and _compaction_asked(con):
+                    written = _write_fresh(con, tmp)
                 con.close()
                 if original is not None:
-                    _keep_metadata(tmp, original)
-                os.replace(tmp, target)
+                    _keep_metadata(written, original)
+                os.replace(written, target)
             except BaseException as exc:
                 con.close()
                 _remove_working_copy(tmp)
@@ -332,7 +335,47 @@ APPEND_ROW_GROUP_SIZE = 16_384
 # A writer's working copy of `<db>` is `<db>.<pid>.tmp` (with its WAL and spill folder). Leftovers of killed
 # writers are removed under the exclusive lock, so no live writer other than one whose pid is alive is
 # between its copy and its rename.
-WORKING_COPY_SUFFIX = r"\.tmp(?:\.wal|\.spill)?"
+WORKING_COPY_SUFFIX = r"\.tmp(?:\.wal|\.spill|\.fresh)?"
+
+# A write that rebuilt every derived table (a migration, a copy into a store) leaves their old blocks free in
+# the file, and the new ones in an append's small row groups: a 5M-row store migrated in place grew from 1.1
+# to 1.5 GB, and a 20,000-line append's checkpoint then took 288 ms against 116 ms. Such a write asks for
+# its tables to be written into a fresh file, which it commits instead (5M rows: about 35 s, once).
+_COMPACT_MARK = "specdec_write_fresh_file"
+
+
+def compact_after_write(con: duckdb.DuckDBPyConnection) -> None:
+    """Within a write: commit the store's tables as a fresh file (a file store holding rows; a lake ignores it)."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_COMPACT_MARK} (asked BOOLEAN)")
+
+
+def _compaction_asked(con: duckdb.DuckDBPyConnection) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'temp' "
+                            f"AND table_name = '{_COMPACT_MARK}'").fetchall()[0][0])
+
+
+def _write_fresh(con: duckdb.DuckDBPyConnection, tmp: Path) -> Path:
+    """The working copy's tables written into a new file beside it (in a private folder until renamed);
+    the working copy itself where that fails (a full disk): the write is kept, only not compacted."""
+    folder = Path(str(tmp) + ".fresh")
+    fresh = folder / "store.duckdb"
+    try:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(mode=0o700)
+        con.execute(f"ATTACH '{_sql_literal(str(fresh))}' AS fresh_store")
+        con.execute(f"COPY FROM DATABASE {_SNAPSHOT_ALIAS} TO fresh_store")
+        con.execute("CHECKPOINT fresh_store")
+        con.execute("DETACH fresh_store")
+    except (duckdb.Error, OSError) as exc:
+        log.warning("%s: kept as written, not compacted: %s", tmp, (str(exc).splitlines() or [""])[0])
+        try:
+            con.execute("DETACH DATABASE IF EXISTS fresh_store")
+        except duckdb.Error:
+            pass
+        shutil.rmtree(folder, ignore_errors=True)
+        return tmp
+    os.chmod(fresh, 0o600)
+    return fresh
 
 
 def _open_working_copy(tmp: Path, appending: bool) -> duckdb.DuckDBPyConnection:
@@ -387,6 +430,7 @@ def _remove_working_copy(tmp: Path) -> None:
     tmp.unlink(missing_ok=True)
     Path(str(tmp) + ".wal").unlink(missing_ok=True)
     shutil.rmtree(str(tmp) + ".spill", ignore_errors=True)
+    shutil.rmtree(str(tmp) + ".fresh", ignore_errors=True)
 
 
 def _out_of_space(exc: BaseException) -> str | None:

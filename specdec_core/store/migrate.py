@@ -11,7 +11,14 @@ import tempfile
 
 import duckdb
 
-from specdec_core.store.connection import Store, StoreError, derived_current, scalar, schema_changes
+from specdec_core.store.connection import (
+    Store,
+    StoreError,
+    compact_after_write,
+    derived_current,
+    scalar,
+    schema_changes,
+)
 from specdec_core.store.convert import export_tables, load_tables
 from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.lake import LakeError, compact
@@ -24,6 +31,8 @@ def migrate_connection(con: duckdb.DuckDBPyConnection) -> bool:
         return False
     judge_hits(con)
     build_summaries(con)
+    if scalar(con, "SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)"):
+        compact_after_write(con)  # the old tables' blocks are free now: the store is written anew
     return True
 
 
