@@ -25,6 +25,7 @@ from typing import Any
 import duckdb
 
 from specdec_core.contract import fields as contract
+from specdec_core.store import parallel
 
 # The contract's JSON Lines suffixes (and .ndjson, the other common name); a .json file is not a log.
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
@@ -306,34 +307,29 @@ def read_foreign(path: Path, name: str, reader: Callable[[str], Any], chunk_rows
     Chunks are cut by records, not lines: one OTLP line may hold hundreds of spans. A record's input is
     not kept, only where it is (`foreign_inputs` reads it again for the few that are quarantined).
     """
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0  # read_jsonl says why it can't be read
+    workers = parallel.workers_for(size, reader)
+    slices = ((b.line_numbers, b.raws, b.reasons or [None] * len(b.raws))
+              for b in read_jsonl(path, name, chunk_rows=chunk_rows))
+    reads = (parallel.read_in_workers(reader, slices, workers) if workers
+             else (parallel.read_lines(reader, *piece) for piece in slices))
     numbers: list[int] = []
     raws: list[str] = []
     reasons: list[str | None] = []
     origins: list[int | None] = []
     skipped = 0
-    for batch in read_jsonl(path, name, chunk_rows=chunk_rows):
-        for number, text, reason in zip(batch.line_numbers, batch.raws, batch.reasons or [], strict=True):
-            result = None
-            if reason is None:
-                try:
-                    result = reader(text)
-                except ValueError as exc:  # the format's one-line reason
-                    reason = str(exc)
-            if result is None:
-                numbers.append(number)
-                raws.append(text)
-                reasons.append(reason)
-                origins.append(None)
-            else:
-                skipped += result.skipped
-                for i, record in enumerate(result.records):
-                    numbers.append(number)
-                    raws.append(json.dumps(record, ensure_ascii=False))
-                    reasons.append(None)
-                    origins.append(i if result.origin_values else -1)
-            if len(raws) >= chunk_rows:
-                yield RawBatch(name, numbers, raws, reasons, origins, skipped)
-                numbers, raws, reasons, origins, skipped = [], [], [], [], 0
+    for got_numbers, got_raws, got_reasons, got_origins, got_skipped in reads:
+        numbers += got_numbers
+        raws += got_raws
+        reasons += got_reasons
+        origins += got_origins
+        skipped += got_skipped
+        if len(raws) >= chunk_rows:
+            yield RawBatch(name, numbers, raws, reasons, origins, skipped)
+            numbers, raws, reasons, origins, skipped = [], [], [], [], 0
     yield RawBatch(name, numbers, raws, reasons, origins, skipped)
 
 
