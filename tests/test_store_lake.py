@@ -93,6 +93,43 @@ def test_small_batches_are_merged_into_few_files_and_the_lake_still_equals_a_fil
     assert contents(lake) == contents(file_store)
 
 
+def test_a_kept_writer_spreads_its_merges_over_its_writes_and_does_the_chores_in_turn(tmp_path, monkeypatch):
+    """A follow's writes each merge the busiest tables' small files, not every table's at once (a 3 s pause)."""
+    from specdec_core.store import lake as lakes
+
+    monkeypatch.setattr(lakes, "MAINTAIN_ABOVE_FILES", 20)
+    monkeypatch.setattr(lakes, "CHORES_EVERY", 3)
+    monkeypatch.setattr(lakes, "KEEP_REPLACED", "0 seconds")
+    file_store, lake = str(tmp_path / "s.duckdb"), f"ducklake:{tmp_path / 's.sqlite'}"
+    calls, left_unmerged = [], []
+    original = lakes.maintain
+
+    def watched(con, full=False, spread=False, chores=True):
+        original(con, full=full, spread=spread, chores=chores)
+        small = lakes.live_files(con, below=lakes.MERGE_TIERS[0])
+        calls.append((spread, chores, small))
+        left_unmerged.append(bool(lakes._tables_by_small_files(con, lakes.MERGE_TIERS[0])))
+        if chores:  # what the merges replaced is gone from the disk, not only from the catalog
+            on_disk = len(list((tmp_path / "s.sqlite.files").glob("**/*.parquet")))
+            deletes = con.execute("SELECT count(*) FROM __ducklake_metadata_store.ducklake_delete_file "
+                                  "WHERE end_snapshot IS NULL").fetchall()[0][0]
+            assert on_disk == lakes.live_files(con) + deletes
+
+    monkeypatch.setattr(lakes, "maintain", watched)
+    for b in range(14):
+        batch = write_jsonl(tmp_path / f"b{b}.jsonl", [
+            rec(f"b{b}-{i}", ts=f"2026-03-01T10:{b:02d}:{i:02d}Z", cache_key=f"K{i % 7}", cache_hit=i % 2 == 1,
+                max_tokens=(16, 64)[(b + i) % 2]) for i in range(40)])
+        for name in (file_store, lake):
+            ingest(Store(name), [str(batch)])
+    assert len(calls) >= 6
+    assert all(spread for spread, _, _ in calls), "the writer was kept: every maintenance spread"
+    assert [chores for _, chores, _ in calls[:6]] == [False, False, True] * 2
+    assert all(small <= 20 for _, _, small in calls), "each brought the store back under the threshold"
+    assert any(left_unmerged), "no maintenance merged every table's small files"
+    assert contents(lake) == contents(file_store)
+
+
 def test_a_writes_merges_leave_large_files_alone_and_merge_a_tier_once_it_holds_enough(tmp_path, monkeypatch):
     """A follow's maintenance merges its small files, not the store's large one into them each time."""
     from specdec_core.store import lake as lakes
