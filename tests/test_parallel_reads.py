@@ -105,3 +105,15 @@ def test_a_script_that_ingests_at_its_top_level_starts_its_workers_once(tmp_path
     assert done.stdout.count("started") == 1
     here = ingest(Store(tmp_path / "here.duckdb"), [str(FORMATS / "litellm_payloads.jsonl")], log_format="litellm")
     assert f"accepted {here.accepted}" in done.stdout
+
+
+def test_workers_that_cannot_start_leave_the_read_to_this_process(in_workers, tmp_path, monkeypatch, caplog):
+    # An interpreter that can't import specdec_core (a frozen app, a broken path): the read still happens.
+    monkeypatch.setattr(parallel, "_BOOT", "import sys; sys.exit(3)")
+    log = _log(tmp_path, "litellm_payloads.jsonl", "litellm_bad.jsonl")
+    reader = line_reader("litellm")
+    got = [(b.line_numbers, b.raws, b.reasons) for b in readers.read_foreign(log, "l", reader)]
+    assert "workers could not start" in caplog.text
+    monkeypatch.setattr(parallel, "PARALLEL_FROM_BYTES", 1 << 62)
+    assert got == [(b.line_numbers, b.raws, b.reasons) for b in readers.read_foreign(log, "l", reader)]
+    assert sum(len(g[0]) for g in got) > 10

@@ -9,6 +9,7 @@ runs the caller's main module again (a script that ingests at its top level woul
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import queue
@@ -18,6 +19,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
+
+log = logging.getLogger(__name__)
 
 # Files smaller than this are read here: starting the workers costs about 0.2 s, a file this size
 # about 1 s to read (--follow batches are far smaller).
@@ -91,6 +94,8 @@ def serve(inbox: int, outbox: int) -> None:
     """A worker: a reader, then slices until the pipe closes; each slice's Read (or its error) sent back."""
     with os.fdopen(inbox, "rb") as inp, os.fdopen(outbox, "wb") as out:
         reader = pickle.load(inp)
+        pickle.dump(("ready", None), out)
+        out.flush()
         while True:
             try:
                 piece = pickle.load(inp)
@@ -121,6 +126,15 @@ class _Worker:
         self.send: BinaryIO = os.fdopen(inbox_w, "wb")
         self.recv: BinaryIO = os.fdopen(outbox_r, "rb")
         pickle.dump(reader, self.send, protocol=pickle.HIGHEST_PROTOCOL)
+        self.send.flush()
+
+    def ready(self) -> bool:
+        """Whether the worker started and took the reader (an interpreter that can't import this package
+        can't)."""
+        try:
+            return pickle.load(self.recv)[0] == "ready"
+        except (EOFError, pickle.UnpicklingError):
+            return False
 
     def read(self, piece: Slice) -> Read:
         pickle.dump(piece, self.send, protocol=pickle.HIGHEST_PROTOCOL)
@@ -151,9 +165,18 @@ def read_in_workers(reader: Callable[[str], Any], slices: Iterable[Slice], worke
     idle: queue.Queue[_Worker] = queue.Queue()
     started: list[_Worker] = []
     try:
-        for _ in range(workers):
-            started.append(_Worker(reader))
-            idle.put(started[-1])
+        try:
+            for _ in range(workers):
+                started.append(_Worker(reader))
+            usable = all([worker.ready() for worker in started])
+        except OSError:
+            usable = False
+        if not usable:
+            log.warning("log-reading workers could not start: reading here, one line at a time")
+            yield from (read_lines(reader, *piece) for piece in _slices(slices))
+            return
+        for worker in started:
+            idle.put(worker)
 
         def on_a_worker(piece: Slice) -> Read:
             worker = idle.get()  # one thread per worker: each writes its slice, then reads the answer
