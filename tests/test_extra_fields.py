@@ -176,3 +176,25 @@ def test_records_in_the_usual_shape_but_for_one_field_break_the_rules_a_record_r
                        9: "duplicate field: temperature appears more than once"}
     assert rows["u3"] == (13, {"trace_id": {"span": [1, 2]}, "region": "eu"})
     assert rows["head-other"][1] == {"user": {"id": 3}, "trace_id": {"span": [1, 2]}, "region": "eu"}
+
+
+def test_the_markers_another_formats_reader_adds_are_no_other_fields_and_hide_no_repeated_one(tmp_path):
+    """A LiteLLM or OTel record nearly always holds `__unknown__` or `__source_request_id__`: such a record is
+    not patched for other fields it does not have, and one that also names a field twice is still caught."""
+    lines = [
+        json.dumps({**rec("m1"), "__unknown__": ["top_p"]}),
+        json.dumps({**rec("m2"), "__source_request_id__": "m1", "__unknown__": ["top_p"]}),
+        json.dumps({**rec("m3"), "__unknown__": ["top_p"], "trace_id": 5}),
+        json.dumps({**rec("m4"), "__unknown__": ["top_p"]})[:-1] + ', "max_tokens": 7}',
+        json.dumps({**rec("m5"), "__source_request_id__": "m1"})[:-1] + ', "__source_request_id__": "m2"}',
+    ]
+    store = Store(tmp_path / "s.duckdb")
+    result = ingest(store, [str(write_jsonl(tmp_path / "m.jsonl", lines))])
+    assert (result.accepted, result.quarantined) == (4, 1)
+    with store.read() as con:
+        assert con.execute("SELECT reason FROM quarantine").fetchone()[0] == \
+            "duplicate field: max_tokens appears more than once"
+        extra = dict(con.execute("SELECT request_id, extra::VARCHAR FROM requests").fetchall())
+        unknown = dict(con.execute("SELECT request_id, unknown_fields FROM requests").fetchall())
+    assert extra == {"m1": None, "m2": None, "m3": '{"trace_id":5}', "m5": None}
+    assert unknown["m1"] == ["top_p"] and unknown["m5"] is None

@@ -29,6 +29,7 @@ from specdec_core.store.summaries import build_summaries
 from specdec_core.store.validation import (
     _INDEX,
     FIELD_NAMES,
+    MARKERS_SQL,
     REPEATED_FIELD,
     SOURCE_LINK_SQL,
     UNKNOWN_SQL,
@@ -112,7 +113,8 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
                           {", ".join(f"t[{i}] AS {field_type(n)}, {text_in_texts('s', n)} AS {field_text(n)}"
                                      for n, i in _INDEX.items())}
                    FROM lists),
-        counted AS (SELECT *, {usual_layout_sql(usual)} AS usual_layout FROM (SELECT *, len(keys) AS n_keys FROM fields)),
+        counted AS (SELECT *, {usual_layout_sql(usual)} AS usual_layout FROM (
+                        SELECT *, len(keys) AS n_keys, {MARKERS_SQL} AS n_markers FROM fields)),
         vals AS (SELECT *, {values_sql()}, {UNKNOWN_SQL}, {SOURCE_LINK_SQL},
                         {REPEATED_FIELD} AS repeated_field FROM counted),
         -- The raw text stays in the file's table: rejected rows are joined back to it by seq.

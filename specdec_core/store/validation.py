@@ -99,7 +99,8 @@ def values_sql() -> str:
 
 
 # The first contract field that a record names twice. Each contract field read by path accounts for at least
-# one key, so a record with no more keys than that names none twice (nearly all do); nor does one in the file's
+# one key, and each marker another's reader adds (n_markers, MARKERS_SQL) for one, so a record with no more keys
+# than those names none twice (nearly all do); nor does one in the file's
 # usual layout (usual_layout_sql). Only the others count the contract names among their keys, and only records
 # that name them more often than they hold distinct ones pay for finding which. An IN list, not a list
 # constant: a constant list inside a lambda is built again for every key of every record (3x slower).
@@ -113,7 +114,7 @@ def _in_list(names: tuple[str, ...]) -> str:
 
 
 _CONTRACT_NAMES = _in_list(FIELD_NAMES)
-REPEATED_FIELD = (f"CASE WHEN n_keys > n_known AND NOT usual_layout "
+REPEATED_FIELD = (f"CASE WHEN n_keys > n_known + n_markers AND NOT usual_layout "
                   f"AND len(list_filter(keys, lambda k: k IN {_CONTRACT_NAMES})) > n_known THEN "
                   "list_filter(keys, lambda k, i: list_position(keys, k) < i "
                   f"AND k IN {_CONTRACT_NAMES})[1] END")
@@ -201,14 +202,17 @@ UNKNOWN_KEY, SOURCE_KEY = "__unknown__", "__source_request_id__"
 UNKNOWN_SQL = (f"CASE WHEN list_contains(keys, '{UNKNOWN_KEY}') "
                f"THEN nullif(json_extract_string(obj, '$.{UNKNOWN_KEY}[*]'), []) END AS unknown_fields")
 SOURCE_LINK_SQL = f"CASE WHEN list_contains(keys, '{SOURCE_KEY}') THEN obj ->> '$.{SOURCE_KEY}' END AS source_link"
+# How many of the two markers a record holds: keys that are neither a contract field nor another field to keep.
+MARKERS_SQL = (f"(list_contains(keys, '{UNKNOWN_KEY}')::INT + list_contains(keys, '{SOURCE_KEY}')::INT)")
 
 
 # Fields the contract does not name are kept: a JSON merge patch with null deletes the known ones.
-# Only records with more keys than known fields present have any, so only they are patched.
+# Only records with more keys than known fields and markers present have any, so only they are patched (a
+# LiteLLM or OTel record holds a marker nearly always, and the patch copied each whole record to find none).
 _KNOWN_KEYS = (*FIELD_NAMES, UNKNOWN_KEY, SOURCE_KEY)
 _PATCHED = ("nullif(json_merge_patch(obj, '{" + ",".join(f'"{n}":null' for n in _KNOWN_KEYS)
             + "}')::VARCHAR, '{}')::JSON")
-EXTRA_SQL = f"CASE WHEN n_keys > n_known THEN {_PATCHED} END"
+EXTRA_SQL = f"CASE WHEN n_keys > n_known + n_markers THEN {_PATCHED} END"
 
 # A service writes the same fields on every line. The patch copies and writes the whole record, long prompt
 # and output included, and pays for every field of it; a record whose other fields are exactly the file's
@@ -262,5 +266,5 @@ def extra_sql(usual: tuple[str, ...]) -> str:
         return EXTRA_SQL
     first = _literal(json.dumps(usual[0], ensure_ascii=False))
     tail = f"TRY_CAST('{{' || substr(obj, strpos(obj, {first})) AS JSON)"
-    return (f"CASE WHEN n_keys <= n_known THEN NULL "
+    return (f"CASE WHEN n_keys <= n_known + n_markers THEN NULL "
             f"WHEN usual_layout THEN coalesce({tail}, {_PATCHED}) ELSE {_PATCHED} END")
