@@ -39,41 +39,39 @@ _MISSING = object()  # an attribute that is absent, or whose AnyValue is empty
 
 
 def decode_any_value(value: Any) -> Any:
-    """An OTLP JSON AnyValue as a plain Python value; ``_MISSING`` when it holds nothing."""
+    """An OTLP JSON AnyValue as a plain Python value; ``_MISSING`` when it holds nothing.
+
+    A writer that unifies record types (a DataFrame, a SQL engine) may spell the unused kinds as null: a
+    kind whose value is null is absent (read with get, not by copying each value without its nulls)."""
     if not isinstance(value, dict):
         return _MISSING
-    if None in value.values():
-        # A writer that unifies record types (a DataFrame, a SQL engine) may spell the unused kinds as null.
-        value = {k: v for k, v in value.items() if v is not None}
-    if "stringValue" in value:
-        return value["stringValue"]
-    if "boolValue" in value:
-        return value["boolValue"]
-    if "intValue" in value:
+    if (raw := value.get("stringValue")) is not None:
+        return raw
+    if (raw := value.get("boolValue")) is not None:
+        return raw
+    if (raw := value.get("intValue")) is not None:
         # proto3 JSON writes int64 as a string; text that is not an integer goes on to validation as is.
-        raw = value["intValue"]
         if isinstance(raw, str):
             try:
                 return int(raw.strip())
             except ValueError:
                 return raw
         return raw
-    if "doubleValue" in value:
-        raw = value["doubleValue"]
+    if (raw := value.get("doubleValue")) is not None:
         if isinstance(raw, str):
             # "NaN"/"Infinity" are legal proto3 JSON but not contract numbers: leave them for validation.
             number = to_decimal(raw)
             return float(number) if number is not None else raw
         return raw
-    if "arrayValue" in value:
-        array = value["arrayValue"] or {}  # an empty array is written as {}
+    if (array := value.get("arrayValue")) is not None:
+        array = array or {}  # an empty array is written as {}
         items = (array.get("values") or []) if isinstance(array, dict) else []
         return [None if (item := decode_any_value(v)) is _MISSING else item for v in items]
-    if "kvlistValue" in value:
-        kvlist = value["kvlistValue"] or {}
+    if (kvlist := value.get("kvlistValue")) is not None:
+        kvlist = kvlist or {}
         return _attributes(kvlist.get("values") if isinstance(kvlist, dict) else None)
-    if "bytesValue" in value:
-        return value["bytesValue"]  # base64 text; the contract has no bytes type
+    if (raw := value.get("bytesValue")) is not None:
+        return raw  # base64 text; the contract has no bytes type
     return _MISSING
 
 
