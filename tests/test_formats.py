@@ -112,6 +112,16 @@ def test_uppercase_span_id_is_lowercased_and_request_id_attribute_wins():
     assert rec["request_id"] == "REQ-1"
 
 
+def test_base64_span_id_as_protobufs_json_writes_it_is_read_as_hex():
+    # json_format.MessageToDict(encode_spans(...)) writes the 8 id bytes as base64; the Collector, as hex.
+    assert one(otlp(span(CHAT, span_id="APBnqgupArc=")))["request_id"] == "00f067aa0ba902b7"
+    assert one(otlp(span(CHAT, span_id="AAAAAAAAAAE=")))["request_id"] == "0000000000000001"
+    # Two base64 ids that differ only in case are two requests, not one.
+    assert one(otlp(span(CHAT, span_id="AbCdEfGhIjI=")))["request_id"] != one(
+        otlp(span(CHAT, span_id="aBcDeFgHiJI=")))["request_id"]
+    assert one(otlp(span(CHAT, span_id="not-an-id")))["request_id"] == "not-an-id"
+
+
 def test_ts_and_latency():
     rec = one(otlp(span(CHAT, start="1772359200123456789", end="1772359200623456789")))
     assert rec["ts"] == "2026-03-01T10:00:00.123456Z"  # truncated to microseconds, not rounded up

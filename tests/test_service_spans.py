@@ -76,3 +76,33 @@ def test_without_a_tracer_no_span_is_made_and_the_log_is_unchanged(tmp_path):
         service.decode(DecodeRequest.from_record(REQUESTS[0]), request_id="r0")
     assert service._tracer is None
     assert json.loads(log.read_text())["request_id"] == "r0"
+
+
+def test_span_ids_in_protobufs_own_json_mapping_are_the_same_requests_as_the_collectors_hex(tmp_path):
+    """MessageToDict(encode_spans(...)) writes ids as base64, the Collector's file exporter as hex: a span
+    without specdec.request_id is the request named by its span id, in lowercase hex, either way."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "gw"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    for n in range(20):
+        with tracer.start_as_current_span("chat t-8b") as span:
+            span.set_attributes({"gen_ai.operation.name": "chat", "gen_ai.request.model": "t-8b",
+                                 "gen_ai.request.temperature": 0.0, "gen_ai.request.max_tokens": 8,
+                                 "specdec.tokenizer_version": "tok-v1", "specdec.cache_key": f"k{n % 3}",
+                                 "specdec.cache_hit": n >= 3, "specdec.prompt": f"p{n % 3}",
+                                 "specdec.output_text": "out", "gen_ai.usage.output_tokens": 1})
+    spans = exporter.get_finished_spans()
+    expected = sorted(f"{s.context.span_id:016x}" for s in spans)
+    as_protobuf = tmp_path / "protobuf.jsonl"
+    as_protobuf.write_text(json.dumps(MessageToDict(encode_spans(spans))) + "\n")
+    assert len(json.loads(as_protobuf.read_text())["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["spanId"]) == 12
+    as_collector = tmp_path / "collector.jsonl"
+    as_collector.write_text(_collector_line(spans) + "\n")
+    for path in (as_protobuf, as_collector):
+        db = tmp_path / f"{path.stem}.duckdb"
+        done = run_cli("ingest", str(path), "--db", str(db), "--format", "otel", "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["accepted"] == len(spans)
+        with Store(db).read() as con:
+            assert [r[0] for r in con.execute("SELECT request_id FROM requests ORDER BY 1").fetchall()] == expected

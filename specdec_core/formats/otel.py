@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 from typing import Any
 
 from .common import (
@@ -132,6 +135,21 @@ def _nanos(value: Any) -> int | None:
     return int(number) if number is not None and number == number.to_integral_value() else None
 
 
+_BASE64_SPAN_ID = re.compile(r"[A-Za-z0-9+/]{11}=")
+
+
+def span_id_hex(span_id: str) -> str:
+    """A span id as lowercase hex. The Collector writes hex (either case); protobuf's own JSON mapping of the
+    same message (json_format.MessageToJson / MessageToDict over encode_spans) writes its 8 bytes as base64,
+    12 characters ending in '=', which hex (16) can never be: lowercasing those would change the id."""
+    if _BASE64_SPAN_ID.fullmatch(span_id):
+        try:
+            return base64.b64decode(span_id, validate=True).hex()
+        except (binascii.Error, ValueError):
+            pass
+    return span_id.lower()
+
+
 def span_record(span: dict, resource_attrs: dict[str, Any]) -> dict | None:
     """The contract record of one span, or None when the span is not a model request."""
     attrs = _attributes(span.get("attributes"))
@@ -141,7 +159,7 @@ def span_record(span: dict, resource_attrs: dict[str, Any]) -> dict | None:
     if "specdec.request_id" in attrs:
         record["request_id"] = attrs["specdec.request_id"]
     elif isinstance(span.get("spanId"), str):
-        record["request_id"] = span["spanId"].lower()
+        record["request_id"] = span_id_hex(span["spanId"])
     start, end = span.get("startTimeUnixNano"), span.get("endTimeUnixNano")
     start_ns, end_ns = _nanos(start), _nanos(end)
     if start is not None:
