@@ -37,6 +37,7 @@ _TABLES = {
     # Appended per batch: one latest miss per key once folded.
     "key_last_miss": last_miss_sql("SELECT * FROM key_last_miss"),
     "summary_request_keys": "SELECT * FROM summary_request_keys",
+    "summary_request_outputs": "SELECT * FROM summary_request_outputs",
     # Appended per batch: equal once summed.
     "summary_outputs": "SELECT * EXCLUDE (requests, hits), sum(requests)::BIGINT, sum(hits)::BIGINT "
                        "FROM summary_outputs GROUP BY ALL",

@@ -16,8 +16,8 @@ from specdec_core.analysis.query import (
     draft_label,
     one,
 )
-from specdec_core.contract import fields as contract
 from specdec_core.store.connection import Store
+from specdec_core.store.summaries import output_identity_columns
 
 
 @dataclass(frozen=True)
@@ -39,20 +39,13 @@ RED_FLAG_IDS: tuple[str, ...] = ("identical_outputs", "replay_disagrees", "biase
                                  "hit_rate_too_good", "few_keys")
 
 
-def _output_identity_columns() -> str:
-    """The identity columns that decide an output: all of them, but the draft's only for sampled requests."""
-    cols = [f"CASE WHEN NOT i.greedy THEN i.{f.name} END" if f.lossless_when_greedy else f"i.{f.name}"
-            for f in contract.FIELDS if f.identity]
-    return ", ".join(cols)
-
-
 # `{pairs}`: (out_hash, fingerprint, hits), the requests folded to their (output, identity) pairs first, so only
 # those meet the identities table. Outputs are grouped by a hash of the text: a heuristic count.
 _SHARED_OUTPUTS = f"""
 WITH f AS ({{pairs}}), o AS (
     -- Greedy speculative decoding is lossless: identities that differ only in their draft share outputs
     -- legitimately, so the draft fields count only for sampled requests.
-    SELECT f.out_hash, count(DISTINCT ({_output_identity_columns()})) AS identities, sum(f.hits) AS hits
+    SELECT f.out_hash, count(DISTINCT ({output_identity_columns()})) AS identities, sum(f.hits) AS hits
     FROM f JOIN identities i USING (fingerprint) GROUP BY 1
 )
 SELECT count(*) FILTER (WHERE identities > 1) AS shared_outputs,
@@ -67,6 +60,19 @@ SHARED_OUTPUTS_SQL = _SHARED_OUTPUTS.replace(
 # Without a time range, from the outputs summary (texts by their MD5 there): no output text is read.
 SHARED_OUTPUTS_WHOLE_SQL = _SHARED_OUTPUTS.replace(
     "{pairs}", "SELECT c.out_hash, c.fingerprint, sum(c.hits) AS hits FROM summary_outputs c WHERE {dims} GROUP BY 1, 2")
+
+# A time range: over summary_request_outputs, the output and its deciding identity fields as stored 64-bit hashes
+# (the rows' answer counts the fields themselves: exact but for a hash collision among the range's identities).
+SHARED_OUTPUTS_RANGE_SQL = """
+WITH o AS (
+    SELECT r.out_hash, count(DISTINCT r.out_identity) AS identities, count(*) FILTER (WHERE r.cache_hit) AS hits
+    FROM summary_request_outputs r WHERE {where} GROUP BY 1
+)
+SELECT count(*) FILTER (WHERE identities > 1) AS shared_outputs,
+       coalesce(sum(hits) FILTER (WHERE identities > 1), 0)::BIGINT AS hits_with_shared_output,
+       coalesce(sum(hits), 0)::BIGINT AS hits
+FROM o
+"""
 
 HIT_RATE_TREND_SQL = """
 -- The window split at its midpoint in time: two aggregate passes, no sort.
@@ -111,7 +117,7 @@ FIRST_SIGHT_HIT_SHARE = 0.05
 
 
 def _identical_outputs(store: Store, filters: Filters, head: dict[str, Any]) -> RedFlag:
-    shared = one(store, SHARED_OUTPUTS_SQL, filters, whole=SHARED_OUTPUTS_WHOLE_SQL)
+    shared = one(store, SHARED_OUTPUTS_SQL, filters, whole=SHARED_OUTPUTS_WHOLE_SQL, ranged=SHARED_OUTPUTS_RANGE_SQL)
     trend = one(store, HIT_RATE_TREND_SQL, filters)
     rising = (trend["second_half"] or 0) > (trend["first_half"] or 0)
     shared_share = shared["hits_with_shared_output"] / shared["hits"] if shared["hits"] else 0.0

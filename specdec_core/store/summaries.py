@@ -15,6 +15,9 @@ thousands of rows instead of millions.
 - `summary_request_keys`: one narrow row per request with a cache key: its time, labels, hit flag and
   DuckDB's 64-bit hashes of its key and identity. A time range's distinct keys, identities and collisions
   are counted over these integers instead of the rows' 64-character texts.
+- `summary_request_outputs`: one narrow row per request: its time, labels, hit flag, and DuckDB's 64-bit
+  hashes of its output text and of the identity fields that decide an output. A time range's red flag of
+  identical outputs is counted over these instead of hashing the rows' output texts.
 
 A question with a time range that the histograms or distinct counts can't answer
 goes to `requests`, as it would without summaries. `from_rows()` forces that path:
@@ -33,11 +36,13 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from specdec_core.contract import fields as contract
+
 # Bump when a summary table, or how hits are judged, changes: an older store is rejudged and rebuilt
 # by `specdec migrate` or the next ingest (a read asks for the migrate). 4: ties among misses at one instant go to the one logged last.
 # 5: summary_outputs. 6: identity_first_seen (built by the judging, hit_sources.py). 7: summary_request_keys.
-# 8: key_last_miss (built by the judging).
-SUMMARY_VERSION = "8"
+# 8: key_last_miss (built by the judging). 9: summary_request_outputs.
+SUMMARY_VERSION = "9"
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)
 _ROWS_ONLY: ContextVar[bool] = ContextVar("specdec_rows_only", default=False)
@@ -128,6 +133,22 @@ REQUEST_KEYS_SQL = f"""SELECT r.ts, coalesce(r.deployment, '') AS deployment, r.
        {key_hash("coalesce(r.deployment, '')", "r.fingerprint")} AS identity_hash
 FROM requests r WHERE r.cache_key IS NOT NULL AND {{where}}"""
 
+
+
+def output_identity_columns(alias: str = "i") -> str:
+    """The identity columns (of `identities` as `alias`) that decide an output: all of them, but the draft's
+    only for sampled requests (greedy speculative decoding is lossless)."""
+    return ", ".join(f"CASE WHEN NOT {alias}.greedy THEN {alias}.{f.name} END" if f.lossless_when_greedy
+                     else f"{alias}.{f.name}" for f in contract.FIELDS if f.identity)
+
+
+# Every request of `{where}` as summary_request_outputs holds it: labels as the filters read them, the output
+# text and the identity fields that decide it as DuckDB's 64-bit hashes (the same hash as the row answer's).
+REQUEST_OUTPUTS_SQL = f"""SELECT r.ts, coalesce(r.deployment, '') AS deployment, r.target_model,
+       {draft_label()} AS draft_model, r.cache_hit, hash(r.output_text) AS out_hash,
+       hash(({output_identity_columns()})) AS out_identity
+FROM requests r JOIN identities i USING (fingerprint) WHERE {{where}}"""
+
 # Batches append rows a group already has; once the table has grown past twice its size when last one row per
 # group (plus OUTPUTS_SLACK rows), it is folded again: each row is folded a bounded number of times.
 OUTPUTS_SLACK = 100_000
@@ -180,6 +201,7 @@ CREATE OR REPLACE TABLE summary_contaminated AS {over(CONTAMINATED_SQL, "TRUE")}
 CREATE OR REPLACE TABLE summary_outputs AS {over(OUTPUTS_SQL, "TRUE")};
 -- In time order: a range's scan skips the row groups outside it.
 CREATE OR REPLACE TABLE summary_request_keys AS {over(REQUEST_KEYS_SQL, "TRUE")} ORDER BY r.ts;
+CREATE OR REPLACE TABLE summary_request_outputs AS {over(REQUEST_OUTPUTS_SQL, "TRUE")} ORDER BY r.ts;
 {OUTPUTS_COMPACTED_SQL};
 {VERSION_SQL};
 """
