@@ -284,11 +284,16 @@ def maintain(con: duckdb.DuckDBPyConnection, full: bool = False, spread: bool = 
         except duckdb.Error as exc:
             log.warning("maintenance: the merges left for the next write: %s", str(exc).splitlines()[0])
             busiest = []
-        for table, files in busiest:
+        for table, _ in busiest:
             if over <= 0:
                 break
             step(f"CALL ducklake_merge_adjacent_files('{ALIAS}', '{table}', max_file_size => {int(MERGE_TIERS[0])})")
-            over -= files - 1
+            # Counted again, not estimated: a table's merge may leave more than one file (files that are not
+            # adjacent, or that deletes split), and the next table is merged only if the store is still over.
+            try:
+                over = live_files(con, below=MERGE_TIERS[0]) - MAINTAIN_ABOVE_FILES
+            except duckdb.Error:
+                break
     for smaller, size in pairwise(MERGE_TIERS):
         # A tier's files, once the tier below is merged (its merge may have added one to this tier).
         try:
