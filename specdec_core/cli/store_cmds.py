@@ -14,6 +14,7 @@ from specdec_core import formats
 from specdec_core.analysis import headline, logging_gaps, red_flags
 from specdec_core.analysis.report import KINDS, write_report
 from specdec_core.store import IngestLimits, LogReadError, Store, StoreError, ingest
+from specdec_core.store.connection import copy_cost_note
 
 
 def add_db(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +96,9 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
             else f"{time.strftime('%H:%M:%S')} {batch.status_line()}"
         print(line, flush=True)
 
+    note = copy_cost_note(store)
+    if note:
+        print(f"specdec ingest: {note}", file=sys.stderr)
     follower = Follower(store, args.paths, log_format=args.format, mapping=mapping, limits=limits,
                         batch_rows=args.batch_rows)
     try:

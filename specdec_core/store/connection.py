@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import stat
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -416,6 +417,41 @@ def _copy_database(source: Path, dest: Path) -> None:
         shutil.copyfile(source, dest)  # opens the copy anew, from its first byte
     finally:
         os.close(fd)
+
+
+_FICLONE = 0x40049409  # Linux's ioctl that makes a file share another's blocks (what a reflink copy does)
+
+
+def copies_share_blocks(folder: Path) -> bool:
+    """Whether a copy made in `folder` shares the original's blocks (XFS, btrfs): then a file store's write costs
+    what it changes; elsewhere (ext4, tmpfs) each write copies the whole file. Tried on two small files there."""
+    try:
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".specdec-reflink-") as tmp:
+            src, dst = Path(tmp) / "a", Path(tmp) / "b"
+            src.write_bytes(b"\0" * 4096)
+            with open(src, "rb") as a, open(dst, "wb") as b:
+                fcntl.ioctl(b.fileno(), _FICLONE, a.fileno())
+    except OSError:
+        return False
+    return True
+
+
+# A store this large costs a follow a noticeable copy at every batch where copies don't share blocks.
+COPY_NOTE_BYTES = 256 << 20
+
+
+def copy_cost_note(store: Store, min_bytes: int = COPY_NOTE_BYTES) -> str | None:
+    """One line for a writer that will write again and again (--follow), when each of its writes copies a large
+    store file whole; None for a lake, a small file, or a filesystem whose copies share blocks."""
+    if store.lake is not None or not store.path.is_file():
+        return None
+    size = store.path.stat().st_size
+    if size < min_bytes or copies_share_blocks(store.path.resolve().parent):
+        return None
+    lake = store.path.with_suffix(".sqlite")
+    return (f"note: every batch copies {store.path} ({size / 2**20:,.0f} MiB) whole, since this filesystem makes "
+            f"no reflinks (XFS and btrfs do); a DuckLake store appends instead: "
+            f"specdec migrate --db {store.path} --to ducklake:{lake}, then --db ducklake:{lake}")
 
 
 def _keep_metadata(tmp: Path, original: os.stat_result) -> None:
