@@ -175,3 +175,19 @@ def test_a_bad_mapping_file_is_a_one_line_usage_error_naming_the_field(mapping, 
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and named in done.stderr
     assert not db.exists()
+
+
+@pytest.mark.parametrize(("name", "fmt"), [("otel_spans.jsonl", "otel"), ("litellm_payloads.jsonl", "litellm")])
+def test_a_line_past_the_size_limit_is_cut_and_quarantined_before_the_format_reads_it(name, fmt, tmp_path):
+    lines = (FIXTURES / name).read_text(encoding="utf-8").splitlines()
+    limit = max(len(line.encode()) for line in lines) + 1  # every line of the fixture fits
+    long_line = lines[0][:-1] + ', "padding": "' + "p" * limit + '"}'  # the first line, grown past it
+    log = tmp_path / "log.jsonl"
+    log.write_text("\n".join([long_line, *lines[1:]]) + "\n", encoding="utf-8")
+    db = tmp_path / "store.duckdb"
+    done = run_cli("ingest", str(log), "--db", str(db), "--json", "--format", fmt, "--max-record-bytes", str(limit))
+    assert done.returncode == 0, done.stderr
+    with Store(db).read() as con:
+        [(line, reason, raw)] = con.execute("SELECT source_line, reason, raw FROM quarantine").fetchall()
+    assert (line, reason) == (1, f"record too large: {len(long_line.encode()):,} bytes (limit {limit:,} bytes)")
+    assert raw.startswith(long_line[:limit - 100]) and "[cut by specdec: the first " in raw

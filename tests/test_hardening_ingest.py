@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import hashlib
 import json
 import os
 import signal
@@ -132,8 +133,41 @@ def test_a_record_past_the_size_limit_is_quarantined_and_the_rest_loads(store, t
     size = len(json.dumps(huge).encode())
     assert (name, line) == ("huge.jsonl", 2)
     assert reason == f"record too large: {size:,} bytes (limit 1 MiB)"
-    assert raw == json.dumps(huge)  # nothing lost
+    # Its first 64 KiB are kept, with what finds the whole of it in its file: its size and MD5.
+    text = json.dumps(huge)
+    digest = hashlib.md5(text.encode()).hexdigest()
+    assert raw == (text[:64 * 1024] + f" [cut by specdec: the first 65,536 of {size:,} bytes; "
+                   f"MD5 of the whole line {digest}]")
     assert [r[0] for r in loaded(store)] == ["after", "before"]
+
+
+@pytest.mark.parametrize("last_line_ends", [True, False])
+def test_a_gzip_line_of_hundreds_of_megabytes_is_cut_and_the_rest_loads(store, tmp_path, last_line_ends):
+    # 200 MB of one character is 200 KB of gzip: the reader must neither hold it nor copy it again and again
+    # (it ran DuckDB out of memory before; and a line grown 1 MB at a time is quadratic).
+    path = tmp_path / "bomb.jsonl.gz"
+    size = 200 * 1024 * 1024
+    bomb = hashlib.md5()
+    with gzip.open(path, "wb", compresslevel=6) as fh:
+        fh.write((json.dumps(rec("before")) + "\n").encode())
+        fh.write(b'{"request_id": "bomb", "output_text": "')
+        bomb.update(b'{"request_id": "bomb", "output_text": "')
+        block = b"a" * (1 << 20)
+        for _ in range(size // len(block)):
+            fh.write(block)
+            bomb.update(block)
+        fh.write(b'"}')
+        bomb.update(b'"}')
+        if last_line_ends:
+            fh.write(("\n" + json.dumps(rec("after")) + "\n").encode())
+    result = ingest(store, [str(path)])
+    assert (result.read, result.quarantined) == (3 if last_line_ends else 2, 1)
+    [(_, line, reason, raw)] = quarantined(store)
+    whole = size + len(b'{"request_id": "bomb", "output_text": "') + 2
+    assert (line, reason) == (2, f"record too large: {whole:,} bytes (limit 16 MiB)")
+    assert raw.startswith('{"request_id": "bomb", "output_text": "aaa') and len(raw) < 65 * 1024
+    assert raw.endswith(f"of {whole:,} bytes; MD5 of the whole line {bomb.hexdigest()}]")
+    assert [r[0] for r in loaded(store)] == (["after", "before"] if last_line_ends else ["before"])
 
 
 def test_the_default_size_limit_is_16_mib_on_the_gzip_reader_too(store, tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import fnmatch
 import gzip
+import hashlib
 import io
 import json
 import math
@@ -229,52 +230,121 @@ def _open_binary(path: Path) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def _lines(path: Path) -> Iterator[tuple[bytes, bool]]:
+# A record longer than this is quarantined (IngestLimits.max_record_bytes, store/staging.py, by default).
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+# Of a line longer than the limit, the quarantine keeps this much, with its size and its whole text's MD5: a
+# log (or a gzip of a few KB) can hold a line of gigabytes, which no reader and no store should hold whole.
+# The record itself stays in its file, at the line the quarantine names.
+KEPT_OF_A_LONG_LINE = 64 * 1024
+
+
+def bytes_text(n: int) -> str:
+    """A byte count as a limit is spelled: 16 MiB, 4 KiB, or 1,000 bytes."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n:,} bytes"
+
+
+def too_large(size: int, limit: int) -> str:
+    """Why a record past the size limit is quarantined."""
+    return f"record too large: {size:,} bytes (limit {bytes_text(limit)})"
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """A line past the limit: its first bytes, its size and its MD5."""
+
+    head: bytes
+    size: int
+    md5: str
+
+    def shown(self) -> str:
+        return (shown_bytes(self.head) + f" [cut by specdec: the first {len(self.head):,} of {self.size:,} bytes; "
+                f"MD5 of the whole line {self.md5}]")
+
+
+def _lines(path: Path, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[bytes | _Cut, bool]]:
     """The file's lines, ending at LF only (a CR inside a line is part of it), each with whether it is complete.
 
-    A gzip stream that stops early (or turns to garbage) yields what it held before the cut as one incomplete last line,
-    rather than losing the file: read in chunks, since a line read would drop its partial buffer.
+    A line longer than `max_bytes` is not held: it comes as a _Cut. A gzip stream that stops early (or turns
+    to garbage) yields what it held before the cut as one incomplete last line, rather than losing the file:
+    read in chunks, since a line read would drop its partial buffer. Linear in the line's length, however long.
     """
-    pending = b""
+    parts: list[bytes] = []
+    held = 0
+    digest = None  # the MD5 of a line past max_bytes, from its first byte
+
+    def line() -> bytes | _Cut:
+        if digest is None:
+            return b"".join(parts)
+        return _Cut(b"".join(parts), held, digest.hexdigest())
+
+    def add(piece: bytes) -> None:
+        nonlocal held, digest
+        if digest is None and held + len(piece) > max_bytes:
+            digest = hashlib.md5(usedforsecurity=False)
+            for part in parts:
+                digest.update(part)
+            head = b"".join(parts)[:KEPT_OF_A_LONG_LINE]
+            parts[:] = [head]
+        if digest is not None:
+            digest.update(piece)
+            room = KEPT_OF_A_LONG_LINE - len(parts[0])
+            if room > 0:
+                parts[0] += piece[:room]
+        else:
+            parts.append(piece)
+        held += len(piece)
+
     with _open_binary(path) as fh:
         try:
             while True:
                 chunk = fh.read1(_READ_BYTES)
                 if not chunk:
                     break
-                pieces = (pending + chunk).split(b"\n")
-                pending = pieces.pop()
-                for piece in pieces:
-                    yield piece, True
+                start = 0
+                while (end := chunk.find(b"\n", start)) >= 0:
+                    add(chunk[start:end])
+                    yield line(), True
+                    parts, held, digest = [], 0, None
+                    start = end + 1
+                if start < len(chunk):
+                    add(chunk[start:])
         except (EOFError, zlib.error):
-            yield pending, False
+            yield line(), False
             return
-    if pending:
-        yield pending, True
+    if held:
+        yield line(), True
 
 
-def read_jsonl(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[RawBatch]:
+def read_jsonl(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_bytes: int = MAX_RECORD_BYTES
+               ) -> Iterator[RawBatch]:
     numbers: list[int] = []
     raws: list[str] = []
     reasons: list[str | None] = []
     try:
-        for number, (data, complete) in enumerate(_lines(path), start=1):
-            if number == 1 and data.startswith(_BOM):
-                data = data[len(_BOM):]  # as Windows tools write it: not part of the first record
-            if data.endswith(b"\r"):
-                data = data[:-1]  # a CRLF line end
+        for number, (data, complete) in enumerate(_lines(path, max_record_bytes), start=1):
+            if isinstance(data, _Cut):
+                text, reason = data.shown(), too_large(data.size, max_record_bytes)
+            else:
+                if number == 1 and data.startswith(_BOM):
+                    data = data[len(_BOM):]  # as Windows tools write it: not part of the first record
+                if data.endswith(b"\r"):
+                    data = data[:-1]  # a CRLF line end
+                if complete:
+                    try:
+                        text = data.decode("utf-8")
+                        reason = None
+                    except UnicodeDecodeError:
+                        text, reason = shown_bytes(data), INVALID_UTF8
+                    if not text.strip():
+                        continue
             if not complete:
                 numbers.append(number)
-                raws.append(shown_bytes(data))
+                raws.append(data.shown() if isinstance(data, _Cut) else shown_bytes(data))
                 reasons.append(f"truncated gzip: file ends mid-stream after line {number - 1}")
                 break
-            try:
-                text = data.decode("utf-8")
-                reason = None
-            except UnicodeDecodeError:
-                text, reason = shown_bytes(data), INVALID_UTF8
-            if not text.strip():
-                continue
             numbers.append(number)
             raws.append(text)
             reasons.append(reason)
@@ -293,14 +363,16 @@ FOREIGN_CHUNK_ROWS = 20_000
 def first_line(path: Path) -> str | None:
     """The first non-blank line of a JSON Lines file (decoded leniently: it only decides the format)."""
     for data, _ in _lines(path):
+        if isinstance(data, _Cut):
+            data = data.head
         text = data.removeprefix(_BOM).decode("utf-8", "replace")
         if text.strip():
             return text
     return None
 
 
-def read_foreign(path: Path, name: str, reader: Callable[[str], Any], chunk_rows: int = FOREIGN_CHUNK_ROWS
-                 ) -> Iterator[RawBatch]:
+def read_foreign(path: Path, name: str, reader: Callable[[str], Any], chunk_rows: int = FOREIGN_CHUNK_ROWS,
+                 max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[RawBatch]:
     """Lines of another log format (OTel, LiteLLM, a mapping) as contract records, each with its input.
 
     A line the format can't read is a record rejected with the reader's reason, quoted as it was.
@@ -313,7 +385,7 @@ def read_foreign(path: Path, name: str, reader: Callable[[str], Any], chunk_rows
         size = 0  # read_jsonl says why it can't be read
     workers = parallel.workers_for(size, reader)
     slices = ((b.line_numbers, b.raws, b.reasons or [None] * len(b.raws))
-              for b in read_jsonl(path, name, chunk_rows=chunk_rows))
+              for b in read_jsonl(path, name, chunk_rows=chunk_rows, max_record_bytes=max_record_bytes))
     reads = (parallel.read_in_workers(reader, slices, workers) if workers
              else (parallel.read_lines(reader, *piece) for piece in slices))
     numbers: list[int] = []
@@ -446,12 +518,14 @@ def read_parquet(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterato
         con.close()
 
 
-def read_file(path: Path, resolved_name: str | None = None) -> Iterator[RawBatch]:
-    """The file's records in chunks, each named `resolved_name` (default: the path as given)."""
+def read_file(path: Path, resolved_name: str | None = None, max_record_bytes: int = MAX_RECORD_BYTES
+              ) -> Iterator[RawBatch]:
+    """The file's records in chunks, each named `resolved_name` (default: the path as given); a JSON line
+    longer than `max_record_bytes` comes cut, with its reason."""
     name = resolved_name or str(path)
     lowered = path.name.lower()
     if lowered.endswith(CSV_SUFFIXES):
         return read_csv(path, name)
     if lowered.endswith(PARQUET_SUFFIXES):
         return read_parquet(path, name)
-    return read_jsonl(path, name)
+    return read_jsonl(path, name, max_record_bytes=max_record_bytes)

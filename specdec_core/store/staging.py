@@ -21,7 +21,14 @@ import duckdb
 import pyarrow as pa
 
 from specdec_core.store.connection import WRITER_MEMORY_LIMIT, scalar
-from specdec_core.store.readers import JSONL_SUFFIXES, duckdb_literal_path, read_file, read_foreign
+from specdec_core.store.readers import (
+    JSONL_SUFFIXES,
+    MAX_RECORD_BYTES,
+    duckdb_literal_path,
+    read_file,
+    read_foreign,
+    too_large,
+)
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,7 @@ class IngestLimits:
     real request log line and far below what the checks need 1 GB for.
     """
 
-    max_record_bytes: int = 16 * 1024 * 1024
+    max_record_bytes: int = MAX_RECORD_BYTES
     max_fields: int = 1000
 
     @classmethod
@@ -50,13 +57,6 @@ class IngestLimits:
                 if values[field] < 1:
                     raise ValueError(f"${var}: expected a number >= 1, got {text!r}")
         return cls(**values)
-
-
-def _bytes_text(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size} {unit}"
-    return f"{n:,} bytes"
 
 
 # DuckDB reads JSON Lines as raw lines, in parallel and in file order (insertion order is kept, so a
@@ -164,7 +164,7 @@ def _stage(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: in
     name = str(path.resolve())
     if reader is not None:
         _python_reads(con)
-        return _stage_foreign(con, path, name, table, first_seq, reader)
+        return _stage_foreign(con, path, name, table, first_seq, reader, limits.max_record_bytes)
     if path.name.lower().endswith(JSONL_SUFFIXES) and _lines_end_in_newlines(path):
         try:
             with duckdb_literal_path(path) as literal:
@@ -177,9 +177,9 @@ def _stage(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: in
         else:
             if _gzip_cut_short(con, path, table):
                 con.execute(f"DROP TABLE {table}")  # the Python reader says where the stream ends
-                return _stage_in_python(con, path, name, table, first_seq)
+                return _stage_in_python(con, path, name, table, first_seq, limits.max_record_bytes)
             return _staged(con, table, first_seq, "{index} + 1", "NULL::VARCHAR")
-    return _stage_in_python(con, path, name, table, first_seq)
+    return _stage_in_python(con, path, name, table, first_seq, limits.max_record_bytes)
 
 
 def _gzip_cut_short(con: duckdb.DuckDBPyConnection, path: Path, table: str) -> bool:
@@ -199,10 +199,11 @@ def _gzip_cut_short(con: duckdb.DuckDBPyConnection, path: Path, table: str) -> b
     return stated not in (read % 2**32, (read - 1) % 2**32)  # the last line may lack its newline
 
 
-def _stage_in_python(con: duckdb.DuckDBPyConnection, path: Path, name: str, table: str, first_seq: int) -> Lines:
+def _stage_in_python(con: duckdb.DuckDBPyConnection, path: Path, name: str, table: str, first_seq: int,
+                     max_record_bytes: int) -> Lines:
     _python_reads(con)
     con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (source_line BIGINT, raw VARCHAR, pre_reason VARCHAR)")
-    for chunk in read_file(path, resolved_name=name):
+    for chunk in read_file(path, resolved_name=name, max_record_bytes=max_record_bytes):
         reasons = chunk.reasons if chunk.reasons is not None else [None] * len(chunk.raws)
         con.register("chunk_arrow", pa.table({"source_line": pa.array(chunk.line_numbers, pa.int64()),
                                               "raw": pa.array(chunk.raws, pa.string()),
@@ -214,11 +215,11 @@ def _stage_in_python(con: duckdb.DuckDBPyConnection, path: Path, name: str, tabl
 
 
 def _stage_foreign(con: duckdb.DuckDBPyConnection, path: Path, name: str, table: str, first_seq: int,
-                   reader: Callable[[str], Any]) -> Lines:
+                   reader: Callable[[str], Any], max_record_bytes: int) -> Lines:
     con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (source_line BIGINT, raw VARCHAR, pre_reason VARCHAR, "
                 "origin INTEGER)")
     skipped = 0
-    for chunk in read_foreign(path, name, reader):
+    for chunk in read_foreign(path, name, reader, max_record_bytes=max_record_bytes):
         skipped += chunk.skipped
         con.register("chunk_arrow", pa.table({"source_line": pa.array(chunk.line_numbers, pa.int64()),
                                               "raw": pa.array(chunk.raws, pa.string()),
@@ -249,8 +250,7 @@ def set_aside(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, li
     """).fetchall()
     if not rows:
         return lines, 0
-    limit_text = _bytes_text(limits.max_record_bytes)
-    reasons = [pre or (f"record too large: {size:,} bytes (limit {limit_text})" if size > limits.max_record_bytes
+    reasons = [pre or (too_large(size, limits.max_record_bytes) if size > limits.max_record_bytes
                        else f"too many fields: {n_fields} (limit {limits.max_fields})")
                for _, _, pre, size, n_fields in rows]
     aside = f"{lines.table}_aside"
