@@ -141,6 +141,17 @@ def test_a_record_past_the_size_limit_is_quarantined_and_the_rest_loads(store, t
     assert [r[0] for r in loaded(store)] == ["after", "before"]
 
 
+@pytest.mark.parametrize("others", [0, 2])
+def test_a_plain_file_whose_only_line_is_past_the_limit_loses_nothing(store, tmp_path, others):
+    # DuckDB's line reader reads such a file as no lines at all, without an error.
+    huge = rec("huge", output_text="x" * (3 * 1024 * 1024))
+    path = write_jsonl(tmp_path / "one.jsonl", [huge, *(rec(f"ok{i}") for i in range(others))])
+    result = ingest(store, [str(path)], limits=IngestLimits(max_record_bytes=1024 * 1024))
+    assert (result.read, result.accepted, result.quarantined) == (1 + others, others, 1)
+    [(_, line, reason, _)] = quarantined(store)
+    assert (line, reason) == (1, f"record too large: {len(json.dumps(huge).encode()):,} bytes (limit 1 MiB)")
+
+
 @pytest.mark.parametrize("last_line_ends", [True, False])
 def test_a_gzip_line_of_hundreds_of_megabytes_is_cut_and_the_rest_loads(store, tmp_path, last_line_ends):
     # 200 MB of one character is 200 KB of gzip: the reader must neither hold it nor copy it again and again

@@ -20,7 +20,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from specdec_core.store.connection import WRITER_MEMORY_LIMIT, scalar
+from specdec_core.store.connection import WRITER_MEMORY_LIMIT
 from specdec_core.store.readers import (
     JSONL_SUFFIXES,
     MAX_RECORD_BYTES,
@@ -175,28 +175,34 @@ def _stage(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: in
         except duckdb.Error:
             pass  # not clean UTF-8 text, a control character in a line, a huge line: the Python reader copes
         else:
-            if _gzip_cut_short(con, path, table):
+            if _read_short(con, path, table):
                 con.execute(f"DROP TABLE {table}")  # the Python reader says where the stream ends
                 return _stage_in_python(con, path, name, table, first_seq, limits.max_record_bytes)
             return _staged(con, table, first_seq, "{index} + 1", "NULL::VARCHAR")
     return _stage_in_python(con, path, name, table, first_seq, limits.max_record_bytes)
 
 
-def _gzip_cut_short(con: duckdb.DuckDBPyConnection, path: Path, table: str) -> bool:
-    """Whether the lines DuckDB read from a .gz file are not its whole text: DuckDB reads a stream cut off
-    mid-way without an error. The gzip trailer holds the text's size (mod 2^32); a size that does not match
-    (a cut stream, or a file DuckDB split otherwise: CRLF lines, several gzip members) sends the file to
-    the Python reader, which reads it exactly."""
-    if not path.name.lower().endswith(".gz"):
-        return False
+def _read_short(con: duckdb.DuckDBPyConnection, path: Path, table: str) -> bool:
+    """Whether the lines DuckDB read are not the file's whole text. DuckDB reads a gzip stream cut off mid-way
+    without an error, and a file whose only line is past the line size limit as no lines at all. The text's
+    size (a plain file's, or the gzip trailer's, mod 2^32) that does not match what was read (that, or a file
+    DuckDB split otherwise: CRLF lines, several gzip members) sends the file to the Python reader, which reads
+    it exactly."""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(-4, os.SEEK_END)
-            stated = int.from_bytes(fh.read(4), "little")
+        if path.name.lower().endswith(".gz"):
+            with open(path, "rb") as fh:
+                fh.seek(-4, os.SEEK_END)
+                stated, modulo = int.from_bytes(fh.read(4), "little"), 2**32
+        else:
+            stated, modulo = path.stat().st_size, None
     except OSError:
         return True
-    read = int(scalar(con, f"SELECT coalesce(sum(coalesce(strlen(raw), 0) + 1), 0)::BIGINT FROM {table}"))
-    return stated not in (read % 2**32, (read - 1) % 2**32)  # the last line may lack its newline
+    read, lines = con.execute(f"SELECT coalesce(sum(coalesce(strlen(raw), 0) + 1), 0)::BIGINT, count(*) "
+                              f"FROM {table}").fetchall()[0]
+    if modulo is not None:
+        return stated not in (read % modulo, (read - 1) % modulo)  # the last line may lack its newline
+    # DuckDB drops each line's CR of a CRLF file: one byte more a line, two fewer when the last has no end.
+    return stated not in (read, read - 1, read + lines, read + lines - 2)
 
 
 def _stage_in_python(con: duckdb.DuckDBPyConnection, path: Path, name: str, table: str, first_seq: int,
