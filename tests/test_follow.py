@@ -219,3 +219,28 @@ def test_a_follow_of_a_large_file_store_that_is_copied_whole_is_told_of_the_lake
     # Below the size that matters, or a lake (which appends): nothing to say.
     assert copy_cost_note(Store(db)) is None
     assert copy_cost_note(Store(f"ducklake:{tmp_path / 'l.sqlite'}"), min_bytes=1) is None
+
+
+def test_lines_longer_than_a_poll_reads_are_copied_from_the_file_and_cut_past_the_limit(tmp_path, monkeypatch):
+    from specdec_core.store import follow as following
+    from specdec_core.store.staging import IngestLimits
+
+    monkeypatch.setattr(following, "_WINDOW", 1 << 20)  # what a poll reads at once; 64 MiB otherwise
+    limits = IngestLimits(max_record_bytes=2 << 20)
+    log, db, clean = tmp_path / "app.jsonl", tmp_path / "s.duckdb", tmp_path / "clean.duckdb"
+    huge = line(2, output_text="h" * (3 << 20))  # past the record limit: quarantined, cut
+    long = line(3, output_text="l" * (3 << 19))  # under it, over the window: loaded whole
+    append(log, line(1) + huge[: 2 << 20])  # the writer is part-way through the huge line
+    follower = Follower(Store(db), [str(log)], limits=limits)
+    assert follower.poll().result.accepted == 1
+    assert follower.poll() is None  # no end to it yet
+    append(log, huge[2 << 20:] + long + line(4))
+    batches = [follower.poll() for _ in range(3)]
+    follower.close()
+    assert sum(b.result.accepted for b in batches if b) == 2 and sum(b.result.quarantined for b in batches if b) == 1
+    ingest(Store(clean), [str(log)], limits=limits)
+    assert rows(db) == rows(clean) and [r[0] for r in rows(db)] == ["r00001", "r00003", "r00004"]
+    with Store(db).read() as con:
+        [(n, reason, raw)] = con.execute("SELECT source_line, reason, raw FROM quarantine").fetchall()
+    size = len(huge.encode()) - 1
+    assert (n, reason) == (2, f"record too large: {size:,} bytes (limit 2 MiB)") and len(raw) < 65 * 1024

@@ -70,9 +70,10 @@ class Batch:
 class _Part:
     file_id: str
     path: Path
-    data: bytes | None  # the new complete lines; None: the whole file (gzip, CSV, Parquet)
+    data: bytes | None  # the new complete lines; None: the whole file (gzip, CSV, Parquet), or `span`
     lines_before: int
     new_position: Position
+    span: tuple[int, int] | None = None  # one line too long to hold: its bytes' range in the followed file
 
     @property
     def lines(self) -> int:
@@ -103,6 +104,9 @@ class Follower:
         self.positions = self._load_positions()
         self._handles: dict[str, IO[bytes]] = {}  # file id -> an open handle, kept across renames
         self._whole_sizes: dict[str, int] = {}  # file id -> size at the last poll (files read whole)
+        # file id -> (a line's start, how far it is known to run on without its end): a long line still
+        # being written is searched for its end from there at the next poll, not from its start again.
+        self._searched: dict[str, tuple[int, int]] = {}
 
     def _load_positions(self) -> dict[str, Position]:
         if not self.store.exists:
@@ -192,10 +196,19 @@ class Follower:
         if size == offset or budget <= 0:
             return None
         handle.seek(offset)
-        data = handle.read(min(size - offset, 64 << 20))
+        data = handle.read(min(size - offset, _WINDOW))
         end = data.rfind(b"\n")
         if end < 0:
-            return None  # no complete line yet
+            if len(data) < _WINDOW:
+                return None  # no complete line yet
+            # A line longer than what a poll reads at once (past any sensible record size): its end is found
+            # without holding it, and the ingest reads it from the file as one line (cut there, and quarantined).
+            del data
+            line_end = self._line_end(fid, handle, offset, size)
+            if line_end is None:
+                return None
+            before = pos.line_count if offset == pos.byte_offset else 0
+            return _Part(fid, Path(path), None, before, Position(path, line_end, before + 1), (offset, line_end))
         data = data[: end + 1]
         lines = data.count(b"\n")
         if lines > budget:
@@ -206,6 +219,23 @@ class Follower:
         before = pos.line_count if offset == pos.byte_offset else 0
         return _Part(fid, Path(path), data, before, Position(path, offset + len(data), before + lines))
 
+    def _line_end(self, fid: str, handle: IO[bytes], start: int, size: int) -> int | None:
+        """Where the line from `start` ends (just past its newline); None while the file holds no end yet."""
+        searched_start, searched_to = self._searched.get(fid, (start, start))
+        at = searched_to if searched_start == start else start
+        handle.seek(at)
+        while at < size:
+            block = handle.read(min(1 << 20, size - at))
+            if not block:
+                break
+            found = block.find(b"\n")
+            if found >= 0:
+                self._searched.pop(fid, None)
+                return at + found + 1
+            at += len(block)
+        self._searched[fid] = (start, at)
+        return None
+
     def poll(self) -> Batch | None:
         """Commit what is new since the last poll as one batch; None when nothing is."""
         parts = self._parts()
@@ -214,11 +244,14 @@ class Follower:
         with tempfile.TemporaryDirectory(prefix="specdec-follow-") as tmp:
             paths, names = [], {}
             for n, part in enumerate(parts):
-                if part.data is None:
+                if part.data is None and part.span is None:
                     paths.append(str(part.path))
                     continue
                 chunk = Path(tmp) / f"part-{n}.jsonl"
-                chunk.write_bytes(part.data)
+                if part.span is not None:
+                    _copy_range(self._handles[part.file_id], part.span, chunk)
+                else:
+                    chunk.write_bytes(part.data)
                 paths.append(str(chunk))
                 names[chunk.resolve()] = (str(Path(part.path).resolve()), part.lines_before)
             newest: list[datetime | None] = []
@@ -246,6 +279,32 @@ class Follower:
         con.execute("INSERT INTO follow_offsets SELECT * FROM positions_arrow")
         con.unregister("positions_arrow")
         return con.execute("SELECT max(ts) FROM requests WHERE ingest_id = ?", [ingest_id]).fetchall()[0][0]
+
+
+# What a poll reads of a file at once: its complete lines in there are the batch's; a line longer than this
+# is copied to the batch from the file (_copy_range) instead.
+_WINDOW = 64 << 20
+
+
+def _copy_range(handle: IO[bytes], span: tuple[int, int], dest: Path) -> None:
+    """Bytes [start, end) of an open file into a new file, through the kernel, never all in memory."""
+    start, end = span
+    with open(dest, "wb") as out:
+        try:
+            while start < end:
+                copied = os.copy_file_range(handle.fileno(), out.fileno(), end - start, start)
+                if not copied:
+                    break
+                start += copied
+        except OSError:
+            pass  # a filesystem that can't: by blocks, from where the kernel stopped
+        handle.seek(start)
+        while start < end:
+            block = handle.read(min(1 << 20, end - start))
+            if not block:
+                raise LogReadError(f"{dest}: the followed file ended before byte {end:,}")
+            out.write(block)
+            start += len(block)
 
 
 def _gzip_whole(path: Path) -> bool:
