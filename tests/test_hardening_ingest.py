@@ -141,6 +141,19 @@ def test_a_record_past_the_size_limit_is_quarantined_and_the_rest_loads(store, t
     assert [r[0] for r in loaded(store)] == ["after", "before"]
 
 
+def test_a_csv_cell_may_be_as_long_as_a_record_and_a_longer_one_rejects_its_row_alone(store, tmp_path):
+    # The csv module stops at 128 KiB a cell, which failed a whole file for one long output.
+    rows = [rec("before"), rec("long", output_text="l" * (300 * 1024)), rec("huge", output_text="h" * (2 << 20)),
+            rec("after")]
+    path = write_csv(tmp_path / "cells.csv", rows)
+    result = ingest(store, [str(path)], limits=IngestLimits(max_record_bytes=1 << 20))
+    assert (result.read, result.accepted, result.quarantined) == (4, 3, 1)
+    [(_, row, reason, raw)] = quarantined(store)
+    assert (row, reason) == (3, "record too large: a cell longer than the limit (1 MiB)")
+    assert "the row is in the file" in raw and len(raw) < 200
+    assert [r[0] for r in loaded(store)] == ["after", "before", "long"]
+
+
 @pytest.mark.parametrize("others", [0, 2])
 def test_a_plain_file_whose_only_line_is_past_the_limit_loses_nothing(store, tmp_path, others):
     # DuckDB's line reader reads such a file as no lines at all, without an error.

@@ -458,11 +458,28 @@ def _csv_cell(name: str, cell: str) -> object:
     return cell
 
 
-def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[RawBatch]:
+def _csv_rows(reader: Any, limit: int) -> Iterator[list[str] | None]:
+    """The reader's rows; None for a row with a cell past `limit`, whose reading ends at the end of its line."""
+    while True:
+        try:
+            yield next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            if "field larger than field limit" not in str(exc):
+                raise
+            yield None
+
+
+def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_bytes: int = MAX_RECORD_BYTES
+             ) -> Iterator[RawBatch]:
     numbers: list[int] = []
     raws: list[str] = []
     reasons: list[str | None] = []
     reason: str | None = None
+    # A cell may be as long as a record may (the csv module's own limit, 128 KiB, failed a whole file for one
+    # long output); a longer one rejects its row alone.
+    before = csv.field_size_limit(max_record_bytes)
     try:
         with _open_text(path) as fh:
             reader = csv.reader(fh)
@@ -472,7 +489,13 @@ def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[Ra
                 return
             header = [h.strip() for h in header]
             repeated = sorted({h for h in header if header.count(h) > 1})
-            for row_number, row in enumerate(reader, start=1):
+            for row_number, row in enumerate(_csv_rows(reader, max_record_bytes), start=1):
+                if row is None:
+                    numbers.append(row_number)
+                    raws.append(f"[not kept by specdec: a cell of CSV row {row_number} is longer than "
+                                f"{bytes_text(max_record_bytes)}; the row is in the file]")
+                    reasons.append(f"record too large: a cell longer than the limit ({bytes_text(max_record_bytes)})")
+                    continue
                 if not any(cell.strip() for cell in row):
                     continue
                 if repeated:
@@ -497,6 +520,8 @@ def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[Ra
                     numbers, raws, reasons = [], [], []
     except (OSError, EOFError, gzip.BadGzipFile, csv.Error, UnicodeError) as exc:
         raise LogReadError(f"{path}: cannot be read as CSV: {exc}") from exc
+    finally:
+        csv.field_size_limit(before)
     yield RawBatch(name, numbers, raws, reasons)
 
 
@@ -525,7 +550,7 @@ def read_file(path: Path, resolved_name: str | None = None, max_record_bytes: in
     name = resolved_name or str(path)
     lowered = path.name.lower()
     if lowered.endswith(CSV_SUFFIXES):
-        return read_csv(path, name)
+        return read_csv(path, name, max_record_bytes=max_record_bytes)
     if lowered.endswith(PARQUET_SUFFIXES):
         return read_parquet(path, name)
     return read_jsonl(path, name, max_record_bytes=max_record_bytes)
