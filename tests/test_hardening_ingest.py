@@ -137,7 +137,27 @@ def test_a_record_past_the_size_limit_is_quarantined_and_the_rest_loads(store, t
     text = json.dumps(huge)
     digest = hashlib.md5(text.encode()).hexdigest()
     assert raw == (text[:64 * 1024] + f" [cut by specdec: the first 65,536 of {size:,} bytes; "
-                   f"MD5 of the whole line {digest}]")
+                   f"MD5 of the whole record {digest}]")
+    assert [r[0] for r in loaded(store)] == ["after", "before"]
+
+
+def test_a_parquet_row_past_the_size_limit_is_cut_in_the_reader_and_the_rest_loads(store, tmp_path):
+    # A Parquet of a few MB can hold a cell of hundreds: it is cut before the ingest holds it.
+    path = tmp_path / "rows.parquet"
+    con = duckdb.connect()
+    rows = [rec("before"), rec("huge", output_text="h" * (2 << 20)), rec("after")]
+    con.execute("CREATE TABLE t AS SELECT * FROM read_json(?, format = 'newline_delimited')",
+                [str(write_jsonl(tmp_path / "rows.jsonl", rows))])
+    con.execute(f"COPY t TO '{path}' (FORMAT parquet)")
+    text = con.execute("SELECT to_json(t)::VARCHAR FROM t WHERE request_id = 'huge'").fetchall()[0][0]
+    con.close()
+    result = ingest(store, [str(path)], limits=IngestLimits(max_record_bytes=1 << 20))
+    assert (result.read, result.accepted, result.quarantined) == (3, 2, 1)
+    [(_, row, reason, raw)] = quarantined(store)
+    size = len(text.encode())
+    assert (row, reason) == (2, f"record too large: {size:,} bytes (limit 1 MiB)")
+    assert raw == (text[:64 * 1024] + f" [cut by specdec: the first 65,536 of {size:,} bytes; "
+                   f"MD5 of the whole record {hashlib.md5(text.encode()).hexdigest()}]")
     assert [r[0] for r in loaded(store)] == ["after", "before"]
 
 
@@ -190,7 +210,7 @@ def test_a_gzip_line_of_hundreds_of_megabytes_is_cut_and_the_rest_loads(store, t
     whole = size + len(b'{"request_id": "bomb", "output_text": "') + 2
     assert (line, reason) == (2, f"record too large: {whole:,} bytes (limit 16 MiB)")
     assert raw.startswith('{"request_id": "bomb", "output_text": "aaa') and len(raw) < 65 * 1024
-    assert raw.endswith(f"of {whole:,} bytes; MD5 of the whole line {bomb.hexdigest()}]")
+    assert raw.endswith(f"of {whole:,} bytes; MD5 of the whole record {bomb.hexdigest()}]")
     assert [r[0] for r in loaded(store)] == (["after", "before"] if last_line_ends else ["before"])
 
 

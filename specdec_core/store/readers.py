@@ -261,7 +261,7 @@ class _Cut:
 
     def shown(self) -> str:
         return (shown_bytes(self.head) + f" [cut by specdec: the first {len(self.head):,} of {self.size:,} bytes; "
-                f"MD5 of the whole line {self.md5}]")
+                f"MD5 of the whole record {self.md5}]")
 
 
 def _lines(path: Path, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[bytes | _Cut, bool]]:
@@ -525,17 +525,27 @@ def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_byt
     yield RawBatch(name, numbers, raws, reasons)
 
 
-def read_parquet(path: Path, name: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[RawBatch]:
+def read_parquet(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_bytes: int = MAX_RECORD_BYTES
+                 ) -> Iterator[RawBatch]:
     con = duckdb.connect()
+    # A row past the size limit is cut here, in the reader's own connection, as a JSON line is: its first
+    # characters, its size and its MD5 come out, not the whole text (a Parquet of a few MB can hold a cell of
+    # hundreds, which took the ingest down with it).
+    sql = (f"SELECT CASE WHEN n > {int(max_record_bytes)} THEN left(j, {KEPT_OF_A_LONG_LINE}) ELSE j END, "
+           f"CASE WHEN n > {int(max_record_bytes)} THEN n END, CASE WHEN n > {int(max_record_bytes)} THEN md5(j) END "
+           "FROM (SELECT j, strlen(j) AS n FROM (SELECT to_json(t)::VARCHAR AS j FROM read_parquet(?) AS t))")
     try:
         with duckdb_literal_path(path) as literal:
-            cur = con.execute("SELECT to_json(t)::VARCHAR FROM read_parquet(?) AS t", [literal])
+            cur = con.execute(sql, [literal])
             row_number = 0
             while True:
                 rows = cur.fetchmany(chunk_rows)
                 if not rows:
                     break
-                yield RawBatch(name, list(range(row_number + 1, row_number + len(rows) + 1)), [r[0] for r in rows])
+                raws = [text if size is None else _Cut(text.encode()[:KEPT_OF_A_LONG_LINE], size, digest).shown()
+                        for text, size, digest in rows]
+                reasons = [None if size is None else too_large(size, max_record_bytes) for _, size, _ in rows]
+                yield RawBatch(name, list(range(row_number + 1, row_number + len(rows) + 1)), raws, reasons)
                 row_number += len(rows)
     except duckdb.Error as exc:
         raise LogReadError(f"{path}: cannot be read as Parquet: {str(exc).splitlines()[0]}") from exc
@@ -552,5 +562,5 @@ def read_file(path: Path, resolved_name: str | None = None, max_record_bytes: in
     if lowered.endswith(CSV_SUFFIXES):
         return read_csv(path, name, max_record_bytes=max_record_bytes)
     if lowered.endswith(PARQUET_SUFFIXES):
-        return read_parquet(path, name)
+        return read_parquet(path, name, max_record_bytes=max_record_bytes)
     return read_jsonl(path, name, max_record_bytes=max_record_bytes)
