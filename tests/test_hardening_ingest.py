@@ -121,6 +121,15 @@ def test_a_symlink_loop_under_a_recursive_glob_or_a_folder_ends(tmp_path):
     assert _ingest_in_subprocess(tmp_path / "folder.duckdb", str(root))["read"] == 2
 
 
+def test_a_fifo_or_a_device_named_as_a_log_is_refused_in_one_line_not_read_forever(tmp_path):
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    os.symlink("/dev/zero", tmp_path / "zero.jsonl")
+    for name in ("pipe.jsonl", "zero.jsonl"):
+        done = specdec("ingest", str(tmp_path / name), "--db", str(tmp_path / "s.duckdb"), timeout=60)
+        assert done.returncode == 1
+        assert done.stderr.strip() == f"specdec ingest: {tmp_path / name}: not a regular file or folder"
+
+
 # --- 7: one enormous record ------------------------------------------------------------------------
 
 

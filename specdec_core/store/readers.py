@@ -161,6 +161,8 @@ def resolve_paths(paths: list[str]) -> list[Path]:
             if not os.access(p, os.R_OK):
                 raise LogReadError(f"{spec}: permission denied")
             files.append(p)
+        elif p.exists():  # a FIFO, a device (/dev/zero), a socket: no end to read to, or no file at all
+            raise LogReadError(f"{spec}: not a regular file or folder")
         else:
             raise LogReadError(f"{spec}: no such file or folder")
     seen: set[Path] = set()
