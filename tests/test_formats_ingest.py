@@ -191,3 +191,23 @@ def test_a_line_past_the_size_limit_is_cut_and_quarantined_before_the_format_rea
         [(line, reason, raw)] = con.execute("SELECT source_line, reason, raw FROM quarantine").fetchall()
     assert (line, reason) == (1, f"record too large: {len(long_line.encode()):,} bytes (limit {limit:,} bytes)")
     assert raw.startswith(long_line[:limit - 100]) and "[cut by specdec: the first " in raw
+
+
+@pytest.mark.parametrize(("name", "fmt"), [("otel_spans.jsonl", "otel"), ("litellm_payloads.jsonl", "litellm")])
+def test_a_line_nested_past_what_python_reads_is_quarantined_and_the_rest_loads(name, fmt, tmp_path):
+    # Python's JSON reader recurses once a level: 100,000 levels raised RecursionError out of the ingest.
+    lines = (FIXTURES / name).read_text(encoding="utf-8").splitlines()
+    key = "resourceSpans" if fmt == "otel" else "messages"
+    deep = '{"' + key + '": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    log = tmp_path / "log.jsonl"
+    log.write_text("\n".join([lines[0], deep, *lines[1:]]) + "\n", encoding="utf-8")
+    db = tmp_path / "store.duckdb"
+    done = run_cli("ingest", str(log), "--db", str(db), "--json", "--format", fmt)
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "whole").mkdir()
+    whole, _ = ingest(tmp_path / "whole", name, "--format", fmt)  # the fixture alone
+    counts = json.loads(done.stdout)
+    assert counts["quarantined"] == whole["quarantined"] + 1 and counts["accepted"] == whole["accepted"]
+    with Store(db).read() as con:
+        assert con.execute("SELECT source_line, reason FROM quarantine WHERE source_line = 2").fetchall() == [
+            (2, "bad JSON: nested too deeply to read")]

@@ -38,7 +38,7 @@ def detect(first_line: str) -> str:
     """
     try:
         obj = json.loads(first_line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return "contract"
     if not isinstance(obj, dict):
         return "contract"

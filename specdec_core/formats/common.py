@@ -83,7 +83,7 @@ def parse_json_text(value: Any) -> tuple[bool, Any]:
         return False, value
     try:
         return True, json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False, value
 
 

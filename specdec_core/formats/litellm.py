@@ -42,7 +42,7 @@ def _response(payload: dict) -> dict:
     if isinstance(response, str):
         try:
             response = json.loads(response)
-        except ValueError:
+        except (ValueError, RecursionError):
             return {}  # str() of an object that is not JSON: nothing we can read
     return _dict(response)
 

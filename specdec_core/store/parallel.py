@@ -35,6 +35,9 @@ Read = tuple[list[int], list[str], list["str | None"], list["int | None"], int]
 Slice = tuple[list[int], list[str], list["str | None"]]
 
 
+TOO_DEEP = "bad JSON: nested too deeply to read"
+
+
 def read_lines(reader: Callable[[str], Any], numbers: list[int], texts: list[str], reasons: list[str | None]
                ) -> Read:
     """Each line through the format's reader: its records as JSON, or the line with the reader's reason."""
@@ -46,12 +49,15 @@ def read_lines(reader: Callable[[str], Any], numbers: list[int], texts: list[str
     origins: list[int | None] = []
     skipped = 0
     for number, text, reason in zip(numbers, texts, reasons, strict=True):
-        result = None
+        result, records = None, []
         if reason is None:
             try:
                 result = reader(text)
+                records = [json.dumps(record, ensure_ascii=False) for record in result.records]
             except ValueError as exc:  # the format's one-line reason
-                reason = str(exc)
+                result, reason = None, str(exc)
+            except RecursionError:  # Python's JSON reader and writer recurse once per level of nesting
+                result, reason = None, TOO_DEEP
         if result is None:
             out_numbers.append(number)
             raws.append(text)
@@ -59,9 +65,9 @@ def read_lines(reader: Callable[[str], Any], numbers: list[int], texts: list[str
             origins.append(None)
             continue
         skipped += result.skipped
-        for i, record in enumerate(result.records):
+        for i, record in enumerate(records):
             out_numbers.append(number)
-            raws.append(json.dumps(record, ensure_ascii=False))
+            raws.append(record)
             out_reasons.append(None)
             origins.append(i if result.origin_values else -1)
     return out_numbers, raws, out_reasons, origins, skipped
