@@ -305,14 +305,19 @@ def _lines(path: Path, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[byte
                 chunk = fh.read1(_READ_BYTES)
                 if not chunk:
                     break
-                start = 0
-                while (end := chunk.find(b"\n", start)) >= 0:
-                    add(chunk[start:end])
+                pieces = chunk.split(b"\n")
+                if len(pieces) > 1:
+                    add(pieces[0])  # the end of the line under way
                     yield line(), True
                     parts, held, digest = [], 0, None
-                    start = end + 1
-                if start < len(chunk):
-                    add(chunk[start:])
+                    for piece in pieces[1:-1]:  # whole lines within the chunk
+                        if len(piece) > max_bytes:
+                            yield _Cut(piece[:KEPT_OF_A_LONG_LINE], len(piece),
+                                       hashlib.md5(piece, usedforsecurity=False).hexdigest()), True
+                        else:
+                            yield piece, True
+                if pieces[-1]:
+                    add(pieces[-1])
         except (EOFError, zlib.error):
             yield line(), False
             return
