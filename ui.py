@@ -292,6 +292,14 @@ def readable_layout(figure: Any, *, height: int | None = None) -> Any:
     return figure
 
 
+def panel_spacing(panels: int, panel_px: int) -> float:
+    """facet_row_spacing that leaves about 30 px between panels of `panel_px` each: room for the labels of a
+    panel's marks (annotate), which sit above it and ran into the bars of the panel above at plotly's 3%."""
+    if panels < 2:
+        return 0.03
+    return min(0.9 / (panels - 1), 30 / (panel_px * panels + 40))
+
+
 def annotations() -> list[Annotation]:
     """The annotations of this session: the sidebar's and the file's, and the detected contamination."""
     return st.session_state.get(ANNOTATIONS_KEY, [])

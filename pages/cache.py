@@ -38,7 +38,8 @@ figure = px.line(over_time, x="bucket", y="smoothed_hit_rate", color="combinatio
                  hover_data={"requests": True, "hit_rate": ":.1%"},
                  labels={"smoothed_hit_rate": "hit rate", "bucket": f"time (UTC, {bucket} buckets)",
                          "label": "deployment", "combination": "target / draft"},
-                 color_discrete_sequence=ui.PALETTE, height=160 + 150 * max(deployments, 1))
+                 color_discrete_sequence=ui.PALETTE, height=160 + 150 * max(deployments, 1),
+                 facet_row_spacing=ui.panel_spacing(deployments, 150))
 figure.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
 figure.update_yaxes(tickformat=".0%", range=[0, 1.05])
 ui.readable_layout(figure)

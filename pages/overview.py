@@ -56,7 +56,7 @@ else:
                     color_discrete_sequence=[ui.ALARM], hover_data=["hits"],
                     labels={"bucket": f"time (UTC, {bucket} buckets)", "contaminated_hits": "contaminated",
                             "label": "deployment"},
-                    height=140 + 120 * len(window))
+                    height=140 + 120 * len(window), facet_row_spacing=ui.panel_spacing(len(window), 120))
     figure.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
     ui.readable_layout(figure)
     point = ui.time_chart(figure, "contamination_timeline")
