@@ -401,20 +401,41 @@ def _attached(path: str, options: str) -> duckdb.DuckDBPyConnection:
 _NO_RANGE_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL}
 
 
+def copy_bytes(src: int, dst: int, start: int = 0, end: int | None = None) -> int:
+    """Bytes [start, end) of the file `src` (to its end: None) written at `dst`'s position; how many were.
+
+    copy_file_range lets the filesystem make the copy: on one with reflinks (XFS, btrfs) it shares the blocks,
+    elsewhere the kernel copies them, never through this process. Where it can't (_NO_RANGE_COPY) the rest is
+    copied by blocks from where it stopped; any other error (a full disk) is raised."""
+    at = start
+    try:
+        while end is None or at < end:
+            copied = os.copy_file_range(src, dst, 1 << 30 if end is None else min(1 << 30, end - at), at)
+            if not copied:
+                break
+            at += copied
+    except OSError as exc:
+        if exc.errno not in _NO_RANGE_COPY:
+            raise
+    while end is None or at < end:
+        block = os.pread(src, 1 << 20 if end is None else min(1 << 20, end - at), at)
+        if not block:
+            break
+        view = memoryview(block)
+        while view:
+            view = view[os.write(dst, view):]
+        at += len(block)
+    return at - start
+
+
 def _copy_database(source: Path, dest: Path) -> None:
-    """The writer's working copy. copy_file_range lets the filesystem make it: on one with reflinks (XFS,
-    btrfs) the copy shares the file's blocks and the write then costs what it changes, not the store's
-    size (bench_append.py --work); elsewhere the kernel copies the bytes, as fast as before."""
+    """The writer's working copy (copy_bytes): on a filesystem with reflinks the write then costs what it
+    changes, not the store's size (bench_append.py --work); elsewhere the kernel copies the bytes."""
     # Created private, so a restricted database is never readable by others through its copy.
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with open(source, "rb") as src:
-            while os.copy_file_range(src.fileno(), fd, 1 << 30):
-                pass
-    except OSError as exc:
-        if exc.errno not in _NO_RANGE_COPY:
-            raise
-        shutil.copyfile(source, dest)  # opens the copy anew, from its first byte
+            copy_bytes(src.fileno(), fd)
     finally:
         os.close(fd)
 

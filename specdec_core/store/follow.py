@@ -25,7 +25,7 @@ import duckdb
 import pyarrow as pa
 
 from specdec_core import formats
-from specdec_core.store.connection import Store, create_tables
+from specdec_core.store.connection import Store, copy_bytes, create_tables
 from specdec_core.store.ingest import IngestResult, ingest
 from specdec_core.store.readers import JSONL_SUFFIXES, LogReadError, resolve_paths
 from specdec_core.store.staging import IngestLimits
@@ -290,21 +290,8 @@ def _copy_range(handle: IO[bytes], span: tuple[int, int], dest: Path) -> None:
     """Bytes [start, end) of an open file into a new file, through the kernel, never all in memory."""
     start, end = span
     with open(dest, "wb") as out:
-        try:
-            while start < end:
-                copied = os.copy_file_range(handle.fileno(), out.fileno(), end - start, start)
-                if not copied:
-                    break
-                start += copied
-        except OSError:
-            pass  # a filesystem that can't: by blocks, from where the kernel stopped
-        handle.seek(start)
-        while start < end:
-            block = handle.read(min(1 << 20, end - start))
-            if not block:
-                raise LogReadError(f"{dest}: the followed file ended before byte {end:,}")
-            out.write(block)
-            start += len(block)
+        if copy_bytes(handle.fileno(), out.fileno(), start, end) < end - start:
+            raise LogReadError(f"{dest}: the followed file ended before byte {end:,}")
 
 
 def _gzip_whole(path: Path) -> bool:
