@@ -310,10 +310,11 @@ def _lines(path: Path, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[byte
                     add(pieces[0])  # the end of the line under way
                     yield line(), True
                     parts, held, digest = [], 0, None
-                    for piece in pieces[1:-1]:  # whole lines within the chunk
+                    for piece in pieces[1:-1]:  # whole lines within the chunk, as they are unless too long
                         if len(piece) > max_bytes:
-                            yield _Cut(piece[:KEPT_OF_A_LONG_LINE], len(piece),
-                                       hashlib.md5(piece, usedforsecurity=False).hexdigest()), True
+                            add(piece)
+                            yield line(), True
+                            parts, held, digest = [], 0, None
                         else:
                             yield piece, True
                 if pieces[-1]:
