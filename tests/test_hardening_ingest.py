@@ -183,6 +183,65 @@ def test_a_csv_cell_may_be_as_long_as_a_record_and_a_longer_one_rejects_its_row_
     assert [r[0] for r in loaded(store)] == ["after", "before", "long"]
 
 
+def test_a_quoted_csv_cell_past_the_limit_over_many_lines_is_one_rejected_row(store, tmp_path):
+    # The csv module starts again at the next physical line, inside the cell: its lines came out as rows, and
+    # the line that closes it (a quote at its start) opened a cell that swallowed the next record.
+    rows = [rec("before"), rec("huge", output_text="line\n" * 420_000), rec("after"), rec("after2")]
+    path = write_csv(tmp_path / "lines.csv", rows)
+    result = ingest(store, [str(path)], limits=IngestLimits(max_record_bytes=1 << 20))
+    assert (result.read, result.accepted, result.quarantined) == (4, 3, 1)
+    [(_, row, reason, _)] = quarantined(store)
+    assert (row, reason) == (2, "record too large: a cell longer than the limit (1 MiB)")
+    assert [(r[0], r[2]) for r in loaded(store)] == [("after", 3), ("after2", 4), ("before", 1)]
+
+
+_CSV_PIECES = ["a", "b,", ",", '"', '""', '"x"', "\n", "\r\n", "\r", " ", '",', ',"']
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_where_a_csv_record_ends_is_read_as_the_csv_module_reads_it(seed):
+    # Over random texts of commas, quotes and line breaks: a quoted cell is open at the end of every line of a
+    # record but its last, as the csv module (excel dialect, not strict) splits them.
+    import csv
+    import io
+    import random
+
+    from specdec_core.store.readers import _csv_open_after, _CsvLines
+
+    rnd = random.Random(seed)
+    text = "".join(rnd.choice(_CSV_PIECES) for _ in range(400))
+    lines = _CsvLines(io.StringIO(text, newline=""))
+    seen: list[list[str]] = []
+
+    class Spy:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            line = next(lines)
+            seen[-1].append(line)
+            return line
+
+    reader = csv.reader(Spy())
+    records = 0
+    while True:
+        seen.append([])
+        try:
+            next(reader)
+        except StopIteration:
+            break
+        except csv.Error:
+            return  # a text the csv module refuses: nothing to compare with
+        record, open_quote = seen[-1], False
+        for i, line in enumerate(record):
+            open_quote = _csv_open_after(line, open_quote, record_start=i == 0)
+            last = i == len(record) - 1
+            if not (last and not line.endswith(("\n", "\r"))):  # the file's end closes a record, open or not
+                assert open_quote == (not last), (record, i)
+        records += 1
+    assert records > 20
+
+
 @pytest.mark.parametrize("others", [0, 2])
 def test_a_plain_file_whose_only_line_is_past_the_limit_loses_nothing(store, tmp_path, others):
     # DuckDB's line reader reads such a file as no lines at all, without an error.

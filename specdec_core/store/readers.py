@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import re
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -466,17 +467,99 @@ def _csv_cell(name: str, cell: str) -> object:
     return cell
 
 
-def _csv_rows(reader: Any, limit: int) -> Iterator[list[str] | None]:
-    """The reader's rows; None for a row with a cell past `limit`, whose reading ends at the end of its line."""
+# The csv module's own reading (the excel dialect) at a line's end: a quoted cell opens only at a cell's start
+# (after a comma, or where the record starts) and runs to a quote not doubled; elsewhere a quote is a character.
+_QUOTED_CELL_OPENS = re.compile(r',"')
+_QUOTED_CELL_CLOSES = re.compile(r'(?>[^"]*+(?:""[^"]*+)*+)"')
+
+
+def _csv_open_after(line: str, open_quote: bool, record_start: bool) -> bool:
+    """Whether a quoted cell is still open at the end of `line`, so that the record goes on to the next line.
+
+    `open_quote`: one was open where the line starts; `record_start`: the line starts a record."""
+    if not open_quote and '"' not in line:
+        return False
+    pos = 0
+    if not open_quote and record_start and line.startswith('"'):
+        open_quote, pos = True, 1
+    while True:
+        if open_quote:
+            closed = _QUOTED_CELL_CLOSES.match(line, pos)
+            if closed is None:
+                return True
+            pos = closed.end()
+        opens = _QUOTED_CELL_OPENS.search(line, pos)
+        if opens is None:
+            return False
+        open_quote, pos = True, opens.end()
+
+
+class _CsvLines:
+    """A CSV file's physical lines for the csv module, keeping those of the record being read.
+
+    A cell past the size limit stops the csv module in the middle of its record, and it starts again at the
+    next physical line: inside the record when the cell was quoted and held line breaks, so that the rest of
+    the cell came out as rows, and a line of it that starts with a quote opened a cell that swallowed the
+    records after it. `skip_record` reads on to where that record truly ends. What is kept is bounded: past
+    it, where the record ends is no longer known and reading starts again at the next line, as before."""
+
+    KEEP = 64 << 20
+
+    def __init__(self, fh: Iterator[str], keep: int = KEEP) -> None:
+        self._fh, self._keep = fh, keep
+        self._record: list[str] | None = []
+        self._kept = 0
+
+    def __iter__(self) -> _CsvLines:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._fh)
+        if self._record is not None:
+            self._kept += len(line)
+            if self._kept <= self._keep:
+                self._record.append(line)
+            else:
+                self._record = None  # where this record ends is no longer known
+        return line
+
+    def record_read(self) -> None:
+        """The csv module has read a whole record: the next line starts one."""
+        if self._record is None:
+            self._record = []
+        self._record.clear()
+        self._kept = 0
+
+    def skip_record(self) -> None:
+        """Read on to the end of the record the csv module gave up on (see the class)."""
+        lines, self._record, self._kept = self._record, [], 0
+        if not lines:
+            return
+        open_quote = False
+        for i, line in enumerate(lines):
+            open_quote = _csv_open_after(line, open_quote, record_start=i == 0)
+        while open_quote:
+            line = next(self._fh, None)
+            if line is None:
+                return
+            open_quote = _csv_open_after(line, True, record_start=False)
+
+
+def _csv_rows(reader: Any, lines: _CsvLines) -> Iterator[list[str] | None]:
+    """The reader's rows; None for a row with a cell past the field size limit, read to its record's end."""
     while True:
         try:
-            yield next(reader)
+            row = next(reader)
         except StopIteration:
             return
         except csv.Error as exc:
             if "field larger than field limit" not in str(exc):
                 raise
+            lines.skip_record()
             yield None
+            continue
+        lines.record_read()
+        yield row
 
 
 def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_bytes: int = MAX_RECORD_BYTES
@@ -490,14 +573,16 @@ def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_byt
     before = csv.field_size_limit(max_record_bytes)
     try:
         with _open_text(path) as fh:
-            reader = csv.reader(fh)
+            lines = _CsvLines(fh)
+            reader = csv.reader(lines)
             header = next(reader, None)
+            lines.record_read()
             if header is None:
                 yield RawBatch(name, [], [])
                 return
             header = [h.strip() for h in header]
             repeated = sorted({h for h in header if header.count(h) > 1})
-            for row_number, row in enumerate(_csv_rows(reader, max_record_bytes), start=1):
+            for row_number, row in enumerate(_csv_rows(reader, lines), start=1):
                 if row is None:
                     numbers.append(row_number)
                     raws.append(f"[not kept by specdec: a cell of CSV row {row_number} is longer than "
