@@ -9,6 +9,7 @@ from helpers import DROP, rec, run_cli, write_jsonl
 
 from specdec_core.cache import MemoryCache
 from specdec_core.contract.identity import DecodeRequest, sha256_hex
+from specdec_core.contract.result import DecodeError
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.replay.run import ReplayError, replay, replay_many
 from specdec_core.service import DecodeService
@@ -255,3 +256,31 @@ def test_replays_are_stored_by_column_name_whatever_the_table_order(tmp_path, de
         row = con.execute("SELECT replay_id, request_id, classification, replay_text, similarity "
                           "FROM replays").fetchone()
     assert row == (result.replay_id, "o", "match", out.text, 1.0)
+
+
+def test_a_prompt_or_output_past_the_models_context_is_unavailable_not_decoded(tmp_path, decoder):
+    # One logged record as long as the ingest allows (16 MiB) would hold the decoder for hours in one forward pass
+    # that no production service ran: refused before the model sees it, and said in one line.
+    long_text = " ".join(f"w{i}" for i in range(3000))
+    req = DecodeRequest(**dict(A, prompt=long_text))
+    prompt_tokens = len(decoder.prompt_ids(req))
+    assert prompt_tokens > 512
+    with pytest.raises(DecodeError, match=f"prompt: {prompt_tokens:,} tokens under tiny-tok-v1, and tiny-target "
+                                          "holds 512 positions"):
+        decoder.generate(req)
+    short = DecodeRequest(**A)
+    with pytest.raises(DecodeError, match="past the 512 positions tiny-target holds"):
+        decoder.score(short, decoder.encode_output(short, long_text))
+
+    store = Store(tmp_path / "long.duckdb")
+    out = decoder.generate(short)
+    records = [rec("long-prompt", **dict(A, prompt=long_text)),
+               rec("long-output", **A, output_text=out.text + long_text, output_tokens=4000)]
+    ingest(store, [str(write_jsonl(tmp_path / "long.jsonl", records))])
+    result = replay(store, "long-prompt", decoder)
+    assert result.classification == "unavailable" and "\n" not in result.message
+    assert result.message.startswith(f"can't replay: prompt: {prompt_tokens:,} tokens") and not result.replay_text
+    result = replay(store, "long-output", decoder)
+    assert result.classification == "unavailable" and "\n" not in result.message
+    assert "production's output is" in result.message and "past the 512 positions" in result.message
+    assert result.replay_text == out.text  # what was decoded is kept

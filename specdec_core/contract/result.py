@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class DecodeError(ValueError):
+    """A request a decoder can't run as asked (a prompt past its model's context); the message says why in one line."""
+
+
 @dataclass(frozen=True)
 class DecodeResult:
     text: str

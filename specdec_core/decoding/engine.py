@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from specdec_core.contract.identity import DecodeRequest, fingerprint
-from specdec_core.contract.result import DecodeResult
+from specdec_core.contract.result import DecodeError, DecodeResult
 from specdec_core.decoding.loader import ModelLoader
 from specdec_core.decoding.proposers import DEFAULT_DRAFT_TOKENS, Proposer, proposer_for  # noqa: F401 (the default is public)
 from specdec_core.decoding.registry import Registry, RegistryError
@@ -136,8 +136,22 @@ class _Finished:
     accepted_per_step: tuple[int, ...]
 
 
+def context_positions(model: Any) -> int | None:
+    """How many positions (prompt and output tokens together) the model was made for; None when it doesn't say."""
+    for name in ("max_position_embeddings", "n_positions", "n_ctx"):
+        value = getattr(model.config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 class SpecDecoder:
-    """Decodes a DecodeRequest with the speculation it names; reuses loaded models between calls."""
+    """Decodes a DecodeRequest with the speculation it names; reuses loaded models between calls.
+
+    A prompt, or a prompt and output to score, longer than the target's context is refused (DecodeError) before
+    the model sees it: one such logged record would otherwise hold the decoder in a forward pass over millions
+    of positions (quadratic in time), where no production service could have decoded it.
+    """
 
     def __init__(
         self,
@@ -184,6 +198,21 @@ class SpecDecoder:
         return self.loader.load_count
 
     # --- tokens in and out -------------------------------------------------------------------
+
+    def positions(self, model_name: str) -> int | None:
+        """The context length of a model of the registry (context_positions)."""
+        return context_positions(self.loader.model(model_name, "target model"))
+
+    def _fits(self, req: DecodeRequest, target: Any, prompt: int, output: int = 0) -> None:
+        limit = context_positions(target)
+        if limit is None:
+            return
+        if output == 0 and prompt >= limit:
+            raise DecodeError(f"prompt: {prompt:,} tokens under {req.tokenizer_version}, and {req.target_model} holds "
+                              f"{limit:,} positions: no room to decode a token")
+        if prompt + output > limit:
+            raise DecodeError(f"output: {output:,} tokens after a prompt of {prompt:,} under {req.tokenizer_version}, "
+                              f"past the {limit:,} positions {req.target_model} holds")
 
     def prompt_ids(self, req: DecodeRequest) -> list[int]:
         """The prompt as the request's tokenizer version feeds it to the model."""
@@ -273,6 +302,7 @@ class SpecDecoder:
             target = self.loader.model(req.target_model, "target model")
             tok = self.loader.tokenizer(req.tokenizer_version)
             prompt = self.prompt_ids(req)
+            self._fits(req, target, len(prompt))
             eos = self._eos_ids(target, tok)
             config = self._generation_config(req, eos, proposer)
             kwargs: dict[str, Any] = proposer.generate_kwargs(self.loader, target)
@@ -342,6 +372,7 @@ class SpecDecoder:
             target = self.loader.model(req.target_model, "target model")
             prompt = self.prompt_ids(req)
             output = [int(t) for t in output_token_ids]
+            self._fits(req, target, len(prompt), max(len(output), 1))
             if not output:
                 return TokenScores((), (), (), (), (), (), (), len(prompt))
             ids = torch.tensor([prompt + output], dtype=torch.long, device=target.device)

@@ -31,6 +31,7 @@ from typing import Any
 
 from specdec_core.analysis import request_record
 from specdec_core.contract.identity import DecodeRequest, sha256_hex
+from specdec_core.contract.result import DecodeError
 from specdec_core.replay.classify import (
     NEAR_TIE_LOGIT_MARGIN,
     classify_difference,
@@ -133,6 +134,20 @@ def _how_to_add(missing: dict[str, str]) -> str:
             "`specdec models list` shows what is known")
 
 
+def _past_context(decoder: Any, req: DecodeRequest, output_tokens: int) -> str | None:
+    """Why production's output can't be scored (and its diff would cost quadratic time): it and the prompt are
+    longer than the target's context. None when they fit, or the decoder can't tell."""
+    positions = getattr(decoder, "positions", None)
+    limit = positions(req.target_model) if positions is not None else None
+    if limit is None:
+        return None
+    prompt = len(decoder.prompt_ids(req))
+    if prompt + output_tokens <= limit:
+        return None
+    return (f"production's output is {output_tokens:,} tokens after a prompt of {prompt:,}, past the {limit:,} "
+            f"positions {req.target_model} holds")
+
+
 def _source_of(store: Store, record: dict[str, Any]) -> dict[str, Any] | None:
     source_id = record.get("source_request_id")
     if record.get("cache_hit") and source_id:
@@ -158,8 +173,19 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
                             "can't replay: " + "; ".join(f"{f} {why}" for f, why in missing.items())
                             + ". To add it: " + _how_to_add(missing),
                             {"missing": missing}, production_text=production)
-    result = decoder.generate(req)
+    try:
+        result = decoder.generate(req)
+    except DecodeError as exc:
+        return ReplayResult(request_id, "unavailable", f"can't replay: {exc}", {"too_long": str(exc)},
+                            production_text=production)
     prod_ids = production_ids(decoder, req, production, result.token_ids)
+    too_long = _past_context(decoder, req, len(prod_ids))
+    if too_long:
+        return ReplayResult(request_id, "unavailable", f"can't compare: {too_long}; production did not decode it "
+                            "with this model", {"too_long": too_long}, production_text=production,
+                            replay_text=result.text, replay_token_ids=result.token_ids, draft_tokens=result.draft_tokens,
+                            accepted_tokens=result.accepted_tokens, accepted_per_step=result.accepted_per_step,
+                            environment=result.environment, latency_ms=result.latency_ms)
     diff = diff_outputs(production, prod_ids, result.text, result.token_ids, req.max_tokens)
     common = {
         "production_text": production, "replay_text": result.text, "replay_token_ids": result.token_ids,
