@@ -284,3 +284,25 @@ def test_a_prompt_or_output_past_the_models_context_is_unavailable_not_decoded(t
     assert result.classification == "unavailable" and "\n" not in result.message
     assert "production's output is" in result.message and "past the 512 positions" in result.message
     assert result.replay_text == out.text  # what was decoded is kept
+
+
+class _NeverEnd:
+    """A logits processor that forbids every end token: the model decodes until something stops it."""
+
+    def __init__(self, eos: list[int]) -> None:
+        self.eos = eos
+
+    def __call__(self, input_ids, scores):
+        scores[:, self.eos] = -float("inf")
+        return scores
+
+
+def test_decoding_stops_where_the_context_ends_whatever_max_tokens_asks(tiny_registry, decoder):
+    # A logged max_tokens of 10**18 decoded until cancelled; a service refuses one past its context.
+    target = decoder.loader.model("tiny-target", "target model")
+    tok = decoder.loader.tokenizer("tiny-tok-v1")
+    never_end = SpecDecoder(tiny_registry, device="cpu", logits_processors=[_NeverEnd(decoder._eos_ids(target, tok))])
+    req = DecodeRequest(**dict(A, max_tokens=600, draft_model=None, num_speculative_tokens=None))
+    out = never_end.generate(req)
+    assert len(out.token_ids) == 512 - len(decoder.prompt_ids(req))
+    assert len(never_end.generate(DecodeRequest(**dict(A, max_tokens=40))).token_ids) == 40

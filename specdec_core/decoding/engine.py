@@ -279,11 +279,14 @@ class SpecDecoder:
                     ids.append(int(i))
         return ids
 
-    def _generation_config(self, req: DecodeRequest, eos: list[int], proposer: Proposer) -> Any:
+    def _generation_config(self, req: DecodeRequest, eos: list[int], proposer: Proposer, room: int | None = None
+                           ) -> Any:
+        """`room`: the positions the target's context leaves after the prompt; generation stops there at the latest
+        (a service refuses max_tokens past it; a logged 10**18 would otherwise decode until cancelled)."""
         from transformers import GenerationConfig
 
         args: dict[str, Any] = {
-            "max_new_tokens": req.max_tokens,
+            "max_new_tokens": req.max_tokens if room is None else min(req.max_tokens, room),
             "eos_token_id": eos or None,
             "pad_token_id": eos[0] if eos else None,
             "num_beams": 1,
@@ -304,7 +307,8 @@ class SpecDecoder:
             prompt = self.prompt_ids(req)
             self._fits(req, target, len(prompt))
             eos = self._eos_ids(target, tok)
-            config = self._generation_config(req, eos, proposer)
+            limit = context_positions(target)
+            config = self._generation_config(req, eos, proposer, None if limit is None else limit - len(prompt))
             kwargs: dict[str, Any] = proposer.generate_kwargs(self.loader, target)
             if req.stop:
                 from transformers import StoppingCriteriaList
