@@ -23,6 +23,7 @@ from specdec_core.cli import main as cli_main
 from specdec_core.store import connection
 from specdec_core.store.connection import Store, StoreError
 from specdec_core.store.ingest import ingest
+from specdec_core.store.readers import LogReadError
 from specdec_core.store.staging import IngestLimits
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,13 +173,14 @@ def test_a_parquet_row_past_the_size_limit_is_cut_in_the_reader_and_the_rest_loa
 
 def test_a_csv_cell_may_be_as_long_as_a_record_and_a_longer_one_rejects_its_row_alone(store, tmp_path):
     # The csv module stops at 128 KiB a cell, which failed a whole file for one long output.
+    # (On one physical line, the line is past the limit before the cell is: it is read past in parts.)
     rows = [rec("before"), rec("long", output_text="l" * (300 * 1024)), rec("huge", output_text="h" * (2 << 20)),
             rec("after")]
     path = write_csv(tmp_path / "cells.csv", rows)
     result = ingest(store, [str(path)], limits=IngestLimits(max_record_bytes=1 << 20))
     assert (result.read, result.accepted, result.quarantined) == (4, 3, 1)
     [(_, row, reason, raw)] = quarantined(store)
-    assert (row, reason) == (3, "record too large: a cell longer than the limit (1 MiB)")
+    assert (row, reason) == (3, "record too large: a line longer than the limit (1 MiB)")
     assert "the row is in the file" in raw and len(raw) < 200
     assert [r[0] for r in loaded(store)] == ["after", "before", "long"]
 
@@ -193,6 +195,30 @@ def test_a_quoted_csv_cell_past_the_limit_over_many_lines_is_one_rejected_row(st
     [(_, row, reason, _)] = quarantined(store)
     assert (row, reason) == (2, "record too large: a cell longer than the limit (1 MiB)")
     assert [(r[0], r[2]) for r in loaded(store)] == [("after", 3), ("after2", 4), ("before", 1)]
+
+
+@pytest.mark.parametrize("quoted", [False, True])
+def test_a_csv_line_longer_than_a_record_is_read_past_in_parts_not_held(store, tmp_path, quoted):
+    # The csv module held a whole physical line (a 300 MB line, 300 MB and more) before its cell limit cut it.
+    huge = "x" * (3 << 20)
+    cell = f'"a ""quoted"" start\n{huge}, still quoted\nend"' if quoted else huge
+    text = (write_csv(tmp_path / "head.csv", [rec("before")]).read_text()
+            + f"huge,{cell},trailing\n" + "".join(write_csv(tmp_path / "t.csv", [rec(f"after{i}")]).read_text()
+                                                 .split("\n", 1)[1] for i in range(2)))
+    path = tmp_path / "long.csv"
+    path.write_text(text)
+    result = ingest(store, [str(path)], limits=IngestLimits(max_record_bytes=1 << 20))
+    assert (result.read, result.accepted, result.quarantined) == (4, 3, 1)
+    [(_, row, reason, raw)] = quarantined(store)
+    assert (row, reason) == (2, "record too large: a line longer than the limit (1 MiB)")
+    assert [(r[0], r[2]) for r in loaded(store)] == [("after0", 3), ("after1", 4), ("before", 1)]
+
+
+def test_a_csv_whose_header_is_longer_than_a_record_is_refused_in_one_line(store, tmp_path):
+    path = tmp_path / "header.csv"
+    path.write_text("request_id," + "h" * (2 << 20) + "\nx,y\n")
+    with pytest.raises(LogReadError, match="its header line is longer than 1 MiB"):
+        ingest(store, [str(path)], limits=IngestLimits(max_record_bytes=1 << 20))
 
 
 _CSV_PIECES = ["a", "b,", ",", '"', '""', '"x"', "\n", "\r\n", "\r", " ", '",', ',"']
@@ -210,7 +236,7 @@ def test_where_a_csv_record_ends_is_read_as_the_csv_module_reads_it(seed):
 
     rnd = random.Random(seed)
     text = "".join(rnd.choice(_CSV_PIECES) for _ in range(400))
-    lines = _CsvLines(io.StringIO(text, newline=""))
+    lines = _CsvLines(io.StringIO(text, newline=""), max_line=1 << 20)
     seen: list[list[str]] = []
 
     class Spy:
@@ -234,7 +260,7 @@ def test_where_a_csv_record_ends_is_read_as_the_csv_module_reads_it(seed):
             return  # a text the csv module refuses: nothing to compare with
         record, open_quote = seen[-1], False
         for i, line in enumerate(record):
-            open_quote = _csv_open_after(line, open_quote, record_start=i == 0)
+            open_quote = _csv_open_after(line, open_quote)
             last = i == len(record) - 1
             if not (last and not line.endswith(("\n", "\r"))):  # the file's end closes a record, open or not
                 assert open_quote == (not last), (record, i)

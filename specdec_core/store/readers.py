@@ -467,31 +467,49 @@ def _csv_cell(name: str, cell: str) -> object:
     return cell
 
 
-# The csv module's own reading (the excel dialect) at a line's end: a quoted cell opens only at a cell's start
-# (after a comma, or where the record starts) and runs to a quote not doubled; elsewhere a quote is a character.
-_QUOTED_CELL_OPENS = re.compile(r',"')
-_QUOTED_CELL_CLOSES = re.compile(r'(?>[^"]*+(?:""[^"]*+)*+)"')
+# Where the csv module (the excel dialect, not strict) stands after some text: at a cell's start, in an unquoted
+# cell (or after a quoted one closed), in a quoted cell, or just after a quote inside one (which the next character
+# makes an escaped quote, or the cell's end). A line end outside a quoted cell ends the record.
+_START, _CELL, _QUOTED, _QUOTE = range(4)
+_CELL_ENDS = re.compile(r"[,\r\n]")
+_LINE_ENDS = ("\n", "\r")
+_SKIP_PART = 1 << 20  # what is read at a time of a record being skipped
 
 
-def _csv_open_after(line: str, open_quote: bool, record_start: bool) -> bool:
-    """Whether a quoted cell is still open at the end of `line`, so that the record goes on to the next line.
+def _csv_state_after(text: str, state: int) -> int:
+    """The csv module's state after reading `text` from `state` (above); only its changes are stepped through."""
+    i, n = 0, len(text)
+    while i < n:
+        if state == _QUOTED:
+            j = text.find('"', i)
+            if j < 0:
+                return _QUOTED
+            i, state = j + 1, _QUOTE
+            continue
+        if state == _CELL:
+            found = _CELL_ENDS.search(text, i)
+            if found is None:
+                return _CELL
+            i = found.start()
+        c = text[i]
+        if c == "," or c in _LINE_ENDS:
+            state = _START
+        elif c == '"' and state in (_START, _QUOTE):
+            state = _QUOTED
+        else:
+            state = _CELL
+        i += 1
+    return state
 
-    `open_quote`: one was open where the line starts; `record_start`: the line starts a record."""
-    if not open_quote and '"' not in line:
-        return False
-    pos = 0
-    if not open_quote and record_start and line.startswith('"'):
-        open_quote, pos = True, 1
-    while True:
-        if open_quote:
-            closed = _QUOTED_CELL_CLOSES.match(line, pos)
-            if closed is None:
-                return True
-            pos = closed.end()
-        opens = _QUOTED_CELL_OPENS.search(line, pos)
-        if opens is None:
-            return False
-        open_quote, pos = True, opens.end()
+
+def _csv_open_after(line: str, open_quote: bool) -> bool:
+    """Whether a quoted cell is still open at the end of `line` (the record goes on to the next line), where
+    one was open at its start (`open_quote`) or the line starts a record."""
+    return _csv_state_after(line, _QUOTED if open_quote else _START) == _QUOTED
+
+
+class _LineTooLong(Exception):
+    """A physical line of a CSV longer than a record may be: its record has been read past, not kept."""
 
 
 class _CsvLines:
@@ -500,13 +518,15 @@ class _CsvLines:
     A cell past the size limit stops the csv module in the middle of its record, and it starts again at the
     next physical line: inside the record when the cell was quoted and held line breaks, so that the rest of
     the cell came out as rows, and a line of it that starts with a quote opened a cell that swallowed the
-    records after it. `skip_record` reads on to where that record truly ends. What is kept is bounded: past
-    it, where the record ends is no longer known and reading starts again at the next line, as before."""
+    records after it. `skip_record` reads on to where that record truly ends. A physical line longer than a
+    record may be is not handed over at all (the csv module would hold it whole): its record is read past in
+    bounded parts and _LineTooLong raised. What is kept is bounded: past it, where the record ends is no longer
+    known and reading starts again at the next line."""
 
     KEEP = 64 << 20
 
-    def __init__(self, fh: Iterator[str], keep: int = KEEP) -> None:
-        self._fh, self._keep = fh, keep
+    def __init__(self, fh: io.TextIOBase, max_line: int, keep: int = KEEP) -> None:
+        self._fh, self._max_line, self._keep = fh, max_line, keep
         self._record: list[str] | None = []
         self._kept = 0
 
@@ -514,7 +534,14 @@ class _CsvLines:
         return self
 
     def __next__(self) -> str:
-        line = next(self._fh)
+        line = self._fh.readline(self._max_line + 1)
+        if not line:
+            raise StopIteration
+        if len(line) > self._max_line and not line.endswith(_LINE_ENDS):
+            state = self._record_state()
+            self.record_read()
+            self._read_past(line, _START if state is None else state)
+            raise _LineTooLong
         if self._record is not None:
             self._kept += len(line)
             if self._kept <= self._keep:
@@ -522,6 +549,25 @@ class _CsvLines:
             else:
                 self._record = None  # where this record ends is no longer known
         return line
+
+    def _record_state(self) -> int | None:
+        """The state at the end of the record's lines read so far; None when they were not kept."""
+        if self._record is None:
+            return None
+        state = _START
+        for line in self._record:
+            state = _csv_state_after(line, state)
+        return state
+
+    def _read_past(self, text: str, state: int) -> None:
+        """Read on from `text` (from `state`) to the end of its record, a bounded part at a time."""
+        while True:
+            state = _csv_state_after(text, state)
+            if text.endswith(_LINE_ENDS) and state != _QUOTED:
+                return
+            text = self._fh.readline(_SKIP_PART)
+            if not text:
+                return
 
     def record_read(self) -> None:
         """The csv module has read a whole record: the next line starts one."""
@@ -532,31 +578,27 @@ class _CsvLines:
 
     def skip_record(self) -> None:
         """Read on to the end of the record the csv module gave up on (see the class)."""
-        lines, self._record, self._kept = self._record, [], 0
-        if not lines:
-            return
-        open_quote = False
-        for i, line in enumerate(lines):
-            open_quote = _csv_open_after(line, open_quote, record_start=i == 0)
-        while open_quote:
-            line = next(self._fh, None)
-            if line is None:
-                return
-            open_quote = _csv_open_after(line, True, record_start=False)
+        state = self._record_state()
+        self.record_read()
+        if state == _QUOTED:
+            self._read_past("", _QUOTED)
 
 
-def _csv_rows(reader: Any, lines: _CsvLines) -> Iterator[list[str] | None]:
-    """The reader's rows; None for a row with a cell past the field size limit, read to its record's end."""
+def _csv_rows(reader: Any, lines: _CsvLines) -> Iterator[list[str] | str]:
+    """The reader's rows; for a row past the size limit, what is too long in it (read past to its record's end)."""
     while True:
         try:
             row = next(reader)
         except StopIteration:
             return
+        except _LineTooLong:
+            yield "line"
+            continue
         except csv.Error as exc:
             if "field larger than field limit" not in str(exc):
                 raise
             lines.skip_record()
-            yield None
+            yield "cell"
             continue
         lines.record_read()
         yield row
@@ -573,9 +615,13 @@ def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_byt
     before = csv.field_size_limit(max_record_bytes)
     try:
         with _open_text(path) as fh:
-            lines = _CsvLines(fh)
+            lines = _CsvLines(fh, max_record_bytes)
             reader = csv.reader(lines)
-            header = next(reader, None)
+            try:
+                header = next(reader, None)
+            except _LineTooLong:
+                raise LogReadError(f"{path}: cannot be read as CSV: its header line is longer than "
+                                   f"{bytes_text(max_record_bytes)}") from None
             lines.record_read()
             if header is None:
                 yield RawBatch(name, [], [])
@@ -583,11 +629,11 @@ def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_byt
             header = [h.strip() for h in header]
             repeated = sorted({h for h in header if header.count(h) > 1})
             for row_number, row in enumerate(_csv_rows(reader, lines), start=1):
-                if row is None:
+                if isinstance(row, str):  # "cell" or "line": what is longer than a record may be
                     numbers.append(row_number)
-                    raws.append(f"[not kept by specdec: a cell of CSV row {row_number} is longer than "
+                    raws.append(f"[not kept by specdec: a {row} of CSV row {row_number} is longer than "
                                 f"{bytes_text(max_record_bytes)}; the row is in the file]")
-                    reasons.append(f"record too large: a cell longer than the limit ({bytes_text(max_record_bytes)})")
+                    reasons.append(f"record too large: a {row} longer than the limit ({bytes_text(max_record_bytes)})")
                     continue
                 if not any(cell.strip() for cell in row):
                     continue
