@@ -306,3 +306,12 @@ def test_decoding_stops_where_the_context_ends_whatever_max_tokens_asks(tiny_reg
     out = never_end.generate(req)
     assert len(out.token_ids) == 512 - len(decoder.prompt_ids(req))
     assert len(never_end.generate(DecodeRequest(**dict(A, max_tokens=40))).token_ids) == 40
+
+
+def test_a_replay_jobs_progress_counts_to_where_decoding_stops(decoder):
+    from specdec_core.replay.jobs import ProgressDecoder, ReplayJob
+
+    job = ReplayJob(("x",))
+    req = DecodeRequest(**dict(A, max_tokens=10**18))
+    ProgressDecoder(decoder, job).generate(req)
+    assert job.max_tokens == 512 - len(decoder.prompt_ids(req))  # not "of at most 1,000,000,000,000,000,000"

@@ -126,7 +126,12 @@ class ProgressDecoder:
         processors = getattr(self._inner, "logits_processors", None)
         if processors is None:
             return self._inner.generate(req)
-        hook = _TokenProgress(self._job, len(self._inner.prompt_ids(req)))
+        prompt = len(self._inner.prompt_ids(req))
+        positions = getattr(self._inner, "positions", None)
+        limit = positions(req.target_model) if positions is not None else None
+        if limit is not None:  # decoding stops where the target's context ends, whatever max_tokens asks
+            self._job.max_tokens = max(min(req.max_tokens, limit - prompt), 0)
+        hook = _TokenProgress(self._job, prompt)
         with self._inner._lock:
             self._inner.logits_processors = (*processors, hook)
             try:
