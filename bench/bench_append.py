@@ -107,17 +107,6 @@ def _remove(path: Path) -> None:
         leftover.unlink(missing_ok=True)
 
 
-def filesystem(folder: Path) -> str:
-    """The type of the filesystem `folder` lies on (the longest mount point above it)."""
-    best, kind, path = "", "?", str(folder.resolve()).rstrip("/") + "/"  # a mount point lies on itself
-    with open("/proc/mounts", encoding="utf-8") as mounts:
-        for line in mounts:
-            point, fstype = line.split()[1:3]
-            if path.startswith(point.rstrip("/") + "/") and len(point) > len(best):
-                best, kind = point, fstype
-    return kind
-
-
 def time_append(base: Path, lines: Path, kind: str = "file", repeats: int = 3, folder: Path = OUT,
                 warm: bool = False) -> float:
     work, scratch = folder / f"append-work.{kind}", folder / f"append-scratch.{kind}"
@@ -147,12 +136,13 @@ def main() -> None:
     folder = Path(args.work)
     folder.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
+    from specdec_core.store.connection import filesystem_type
     OUT.mkdir(exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     kinds = args.kinds.split(",")
     batches = {n: live_lines(n) for n in (3, 20_000)}
     bases = {(size, kind): base_store(size, kind) for size in sizes for kind in kinds}
-    print(f"\nstores appended to in {folder} ({filesystem(folder)}), "
+    print(f"\nstores appended to in {folder} ({filesystem_type(folder)}), "
           f"{'in a process that ingested once (--warm)' if args.warm else 'each in a fresh process'}")
     print(f"{'store':>6}{'lines':>8}{'empty store':>14}" + "".join(f"{f'{s:,} rows':>16}{'ratio':>8}" for s in sizes))
     for kind in kinds:

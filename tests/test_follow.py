@@ -189,25 +189,17 @@ def test_follow_prints_a_status_line_per_batch(tmp_path):
     assert len(status) == 1 and "+2 rows (read 2, duplicates 0, quarantined 0) from 1 file" in status[0]
 
 
-def _filesystem(folder: Path) -> str:
-    """The filesystem type /proc/mounts gives for the longest mount point above `folder`."""
-    best, kind, path = "", "?", str(folder.resolve()).rstrip("/") + "/"
-    for mount in Path("/proc/mounts").read_text().splitlines():
-        point, fstype = mount.split()[1:3]
-        if path.startswith(point.rstrip("/") + "/") and len(point) > len(best):
-            best, kind = point, fstype
-    return kind
-
-
 def test_a_follow_of_a_large_file_store_that_is_copied_whole_is_told_of_the_lake(tmp_path):
-    from specdec_core.store.connection import copies_share_blocks, copy_cost_note
+    from specdec_core.store.connection import copies_share_blocks, copy_cost_note, filesystem_type
 
     db = tmp_path / "s.duckdb"
     (tmp_path / "a.jsonl").write_text("".join(line(n) for n in range(20)))
     ingest(Store(db), [str(tmp_path / "a.jsonl")])
     # The probe agrees with the filesystem's kind, and leaves nothing behind.
     reflinks = copies_share_blocks(tmp_path)
-    if _filesystem(tmp_path) in ("ext4", "ext3", "tmpfs", "overlay"):
+    kind = filesystem_type(tmp_path)
+    assert kind != "?"  # Linux names it
+    if kind in ("ext4", "ext3", "tmpfs", "overlay"):
         assert not reflinks
     assert not [p for p in tmp_path.iterdir() if "reflink" in p.name]
     note = copy_cost_note(Store(db), min_bytes=1)
@@ -215,6 +207,7 @@ def test_a_follow_of_a_large_file_store_that_is_copied_whole_is_told_of_the_lake
         assert note is None
     else:
         assert f"copies {db}" in note and f"specdec migrate --db {db} --to ducklake:{tmp_path / 's.sqlite'}" in note
+        assert f"this filesystem ({kind}) makes no reflinks" in note
         assert "\n" not in note
     # Below the size that matters, or a lake (which appends): nothing to say.
     assert copy_cost_note(Store(db)) is None

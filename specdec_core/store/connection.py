@@ -443,6 +443,21 @@ def _copy_database(source: Path, dest: Path) -> None:
 _FICLONE = 0x40049409  # Linux's ioctl that makes a file share another's blocks (what a reflink copy does)
 
 
+def filesystem_type(folder: Path) -> str:
+    """The type of the filesystem `folder` lies on, as /proc/mounts names it (its longest mount point above
+    `folder`); "?" where there is no /proc/mounts."""
+    best, kind, path = "", "?", str(folder.resolve()).rstrip("/") + "/"  # a mount point lies on itself
+    try:
+        with open("/proc/mounts", encoding="utf-8") as mounts:
+            for line in mounts:
+                point, fstype = line.split()[1:3]
+                if path.startswith(point.rstrip("/") + "/") and len(point) > len(best):
+                    best, kind = point, fstype
+    except OSError:
+        pass
+    return kind
+
+
 def copies_share_blocks(folder: Path) -> bool:
     """Whether a copy made in `folder` shares the original's blocks (XFS, btrfs): then a file store's write costs
     what it changes; elsewhere (ext4, tmpfs) each write copies the whole file. Tried on two small files there."""
@@ -470,8 +485,10 @@ def copy_cost_note(store: Store, min_bytes: int = COPY_NOTE_BYTES) -> str | None
     if size < min_bytes or copies_share_blocks(store.path.resolve().parent):
         return None
     lake = store.path.with_suffix(".sqlite")
-    return (f"note: every batch copies {store.path} ({size / 2**20:,.0f} MiB) whole, since this filesystem makes "
-            f"no reflinks (XFS and btrfs do); a DuckLake store appends instead: "
+    kind = filesystem_type(store.path.resolve().parent)
+    named = f" ({kind})" if kind != "?" else ""
+    return (f"note: every batch copies {store.path} ({size / 2**20:,.0f} MiB) whole, since this filesystem{named} "
+            f"makes no reflinks (XFS and btrfs do); a DuckLake store appends instead: "
             f"specdec migrate --db {store.path} --to ducklake:{lake}, then --db ducklake:{lake}")
 
 
