@@ -33,17 +33,11 @@ from specdec_core.store.validation import (
     REPEATED_FIELD,
     SOURCE_LINK_SQL,
     UNKNOWN_SQL,
-    exact_records_enabled,
-    exact_sql,
-    exact_type_sql,
     extra_sql,
     field_text,
     field_type,
-    layout_keys_sql,
-    layout_known,
     paths_literal,
     reason_sql,
-    record_layout,
     text_in_texts,
     texts_type,
     typed_columns_sql,
@@ -94,38 +88,29 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
     Blank lines are not records. Returns how many records the file holds.
     """
     usual = usual_extra_keys(con, lines.sql) if lines.count else ()
-    layout = record_layout(con, lines.sql) if lines.count and exact_records_enabled() else None
-    paths, texts, extra = paths_literal(), texts_type(layout), extra_sql(usual)
+    paths, texts, extra = paths_literal(), texts_type(), extra_sql(usual)
     select = f"""
         WITH staging AS (
             SELECT seq, ?::VARCHAR AS source_file, source_line, raw FROM ({lines.sql})
             WHERE raw IS NOT NULL AND (raw[1] = '{{' OR NOT regexp_full_match(raw, '\\s*'))
         ),
-        -- Each field's text as json_extract_string gives it, in a struct: a field is taken from it at no cost,
-        -- where indexing a list copies (and a list of texts cost 15% more of the check). NULL: not valid JSON.
-        p AS (SELECT *, CASE WHEN raw[1] = '{{' THEN TRY(from_json(raw, {texts})) END AS s FROM staging),
-        -- A record that is exactly the file's usual one (validation.exact_sql) needs no more parses.
-        e AS (SELECT *, {exact_sql(layout)} AS exact FROM p),
-        -- Any other line that opens with '{{' is parsed once for its keys: NULL when it is not valid JSON.
-        -- Only other lines (rare) pay for a validity check and a second parse.
-        k AS (SELECT *, CASE WHEN exact THEN {layout_keys_sql(layout)} WHEN raw[1] = '{{' THEN TRY(json_keys(raw)) END
-                        AS object_keys FROM e),
+        -- A line that opens with '{{' is parsed once for its keys: NULL when it is not valid JSON. Only
+        -- other lines (rare) pay for a validity check and a second parse.
+        p AS (SELECT *, CASE WHEN raw[1] = '{{' THEN TRY(json_keys(raw)) END AS object_keys FROM staging),
         q AS (SELECT *, root IS NOT NULL AS valid FROM (
                 SELECT *, CASE WHEN object_keys IS NOT NULL THEN 'OBJECT' WHEN raw[1] = '{{' THEN NULL
                                ELSE json_type(CASE WHEN json_valid(raw) THEN raw END) END AS root
-                FROM k)),
-        -- JSON functions are evaluated on every row of a vector: give the broken ones an empty object. A valid
-        -- object whose texts parse failed (none known) is parsed again, so that its error is seen.
-        o AS (SELECT * REPLACE (CASE WHEN root = 'OBJECT' AND s IS NULL THEN from_json(raw, {texts}) ELSE s END AS s),
-                     CASE WHEN root = 'OBJECT' THEN raw ELSE '{{}}' END AS obj FROM q),
-        lists AS (SELECT *, CASE WHEN NOT exact THEN json_type(obj, {paths}) END AS t FROM o),
+                FROM p)),
+        -- JSON functions are evaluated on every row of a vector: give the broken ones an empty object.
+        o AS (SELECT *, CASE WHEN root = 'OBJECT' THEN raw ELSE '{{}}' END AS obj FROM q),
+        -- Each field's text as json_extract_string gives it, in a struct: a field is taken from it at no cost,
+        -- where indexing a list copies (and a list of texts cost 15% more of the check).
+        lists AS (SELECT *, json_type(obj, {paths}) AS t, from_json(obj, {texts}) AS s FROM o),
         -- One column per field: list indexing inside every later expression would repeat the work.
         fields AS (SELECT seq, source_file, source_line, raw, valid, root, obj,
-                          CASE WHEN exact THEN {layout_known(layout)}
-                               ELSE len(list_filter(t, lambda x: x IS NOT NULL)) END AS n_known,
+                          len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known,
                           coalesce(object_keys, json_keys(obj)) AS keys,
-                          {", ".join(f"CASE WHEN exact THEN {exact_type_sql(n, layout)} ELSE t[{i}] END AS "
-                                     f"{field_type(n)}, {text_in_texts('s', n)} AS {field_text(n)}"
+                          {", ".join(f"t[{i}] AS {field_type(n)}, {text_in_texts('s', n)} AS {field_text(n)}"
                                      for n, i in _INDEX.items())}
                    FROM lists),
         counted AS (SELECT *, {usual_layout_sql(usual)} AS usual_layout FROM (

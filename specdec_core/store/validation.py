@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 
 import duckdb
 
@@ -166,13 +165,10 @@ def paths_literal() -> str:
     return "[" + ", ".join(_literal(f'$."{name}"') for name in FIELD_NAMES) + "]"
 
 
-def texts_type(layout: RecordLayout | None = None) -> str:
+def texts_type() -> str:
     """from_json's type for the contract's fields as text: each as json_extract_string reads it (a string
-    unquoted, anything else as JSON, null and absent as NULL; a name given twice: its first value); and the
-    usual record's other fields as JSON (exact_sql)."""
-    others = layout.others if layout is not None else ()
-    return _literal(json.dumps({**{name: "VARCHAR" for name in FIELD_NAMES}, **{k: "JSON" for k in others}},
-                               ensure_ascii=False))
+    unquoted, anything else as JSON, null and absent as NULL; a name given twice: its first value)."""
+    return _literal(json.dumps({name: "VARCHAR" for name in FIELD_NAMES}))
 
 
 def text_in_texts(struct: str, name: str) -> str:
@@ -272,128 +268,3 @@ def extra_sql(usual: tuple[str, ...]) -> str:
     tail = f"TRY_CAST('{{' || substr(obj, strpos(obj, {first})) AS JSON)"
     return (f"CASE WHEN n_keys <= n_known + n_markers THEN NULL "
             f"WHEN usual_layout THEN coalesce({tail}, {_PATCHED}) ELSE {_PATCHED} END")
-
-
-# A record written exactly as the file's usual record is (its keys in the usual order, the usual separators,
-# each value as DuckDB's own JSON writes it) is checked without the two parses that find its keys and each
-# field's JSON type: the texts parse alone gives its values, and the record's text, made again from them,
-# equal to its line proves what the other two would have found. Any other record takes the general path.
-# A service writes every line alike, so nearly every record of a real log is one (tests/test_exact_records.py
-# holds the two paths to one answer).
-_STRING_KINDS = ("str", "nonempty_str", "hex64")
-_KIND = {f.name: f.kind for f in contract.FIELDS}
-_SEPARATORS = ((",", ":"), (", ", ": "))  # as compact writers and as Python's json.dumps write them
-
-
-@dataclass(frozen=True)
-class RecordLayout:
-    """The file's usual record: its keys in order (contract fields and others) and its separators."""
-
-    keys: tuple[str, ...]
-    item_sep: str
-    key_sep: str
-
-    @property
-    def others(self) -> tuple[str, ...]:
-        return tuple(k for k in self.keys if k not in _KIND)
-
-
-def _number_text(x: str) -> str:
-    # A JSON number as DuckDB writes one back, in the forms whose JSON type its text tells: an integer of at
-    # most 18 characters (a BIGINT) or a decimal without an exponent (a DOUBLE). Other forms take the general path.
-    return (f"(({x}[1] BETWEEN '0' AND '9' OR {x}[1] = '-') AND NOT contains({x}, 'e') AND NOT contains({x}, 'E') "
-            f"AND (contains({x}, '.') OR strlen({x}) <= 18))")
-
-
-def _segment_sql(name: str) -> str:
-    """A key's value as it must stand in the record's text, made from its text in the texts struct `s`.
-
-    A string kind is a JSON string; any other value stands as DuckDB wrote it, and only where its first
-    character tells its JSON type (never a quote: a string value there differs from its line at once)."""
-    x = text_in_texts("s", name)
-    kind = _KIND.get(name)
-    if kind is None:  # a field the contract does not name: read as JSON, it stands as it is
-        return f"coalesce({x}::VARCHAR, 'null')"
-    if kind in _STRING_KINDS:
-        return f"coalesce(to_json({x})::VARCHAR, 'null')"
-    if kind == "ts":
-        return (f"CASE WHEN {x} IS NULL THEN 'null' WHEN {_number_text(x)} AND NOT contains({x}, '.') THEN {x} "
-                f"ELSE to_json({x})::VARCHAR END")
-    return (f"CASE WHEN {x} IS NULL THEN 'null' WHEN {x}[1] IN ('t', 'f', '{{', '[') OR {_number_text(x)} THEN {x} "
-            "ELSE chr(0) END")
-
-
-def exact_sql(layout: RecordLayout | None) -> str:
-    """Whether a record's line is exactly the usual record made from its values (see above); over `raw`, `s`."""
-    if layout is None:
-        return "false"
-    parts = []
-    for i, key in enumerate(layout.keys):
-        parts.append(_literal(("{" if i == 0 else layout.item_sep) + json.dumps(key, ensure_ascii=False)
-                              + layout.key_sep))
-        parts.append(_segment_sql(key))
-    return f"(s IS NOT NULL AND raw = concat({', '.join(parts)}, '}}'))"
-
-
-def exact_type_sql(name: str, layout: RecordLayout | None) -> str:
-    """A field's JSON type in an exact record, as json_type gives it: from the usual keys and its text."""
-    if layout is None or name not in layout.keys:
-        return "NULL::VARCHAR"
-    x = text_in_texts("s", name)
-    if _KIND[name] in _STRING_KINDS:
-        return f"CASE WHEN {x} IS NULL THEN 'NULL' ELSE 'VARCHAR' END"
-    number = f"CASE WHEN contains({x}, '.') THEN 'DOUBLE' WHEN {x}[1] = '-' THEN 'BIGINT' ELSE 'UBIGINT' END"
-    if _KIND[name] == "ts":
-        return f"CASE WHEN {x} IS NULL THEN 'NULL' WHEN {_number_text(x)} AND NOT contains({x}, '.') THEN {number} " \
-               "ELSE 'VARCHAR' END"
-    return (f"CASE WHEN {x} IS NULL THEN 'NULL' WHEN {x}[1] IN ('t', 'f') THEN 'BOOLEAN' WHEN {x}[1] = '{{' "
-            f"THEN 'OBJECT' WHEN {x}[1] = '[' THEN 'ARRAY' ELSE {number} END")
-
-
-def layout_keys_sql(layout: RecordLayout | None) -> str:
-    """The usual record's keys, as json_keys gives an exact record's."""
-    if layout is None:
-        return "NULL::VARCHAR[]"
-    return "[" + ", ".join(_literal(k) for k in layout.keys) + "]::VARCHAR[]"
-
-
-def layout_known(layout: RecordLayout | None) -> int:
-    """How many contract fields an exact record holds."""
-    return 0 if layout is None else sum(k in _KIND for k in layout.keys)
-
-
-def record_layout(con: duckdb.DuckDBPyConnection, lines_sql: str, sample: int = 1000) -> RecordLayout | None:
-    """The keys most of a file's first `sample` records hold, in their order, with the separators that make
-    most of them exact; None when there are none or no record is exact."""
-    row = con.execute(f"""
-        SELECT k FROM (SELECT TRY(json_keys(raw)) AS k FROM ({lines_sql}) WHERE raw[1] = '{{' LIMIT {int(sample)})
-        WHERE len(k) > 0 GROUP BY k ORDER BY count(*) DESC, k LIMIT 1
-    """).fetchone()
-    keys = tuple(row[0]) if row else ()
-    # Keys that a JSON text can hold as they are (no quotes, backslashes or control characters), each once, no
-    # marker another format's reader adds, and at least one contract field: else every record takes the general path.
-    if (not keys or len(keys) > MAX_SHAPE_KEYS or len(set(keys)) != len(keys)
-            or not all(_SHAPE_KEY.fullmatch(k) for k in keys) or not any(k in _KIND for k in keys)
-            or any(k in (UNKNOWN_KEY, SOURCE_KEY, "__csv_error__") for k in keys)
-            # A struct's field names are not case-sensitive: another key may not equal a contract field's but for case.
-            or len({k.lower() for k in keys} | set(FIELD_NAMES)) != len(set(keys) | set(FIELD_NAMES))):
-        return None
-    best, best_count = None, 0
-    for item_sep, key_sep in _SEPARATORS:
-        layout = RecordLayout(keys, item_sep, key_sep)
-        count = con.execute(f"""
-            SELECT count(*) FILTER (WHERE {exact_sql(layout)}) FROM (
-                SELECT raw, TRY(from_json(raw, {texts_type(layout)})) AS s
-                FROM (SELECT raw FROM ({lines_sql}) WHERE raw[1] = '{{' LIMIT {int(sample)}))
-        """).fetchone()[0]
-        if count > best_count:
-            best, best_count = layout, count
-    return best
-
-
-_EXACT_RECORDS = True
-
-
-def exact_records_enabled() -> bool:
-    """Whether exact records skip the general path (tests turn it off to hold both paths to one answer)."""
-    return _EXACT_RECORDS
