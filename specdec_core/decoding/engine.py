@@ -203,16 +203,24 @@ class SpecDecoder:
         """The context length of a model of the registry (context_positions)."""
         return context_positions(self.loader.model(model_name, "target model"))
 
-    def _fits(self, req: DecodeRequest, target: Any, prompt: int, output: int = 0) -> None:
+    def fits(self, req: DecodeRequest, output_tokens: int = 0) -> None:
+        """Raise DecodeError unless the request's prompt, and `output_tokens` after it, fit the target's context."""
+        with self._lock:
+            self._fits(req, self.loader.model(req.target_model, "target model"), len(self.prompt_ids(req)),
+                       output_tokens)
+
+    def _fits(self, req: DecodeRequest, target: Any, prompt: int, output: int = 0) -> int | None:
+        """The target's context length, once the prompt (and `output` tokens after it) are known to fit in it."""
         limit = context_positions(target)
         if limit is None:
-            return
+            return None
         if output == 0 and prompt >= limit:
             raise DecodeError(f"prompt: {prompt:,} tokens under {req.tokenizer_version}, and {req.target_model} holds "
                               f"{limit:,} positions: no room to decode a token")
         if prompt + output > limit:
             raise DecodeError(f"output: {output:,} tokens after a prompt of {prompt:,} under {req.tokenizer_version}, "
                               f"past the {limit:,} positions {req.target_model} holds")
+        return limit
 
     def prompt_ids(self, req: DecodeRequest) -> list[int]:
         """The prompt as the request's tokenizer version feeds it to the model."""
@@ -305,9 +313,8 @@ class SpecDecoder:
             target = self.loader.model(req.target_model, "target model")
             tok = self.loader.tokenizer(req.tokenizer_version)
             prompt = self.prompt_ids(req)
-            self._fits(req, target, len(prompt))
+            limit = self._fits(req, target, len(prompt))
             eos = self._eos_ids(target, tok)
-            limit = context_positions(target)
             config = self._generation_config(req, eos, proposer, None if limit is None else limit - len(prompt))
             kwargs: dict[str, Any] = proposer.generate_kwargs(self.loader, target)
             if req.stop:

@@ -134,20 +134,6 @@ def _how_to_add(missing: dict[str, str]) -> str:
             "`specdec models list` shows what is known")
 
 
-def _past_context(decoder: Any, req: DecodeRequest, output_tokens: int) -> str | None:
-    """Why production's output can't be scored (and its diff would cost quadratic time): it and the prompt are
-    longer than the target's context. None when they fit, or the decoder can't tell."""
-    positions = getattr(decoder, "positions", None)
-    limit = positions(req.target_model) if positions is not None else None
-    if limit is None:
-        return None
-    prompt = len(decoder.prompt_ids(req))
-    if prompt + output_tokens <= limit:
-        return None
-    return (f"production's output is {output_tokens:,} tokens after a prompt of {prompt:,}, past the {limit:,} "
-            f"positions {req.target_model} holds")
-
-
 def _source_of(store: Store, record: dict[str, Any]) -> dict[str, Any] | None:
     source_id = record.get("source_request_id")
     if record.get("cache_hit") and source_id:
@@ -179,10 +165,12 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
         return ReplayResult(request_id, "unavailable", f"can't replay: {exc}", {"too_long": str(exc)},
                             production_text=production)
     prod_ids = production_ids(decoder, req, production, result.token_ids)
-    too_long = _past_context(decoder, req, len(prod_ids))
-    if too_long:
-        return ReplayResult(request_id, "unavailable", f"can't compare: {too_long}; production did not decode it "
-                            "with this model", {"too_long": too_long}, production_text=production,
+    try:  # scoring production's output, and diffing it, cost quadratic time past the context
+        if hasattr(decoder, "fits"):
+            decoder.fits(req, len(prod_ids))
+    except DecodeError as exc:
+        return ReplayResult(request_id, "unavailable", f"can't compare production's {exc}; production did not "
+                            "decode it with this model", {"too_long": str(exc)}, production_text=production,
                             replay_text=result.text, replay_token_ids=result.token_ids, draft_tokens=result.draft_tokens,
                             accepted_tokens=result.accepted_tokens, accepted_per_step=result.accepted_per_step,
                             environment=result.environment, latency_ms=result.latency_ms)
