@@ -232,7 +232,7 @@ def test_where_a_csv_record_ends_is_read_as_the_csv_module_reads_it(seed):
     import io
     import random
 
-    from specdec_core.store.readers import _csv_open_after, _CsvLines
+    from specdec_core.store.readers import _QUOTED, _START, _csv_state_after, _CsvLines
 
     rnd = random.Random(seed)
     text = "".join(rnd.choice(_CSV_PIECES) for _ in range(400))
@@ -258,14 +258,18 @@ def test_where_a_csv_record_ends_is_read_as_the_csv_module_reads_it(seed):
             break
         except csv.Error:
             return  # a text the csv module refuses: nothing to compare with
-        record, open_quote = seen[-1], False
+        record, state = seen[-1], _START
         for i, line in enumerate(record):
-            open_quote = _csv_open_after(line, open_quote)
+            state = _csv_state_after(line, state)
+            open_quote = state == _QUOTED
             last = i == len(record) - 1
             if not (last and not line.endswith(("\n", "\r"))):  # the file's end closes a record, open or not
                 assert open_quote == (not last), (record, i)
         records += 1
     assert records > 20
+    # Read in parts (a line past the limit is), the state is the same wherever the parts split the text.
+    for cut in rnd.sample(range(len(text)), 20):
+        assert _csv_state_after(text[cut:], _csv_state_after(text[:cut], _START)) == _csv_state_after(text, _START)
 
 
 @pytest.mark.parametrize("others", [0, 2])

@@ -502,12 +502,6 @@ def _csv_state_after(text: str, state: int) -> int:
     return state
 
 
-def _csv_open_after(line: str, open_quote: bool) -> bool:
-    """Whether a quoted cell is still open at the end of `line` (the record goes on to the next line), where
-    one was open at its start (`open_quote`) or the line starts a record."""
-    return _csv_state_after(line, _QUOTED if open_quote else _START) == _QUOTED
-
-
 class _LineTooLong(Exception):
     """A physical line of a CSV longer than a record may be: its record has been read past, not kept."""
 
