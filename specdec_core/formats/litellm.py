@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from .common import (
@@ -13,6 +12,7 @@ from .common import (
     datetime_text_to_rfc3339,
     epoch_to_rfc3339,
     load_object,
+    parse_json_text,
     to_decimal,
 )
 
@@ -40,9 +40,8 @@ def _ts(start: Any) -> Any:
 def _response(payload: dict) -> dict:
     response = payload.get("response")
     if isinstance(response, str):
-        try:
-            response = json.loads(response)
-        except (ValueError, RecursionError):
+        parsed, response = parse_json_text(response)
+        if not parsed:
             return {}  # str() of an object that is not JSON: nothing we can read
     return _dict(response)
 
