@@ -321,6 +321,9 @@ def ingest(
             if reader is not None:
                 inputs[name] = (f, reader, line_offset)
             staged.append(stage_file(con, f, f"lines_{n}", first_seq, limits, reader, line_offset))
+            # From here each row carries its seq and line: the checks, the writes and the summaries run
+            # in whatever order DuckDB's threads take (0.4-1.5 s of 14 s at 1M rows, alternated).
+            con.execute("SET preserve_insertion_order = false")
             say(f"checking {f.name}")
             rest, n_aside = set_aside(con, staged[-1], name, limits)
             read += n_aside + _validate(con, rest, name) + staged[-1].skipped
@@ -352,6 +355,7 @@ def ingest(
         )
         if before_commit is not None:
             before_commit(con, ingest_id)
+        con.execute("SET preserve_insertion_order = true")  # as it was: a lake's writer serves the next write too
         say("done")
         return IngestResult(read, accepted, duplicates, quarantined, len(files), ingest_id, skipped,
                             tuple(zip(shown, (fmt for _, fmt in chosen), strict=True)))

@@ -125,6 +125,7 @@ def stage_file(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq
     `reader`: the line reader of another log format (formats.line_reader); None: the contract's own.
     `line_offset`: lines of the log before this file's first (a followed log read in parts).
     """
+    con.execute("SET preserve_insertion_order = true")  # a row's rowid is its place in the file
     lines = _stage(con, path, table, first_seq, limits, reader)
     if not line_offset:
         return lines
