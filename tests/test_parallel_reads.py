@@ -4,10 +4,13 @@ worker that dies and a caller's script without a main guard behave."""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -117,3 +120,61 @@ def test_workers_that_cannot_start_leave_the_read_to_this_process(in_workers, tm
     monkeypatch.setattr(parallel, "PARALLEL_FROM_BYTES", 1 << 62)
     assert got == [(b.line_numbers, b.raws, b.reasons) for b in readers.read_foreign(log, "l", reader)]
     assert sum(len(g[0]) for g in got) > 10
+
+
+def test_what_crosses_the_pipes_is_json_and_keeps_every_text_as_it_was():
+    # Lines of bytes that are not UTF-8 hold lone surrogates; records hold any Unicode, quotes and line ends.
+    texts = ["", "plain", 'a "quoted" \\ text\n', "é漢字🙂", "\udcff\udc80 half", "\ud800", "x" * 100_000]
+    read_end, write_end = os.pipe()
+
+    def send() -> None:  # from a thread: a pipe holds less than the frame
+        with os.fdopen(write_end, "wb") as out:
+            parallel._send(out, {"numbers": [1, 2], "reasons": [None, "bad JSON: \udcff"]}, texts)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    with os.fdopen(read_end, "rb") as inp:
+        head, got = parallel._receive(inp)
+        sender.join()
+        assert got == texts
+        assert head == {"numbers": [1, 2], "reasons": [None, "bad JSON: \udcff"]}
+        with pytest.raises(EOFError):
+            parallel._receive(inp)
+    head_bytes = b'{"lengths": []}'
+    cut = len(head_bytes).to_bytes(8, "little") + head_bytes + (10).to_bytes(8, "little") + b"abc"
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "wb") as out:
+        out.write(cut)
+    with os.fdopen(read_end, "rb") as inp, pytest.raises(EOFError, match="mid-frame"):
+        parallel._receive(inp)
+
+
+class NotBuiltin(Exception):
+    pass
+
+
+def failing_reader(line: str):
+    raise NotBuiltin("made here", object())
+
+
+def test_a_reader_is_sent_by_name_and_only_one_a_worker_can_find_is_sent(tmp_path):
+    mapping = load_mapping(FORMATS / "mapping" / "custom_map.toml")
+    again = parallel._reader_from(json.loads(json.dumps(parallel.describe_reader(mapping.read_line))))
+    assert again.__self__ == mapping
+    assert parallel._reader_from(parallel.describe_reader(line_reader("otel"))) is line_reader("otel")
+    assert parallel.describe_reader(broken_reader) == {"function": [__name__, "broken_reader"]}
+    big = 1 << 40
+    assert parallel.workers_for(big, line_reader("litellm")) == parallel.workers_for(big, broken_reader) > 0 \
+        or (os.cpu_count() or 1) < 2
+    def nested(line: str):
+        return line_reader("litellm")(line)
+
+    for unsendable in (lambda line: line, functools.partial(line_reader("litellm")), nested):
+        assert parallel.describe_reader(unsendable) is None
+        assert parallel.workers_for(big, unsendable) == 0
+
+
+def test_a_workers_error_of_its_own_kind_comes_back_as_what_it_said(in_workers, tmp_path):
+    log = write_jsonl(tmp_path / "l.jsonl", [{"id": f"b-{i}"} for i in range(9)])
+    with pytest.raises(RuntimeError, match="NotBuiltin.*made here"):
+        list(readers.read_foreign(log, "l", failing_reader))

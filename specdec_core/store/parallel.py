@@ -5,13 +5,19 @@ while DuckDB waited. A large file's lines go to one worker per core in slices, i
 process loads the records already read meanwhile. The workers are plain child processes fed over pipes,
 not multiprocessing's: a fork would copy DuckDB's threads' locks in whatever state they are, and a spawn
 runs the caller's main module again (a script that ingests at its top level would ingest in each worker).
+
+What crosses the pipes is JSON: the reader by name (a module's function, or a mapping's rules),
+then each slice and its answer as a JSON frame whose texts (lines, records: most of the bytes) follow it
+as one UTF-8 blob, cut by their lengths, so they are not escaped and parsed again on their way.
 """
 
 from __future__ import annotations
 
+import builtins
+import importlib
+import json
 import logging
 import os
-import pickle
 import queue
 import subprocess
 import sys
@@ -41,8 +47,6 @@ TOO_DEEP = "bad JSON: nested too deeply to read"
 def read_lines(reader: Callable[[str], Any], numbers: list[int], texts: list[str], reasons: list[str | None]
                ) -> Read:
     """Each line through the format's reader: its records as JSON, or the line with the reader's reason."""
-    import json
-
     out_numbers: list[int] = []
     raws: list[str] = []
     out_reasons: list[str | None] = []
@@ -78,11 +82,96 @@ def workers_for(size: int, reader: Callable[[str], Any]) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if size < PARALLEL_FROM_BYTES or cores < 2:
         return 0
+    return cores if describe_reader(reader) is not None else 0  # one the workers can't be sent is used here
+
+
+def describe_reader(reader: Callable[[str], Any]) -> dict[str, Any] | None:
+    """The reader as a worker finds it again: a mapping's rules, or a module's function by its name; None for
+    anything else (a lambda, a closure, a function of the caller's main module), which is used here."""
+    from specdec_core.formats.mapping import Mapping
+
+    owner = getattr(reader, "__self__", None)
+    if isinstance(owner, Mapping) and getattr(reader, "__func__", None) is Mapping.read_line:
+        return {"mapping": {"source": owner.source, "rules": [
+            [r.field, list(r.path), r.unit, r.value, r.constant] for r in owner.rules]}}
+    module, name = getattr(reader, "__module__", None), getattr(reader, "__qualname__", None)
+    if not module or not name or module == "__main__" or "<" in name:
+        return None
     try:
-        pickle.dumps(reader)
-    except (pickle.PicklingError, TypeError, AttributeError):
-        return 0  # a reader the workers can't be sent is used here
-    return cores
+        if _named(module, name) is not reader:
+            return None
+    except (ImportError, AttributeError):
+        return None
+    return {"function": [module, name]}
+
+
+def _named(module: str, qualname: str) -> Any:
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def _reader_from(description: dict[str, Any]) -> Callable[[str], Any]:
+    if "mapping" in description:
+        from specdec_core.formats.mapping import FieldRule, Mapping
+
+        spec = description["mapping"]
+        return Mapping(source=spec["source"], rules=tuple(
+            FieldRule(field=f, path=tuple(path), unit=unit, value=value, constant=constant)
+            for f, path, unit, value, constant in spec["rules"])).read_line
+    return _named(*description["function"])
+
+
+# A frame: the length of its JSON head, the head, the length of its blob, the blob. The head's "texts" names
+# the list whose strings are in the blob, by their lengths in characters (lone surrogates and all: a line
+# read from bytes that are not UTF-8 holds them, and 'surrogatepass' carries any string as it is).
+_LENGTH = 8
+
+
+def _send(pipe: BinaryIO, head: dict[str, Any], texts: list[str] | None = None) -> None:
+    texts = texts or []
+    blob = "".join(texts).encode("utf-8", "surrogatepass")
+    head_bytes = json.dumps({**head, "lengths": [len(t) for t in texts]}).encode("ascii")
+    pipe.write(len(head_bytes).to_bytes(_LENGTH, "little") + head_bytes + len(blob).to_bytes(_LENGTH, "little"))
+    pipe.write(blob)
+    pipe.flush()
+
+
+def _exactly(pipe: BinaryIO, size: int) -> bytes:
+    data = pipe.read(size)
+    if len(data) != size:
+        raise EOFError("the pipe closed mid-frame" if data else "the pipe closed")
+    return data
+
+
+def _receive(pipe: BinaryIO) -> tuple[dict[str, Any], list[str]]:
+    head = json.loads(_exactly(pipe, int.from_bytes(_exactly(pipe, _LENGTH), "little")))
+    whole = _exactly(pipe, int.from_bytes(_exactly(pipe, _LENGTH), "little")).decode("utf-8", "surrogatepass")
+    texts, at = [], 0
+    for length in head.pop("lengths"):
+        texts.append(whole[at:at + length])
+        at += length
+    return head, texts
+
+
+def _error_head(exc: BaseException) -> dict[str, Any]:
+    """An error as JSON: a built-in one is raised again as itself, with its arguments where JSON holds them."""
+    try:
+        args = json.loads(json.dumps(list(exc.args)))
+    except (TypeError, ValueError):
+        args = [str(exc)]
+    return {"error": type(exc).__name__, "args": args, "text": repr(exc)}
+
+
+def _raised(head: dict[str, Any]) -> BaseException:
+    kind = getattr(builtins, head["error"], None)
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        try:
+            return kind(*head["args"])
+        except TypeError:
+            pass
+    return RuntimeError(f"a log-reading worker failed: {head['text']}")
 
 
 def _slices(slices: Iterable[Slice]) -> Iterator[Slice]:
@@ -99,23 +188,19 @@ _BOOT = ("import sys; sys.path[:0] = {path!r}; "
 def serve(inbox: int, outbox: int) -> None:
     """A worker: a reader, then slices until the pipe closes; each slice's Read (or its error) sent back."""
     with os.fdopen(inbox, "rb") as inp, os.fdopen(outbox, "wb") as out:
-        reader = pickle.load(inp)
-        pickle.dump(("ready", None), out)
-        out.flush()
+        reader = _reader_from(_receive(inp)[0])
+        _send(out, {"ready": True})
         while True:
             try:
-                piece = pickle.load(inp)
+                head, texts = _receive(inp)
             except EOFError:
                 return
             try:
-                answer: tuple[str, Any] = ("read", read_lines(reader, *piece))
+                numbers, raws, reasons, origins, skipped = read_lines(reader, head["numbers"], texts, head["reasons"])
             except Exception as exc:  # noqa: BLE001 - raised again in the ingest, which says what it is
-                answer = ("error", exc)
-            try:
-                pickle.dump(answer, out, protocol=pickle.HIGHEST_PROTOCOL)
-            except (pickle.PicklingError, TypeError, AttributeError):
-                pickle.dump(("error", RuntimeError(repr(answer[1]))), out, protocol=pickle.HIGHEST_PROTOCOL)
-            out.flush()
+                _send(out, _error_head(exc))
+                continue
+            _send(out, {"numbers": numbers, "reasons": reasons, "origins": origins, "skipped": skipped}, raws)
 
 
 class _Worker:
@@ -131,27 +216,32 @@ class _Worker:
             os.close(outbox_w)
         self.send: BinaryIO = os.fdopen(inbox_w, "wb")
         self.recv: BinaryIO = os.fdopen(outbox_r, "rb")
-        pickle.dump(reader, self.send, protocol=pickle.HIGHEST_PROTOCOL)
-        self.send.flush()
+        description = describe_reader(reader)
+        if description is None:  # workers_for sends no such reader
+            raise ValueError(f"{reader!r} can't be sent to a worker")
+        try:
+            _send(self.send, description)
+        except BrokenPipeError:
+            pass  # the worker is already gone: ready() says so
 
     def ready(self) -> bool:
         """Whether the worker started and took the reader (an interpreter that can't import this package
         can't)."""
         try:
-            return pickle.load(self.recv)[0] == "ready"
-        except (EOFError, pickle.UnpicklingError):
+            return _receive(self.recv)[0].get("ready") is True
+        except (EOFError, ValueError):
             return False
 
     def read(self, piece: Slice) -> Read:
-        pickle.dump(piece, self.send, protocol=pickle.HIGHEST_PROTOCOL)
-        self.send.flush()
+        numbers, texts, reasons = piece
         try:
-            status, value = pickle.load(self.recv)
-        except EOFError:
+            _send(self.send, {"numbers": numbers, "reasons": reasons}, texts)
+            head, raws = _receive(self.recv)
+        except (EOFError, BrokenPipeError):
             raise RuntimeError(f"a log-reading worker process ended (exit status {self.proc.wait()})") from None
-        if status == "error":
-            raise value
-        return value
+        if "error" in head:
+            raise _raised(head)
+        return head["numbers"], raws, head["reasons"], head["origins"], head["skipped"]
 
     def close(self) -> None:
         for pipe in (self.send, self.recv):
