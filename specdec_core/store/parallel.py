@@ -123,9 +123,9 @@ def _reader_from(description: dict[str, Any]) -> Callable[[str], Any]:
     return _named(*description["function"])
 
 
-# A frame: the length of its JSON head, the head, the length of its blob, the blob. The head's "texts" names
-# the list whose strings are in the blob, by their lengths in characters (lone surrogates and all: a line
-# read from bytes that are not UTF-8 holds them, and 'surrogatepass' carries any string as it is).
+# A frame: the length of its JSON head, the head, the length of its blob, the blob. The head's "lengths" cut
+# the blob, decoded, into its strings, counted in characters (lone surrogates and all: a line read from bytes
+# that are not UTF-8 holds them, and 'surrogatepass' carries any string as it is).
 _LENGTH = 8
 
 
@@ -205,6 +205,9 @@ def serve(inbox: int, outbox: int) -> None:
 
 class _Worker:
     def __init__(self, reader: Callable[[str], Any]) -> None:
+        description = describe_reader(reader)
+        if description is None:  # workers_for sends no such reader
+            raise ValueError(f"{reader!r} can't be sent to a worker")
         inbox_r, inbox_w = os.pipe()
         outbox_r, outbox_w = os.pipe()
         try:
@@ -216,9 +219,6 @@ class _Worker:
             os.close(outbox_w)
         self.send: BinaryIO = os.fdopen(inbox_w, "wb")
         self.recv: BinaryIO = os.fdopen(outbox_r, "rb")
-        description = describe_reader(reader)
-        if description is None:  # workers_for sends no such reader
-            raise ValueError(f"{reader!r} can't be sent to a worker")
         try:
             _send(self.send, description)
         except BrokenPipeError:
