@@ -65,6 +65,34 @@ class DashboardSettings:
             raise self._refuse(text, resolved)
         return resolved
 
+    def confine_store(self, text: str, allowed: Iterable[str] = ()) -> str:
+        """The store `text` names, written the one way it will be opened, if all it opens lies inside a root.
+
+        A store string is a DuckDB file or `ducklake:CATALOG`; for a lake the catalog file and its
+        data folder are both checked (the store opens those, not the text). A PostgreSQL catalog or
+        data on S3 reach other machines: only a store in `allowed` (what the operator named: the
+        config's [store], the dashboard's --db) may do that.
+        """
+        from specdec_core.store.location import LAKE_PREFIX, LocationError, lake_location
+
+        text = text.strip()
+        if text in allowed:
+            return text
+        if not text.startswith(LAKE_PREFIX):
+            return str(self.confine(text))
+        try:
+            lake = lake_location(text)
+        except LocationError as exc:
+            raise PathRefused(str(exc)) from None
+        assert lake is not None
+        if lake.postgres or lake.on_s3 or not lake.data_path:
+            raise PathRefused(f"{text[:200]} reaches beyond this machine's folders (a PostgreSQL catalog or S3 "
+                              f"data); the dashboard opens such a store only when it is the configured one "
+                              f"([store] catalog in {self._where()}) or the one it was started with")
+        self.confine(lake.catalog)
+        self.confine(lake.data_path)
+        return LAKE_PREFIX + lake.catalog
+
     def confine_logs(self, text: str) -> list[str]:
         """The log files a path, folder or glob names, each checked after following its symlinks.
 

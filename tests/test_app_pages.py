@@ -747,3 +747,23 @@ def test_deployment_panels_leave_room_for_the_labels_of_their_marks(panels):
     plot_px = 140 + 120 * panels - 100  # less plotly's default top and bottom margins
     gaps = [(upper[0] - lower[1]) * plot_px for lower, upper in itertools.pairwise(domains)]
     assert all(gap >= 24 for gap in gaps), gaps
+
+
+def test_the_database_box_and_the_url_refuse_a_lake_outside_the_roots(monkeypatch, tmp_path):
+    (tmp_path / "started").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    db = build_db(tmp_path / "started", incident_records())
+    lake = f"ducklake:{tmp_path}/elsewhere/k.sqlite"
+    ingest(Store(lake), [str(write_jsonl(tmp_path / "elsewhere" / "l.jsonl", incident_records()[:2]))])
+    for escape in (lake, "ducklake:postgres:host=127.0.0.1 port=1", f"ducklake:{tmp_path}/elsewhere/new.sqlite"):
+        monkeypatch.setenv("SPECDEC_DB", str(db))
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        at.query_params["db"] = escape
+        at.run()
+        assert not at.exception
+        [error] = texts(at, "error")
+        assert "Database not changed" in error and metrics_of(at.main)["Requests"] == "6", error
+        at.sidebar.text_input(key=ui.DB_KEY).set_value(escape).run()
+        assert at.sidebar.text_input(key=ui.DB_KEY).value == str(db)
+        assert metrics_of(at.main)["Requests"] == "6"
+    assert not (tmp_path / "elsewhere" / "new.sqlite").exists()

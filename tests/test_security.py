@@ -140,3 +140,22 @@ def test_the_dashboard_binds_to_this_machine_only_by_default():
     run_target = re.search(r"^run:.*?(?=^\S)", (ROOT / "Makefile").read_text(), re.M | re.S).group(0)
     assert "--server.address 127.0.0.1" in run_target
     assert "0.0.0.0" not in run_target and "0.0.0.0" not in config
+
+
+def test_a_ducklake_store_string_is_confined_by_the_files_it_opens(roots):
+    settings, inside, outside = roots
+    assert settings.confine_store(f"ducklake:{inside}/k.sqlite") == f"ducklake:{inside.resolve()}/k.sqlite"
+    assert settings.confine_store(str(inside / "a.duckdb")) == str(inside.resolve() / "a.duckdb")
+    for escape in (f"ducklake:{outside}/k.sqlite", "ducklake:/etc/passwd", f"ducklake:sqlite:{outside}/k.sqlite",
+                   f"ducklake:{inside}/link-to-outside/k.sqlite", f"ducklake:{inside}/../outside/k.sqlite",
+                   "ducklake:postgres:host=127.0.0.1 port=8501", "ducklake:"):
+        with pytest.raises(config.PathRefused):
+            settings.confine_store(escape)
+    operator = "ducklake:postgres:dbname=specdec host=db.internal"
+    assert settings.confine_store(operator, allowed=(operator,)) == operator
+
+
+def test_a_relative_or_prefixed_name_is_kept_as_the_absolute_file_it_opens(roots, monkeypatch):
+    settings, inside, _ = roots
+    monkeypatch.chdir(inside)
+    assert settings.confine_store("md:x.duckdb") == str(inside.resolve() / "md:x.duckdb")
