@@ -56,7 +56,7 @@ test: $(STAMP) system-deps lint
 
 # The README's screenshots: every page of the demo at 1440x900 and 390x844, taken by the browser test.
 screenshots: $(STAMP) system-deps
-	SPECDEC_SCREENSHOTS=data/screenshots $(PY) -m pytest -q tests/test_browser_incident.py -k screenshots
+	SPECDEC_SCREENSHOTS=data/screenshots $(PY) -m pytest -q tests/browser/test_incident_flow.py -k screenshots
 
 bench: $(STAMP)
 	@for s in bench/bench_*.py; do echo "== $$s"; $(PY) $$s || exit 1; done

@@ -6,7 +6,7 @@ field in the library's key order. Each part's text comes from the library itself
 distinct value of the field in the batch (a handful of temperatures, models, stop lists), not once per
 request; integers are written by the cast (the same digits), the prompt by its SHA-256. So a batch of a
 million requests with a million distinct prompts costs a few SQL passes, not a million Python calls, and the
-store and the library still cannot disagree: tests/test_identity_sql.py holds every stored fingerprint
+store and the library still cannot disagree: tests/store/test_identity_sql.py holds every stored fingerprint
 equal to `fingerprint(record)` over random and hostile values.
 """
 

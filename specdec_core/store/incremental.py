@@ -13,7 +13,7 @@ cache key the batch supplied (store/ingest.py, `_backfill_cache_keys`). What a b
 Only those are judged again, against every stored miss of their keys however old. The minutes their
 rows fall in are then recounted (or, where only the batch added rows, add its counts); the key/identity
 pairs and the histograms add what changed; the batch's rows are appended to the per-request key hashes.
-The result equals a full rebuild (`judge_hits` + `build_summaries`); tests/test_store_incremental.py
+The result equals a full rebuild (`judge_hits` + `build_summaries`); tests/store/test_incremental.py
 holds it to that after every batch of random logs, late files, ties and source links included.
 """
 

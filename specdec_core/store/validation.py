@@ -217,7 +217,7 @@ EXTRA_SQL = f"CASE WHEN n_keys > n_known + n_markers THEN {_PATCHED} END"
 # A service writes the same fields on every line. The patch copies and writes the whole record, long prompt
 # and output included, and pays for every field of it; a record whose other fields are exactly the file's
 # usual ones, last and in its order, holds them as the tail of its text: that tail is its object, read once
-# (tests/test_extra_fields.py holds it equal to the patch's), and costs nothing per field.
+# (tests/store/test_extra_fields.py holds it equal to the patch's), and costs nothing per field.
 _SHAPE_KEY = re.compile(r"[^\x00-\x1f\"\\']{1,200}")
 MAX_SHAPE_KEYS = 100
 

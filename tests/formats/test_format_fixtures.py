@@ -15,7 +15,7 @@ from helpers import run_cli
 from specdec_core import analysis
 from specdec_core.store import Store
 
-FIXTURES = Path(__file__).parent / "fixtures" / "formats"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "formats"
 TRUTH = json.loads((FIXTURES / "truth.json").read_text())
 COUNTS = ("read", "accepted", "duplicates", "quarantined", "skipped")
 

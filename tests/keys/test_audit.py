@@ -22,7 +22,7 @@ from specdec_core.keys import dict_key_adapter
 from specdec_core.keys.audit import KeyAuditError, audit_key_function
 from specdec_core.testing import assert_key_covers
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # A generic request with one field of each shape the auditor has to change.
 EXAMPLE: dict[str, Any] = {

@@ -170,7 +170,7 @@ print(json.dumps({"full": cache_key(req), "prompt_only": prompt_only_key(req, "d
 
 def _keys_in_subprocess(hash_seed: str) -> dict:
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     out = subprocess.run(
         [sys.executable, "-c", _KEYS_IN_CHILD],

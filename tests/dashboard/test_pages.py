@@ -21,7 +21,7 @@ from specdec_core.replay import jobs
 from specdec_core.store.connection import Store
 from specdec_core.store.ingest import ingest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # ui.py sits beside app.py, which is not a package
 import ui  # noqa: E402
 
@@ -421,7 +421,7 @@ def test_replay_page_says_when_a_request_is_unknown(monkeypatch, incident_db):
     assert texts(at, "warning") == ["No request `nope` in this database."]
 
 
-# --- replay pages with a stand-in for specdec_core.replay.run (no models; test_app_replay.py runs the real one) ----
+# --- replay pages with a stand-in for specdec_core.replay.run (no models; dashboard/test_replay_page.py runs the real one) ----
 
 
 def stand_in_replay_module(monkeypatch) -> list:

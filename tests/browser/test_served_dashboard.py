@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from helpers import rec
 from playwright.sync_api import Page, expect, sync_playwright
-from test_app_pages import HTML_OUTPUT, SCRIPT, build_db, build_incident_db
-from test_app_replay import TINY
+from test_pages import HTML_OUTPUT, SCRIPT, build_db, build_incident_db
+from test_replay_page import TINY
 
 from specdec_core.demo.models import registry_dict
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "test-output"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

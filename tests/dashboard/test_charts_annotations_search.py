@@ -7,7 +7,7 @@ import re
 
 import pytest
 from helpers import rec
-from test_app_pages import (  # noqa: F401
+from test_pages import (  # noqa: F401
     build_db,
     clean_db,
     download,
@@ -201,7 +201,7 @@ def test_ids_in_messages_show_without_backslashes_and_a_backtick_keeps_its_code_
 
 def test_page_links_look_like_links_and_progress_is_not_red(monkeypatch, incident_db):
     import tomllib
-    from test_app_pages import ROOT
+    from test_pages import ROOT
 
     at = open_app(monkeypatch, incident_db)
     assert all(e.proto.icon for e in at.get("page_link"))

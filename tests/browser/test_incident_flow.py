@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
-from test_app_pages import build_incident_db
-from test_app_replay import build_foreign_db
-from test_browser_e2e import ROOT, browser, dashboard, metric, registry_toml  # noqa: F401
+from test_pages import build_incident_db
+from test_replay_page import build_foreign_db
+from test_served_dashboard import ROOT, browser, dashboard, metric, registry_toml  # noqa: F401
 
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.replay import run as replay

@@ -26,7 +26,7 @@ from specdec_core.store.ingest import ingest
 from specdec_core.store.readers import LogReadError
 from specdec_core.store.staging import IngestLimits
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def loaded(store):

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from helpers import write_jsonl
 from servers import create_database, postgres, s3, s3_keys
-from test_store_concurrency import _batch, _content, two_writers_and_a_reader
+from test_concurrency import _batch, _content, two_writers_and_a_reader
 
 from specdec_core.store import Store, StoreError, ingest
 from specdec_core.store import lake as lakes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from helpers import rec
-from test_app_pages import build_db, metrics_of, no_legacy_pages_folder, open_app, texts  # noqa: F401
+from test_pages import build_db, metrics_of, no_legacy_pages_folder, open_app, texts  # noqa: F401
 
 import specdec_core.replay.run as replay_module
 from specdec_core.contract.identity import DecodeRequest

@@ -15,7 +15,7 @@ from specdec_core.replay.run import replay
 from specdec_core.store.connection import Store
 from specdec_core.store.ingest import ingest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO_LOG = ROOT / "data" / "demo" / "requests.jsonl.gz"
 DEMO_TRUTH = ROOT / "data" / "demo" / "requests.truth.json"
 MODELS = ROOT / "data" / "models"

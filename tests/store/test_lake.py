@@ -1,4 +1,4 @@
-"""A store in a DuckLake (SQLite catalog here; PostgreSQL + S3 in test_store_shared.py) holds what a DuckDB file
+"""A store in a DuckLake (SQLite catalog here; PostgreSQL + S3 in test_shared_store.py) holds what a DuckDB file
 holds, batch after batch; specdec.toml's [store] names it; a store written by the last release (DuckDB 2.0.1)
 is converted by `specdec migrate` and by the first ingest."""
 
@@ -19,7 +19,7 @@ from specdec_core.store import Store, StoreError, ingest, migrate
 from specdec_core.store.convert import side_install
 from specdec_core.store.hit_sources import last_miss_sql
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 OLD_STORE = FIXTURES / "store-duckdb-2.0.1"
 
 # Every stored table, in an order that does not depend on how it was written.
@@ -267,7 +267,7 @@ def test_without_the_side_install_conversion_says_how_to_get_it(tmp_path, monkey
 
 
 def test_the_dashboard_shows_a_lake_as_it_shows_a_file(tmp_path, monkeypatch):
-    from test_app_pages import incident_records, metrics_of, open_app, texts
+    from test_pages import incident_records, metrics_of, open_app, texts
 
     log = write_jsonl(tmp_path / "incident.jsonl", incident_records())
     file_store, lake = str(tmp_path / "s.duckdb"), f"ducklake:{tmp_path / 's.sqlite'}"

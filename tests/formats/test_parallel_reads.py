@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 from helpers import rec, write_jsonl
-from test_store_lake import contents
+from test_lake import contents
 
 from specdec_core.formats import line_reader, load_mapping
 from specdec_core.store import Store, ingest, parallel, readers
 
-FORMATS = Path(__file__).parent / "fixtures" / "formats"
-ROOT = Path(__file__).resolve().parent.parent
+FORMATS = Path(__file__).parents[1] / "fixtures" / "formats"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from specdec_core.store.connection import Store
 from specdec_core.store.follow import Follower
 from specdec_core.store.ingest import ingest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def line(n: int, **overrides) -> str:
