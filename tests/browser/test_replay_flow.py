@@ -18,10 +18,10 @@ import pytest
 from helpers import rec
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, expect
+from test_incident_flow import heading, new_page
 from test_pages import build_db
 from test_replay_page import TINY
 from test_served_dashboard import browser, dashboard, metric, registry_toml  # noqa: F401
-from test_incident_flow import heading, new_page
 
 from specdec_core.contract.identity import DecodeRequest
 from specdec_core.decoding.engine import SpecDecoder
