@@ -136,7 +136,7 @@ def main() -> None:
     folder = Path(args.work)
     folder.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
-    from specdec_core.store.connection import filesystem_type
+    from specdec_core.store.working_copy import filesystem_type
     OUT.mkdir(exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     kinds = args.kinds.split(",")

@@ -100,7 +100,7 @@ class DashboardSettings:
         can't walk a folder outside the roots; every match is checked again, as a link inside a
         root may point out of it.
         """
-        from specdec_core.store.readers import resolve_paths
+        from specdec_core.formats.files import resolve_paths
 
         literal = text.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
         self.confine(literal or ".")

@@ -14,7 +14,7 @@ from specdec_core import formats
 from specdec_core.analysis import headline, logging_gaps, red_flags
 from specdec_core.analysis.report import KINDS, write_report
 from specdec_core.store import IngestLimits, LogReadError, Store, StoreError, ingest
-from specdec_core.store.connection import copy_cost_note
+from specdec_core.store.working_copy import copy_cost_note
 
 
 def add_db(parser: argparse.ArgumentParser) -> None:

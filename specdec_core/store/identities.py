@@ -24,6 +24,7 @@ from specdec_core.contract.identity import (
     sha256_hex,
     value_json,
 )
+from specdec_core.store.sql import list_literal
 from specdec_core.store.validation import is_unknown
 
 # What decides a row's identity: its identity fields, and which of them the log left unknown.
@@ -75,7 +76,7 @@ def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
         SELECT fingerprint, any_value(identity)::JSON, any_value(greedy),
                {", ".join(f"any_value(value_{f.name})" for f in fields)},
                any_value(nullif(list_sort(list_filter(unknown_fields, lambda u: list_contains(
-                   {_names_literal(fields)}, u))), []))
+                   {list_literal(f.name for f in fields)}, u))), []))
         FROM idmap m WHERE NOT EXISTS (SELECT 1 FROM identities i WHERE i.fingerprint = m.fingerprint)
         GROUP BY fingerprint
     """)
@@ -86,10 +87,6 @@ def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
 def _looked_up(f: contract.Field) -> bool:
     """Whether a field's canonical text comes from the library per distinct value (else it is written in SQL)."""
     return f.canonical != "sha256" and not (f.canonical in _INTEGER_FORMS and f.is_integer)
-
-
-def _names_literal(fields: list[contract.Field]) -> str:
-    return "[" + ", ".join(f"'{f.name}'" for f in fields) + "]"
 
 
 def _field_sql(con: duckdb.DuckDBPyConnection, f: contract.Field, joins: list[str]) -> tuple[str, str]:

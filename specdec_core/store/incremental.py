@@ -22,7 +22,6 @@ from __future__ import annotations
 import duckdb
 
 from specdec_core.store import summaries
-from specdec_core.store.connection import scalar
 from specdec_core.store.hit_sources import (
     FOLD_LAST_MISS_SQL,
     LAST_MISS_FOLDED,
@@ -31,6 +30,7 @@ from specdec_core.store.hit_sources import (
     hit_sources_sql,
     last_miss_sql,
 )
+from specdec_core.store.sql import literal, scalar
 from specdec_core.store.summaries import (
     COMPACT_OUTPUTS_SQL,
     CONTAMINATED_SQL,
@@ -96,7 +96,7 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     """, [ingest_id])
     _rejudge_set(con, ingest_id)
     _update_first_seen(con)
-    first = _literal(con, "SELECT min(ts) FROM rejudge")
+    first = _timestamp_literal(con, "SELECT min(ts) FROM rejudge")
     _judge_rejudged(con, first)
     # The verdicts they had: the pairs' first-sight counts change by the difference.
     con.execute("CREATE OR REPLACE TEMP TABLE old_verdicts AS SELECT request_id, first_sight FROM hit_sources "
@@ -148,8 +148,8 @@ def _judge_rejudged(con: duckdb.DuckDBPyConnection, first: str) -> None:
                 "(SELECT request_id FROM fast)")
     if not scalar(con, "SELECT count(*) FROM slow"):
         return
-    slow_first = _literal(con, "SELECT min(ts) FROM slow")
-    window = _literal(con, f"SELECT min(ts) - INTERVAL {int(JUDGE_WINDOW_SECONDS)} SECOND FROM slow")
+    slow_first = _timestamp_literal(con, "SELECT min(ts) FROM slow")
+    window = _timestamp_literal(con, f"SELECT min(ts) - INTERVAL {int(JUDGE_WINDOW_SECONDS)} SECOND FROM slow")
     con.execute("CREATE OR REPLACE TEMP TABLE judged_slow AS " + _judge("slow", slow_first, window))
     con.execute("CREATE OR REPLACE TEMP TABLE unsettled AS SELECT request_id FROM judged_slow "
                 "WHERE source_request_id IS NULL")
@@ -186,8 +186,8 @@ def _rejudge_set(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
             UNION ALL SELECT dep, cache_key, ts FROM backfilled
         ) WHERE cache_key IS NOT NULL GROUP BY ALL
     """)
-    since = _literal(con, "SELECT min(since) FROM touched")
-    batch_first = _literal(con, "SELECT min(ts) FROM batch")
+    since = _timestamp_literal(con, "SELECT min(since) FROM touched")
+    batch_first = _timestamp_literal(con, "SELECT min(ts) FROM batch")
     stored = (f"r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint, "
               f"{_DEP}, r.ingest_id <> {int(ingest_id)}")
     con.execute(f"""
@@ -208,11 +208,11 @@ def _rejudge_set(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     """)
 
 
-def _literal(con: duckdb.DuckDBPyConnection, sql: str) -> str:
+def _timestamp_literal(con: duckdb.DuckDBPyConnection, sql: str) -> str:
     """A time the query returns, as a SQL constant: a scan skips the row groups a constant bound rules out,
     which a subquery's bound can't do. A batch without such a time gives a bound no row passes."""
     value = scalar(con, f"SELECT coalesce(({sql})::VARCHAR, 'infinity')")
-    return "'" + value.replace("'", "''") + "'::TIMESTAMPTZ"
+    return literal(value) + "::TIMESTAMPTZ"
 
 
 def _minute(ts: str) -> str:

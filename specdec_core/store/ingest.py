@@ -18,12 +18,14 @@ import pyarrow as pa
 
 from specdec_core import formats
 from specdec_core.contract import fields as contract
-from specdec_core.store.connection import WRITER_MEMORY_LIMIT_NATIVE, Store, scalar
+from specdec_core.formats.files import JSONL_SUFFIXES, LogReadError, resolve_paths
+from specdec_core.formats.jsonl import first_line, foreign_inputs
+from specdec_core.store.connection import WRITER_MEMORY_LIMIT_NATIVE, Store
 from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.identities import ID_HASH, compute_identities
 from specdec_core.store.incremental import update_derived
 from specdec_core.store.migrate import migrate_connection
-from specdec_core.store.readers import JSONL_SUFFIXES, LogReadError, first_line, foreign_inputs, resolve_paths
+from specdec_core.store.sql import scalar
 from specdec_core.store.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
 from specdec_core.store.summaries import build_summaries
 from specdec_core.store.validation import (

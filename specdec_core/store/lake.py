@@ -31,6 +31,7 @@ import duckdb
 
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LakeLocation
+from specdec_core.store.sql import literal
 
 ALIAS = "store"
 log = logging.getLogger(__name__)
@@ -44,10 +45,6 @@ class LakeError(RuntimeError):
 
 class WriteConflict(LakeError):
     """Another writer committed first: the batch is retried on the state it left."""
-
-
-def _literal(text: str) -> str:
-    return text.replace("'", "''")
 
 
 def _extension_file(package: str, name: str) -> Path:
@@ -82,12 +79,12 @@ def _as_named(source: Path, name: str) -> Path:
 
 
 def _load_extensions(con: duckdb.DuckDBPyConnection, location: LakeLocation) -> None:
-    con.execute(f"LOAD '{_literal(str(_extension_file('duckdb-extension-ducklake', 'ducklake')))}'")
+    con.execute(f"LOAD {literal(str(_extension_file('duckdb-extension-ducklake', 'ducklake')))}")
     scanner = ("postgres", "postgres_scanner") if location.postgres else ("sqlite", "sqlite_scanner")
     catalog = _as_named(_extension_file(f"duckdb-extension-{scanner[0]}", scanner[0]), scanner[1])
-    con.execute(f"LOAD '{_literal(str(catalog))}'")
+    con.execute(f"LOAD {literal(str(catalog))}")
     if location.on_s3:
-        con.execute(f"LOAD '{_literal(str(_extension_file('duckdb-extension-httpfs', 'httpfs')))}'")
+        con.execute(f"LOAD {literal(str(_extension_file('duckdb-extension-httpfs', 'httpfs')))}")
         _s3_secret(con, location)
 
 
@@ -99,7 +96,7 @@ def _s3_secret(con: duckdb.DuckDBPyConnection, location: LakeLocation) -> None:
     for key, option in (("s3_endpoint", "ENDPOINT"), ("s3_region", "REGION"), ("s3_url_style", "URL_STYLE")):
         if key in settings:
             values[option] = settings[key]
-    parts = ["TYPE s3", *(f"{option} '{_literal(value)}'" for option, value in values.items())]
+    parts = ["TYPE s3", *(f"{option} {literal(value)}" for option, value in values.items())]
     if "s3_use_ssl" in settings:
         parts.append(f"USE_SSL {'true' if settings['s3_use_ssl'].lower() in ('1', 'true', 'yes') else 'false'}")
     # CREATE SECRET takes no parameters: the credentials are quoted into the statement, never logged.
@@ -148,13 +145,13 @@ def _attach(location: LakeLocation, read_only: bool) -> duckdb.DuckDBPyConnectio
         _load_extensions(con, location)
         options = []
         if location.data_path:
-            options.append(f"DATA_PATH '{_literal(location.data_path)}'")
+            options.append(f"DATA_PATH {literal(location.data_path)}")
         if location.beside:  # the catalog records where its files were: a store moved whole still opens
             options.append("OVERRIDE_DATA_PATH true")
         if read_only:
             options.append("READ_ONLY")
         options_sql = f" ({', '.join(options)})" if options else ""
-        con.execute(f"ATTACH 'ducklake:{_literal(location.attach_target)}' AS {ALIAS}{options_sql}")
+        con.execute(f"ATTACH {literal('ducklake:' + location.attach_target)} AS {ALIAS}{options_sql}")
     except duckdb.Error as exc:
         con.close()
         raise LakeError(f"{location}: cannot open: {str(exc).splitlines()[0]}") from exc
@@ -420,7 +417,7 @@ def _writer(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
         try:
             con = open_lake(location, setup=setup)
             con.execute(f"USE {ALIAS}")
-            con.execute(f"SET temp_directory = '{_literal(spill)}'")
+            con.execute(f"SET temp_directory = {literal(spill)}")
         except BaseException:
             shutil.rmtree(spill, ignore_errors=True)
             raise

@@ -11,18 +11,14 @@ import tempfile
 
 import duckdb
 
-from specdec_core.store.connection import (
-    Store,
-    StoreError,
-    compact_after_write,
-    derived_current,
-    scalar,
-    schema_changes,
-)
+from specdec_core.store.connection import Store, StoreError, derived_current
 from specdec_core.store.convert import export_tables, load_tables
+from specdec_core.store.ddl import schema_changes
 from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.lake import LakeError, compact
+from specdec_core.store.sql import scalar
 from specdec_core.store.summaries import build_summaries
+from specdec_core.store.working_copy import compact_after_write
 
 
 def migrate_connection(con: duckdb.DuckDBPyConnection) -> bool:

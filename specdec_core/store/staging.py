@@ -20,15 +20,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from specdec_core.formats.containers import read_file
+from specdec_core.formats.files import JSONL_SUFFIXES, MAX_RECORD_BYTES, duckdb_literal_path, too_large
+from specdec_core.formats.jsonl import read_foreign
 from specdec_core.store.connection import WRITER_MEMORY_LIMIT
-from specdec_core.store.readers import (
-    JSONL_SUFFIXES,
-    MAX_RECORD_BYTES,
-    duckdb_literal_path,
-    read_file,
-    read_foreign,
-    too_large,
-)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import re
 import duckdb
 
 from specdec_core.contract import fields as contract
+from specdec_core.store.sql import list_literal, literal
 
 FIELD_NAMES = contract.FIELD_NAMES
 _INDEX = {name: i + 1 for i, name in enumerate(FIELD_NAMES)}  # DuckDB lists are 1-based
@@ -104,13 +105,9 @@ def values_sql() -> str:
 # usual layout (usual_layout_sql). Only the others count the contract names among their keys, and only records
 # that name them more often than they hold distinct ones pay for finding which. An IN list, not a list
 # constant: a constant list inside a lambda is built again for every key of every record (3x slower).
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def _in_list(names: tuple[str, ...]) -> str:
     """Names as the right side of IN: inside a lambda, cheaper than a list constant built for every key."""
-    return "(" + ", ".join(_literal(n) for n in names) + ")"
+    return "(" + ", ".join(literal(n) for n in names) + ")"
 
 
 _CONTRACT_NAMES = _in_list(FIELD_NAMES)
@@ -162,18 +159,18 @@ def reason_sql() -> str:
 
 def paths_literal() -> str:
     """The JSON paths of the contract's fields."""
-    return "[" + ", ".join(_literal(f'$."{name}"') for name in FIELD_NAMES) + "]"
+    return list_literal(f'$."{name}"' for name in FIELD_NAMES)
 
 
 def texts_type() -> str:
     """from_json's type for the contract's fields as text: each as json_extract_string reads it (a string
     unquoted, anything else as JSON, null and absent as NULL; a name given twice: its first value)."""
-    return _literal(json.dumps({name: "VARCHAR" for name in FIELD_NAMES}))
+    return literal(json.dumps({name: "VARCHAR" for name in FIELD_NAMES}))
 
 
 def text_in_texts(struct: str, name: str) -> str:
     """A field's text from the struct that texts_type reads."""
-    return f"struct_extract({struct}, {_literal(name)})"
+    return f"struct_extract({struct}, {literal(name)})"
 
 
 def _typed_column(f: contract.Field) -> str:
@@ -250,7 +247,7 @@ def usual_layout_sql(usual: tuple[str, ...]) -> str:
     ones, leaves no room for another key or one named twice."""
     if not usual:
         return "false"
-    listed = "[" + ", ".join(_literal(k) for k in usual) + "]"
+    listed = list_literal(usual)
     return f"(n_keys = n_known + {len(usual)} AND keys[n_known + 1:] = {listed})"
 
 
@@ -264,7 +261,7 @@ def extra_sql(usual: tuple[str, ...]) -> str:
     """
     if not usual:
         return EXTRA_SQL
-    first = _literal(json.dumps(usual[0], ensure_ascii=False))
+    first = literal(json.dumps(usual[0], ensure_ascii=False))
     tail = f"TRY_CAST('{{' || substr(obj, strpos(obj, {first})) AS JSON)"
     return (f"CASE WHEN n_keys <= n_known + n_markers THEN NULL "
             f"WHEN usual_layout THEN coalesce({tail}, {_PATCHED}) ELSE {_PATCHED} END")

@@ -1,4 +1,4 @@
-"""A large file of another log format is read by worker processes (store/parallel.py): the store it makes
+"""A large file of another log format is read by worker processes (formats/parallel.py): the store it makes
 equals the one read line by line here, bad lines and their reasons included, and a reader's error, a
 worker that dies and a caller's script without a main guard behave."""
 
@@ -17,8 +17,9 @@ import pytest
 from helpers import rec, write_jsonl
 from test_lake import contents
 
-from specdec_core.formats import line_reader, load_mapping
-from specdec_core.store import Store, ingest, parallel, readers
+from specdec_core.formats import jsonl as readers
+from specdec_core.formats import line_reader, load_mapping, parallel
+from specdec_core.store import Store, ingest
 
 FORMATS = Path(__file__).parents[1] / "fixtures" / "formats"
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +96,8 @@ def test_a_script_that_ingests_at_its_top_level_starts_its_workers_once(tmp_path
     script = tmp_path / "load.py"
     script.write_text(textwrap.dedent(f"""
         import sys
-        from specdec_core.store import Store, ingest, parallel
+        from specdec_core.formats import parallel
+        from specdec_core.store import Store, ingest
         parallel.PARALLEL_FROM_BYTES = 0
         parallel.SLICE_LINES = 2
         print("started", flush=True)

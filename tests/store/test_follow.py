@@ -190,7 +190,7 @@ def test_follow_prints_a_status_line_per_batch(tmp_path):
 
 
 def test_a_follow_of_a_large_file_store_that_is_copied_whole_is_told_of_the_lake(tmp_path):
-    from specdec_core.store.connection import copies_share_blocks, copy_cost_note, filesystem_type
+    from specdec_core.store.working_copy import copies_share_blocks, copy_cost_note, filesystem_type
 
     db = tmp_path / "s.duckdb"
     (tmp_path / "a.jsonl").write_text("".join(line(n) for n in range(20)))

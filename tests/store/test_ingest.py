@@ -13,9 +13,9 @@ import pytest
 from helpers import DROP, rec, write_csv, write_jsonl
 
 from specdec_core.contract.identity import canonical_json, fingerprint, identity
+from specdec_core.formats.files import LogReadError
 from specdec_core.store.connection import Store, StoreError
 from specdec_core.store.ingest import ingest
-from specdec_core.store.readers import LogReadError
 
 
 def quarantine_rows(store):
@@ -396,7 +396,7 @@ def test_progress_moves_through_each_file_and_the_batch_steps(store, tmp_path):
 def test_rows_appended_to_a_store_go_into_small_row_groups_and_read_back_whole(tmp_path):
     # A new store keeps DuckDB's row groups; a batch into a store holding rows writes groups of at most
     # APPEND_ROW_GROUP_SIZE rows, whose checkpoint does not slow down as a large last group fills.
-    from specdec_core.store.connection import APPEND_ROW_GROUP_SIZE
+    from specdec_core.store.working_copy import APPEND_ROW_GROUP_SIZE
 
     store = Store(tmp_path / "s.duckdb")
     first = [rec(f"a{i}", ts=f"2026-03-01T10:00:{i % 60:02d}Z", cache_key=f"K{i % 50}") for i in range(30_000)]

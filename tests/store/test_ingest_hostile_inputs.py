@@ -20,10 +20,10 @@ import pytest
 from helpers import rec, run_cli, write_csv, write_jsonl
 
 from specdec_core.cli import main as cli_main
+from specdec_core.formats.files import LogReadError
 from specdec_core.store import connection
 from specdec_core.store.connection import Store, StoreError
 from specdec_core.store.ingest import ingest
-from specdec_core.store.readers import LogReadError
 from specdec_core.store.staging import IngestLimits
 
 REPO = Path(__file__).resolve().parents[2]
@@ -232,7 +232,7 @@ def test_where_a_csv_record_ends_is_read_as_the_csv_module_reads_it(seed):
     import io
     import random
 
-    from specdec_core.store.readers import _QUOTED, _START, _csv_state_after, _CsvLines
+    from specdec_core.formats.csv_file import _QUOTED, _START, _csv_state_after, _CsvLines
 
     rnd = random.Random(seed)
     text = "".join(rnd.choice(_CSV_PIECES) for _ in range(400))

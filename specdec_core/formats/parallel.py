@@ -182,7 +182,7 @@ def _slices(slices: Iterable[Slice]) -> Iterator[Slice]:
 
 
 _BOOT = ("import sys; sys.path[:0] = {path!r}; "
-         "from specdec_core.store.parallel import serve; serve(int(sys.argv[1]), int(sys.argv[2]))")
+         "from specdec_core.formats.parallel import serve; serve(int(sys.argv[1]), int(sys.argv[2]))")
 
 
 def serve(inbox: int, outbox: int) -> None:

@@ -1,0 +1,87 @@
+"""The store's tables: created, brought up to date column by column, and the changes said in words."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import duckdb
+
+from specdec_core.store.schema import (
+    DROP_IDENTITIES_KEY_SQL,
+    column_migrations_sql,
+    columns_to_relax,
+    relax_not_null_sql,
+    schema_sql,
+)
+from specdec_core.store.sql import scalar
+
+SCHEMA_VERSION = 1
+
+
+def is_lake(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the connection's database is a DuckLake (which has no PRIMARY KEY or UNIQUE constraints)."""
+    return scalar(con, "SELECT type FROM duckdb_databases() WHERE database_name = current_database()") == "ducklake"
+
+
+def create_tables(con: duckdb.DuckDBPyConnection, ddl: str) -> None:
+    """Run CREATE TABLE statements; in a lake without their keys, which its writers keep unique themselves."""
+    con.execute(re.sub(r"\s+PRIMARY KEY\b", " NOT NULL", ddl) if is_lake(con) else ddl)
+
+
+
+
+# Where `specdec migrate` collects what the writes it runs changed in the store's shape (schema_changes()).
+_SCHEMA_CHANGES: ContextVar[list[str] | None] = ContextVar("specdec_schema_changes", default=None)
+
+
+@contextmanager
+def schema_changes() -> Iterator[list[str]]:
+    """The changes ensure_schema makes to a store's tables within this block, in words, once each."""
+    changes: list[str] = []
+    token = _SCHEMA_CHANGES.set(changes)
+    try:
+        yield changes
+    finally:
+        _SCHEMA_CHANGES.reset(token)
+
+
+def _columns(con: duckdb.DuckDBPyConnection) -> dict[str, set[str]]:
+    tables: dict[str, set[str]] = {}
+    for table, column in con.execute("SELECT table_name, column_name FROM duckdb_columns() "
+                                     "WHERE database_name = current_database()").fetchall():
+        tables.setdefault(table, set()).add(column)
+    return tables
+
+
+def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """Create missing tables and add the columns a newer version has: cheap, so every write does it.
+
+    Every write to a lake rewrites meta's schema_version row: two overlapping writers then conflict at
+    commit, so neither commits a batch judged without the other's rows."""
+    report = _SCHEMA_CHANGES.get()
+    before = _columns(con) if report is not None else {}
+    create_tables(con, schema_sql())
+    con.execute(column_migrations_sql())
+    constraints = con.execute("SELECT table_name, constraint_type, unnest(constraint_column_names) "
+                              "FROM duckdb_constraints() WHERE database_name = current_database() "
+                              "AND table_name IN ('requests', 'identities')").fetchall()
+    relaxed = columns_to_relax({c for t, kind, c in constraints if t == "requests" and kind == "NOT NULL"})
+    keyed = ("identities", "PRIMARY KEY", "fingerprint") in constraints
+    if relaxed:
+        con.execute(relax_not_null_sql(relaxed))
+    if keyed:
+        con.execute(DROP_IDENTITIES_KEY_SQL)
+    # A file's writers take turns (its lock): the row is only written when it changes.
+    if is_lake(con) or scalar(con, "SELECT max(value) FROM meta WHERE key = 'schema_version'") != str(SCHEMA_VERSION):
+        con.execute("DELETE FROM meta WHERE key = 'schema_version'")
+        con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+    if report is not None and before:  # a store that had tables: what this write changed in them
+        after = _columns(con)
+        said = [f"added table {t}" for t in sorted(set(after) - set(before))]
+        said += [f"added column {t}.{c}" for t in sorted(before) for c in sorted(after.get(t, set()) - before[t])]
+        said += [f"let requests.{c} be unknown (NULL)" for c in relaxed]
+        said += ["dropped the key of identities (kept unique by every ingest)"] if keyed else []
+        report.extend(x for x in said if x not in report)
