@@ -12,6 +12,8 @@ import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from specdec_core.extras import MissingExtra, require
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 # Contract fields carried as specdec.* attributes (the GenAI conventions have no name for them).
@@ -31,8 +33,8 @@ def epoch_ns(rfc3339: str) -> int:
 def default_tracer() -> Any | None:
     """The global tracer when opentelemetry-api is installed, else None."""
     try:
-        from opentelemetry import trace
-    except ImportError:
+        trace = require("otel", "opentelemetry.trace")
+    except MissingExtra:
         return None
     return trace.get_tracer("specdec_core")
 
