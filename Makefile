@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[all,test]"
 	$(PY) -m pip install -q --upgrade --no-deps --target $(VENV)/duckdb-2.0.1 duckdb==2.0.1
 	@touch $(STAMP)
 

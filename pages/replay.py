@@ -104,7 +104,7 @@ def show_replay(view: stored.StoredReplay, *, key: str) -> None:
     row[0].metric("Common prefix (tokens)", ui.fmt_int(view.common_prefix_tokens))
     row[1].metric("First divergent token", ui.fmt_int(view.first_divergent_token))
     row[2].metric("Similarity", ui.fmt_pct(view.similarity))
-    rate = view.accepted_tokens / view.draft_tokens if view.draft_tokens else None
+    rate = analysis.acceptance_rate(view.accepted_tokens, view.draft_tokens)
     row[3].metric("Acceptance rate (replay)", ui.fmt_pct(rate))
     against, _ = view.proof
     proof = view.proof_diff()

@@ -12,14 +12,10 @@ import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+from specdec_core.contract.span_attributes import AS_JSON_TEXT, AS_LIST, AS_ONE_ELEMENT_LIST, SPAN_ATTRIBUTES
+from specdec_core.extras import MissingExtra, require
 
-# Contract fields carried as specdec.* attributes (the GenAI conventions have no name for them).
-_SPECDEC_FIELDS = ("request_id", "prompt", "prompt_hash", "draft_model", "num_speculative_tokens",
-                   "tokenizer_version", "deployment", "cache_key", "cache_hit", "output_text", "draft_tokens",
-                   "accepted_tokens")
-_GEN_AI_REQUEST = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_tokens": "max_tokens",
-                   "seed": "seed", "stop": "stop_sequences"}
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def epoch_ns(rfc3339: str) -> int:
@@ -31,28 +27,26 @@ def epoch_ns(rfc3339: str) -> int:
 def default_tracer() -> Any | None:
     """The global tracer when opentelemetry-api is installed, else None."""
     try:
-        from opentelemetry import trace
-    except ImportError:
+        trace = require("otel", "opentelemetry.trace")
+    except MissingExtra:
         return None
     return trace.get_tracer("specdec_core")
 
 
 def span_attributes(record: dict[str, Any]) -> dict[str, Any]:
     """A log record as GenAI span attributes; a null value is left out (OpenTelemetry has no null)."""
-    attrs: dict[str, Any] = {"gen_ai.operation.name": "text_completion",
-                             "gen_ai.request.model": record["target_model"]}
-    for field, name in _GEN_AI_REQUEST.items():
-        if record.get(field) is not None:
-            attrs[f"gen_ai.request.{name}"] = list(record[field]) if field == "stop" else record[field]
-    attrs["gen_ai.usage.output_tokens"] = record["output_tokens"]
-    if record.get("finish_reason") is not None:
-        attrs["gen_ai.response.finish_reasons"] = [record["finish_reason"]]
-    for field in _SPECDEC_FIELDS:
-        if record.get(field) is not None:
-            attrs[f"specdec.{field}"] = record[field]
-    if record.get("cached_fingerprint") is not None:
-        attrs["specdec.cached_fingerprint"] = json.dumps(record["cached_fingerprint"], ensure_ascii=False,
-                                                         sort_keys=True, separators=(",", ":"))
+    attrs: dict[str, Any] = {"gen_ai.operation.name": "text_completion"}
+    for field, name in SPAN_ATTRIBUTES.items():
+        value = record.get(field)
+        if value is None:
+            continue
+        if field in AS_LIST:
+            value = list(value)
+        elif field in AS_ONE_ELEMENT_LIST:
+            value = [value]
+        elif field in AS_JSON_TEXT:
+            value = json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+        attrs[name] = value
     return attrs
 
 

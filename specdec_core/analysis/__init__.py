@@ -11,6 +11,7 @@ from specdec_core.analysis.annotations import (
 )
 from specdec_core.analysis.cache import (
     acceptance_by_combination,
+    acceptance_rate,
     hit_rate_by_combination,
     hit_rate_over_time,
     key_ratio_by_deployment,
@@ -45,7 +46,7 @@ __all__ = [
     "contamination_annotations", "differing_identity_columns", "freshness", "hit_rate_by_deployment_over_time",
     "key_prompts", "latency_histogram", "parse_annotations", "requests_in_window", "search_requests",
     "KINDS", "LoggingGap", "NO_DRAFT", "NO_FILTERS", "RED_FLAG_IDS", "Filters", "RedFlag", "acceptance_by_combination",
-    "contaminated_hits", "contamination_window", "filter_options", "headline", "hit_rate_by_combination",
+    "acceptance_rate", "contaminated_hits", "contamination_window", "filter_options", "headline", "hit_rate_by_combination",
     "hit_rate_over_time", "key_collision_identities", "key_collisions", "key_ratio_by_deployment",
     "latency_hit_vs_miss", "length_violations", "logging_gaps", "mismatch_rate_over_time", "mismatch_report",
     "output_length_by_max_tokens", "quarantined_records", "red_flags", "report_counts", "report_csv",

@@ -143,10 +143,26 @@ def latency_hit_vs_miss(store: Store, filters: Filters = NO_FILTERS) -> pd.DataF
     return df(store, LATENCY_HIT_VS_MISS_SQL, filters, whole=_latency_from_histogram)
 
 
+def acceptance_rate(accepted_tokens: float | None, draft_tokens: float | None) -> float | None:
+    """Draft tokens the target accepted per draft token proposed; None when nothing was proposed.
+
+    The one definition: the SQL below builds its ratio with `acceptance_rate_sql`, and a page showing
+    one request's rate calls this.
+    """
+    if accepted_tokens is None or not draft_tokens:
+        return None
+    return accepted_tokens / draft_tokens
+
+
+def acceptance_rate_sql(accepted_tokens: str, draft_tokens: str) -> str:
+    """`acceptance_rate` over two SQL expressions (NULL when nothing was proposed)."""
+    return f"{accepted_tokens} / nullif({draft_tokens}, 0)"
+
+
 ACCEPTANCE_BY_COMBINATION_SQL = f"""
 SELECT r.target_model, {draft_label()} AS draft_model, count(*) AS decoded_requests,
        sum(r.draft_tokens) AS draft_tokens, sum(r.accepted_tokens) AS accepted_tokens,
-       sum(r.accepted_tokens) / nullif(sum(r.draft_tokens), 0) AS acceptance_rate,
+       {acceptance_rate_sql('sum(r.accepted_tokens)', 'sum(r.draft_tokens)')} AS acceptance_rate,
        -- Tokens accepted per verification step: each step proposes num_speculative_tokens.
        sum(r.accepted_tokens) / nullif(sum(r.draft_tokens / nullif(r.num_speculative_tokens, 0)), 0)
            AS mean_accepted_length
@@ -159,7 +175,7 @@ GROUP BY ALL ORDER BY target_model, draft_model
 ACCEPTANCE_BY_COMBINATION_MINUTE_SQL = f"""
 SELECT c.target_model, c.draft_model, sum(c.decoded_requests)::BIGINT AS decoded_requests,
        sum(c.draft_tokens) AS draft_tokens, sum(c.accepted_tokens) AS accepted_tokens,
-       sum(c.accepted_tokens) / nullif(sum(c.draft_tokens), 0) AS acceptance_rate,
+       {acceptance_rate_sql('sum(c.accepted_tokens)', 'sum(c.draft_tokens)')} AS acceptance_rate,
        sum(c.accepted_tokens) / nullif(sum(c.steps), 0) AS mean_accepted_length
 FROM {{source}} c
 WHERE NOT c.cache_hit AND c.draft_model <> '{NO_DRAFT}'

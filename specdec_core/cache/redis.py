@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from specdec_core.cache.entry import CacheError, CacheRead, CacheStats, _check_ttl, decode_entry, encode_entry  # noqa: F401
 from specdec_core.contract.result import DecodeResult
+from specdec_core.extras import require
 from specdec_core.keys.schemes import namespace_prefix
 
 logger = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ logger = logging.getLogger(__name__)
 @functools.cache
 def _redis_failures() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
     """(what a cache call catches, what of it means Redis is unreachable); redis imports lazily."""
-    from redis import exceptions as rx
+    rx = require("redis", "redis.exceptions")
 
     unreachable = (
         rx.ConnectionError,
@@ -159,6 +160,8 @@ class RedisCache:
     ) -> None:
         if not deadline_s > 0:
             raise ValueError(f"deadline_s: expected seconds > 0, got {deadline_s!r}")
+        # Here, not on first use: a missing extra must not pass for an unreachable server (a miss).
+        require("redis", "redis")
         self.stats = CacheStats()
         self.deadline_s = deadline_s
         self.breaker = CircuitBreaker(breaker_failures, breaker_interval_s)
@@ -178,10 +181,8 @@ class RedisCache:
                 retries=retries,
             )
         else:
-            import redis.cluster
-
             self.url = None
-            self.is_cluster = isinstance(url_or_client, redis.cluster.RedisCluster)
+            self.is_cluster = isinstance(url_or_client, require("redis", "redis.cluster").RedisCluster)
             self._client = url_or_client
             self._make_client = lambda: url_or_client
 
@@ -297,10 +298,10 @@ class RedisCache:
 def _client_from_url(
     url: str, *, cluster: bool, socket_timeout: float, socket_connect_timeout: float, retries: int
 ) -> Any:
-    import redis
-    import redis.cluster
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
+    redis = require("redis", "redis")
+    cluster_module = require("redis", "redis.cluster")
+    NoBackoff = require("redis", "redis.backoff").NoBackoff
+    Retry = require("redis", "redis.retry").Retry
 
     # redis-py's default retries with backoff for seconds; a cache must fail fast instead.
     options = {
@@ -309,7 +310,7 @@ def _client_from_url(
         "retry": Retry(NoBackoff(), retries),
     }
     if cluster:
-        return redis.cluster.RedisCluster.from_url(url, **options)
+        return cluster_module.RedisCluster.from_url(url, **options)
     return redis.Redis.from_url(url, **options)
 
 

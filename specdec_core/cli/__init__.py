@@ -1,7 +1,7 @@
 """The `specdec` command: a thin layer over specdec_core, one module per command group.
 
 Exit codes: 0 done, 1 the work could not be done (an unreadable path, a finding),
-2 usage. Errors are one line on stderr.
+2 usage (a command whose pip extra is not installed included). Errors are one line on stderr.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import duckdb
 
+from specdec_core.extras import MissingExtra
 from specdec_core.store.connection import StoreError
 
 # Each module defines `register(subparsers)`; its parsers set `func(args) -> int`.
@@ -52,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         try:
             return int(args.func(args) or 0)
+        except MissingExtra as exc:
+            print(f"specdec {args.command}: {exc}", file=sys.stderr)
+            return 2
         except (StoreError, OSError) as exc:  # what a command didn't say itself: still one line, naming the file
             print(f"specdec {args.command}: {exc}", file=sys.stderr)
             return 1

@@ -18,8 +18,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         make_synthetic_log(out, args.rows, seed=args.seed)
         print(f"wrote {args.rows:,} synthetic rows to {out} in {time.perf_counter() - started:.1f} s")
         return 0
-    import torch
+    from specdec_core.extras import require
 
+    torch = require("replay", "torch")
     from specdec_core.decoding.engine import LogitRounding, SpecDecoder
     from specdec_core.decoding.registry import RegistryError
     from specdec_core.demo.simulate import simulate

@@ -1,8 +1,27 @@
-"""The speculative decoder on transformers + torch: the engine, one proposer per file, the model registry."""
+"""The speculative decoder on transformers + torch: the engine, one proposer per file, the model registry.
 
-from specdec_core.decoding.engine import SpecDecoder
-from specdec_core.decoding.loader import ModelLoader
+The registry is plain Python; the engine and its loader need the replay extra (torch, transformers)
+and load on first use, so reading `specdec.toml` works without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from specdec_core.decoding.registry import Registry, RegistryError, UnknownModelError
-from specdec_core.decoding.scoring import TokenScores
+
+_LAZY: dict[str, str] = {
+    "SpecDecoder": "engine",
+    "ModelLoader": "loader",
+    "TokenScores": "scoring",
+}
 
 __all__ = ["ModelLoader", "Registry", "RegistryError", "SpecDecoder", "TokenScores", "UnknownModelError"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specdec_core.decoding' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

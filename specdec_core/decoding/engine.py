@@ -29,14 +29,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from specdec_core.contract.identity import DecodeRequest, fingerprint
 from specdec_core.contract.result import DecodeError, DecodeResult
 from specdec_core.decoding.loader import ModelLoader
 from specdec_core.decoding.proposers import DEFAULT_DRAFT_TOKENS, Proposer, proposer_for  # noqa: F401 (the default is public)
 from specdec_core.decoding.registry import Registry, RegistryError
 from specdec_core.decoding.scoring import TokenScores, sampling_logits
+from specdec_core.extras import require
+
+torch = require("replay", "torch")
 
 # Below this many target parameters a CPU decode runs on one thread: splitting such small
 # matrices only adds overhead, and on a busy 2-core machine two contending threads made
@@ -255,7 +256,7 @@ class SpecDecoder:
 
     def environment(self, req: DecodeRequest) -> dict[str, Any]:
         """What a replay must match for its output to be comparable with this one."""
-        import transformers
+        transformers = require("replay", "transformers")
 
         proposer = proposer_for(req)
         return {
@@ -291,7 +292,7 @@ class SpecDecoder:
                            ) -> Any:
         """`room`: the positions the target's context leaves after the prompt; generation stops there at the latest
         (a service refuses max_tokens past it; a logged 10**18 would otherwise decode until cancelled)."""
-        from transformers import GenerationConfig
+        GenerationConfig = require("replay", "transformers").GenerationConfig
 
         args: dict[str, Any] = {
             "max_new_tokens": req.max_tokens if room is None else min(req.max_tokens, room),
@@ -318,11 +319,11 @@ class SpecDecoder:
             config = self._generation_config(req, eos, proposer, None if limit is None else limit - len(prompt))
             kwargs: dict[str, Any] = proposer.generate_kwargs(self.loader, target)
             if req.stop:
-                from transformers import StoppingCriteriaList
+                StoppingCriteriaList = require("replay", "transformers").StoppingCriteriaList
 
                 kwargs["stopping_criteria"] = StoppingCriteriaList([_StopOnText(tok, len(prompt), req.stop)])
             if self.logits_processors:
-                from transformers import LogitsProcessorList
+                LogitsProcessorList = require("replay", "transformers").LogitsProcessorList
 
                 kwargs["logits_processor"] = LogitsProcessorList(self.logits_processors)
             input_ids = torch.tensor([prompt], dtype=torch.long, device=target.device)

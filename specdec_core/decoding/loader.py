@@ -7,6 +7,7 @@ from collections import OrderedDict
 from typing import Any
 
 from specdec_core.decoding.registry import ModelSpec, Registry, RegistryError
+from specdec_core.extras import require
 
 
 class ModelLoader:
@@ -43,7 +44,7 @@ class ModelLoader:
             return model
 
     def _load_model(self, spec: ModelSpec) -> Any:
-        from transformers import AutoModelForCausalLM
+        AutoModelForCausalLM = require("replay", "transformers").AutoModelForCausalLM
 
         where, kwargs = spec.from_pretrained_args()
         try:
@@ -61,7 +62,7 @@ class ModelLoader:
             if key in self._tokenizers:
                 self._tokenizers.move_to_end(key)
                 return self._tokenizers[key]
-            from transformers import AutoTokenizer
+            AutoTokenizer = require("replay", "transformers").AutoTokenizer
 
             try:
                 tok = AutoTokenizer.from_pretrained(where, **kwargs)

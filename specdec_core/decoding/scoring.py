@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
 from specdec_core.contract.identity import DecodeRequest
+from specdec_core.extras import require
+
+torch = require("replay", "torch")
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class TokenScores:
 
 def sampling_logits(logits: torch.Tensor, req: DecodeRequest) -> torch.Tensor:
     """Logits as transformers' sampling sees them: temperature, then top-k, then top-p."""
-    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+    warpers = require("replay", "transformers.generation.logits_process")
+    TopKLogitsWarper, TopPLogitsWarper = warpers.TopKLogitsWarper, warpers.TopPLogitsWarper
 
     scores = logits / float(req.temperature)
     if req.top_k:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec_core.decoding.registry import Registry
+from specdec_core.extras import require
 from specdec_core.settings_file import REPO_ROOT
 
 FAMILIES: tuple[str, ...] = ("tiny", "smollm2")
@@ -354,6 +355,9 @@ def _stamp_ok(out: Path, version: int) -> bool:
 
 def _build_atomically(out: Path, version: int, build: Callable[[Path], None]) -> None:
     """Build into a sibling temp folder, then swap it in, so a crash never leaves half a family."""
+    # Checked before anything is made, so a missing extra is one line and leaves no temp folder.
+    for module in ("torch", "transformers", "tokenizers", "gguf"):
+        require("replay", module)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:

@@ -7,6 +7,8 @@ import binascii
 import re
 from typing import Any
 
+from specdec_core.contract.span_attributes import SPAN_ATTRIBUTES
+
 from .common import (
     FormatError,
     LineResult,
@@ -20,23 +22,12 @@ from .common import (
 WHAT = "an OTLP ExportTraceServiceRequest"
 REQUEST_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 
-# record field <- span attribute, taken as decoded.
-_DIRECT: tuple[tuple[str, str], ...] = (
-    ("target_model", "gen_ai.request.model"),
-    ("temperature", "gen_ai.request.temperature"),
-    ("top_p", "gen_ai.request.top_p"),
-    ("top_k", "gen_ai.request.top_k"),
-    ("max_tokens", "gen_ai.request.max_tokens"),
-    ("seed", "gen_ai.request.seed"),
-    ("stop", "gen_ai.request.stop_sequences"),
-    ("output_tokens", "gen_ai.usage.output_tokens"),
-) + tuple(
-    (name, "specdec." + name)
-    for name in (
-        "draft_model", "num_speculative_tokens", "tokenizer_version", "cache_key", "cache_hit",
-        "prompt_hash", "draft_tokens", "accepted_tokens",
-    )
-)  # fmt: skip
+# Fields span_record derives from more than their own attribute (a fallback, a list, JSON text).
+_DERIVED = frozenset({"request_id", "prompt", "output_text", "finish_reason", "deployment", "cached_fingerprint"})
+# record field <- span attribute, taken as decoded: the rest of the contract's attribute table.
+_DIRECT: tuple[tuple[str, str], ...] = tuple(
+    (field, attribute) for field, attribute in SPAN_ATTRIBUTES.items() if field not in _DERIVED
+)
 
 _MISSING = object()  # an attribute that is absent, or whose AnyValue is empty
 

@@ -29,6 +29,7 @@ from typing import TypeVar
 
 import duckdb
 
+from specdec_core.extras import MissingExtra, require
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LakeLocation
 from specdec_core.store.sql import literal
@@ -48,12 +49,10 @@ class WriteConflict(LakeError):
 
 
 def _extension_file(package: str, name: str) -> Path:
-    module_name = package.replace("-", "_")
     try:
-        module = __import__(module_name)
-    except ImportError:
-        raise LakeError(f"the {package} package is missing; install it with `pip install {package}=="
-                        f"{duckdb.__version__}` (it ships the DuckDB extension the shared store needs)") from None
+        module = require("lake", package.replace("-", "_"))
+    except MissingExtra as exc:
+        raise LakeError(f"a DuckLake store {exc}") from None
     found = Path(module.__file__).parent / "extensions" / _DUCKDB_VERSION / f"{name}.duckdb_extension"
     if not found.is_file():
         raise LakeError(f"{found}: no such extension for DuckDB {duckdb.__version__}; install "

@@ -1,0 +1,70 @@
+"""The span writer (spans.py) and the OTel reader (formats/otel.py) share the contract's one attribute table:
+every field written as an attribute is read back as itself, a field added to the contract included."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from helpers import rec
+
+from specdec_core.contract import fields
+from specdec_core.contract.span_attributes import SPAN_ATTRIBUTES, SPAN_TIMED_FIELDS
+
+# One span whose attributes are what spans.py writes for a record, as OTLP JSON; read back by otel.py.
+ROUND_TRIP = textwrap.dedent("""
+    import json, sys
+    from specdec_core.contract import fields as cf
+    if sys.argv[2] == "extended":
+        cf.define(cf.FIELDS + (cf.Field("lora_adapter", "str", identity=True),))
+    from specdec_core.formats.otel import span_record
+    from specdec_core.spans import span_attributes
+
+    def any_value(v):
+        if isinstance(v, bool):
+            return {"boolValue": v}
+        if isinstance(v, int):
+            return {"intValue": str(v)}
+        if isinstance(v, float):
+            return {"doubleValue": v}
+        if isinstance(v, list):
+            return {"arrayValue": {"values": [any_value(x) for x in v]}}
+        return {"stringValue": v}
+
+    record = json.loads(sys.argv[1])
+    attrs = [{"key": k, "value": any_value(v)} for k, v in span_attributes(record).items()]
+    span = {"spanId": "00f067aa0ba902b7", "startTimeUnixNano": "1772359200000000000",
+            "endTimeUnixNano": "1772359200120000000", "attributes": attrs}
+    print(json.dumps({"attributes": sorted(a["key"] for a in attrs), "read": span_record(span, {})}))
+""")
+
+
+def round_trip(record: dict, contract: str = "as shipped") -> dict:
+    run = subprocess.run([sys.executable, "-c", ROUND_TRIP, json.dumps(record), contract],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_every_contract_field_but_the_span_times_has_one_attribute() -> None:
+    assert set(SPAN_ATTRIBUTES) == {f.name for f in fields.FIELDS} - SPAN_TIMED_FIELDS
+    assert len(set(SPAN_ATTRIBUTES.values())) == len(SPAN_ATTRIBUTES)
+    assert SPAN_ATTRIBUTES["max_tokens"] == "gen_ai.request.max_tokens"
+    assert SPAN_ATTRIBUTES["cache_key"] == "specdec.cache_key"
+
+
+def test_what_the_writer_writes_the_reader_reads_back_as_the_same_record() -> None:
+    record = rec("r-7", stop=["\n", "END"], seed=3, top_k=40, top_p=0.9, temperature=0.7, cache_hit=True,
+                 cached_fingerprint={"prompt": "Summarise the incident.", "max_tokens": 64},
+                 ts="2026-03-01T10:00:00Z", latency_ms=120.0, prompt_hash="a" * 64)
+    out = round_trip(record)
+    assert set(out["attributes"]) == {"gen_ai.operation.name"} | set(SPAN_ATTRIBUTES.values())
+    assert out["read"] == {**{k: v for k, v in record.items() if v is not None}, "ts": "2026-03-01T10:00:00.000000Z"}
+
+
+def test_a_field_added_to_the_contract_travels_through_a_span() -> None:
+    out = round_trip(rec("r-8", lora_adapter="support-v2"), contract="extended")
+    assert "specdec.lora_adapter" in out["attributes"]
+    assert out["read"]["lora_adapter"] == "support-v2"
