@@ -26,6 +26,7 @@ from specdec_core.store.migrate import migrate_connection
 from specdec_core.store.readers import JSONL_SUFFIXES, LogReadError, first_line, foreign_inputs, resolve_paths
 from specdec_core.store.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
 from specdec_core.store.summaries import build_summaries
+from specdec_core.store.verdicts import record_first_verdicts
 from specdec_core.store.validation import (
     _INDEX,
     FIELD_NAMES,
@@ -348,6 +349,7 @@ def ingest(
             if accepted or backfilled:  # only what the batch may have changed: its cost follows the batch
                 update_derived(con, ingest_id)
             say(_BATCH_STEPS[3])
+        record_first_verdicts(con, ingest_id)
         duplicates = read - accepted - quarantined - skipped
         con.execute(
             "INSERT INTO ingests VALUES (?, now(), ?, ?, ?, ?, ?)",
