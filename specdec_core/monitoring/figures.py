@@ -1,0 +1,151 @@
+"""The store's figures as the metrics contract names them (shared/metrics.md): the one place they are read.
+
+Every figure comes from the tables the dashboard and `specdec stats` read (the summaries, or, where a store
+has none yet, the same summaries' SQL over the rows), so a scrape and the Overview agree for the same store.
+Label values come from the logs, so each label keeps its `top` values by request volume and folds the rest
+into `"other"`: a log with a million deployment names yields at most `top + 1` deployments here, and the
+folding happens in DuckDB, never in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+from specdec_core.contract import fields as contract
+from specdec_core.store import summaries as summary
+from specdec_core.store.connection import Store
+
+OTHER = "other"
+DEFAULT_TOP = 50
+IDENTITY_FIELDS: tuple[str, ...] = tuple(f.name for f in contract.FIELDS if f.identity)
+
+Row = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Each metric's rows: its label values in the contract's order, then its value(s)."""
+
+    requests: tuple[Row, ...]  # deployment, target_model, draft_model, cache_hit ("true"/"false"), count
+    contaminated_first: tuple[Row, ...]  # deployment, target_model, draft_model, hits first judged contaminated
+    contaminated_now: tuple[Row, ...]  # deployment, target_model, draft_model, hits contaminated now
+    contaminated_fields: tuple[Row, ...]  # deployment, field, hits (first verdicts)
+    length_violations: tuple[Row, ...]  # deployment, target_model, count
+    tokens: tuple[Row, ...]  # deployment, target_model, draft_model, sum of draft_tokens, of accepted_tokens
+    keys: tuple[Row, ...]  # deployment, distinct cache keys, distinct identities, keys shared by identities
+    newest: tuple[Row, ...]  # deployment, ts of the newest request (Unix seconds)
+    replays: tuple[Row, ...]  # classification, count
+    quarantined: int
+    folded: tuple[Row, ...]  # label, how many distinct values were folded into "other"
+
+
+def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+
+
+def _fold(column: str, param: str) -> str:
+    return f"CASE WHEN list_contains(${param}, {column}) THEN {column} ELSE '{OTHER}' END"
+
+
+# The three labels' values with the most requests; ties go to the name that sorts first, so every reader of
+# one store keeps the same ones (a restarted exporter exports the same series).
+TOP_VALUES_SQL = "SELECT {column} FROM {minute} GROUP BY 1 ORDER BY sum(requests) DESC, 1 LIMIT ?"
+DISTINCT_VALUES_SQL = "SELECT count(DISTINCT {column}) FROM {minute}"
+
+REQUESTS_SQL = """SELECT {dep}, {target}, {draft}, CASE WHEN cache_hit THEN 'true' ELSE 'false' END,
+       sum(requests)::BIGINT, sum(violations)::BIGINT, max(last_ts)
+FROM {minute} GROUP BY ALL"""
+
+# Hits as first judged contaminated (store/verdicts.py), per label set; a store none of whose ingests has
+# recorded them yet counts its current verdicts, which its next ingest records as first verdicts.
+CONTAMINATED_SQL = "SELECT {dep}, {target}, {draft}, count(*) FROM {verdicts} GROUP BY ALL"
+CONTAMINATED_FIELDS_SQL = """SELECT {dep}, field, count(*) FROM (
+    SELECT deployment, target_model, draft_model, unnest(string_split(differing_fields, ';')) AS field
+    FROM {verdicts}) WHERE field <> '' GROUP BY ALL"""
+
+# The contract's token sums: every accepted record's draft_tokens and accepted_tokens.
+TOKENS_SQL = """SELECT {dep}, {target}, {draft}, coalesce(sum(draft_tokens), 0)::BIGINT,
+       coalesce(sum(accepted_tokens), 0)::BIGINT
+FROM (SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {label} AS draft_model, r.draft_tokens,
+             r.accepted_tokens FROM requests r) GROUP BY ALL"""
+
+# Keys, identities and collisions per deployment, as the Overview's headline counts them for one deployment
+# (analysis/overview.py KEY_COUNTS_WHOLE_SQL); a folded deployment's counts add up, keys being per deployment.
+KEYS_SUMMARY_SQL = """WITH k AS (
+    SELECT deployment, count(DISTINCT key_id) AS keys, count(DISTINCT fp_id) AS identities
+    FROM summary_keys GROUP BY 1
+), c AS (
+    SELECT deployment, count(*) AS collisions FROM (
+        SELECT deployment, key_id FROM summary_shared_keys GROUP BY ALL HAVING count(*) > 1) GROUP BY 1
+)
+SELECT {dep}, sum(keys)::BIGINT, sum(identities)::BIGINT, coalesce(sum(collisions), 0)::BIGINT
+FROM k LEFT JOIN c USING (deployment) GROUP BY ALL"""
+KEYS_ROWS_SQL = """WITH p AS (
+    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint FROM requests r
+    WHERE r.cache_key IS NOT NULL GROUP BY ALL
+), per_key AS (SELECT deployment, cache_key, count(*) AS n FROM p GROUP BY ALL),
+k AS (
+    SELECT deployment, count(*) AS keys, count(*) FILTER (WHERE n > 1) AS collisions FROM per_key GROUP BY 1
+), i AS (SELECT deployment, count(DISTINCT fingerprint) AS identities FROM p GROUP BY 1)
+SELECT {dep}, sum(keys)::BIGINT, sum(identities)::BIGINT, sum(collisions)::BIGINT
+FROM k JOIN i USING (deployment) GROUP BY ALL"""
+
+
+def read_figures(store: Store, top: int = DEFAULT_TOP) -> Figures:
+    """Every metric's figures for `store` as it is now, each label folded to its `top` values plus "other"."""
+    if top < 1:
+        raise ValueError(f"top: expected a number >= 1, got {top}")
+    with store.read() as con:
+        return _read(con, top)
+
+
+def _read(con: duckdb.DuckDBPyConnection, top: int) -> Figures:
+    tables = _tables(con)
+    quarantined = con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
+    replays = tuple(con.execute("SELECT classification, count(*) FROM replays GROUP BY 1 ORDER BY 1").fetchall())
+    ready = summary.ready(con)
+    if not ready and not con.execute("SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)").fetchall()[0][0]:
+        return Figures((), (), (), (), (), (), (), (), replays, quarantined, ())
+    minute = "summary_minute" if ready else f"({summary.over(summary.MINUTE_SQL, 'TRUE')})"
+    contaminated_now = "summary_contaminated" if ready else (
+        f"({summary.over(summary.CONTAMINATED_SQL, 'TRUE')})")
+    verdicts = "contaminated_first_verdicts" if "contaminated_first_verdicts" in tables else contaminated_now
+
+    params: dict[str, Any] = {}
+    folded = []
+    for label in ("deployment", "target_model", "draft_model"):
+        params[label] = [r[0] for r in con.execute(TOP_VALUES_SQL.format(column=label, minute=minute),
+                                                    [top]).fetchall()]
+        distinct = con.execute(DISTINCT_VALUES_SQL.format(column=label, minute=minute)).fetchall()[0][0]
+        folded.append((label, max(0, distinct - len(params[label]))))
+    names = {"dep": _fold("deployment", "deployment"), "target": _fold("target_model", "target_model"),
+             "draft": _fold("draft_model", "draft_model"), "minute": minute, "verdicts": verdicts, "now": contaminated_now,
+             "label": summary.draft_label()}
+
+    def rows(sql: str, used: tuple[str, ...] = ("deployment", "target_model", "draft_model")) -> list[Row]:
+        return con.execute(sql.format(**names), {k: params[k] for k in used}).fetchall()
+
+    per_labels = rows(REQUESTS_SQL)
+    requests = tuple(r[:5] for r in per_labels)
+    violations: dict[tuple[str, str], int] = {}
+    newest: dict[str, Any] = {}
+    for dep, target, _draft, _hit, _n, v, last in per_labels:
+        violations[(dep, target)] = violations.get((dep, target), 0) + v
+        newest[dep] = last if dep not in newest or last > newest[dep] else newest[dep]
+    keys_sql = KEYS_SUMMARY_SQL if ready else KEYS_ROWS_SQL
+    return Figures(
+        requests=requests,
+        contaminated_first=tuple(rows(CONTAMINATED_SQL)),
+        contaminated_now=tuple(rows(CONTAMINATED_SQL.replace("{verdicts}", "{now}"))),
+        contaminated_fields=tuple(rows(CONTAMINATED_FIELDS_SQL, ("deployment",))),
+        length_violations=tuple((d, t, n) for (d, t), n in sorted(violations.items())),
+        tokens=tuple(rows(TOKENS_SQL)),
+        keys=tuple(rows(keys_sql, ("deployment",))),
+        newest=tuple((d, ts.timestamp()) for d, ts in sorted(newest.items())),
+        replays=replays,
+        quarantined=quarantined,
+        folded=tuple(folded),
+    )

@@ -1,0 +1,119 @@
+"""The Prometheus alert rules over the contract's metrics (`specdec metrics rules`).
+
+Each "new X" alert has two halves. `increase(x[W]) > 0` fires at the first evaluation after a scrape that saw
+the counter grow. But `increase()` needs two samples of a series, so a series whose first sample is already
+above zero (a deployment whose first batch holds its first contaminated hit) would never fire on it; the second
+half, `x > 0 unless x offset W`, fires for a series that had no sample one window ago. The exporter also
+creates every counter at 0 for each label set it knows, so most series start at 0 and only the first half is
+needed. A Prometheus (or exporter) that was away for longer than the window sees every non-zero series as new
+and announces each once: the store holds those hits, and saying so again is safer than staying silent.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+DEFAULT_DASHBOARD_URL = "http://127.0.0.1:8501"
+MISMATCHES_PAGE = "mismatches"  # the dashboard's page of flagged requests; its filters come from the URL
+DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w|y)$")
+
+
+@dataclass(frozen=True)
+class RuleOptions:
+    dashboard_url: str = DEFAULT_DASHBOARD_URL
+    window: str = "5m"  # how long a "new" alert stays firing after the last growth
+    stale_after_s: int = 900  # SpecdecIngestStale: newest request older than this
+
+
+def check_options(options: RuleOptions) -> None:
+    """A ValueError naming the bad option, or nothing."""
+    parts = urlsplit(options.dashboard_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"--dashboard-url {options.dashboard_url!r}: expected an http(s) URL, "
+                         "e.g. https://triage.example.com")
+    if not DURATION.match(options.window):
+        raise ValueError(f"--window {options.window!r}: expected a Prometheus duration such as 5m")
+    if options.stale_after_s < 1:
+        raise ValueError(f"--stale-after {options.stale_after_s}: expected seconds >= 1")
+
+
+def dashboard_link(base_url: str) -> str:
+    """The Mismatches page filtered to the alert's deployment, as a Prometheus annotation template."""
+    return f"{base_url.rstrip('/')}/{MISMATCHES_PAGE}?deployment={{{{ $labels.deployment | urlquery }}}}"
+
+
+def new_growth(metric: str, window: str) -> str:
+    """Per deployment: how much `metric` grew within `window`, including a series that appeared above zero."""
+    return (f"sum by (deployment) (increase({metric}[{window}])) > 0 "
+            f"or sum by (deployment) ({metric} unless {metric} offset {window}) > 0")
+
+
+def alert_rules(options: RuleOptions = RuleOptions()) -> list[dict[str, Any]]:
+    check_options(options)
+    link = dashboard_link(options.dashboard_url)
+    w = options.window
+    where = "on deployment {{ $labels.deployment }}"
+    return [
+        {
+            "alert": "SpecdecContaminatedHits",
+            "expr": new_growth("specdec_contaminated_hits_total", w),
+            "labels": {"severity": "page"},
+            "annotations": {
+                "summary": f"Contaminated cache hits {where}",
+                "description": ("{{ $value | humanize }} cache hit(s) " + where + " served an output cached for "
+                                f"another request identity within the last {w}: the cache key is narrower than "
+                                "the identity. Open the Mismatches page for the requests and their sources."),
+                "dashboard": link,
+            },
+        },
+        {
+            "alert": "SpecdecLengthViolations",
+            "expr": new_growth("specdec_length_violations_total", w),
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": f"Outputs longer than max_tokens {where}",
+                "description": ("{{ $value | humanize }} request(s) " + where + " returned more tokens than their "
+                                f"max_tokens within the last {w}: often an output cached for a request with a "
+                                "larger limit."),
+                "dashboard": link,
+            },
+        },
+        {
+            "alert": "SpecdecKeyCollisions",
+            "expr": (f"sum by (deployment) (specdec_key_collisions - specdec_key_collisions offset {w}) > 0 "
+                     f"or sum by (deployment) (specdec_key_collisions unless specdec_key_collisions offset {w})"
+                     " > 0"),
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": f"Cache keys shared by several identities grow {where}",
+                "description": ("{{ $value | humanize }} more cache key(s) " + where + " are shared by requests "
+                                f"of different identities than {w} ago: each is a contaminated hit waiting to "
+                                "happen."),
+                "dashboard": link,
+            },
+        },
+        {
+            "alert": "SpecdecIngestStale",
+            "expr": (f"time() - max by (deployment) (specdec_newest_request_timestamp_seconds) "
+                     f"> {options.stale_after_s}"),
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": f"No new requests logged {where}",
+                "description": ("The newest request " + where + " is {{ $value | humanizeDuration }} old "
+                                f"(threshold {options.stale_after_s} s): the service stopped logging, the "
+                                "follower stopped, or the deployment stopped serving."),
+                "dashboard": link,
+            },
+        },
+    ]
+
+
+def rules_yaml(options: RuleOptions = RuleOptions()) -> str:
+    """The Prometheus rule file: one group holding every alert."""
+    doc = {"groups": [{"name": "specdec-triage", "rules": alert_rules(options)}]}
+    return yaml.safe_dump(doc, sort_keys=False, width=1000, allow_unicode=True)
