@@ -1,12 +1,14 @@
 """The Prometheus alert rules over the contract's metrics (`specdec metrics rules`).
 
-Each "new X" alert has two halves. `increase(x[W]) > 0` fires at the first evaluation after a scrape that saw
-the counter grow. But `increase()` needs two samples of a series, so a series whose first sample is already
-above zero (a deployment whose first batch holds its first contaminated hit) would never fire on it; the second
-half, `x > 0 unless x offset W`, fires for a series that had no sample one window ago. The exporter also
-creates every counter at 0 for each label set it knows, so most series start at 0 and only the first half is
-needed. A Prometheus (or exporter) that was away for longer than the window sees every non-zero series as new
-and announces each once: the store holds those hits, and saying so again is safer than staying silent.
+Each "new X" alert counts, per deployment, how much its counters grew within the window, exactly:
+`x - x offset W` for a series that had a sample one window ago, and `x` itself for a series that had none
+(`x unless x offset W`). The second half is the first-sample case: `increase()` needs two samples of a series,
+so a deployment whose first batch already holds its first contaminated hit (its counter's first sample is 1)
+would never fire with `increase()` alone. The exporter also creates every counter at 0 for each label set it
+knows, so most series start at 0. A difference instead of `increase()` also gives whole numbers (no
+extrapolation) and never reads a fall (a label value moving into "other") as a counter reset.
+A Prometheus or exporter that was away for longer than the window sees every non-zero series as new and
+announces each once: the store holds those hits, and saying so again is safer than staying silent.
 """
 
 from __future__ import annotations
@@ -49,8 +51,7 @@ def dashboard_link(base_url: str) -> str:
 
 def new_growth(metric: str, window: str) -> str:
     """Per deployment: how much `metric` grew within `window`, including a series that appeared above zero."""
-    return (f"sum by (deployment) (increase({metric}[{window}])) > 0 "
-            f"or sum by (deployment) ({metric} unless {metric} offset {window}) > 0")
+    return f"sum by (deployment) (({metric} - {metric} offset {window}) or ({metric} unless {metric} offset {window})) > 0"
 
 
 def alert_rules(options: RuleOptions = RuleOptions()) -> list[dict[str, Any]]:
@@ -85,9 +86,7 @@ def alert_rules(options: RuleOptions = RuleOptions()) -> list[dict[str, Any]]:
         },
         {
             "alert": "SpecdecKeyCollisions",
-            "expr": (f"sum by (deployment) (specdec_key_collisions - specdec_key_collisions offset {w}) > 0 "
-                     f"or sum by (deployment) (specdec_key_collisions unless specdec_key_collisions offset {w})"
-                     " > 0"),
+            "expr": new_growth("specdec_key_collisions", w),
             "labels": {"severity": "warning"},
             "annotations": {
                 "summary": f"Cache keys shared by several identities grow {where}",
