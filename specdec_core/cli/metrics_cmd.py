@@ -48,7 +48,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if store is None:
         return 1
     try:
-        server, _collector = exporter.serve(store, listen, args.top)
+        server = exporter.serve(store, listen, args.top)
     except OSError as exc:
         print(f"specdec metrics serve: can't listen on {listen}: {exc.strerror or exc}", file=sys.stderr)
         return 1
@@ -57,27 +57,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda _signum, _frame: stop.set())
     print(f"serving {store} at http://{listen}/metrics", file=sys.stderr, flush=True)
     stop.wait()
-    server.shutdown()
-    server.server_close()
+    server.stop()
     return 0
 
 
-class FollowerMetrics:
-    """A follower's metrics server: `refresh()` after each batch, `close()` at the end."""
-
-    def __init__(self, server, collector) -> None:
-        self.server, self.collector = server, collector
-
-    def refresh(self) -> None:
-        self.collector.figures()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def start_follower_metrics(store, listen_text: str, top: int) -> FollowerMetrics | int:
-    """`specdec ingest --follow --metrics HOST:PORT`: the server started, or the exit code after saying why not."""
+def start_follower_metrics(store, listen_text: str, top: int):
+    """`specdec ingest --follow --metrics HOST:PORT`: the running exporter (monitoring.exporter.Running), or
+    the exit code after saying why not."""
     exporter = exporter_module("ingest")
     if exporter is None:
         return 2
@@ -90,11 +76,11 @@ def start_follower_metrics(store, listen_text: str, top: int) -> FollowerMetrics
               file=sys.stderr)
         return 2
     try:
-        server, collector = exporter.serve(store, listen, top)
+        server = exporter.serve(store, listen, top)
     except OSError as exc:
         print(f"specdec ingest: --metrics: can't listen on {listen}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    return FollowerMetrics(server, collector)
+    return server
 
 
 def _dashboard_url(args: argparse.Namespace) -> str | None:

@@ -100,7 +100,7 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
             else f"{time.strftime('%H:%M:%S')} {batch.status_line()}"
         print(line, flush=True)
         if metrics is not None:
-            metrics.refresh()  # the next scrape finds the figures of this batch ready
+            metrics.collector.figures()  # read now: the next scrape finds this batch's figures ready
 
     metrics = None
     if args.metrics:
@@ -122,7 +122,7 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
     finally:
         follower.close()
         if metrics is not None:
-            metrics.close()
+            metrics.stop()
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import start_http_server
 
 from specdec_core.monitoring.figures import DEFAULT_TOP, IDENTITY_FIELDS, OTHER, Figures, read_figures
-from specdec_core.store.connection import Store
+from specdec_core.store.connection import Store, release_snapshots
 
 EMPTY = Figures((), (), (), (), (), (), (), (), (), 0, ())
 FOLD_NOTE = f"labels keep the top {{top}} values by requests, the rest folded into \"{OTHER}\""
@@ -34,6 +35,9 @@ class StoreCollector:
         self._lock = threading.Lock()
         self._cached: tuple[Any, Figures] | None = None
         self.last_read_seconds = 0.0
+        # Every read on one thread of its own: it keeps its read-only view of the store from scrape to scrape
+        # (the HTTP server starts a thread per request), and closes it before the process ends.
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-metrics")
 
     def figures(self) -> Figures:
         """The store's figures, read again only when the store changed since the last read."""
@@ -43,9 +47,15 @@ class StoreCollector:
             version = self.store.version()
             if self._cached is None or self._cached[0] != version:
                 started = time.perf_counter()
-                self._cached = (version, read_figures(self.store, self.top))
+                self._cached = (version, self._reader.submit(read_figures, self.store, self.top).result())
                 self.last_read_seconds = time.perf_counter() - started
             return self._cached[1]
+
+    def close(self) -> None:
+        """Close the reader's view of the store; the collector reads nothing after this."""
+        with self._lock:
+            self._reader.submit(release_snapshots).result()
+            self._reader.shutdown()
 
     def describe(self) -> list[Metric]:
         return []  # registering must not read the store: the names are the contract's, checked by the tests
@@ -167,14 +177,36 @@ def parse_listen(text: str) -> Listen:
     return Listen(host.strip("[]"), int(port))
 
 
-def serve(store: Store, listen: Listen, top: int = DEFAULT_TOP,
-          registry: CollectorRegistry | None = None) -> tuple[Any, StoreCollector]:
-    """Serve `store`'s metrics at http://HOST:PORT/metrics from a background thread; returns (server, collector).
+@dataclass(frozen=True)
+class Running:
+    """An exporter `serve` started: its HTTP server and its collector."""
 
-    `server.shutdown()` stops it. OSError when the address can't be bound.
+    server: Any
+    collector: StoreCollector
+
+    @property
+    def port(self) -> int:
+        return self.server.server_port
+
+    def stop(self) -> None:
+        """Stop serving, and close the collector's view of the store."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.collector.close()
+
+
+def serve(store: Store, listen: Listen, top: int = DEFAULT_TOP,
+          registry: CollectorRegistry | None = None) -> Running:
+    """Serve `store`'s metrics at http://HOST:PORT/metrics from a background thread.
+
+    Returns the running exporter (`.port`, `.stop()`). OSError when the address can't be bound.
     """
     registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
     collector = StoreCollector(store, top)
+    try:
+        server, _thread = start_http_server(listen.port, addr=listen.host, registry=registry)
+    except OSError:
+        collector.close()
+        raise
     registry.register(collector)
-    server, _thread = start_http_server(listen.port, addr=listen.host, registry=registry)
-    return server, collector
+    return Running(server, collector)

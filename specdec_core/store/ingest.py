@@ -26,7 +26,6 @@ from specdec_core.store.migrate import migrate_connection
 from specdec_core.store.readers import JSONL_SUFFIXES, LogReadError, first_line, foreign_inputs, resolve_paths
 from specdec_core.store.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
 from specdec_core.store.summaries import build_summaries
-from specdec_core.store.verdicts import record_first_verdicts
 from specdec_core.store.validation import (
     _INDEX,
     FIELD_NAMES,
@@ -46,6 +45,7 @@ from specdec_core.store.validation import (
     usual_layout_sql,
     values_sql,
 )
+from specdec_core.store.verdicts import record_first_verdicts
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -35,13 +39,12 @@ CONTRACT = {
 
 def scrape(store: Store, top: int = 50) -> dict[str, list[tuple[dict[str, str], float]]]:
     """Serve `store` on a free port, scrape /metrics once over HTTP, parse it as Prometheus would."""
-    server, _ = serve(store, Listen("127.0.0.1", free_port()), top)
+    server = serve(store, Listen("127.0.0.1", free_port()), top)
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=30) as resp:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=30) as resp:
             text = resp.read().decode()
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     types = {}
     for family in text_string_to_metric_families(text):
@@ -166,8 +169,6 @@ def test_without_prometheus_client_the_commands_say_how_to_install(tmp_path):
             "sys.exit(main(sys.argv[1:]))")
     for args in (["metrics", "serve", "--db", str(tmp_path / "s.duckdb")],
                  ["ingest", "--follow", str(tmp_path), "--metrics", "127.0.0.1:0", "--db", str(tmp_path / "s")]):
-        import subprocess
-
         done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr
         assert "pip install 'specdec-triage[metrics]'" in done.stderr
@@ -178,3 +179,31 @@ def test_without_prometheus_client_the_commands_say_how_to_install(tmp_path):
 def test_a_bad_listen_address_is_one_line(tmp_path, listen):
     done = run_cli("metrics", "serve", "--db", str(tmp_path / "s.duckdb"), "--listen", listen)
     assert done.returncode == 2 and "HOST:PORT" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_serve_scrapes_over_http_and_stops_cleanly(tmp_path):
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(incident_log(tmp_path / "log.jsonl"))])
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "specdec_core", "metrics", "serve", "--db", str(store.path),
+                             "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+                    text = resp.read().decode()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the exporter did not come up"
+                time.sleep(0.2)
+        assert 'specdec_contaminated_hits_total{deployment="narrow"' in text
+        busy = run_cli("metrics", "serve", "--db", str(store.path), "--listen", f"127.0.0.1:{port}")
+        assert busy.returncode == 1 and "can't listen on 127.0.0.1:" in busy.stderr
+        assert len(busy.stderr.splitlines()) == 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert err.strip() == f"serving {store.path} at http://127.0.0.1:{port}/metrics"
