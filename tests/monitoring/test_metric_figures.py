@@ -124,8 +124,10 @@ def test_scraped_figures_equal_stats_and_the_overview(tmp_path):
     assert total(m["specdec_newest_request_timestamp_seconds"], deployment="good") == 1772359540.0
 
 
-def test_counters_hold_across_a_late_file_that_rejudges_and_a_restart(tmp_path):
-    store = Store(tmp_path / "s.duckdb")
+@pytest.mark.parametrize("db", ["s.duckdb", "ducklake:s.sqlite"])
+def test_counters_hold_across_a_late_file_that_rejudges_and_a_restart(tmp_path, db):
+    """On a DuckDB file and on a shared DuckLake (a SQLite catalog here)."""
+    store = Store(db.replace("s.", f"{tmp_path}/s.", 1))
     first = write_jsonl(tmp_path / "a.jsonl", [
         rec("m1", ts="2026-03-01T10:00:00Z", prompt="A", cache_key="k"),
         rec("h1", ts="2026-03-01T10:02:00Z", prompt="B", cache_key="k", cache_hit=True)])
@@ -136,7 +138,7 @@ def test_counters_hold_across_a_late_file_that_rejudges_and_a_restart(tmp_path):
     late = write_jsonl(tmp_path / "b.jsonl", [rec("m0", ts="2026-03-01T10:01:00Z", prompt="B", cache_key="k")])
     ingest(store, [str(late)])
     after = scrape(store)  # a new exporter (a restart): what it counts comes from the store alone
-    stats = json.loads(run_cli("stats", "--db", str(store.path), "--json").stdout)
+    stats = json.loads(run_cli("stats", "--db", str(store), "--json").stdout)
     assert stats["contaminated_hits"] == 0
     assert total(after["specdec_contaminated_hits_current"]) == 0
     assert total(after["specdec_contaminated_hits_total"]) == 1  # a counter never falls
