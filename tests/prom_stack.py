@@ -63,6 +63,17 @@ class Stack:
     hook: Webhook
     follower: subprocess.Popen
     intervals: dict[str, str]
+    follower_args: tuple[list[str], dict[str, str]] = ([], {})
+    exporter_url: str = ""
+
+    def restart_follower(self) -> int:
+        """Stop the follower as an operator would (SIGINT), start it again; returns the old one's exit code."""
+        self.follower.send_signal(signal.SIGINT)
+        code = self.follower.wait(timeout=60)
+        cmd, env = self.follower_args
+        self.follower = subprocess.Popen(cmd, cwd=self.workdir, env=env, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE, text=True)
+        return code
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         url = f"{self.prometheus_url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
@@ -91,7 +102,7 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, every: float =
         time.sleep(every)
 
 
-def _ready(url: str) -> bool:
+def ready(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=2) as resp:
         return resp.status == 200
 
@@ -122,6 +133,7 @@ def alerting_stack(workdir: Path, rules: str, *, scrape: str = "1s", evaluate: s
     log, db = workdir / "requests.jsonl", workdir / "store.duckdb"
     log.touch()
     procs: list[subprocess.Popen] = []
+    stack: Stack | None = None
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.STDOUT}
     try:
         procs.append(subprocess.Popen(
@@ -132,22 +144,24 @@ def alerting_stack(workdir: Path, rules: str, *, scrape: str = "1s", evaluate: s
             ["prometheus", f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{ports['prometheus']}"], **quiet))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        follower = subprocess.Popen(
-            [sys.executable, "-m", "specdec_core", "ingest", "--follow", str(log), "--db", str(db),
-             "--every", str(follow_every), "--metrics", f"127.0.0.1:{ports['exporter']}"],
-            cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        procs.append(follower)
+        cmd = [sys.executable, "-m", "specdec_core", "ingest", "--follow", str(log), "--db", str(db),
+               "--every", str(follow_every), "--metrics", f"127.0.0.1:{ports['exporter']}"]
+        follower = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    text=True)
         stack = Stack(workdir, log, db, f"http://127.0.0.1:{ports['prometheus']}",
                       f"http://127.0.0.1:{ports['alertmanager']}", hook, follower,
-                      {"scrape": scrape, "evaluation": evaluate, "group_wait": group_wait})
-        wait_for(lambda: _ready(f"{stack.alertmanager_url}/-/ready"), 60, "Alertmanager")
-        wait_for(lambda: _ready(f"{stack.prometheus_url}/-/ready"), 60, "Prometheus")
+                      {"scrape": scrape, "evaluation": evaluate, "group_wait": group_wait}, (cmd, env),
+                      f"http://127.0.0.1:{ports['exporter']}/metrics")
+        wait_for(lambda: ready(f"{stack.alertmanager_url}/-/ready"), 60, "Alertmanager")
+        wait_for(lambda: ready(f"{stack.prometheus_url}/-/ready"), 60, "Prometheus")
         wait_for(lambda: stack.query('up{job="specdec"} == 1'), 60, "Prometheus to scrape the follower")
         yield stack
     finally:
+        if stack is not None:
+            procs.append(stack.follower)  # the one running now, after any restart
         for proc in reversed(procs):
             if proc.poll() is None:
-                proc.send_signal(signal.SIGINT if proc is procs[-1] else signal.SIGTERM)
+                proc.send_signal(signal.SIGINT if proc is procs[-1] and stack is not None else signal.SIGTERM)
         for proc in procs:
             try:
                 proc.wait(timeout=30)

@@ -30,6 +30,9 @@ class RuleOptions:
     dashboard_url: str = DEFAULT_DASHBOARD_URL
     window: str = "5m"  # how long a "new" alert stays firing after the last growth
     stale_after_s: int = 900  # SpecdecIngestStale: newest request older than this
+    # A "new X" alert stays firing this long after its expression stops holding: a scrape gap (an exporter or
+    # follower restarting) makes its series stale for a moment, which would resolve the alert and page again.
+    keep_firing_for: str = "1m"
 
 
 def check_options(options: RuleOptions) -> None:
@@ -40,6 +43,8 @@ def check_options(options: RuleOptions) -> None:
                          "e.g. https://triage.example.com")
     if not DURATION.match(options.window):
         raise ValueError(f"--window {options.window!r}: expected a Prometheus duration such as 5m")
+    if not DURATION.match(options.keep_firing_for):
+        raise ValueError(f"keep_firing_for {options.keep_firing_for!r}: expected a Prometheus duration such as 1m")
     if options.stale_after_s < 1:
         raise ValueError(f"--stale-after {options.stale_after_s}: expected seconds >= 1")
 
@@ -63,6 +68,7 @@ def alert_rules(options: RuleOptions = RuleOptions()) -> list[dict[str, Any]]:
         {
             "alert": "SpecdecContaminatedHits",
             "expr": new_growth("specdec_contaminated_hits_total", w),
+            "keep_firing_for": options.keep_firing_for,
             "labels": {"severity": "page"},
             "annotations": {
                 "summary": f"Contaminated cache hits {where}",
@@ -75,6 +81,7 @@ def alert_rules(options: RuleOptions = RuleOptions()) -> list[dict[str, Any]]:
         {
             "alert": "SpecdecLengthViolations",
             "expr": new_growth("specdec_length_violations_total", w),
+            "keep_firing_for": options.keep_firing_for,
             "labels": {"severity": "warning"},
             "annotations": {
                 "summary": f"Outputs longer than max_tokens {where}",
@@ -87,6 +94,7 @@ def alert_rules(options: RuleOptions = RuleOptions()) -> list[dict[str, Any]]:
         {
             "alert": "SpecdecKeyCollisions",
             "expr": new_growth("specdec_key_collisions", w),
+            "keep_firing_for": options.keep_firing_for,
             "labels": {"severity": "warning"},
             "annotations": {
                 "summary": f"Cache keys shared by several identities grow {where}",

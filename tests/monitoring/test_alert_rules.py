@@ -69,13 +69,13 @@ def promtool_tests(narrow_at_2m: list[dict]) -> dict:
                     expect(contaminated, "fresh", "1", "page", "fresh"),
                     expect(contaminated, "narrow/a b", "1", "page", "narrow%2Fa+b")]},
                 # Resolution: no growth within the last 5 minutes (narrow's 0 -> 1 at 2m left the window at 7m,
-                # fresh's first sample at 8m).
+                # fresh's first sample at 8m), then keep_firing_for's minute.
                 {"eval_time": "6m", "alertname": contaminated, "exp_alerts": [
                     expect(contaminated, "fresh", "1", "page", "fresh"),
                     expect(contaminated, "narrow/a b", "1", "page", "narrow%2Fa+b")]},
-                {"eval_time": "7m", "alertname": contaminated, "exp_alerts": [
+                {"eval_time": "8m", "alertname": contaminated, "exp_alerts": [
                     expect(contaminated, "fresh", "1", "page", "fresh")]},
-                {"eval_time": "8m", "alertname": contaminated, "exp_alerts": []},
+                {"eval_time": "9m", "alertname": contaminated, "exp_alerts": []},
                 {"eval_time": "3m", "alertname": "SpecdecLengthViolations", "exp_alerts": [
                     expect("SpecdecLengthViolations", "fresh", "2", "warning", "fresh")]},
                 {"eval_time": "11m", "alertname": "SpecdecLengthViolations", "exp_alerts": []},
@@ -118,6 +118,7 @@ def test_rules_fire_resolve_and_see_a_first_sample(tmp_path):
     assert {r["alert"] for r in rules} == {"SpecdecContaminatedHits", "SpecdecLengthViolations",
                                            "SpecdecKeyCollisions", "SpecdecIngestStale"}
     assert all("for" not in r for r in rules)
+    assert [r.get("keep_firing_for") for r in rules] == ["1m", "1m", "1m", None]
     check = subprocess.run(["promtool", "check", "rules", "rules.yml"], cwd=tmp_path, capture_output=True,
                            text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 from helpers import rec, run_cli
-from prom_stack import alerting_stack, wait_for
+from prom_stack import alerting_stack, ready, wait_for
 
 DASHBOARD = "https://triage.example.com"
 
@@ -105,3 +105,21 @@ def test_every_grafana_panel_returns_its_series(stack):
     only = stack.query(board["panels"][4]["targets"][0]["expr"].replace("$deployment", "good")
                        .replace("$__rate_interval", "1m"))
     assert {r["metric"]["deployment"] for r in only} == {"good"}
+
+
+def test_a_follower_restart_changes_no_figure_and_pages_no_one(stack):
+    def counters() -> dict[str, float]:
+        return {json.dumps(r["metric"], sort_keys=True): float(r["value"][1])
+                for r in stack.query('{__name__=~"specdec_.*_total"}')}
+
+    before, alerts_before = counters(), len(stack.hook.alerts())
+    assert stack.restart_follower() == 0
+    wait_for(lambda: ready(stack.exporter_url), 60, "the restarted follower's exporter")
+    time.sleep(3)  # scrapes and evaluations of the restarted follower's figures
+    assert counters() == before
+    assert len(stack.hook.alerts()) == alerts_before
+    stack.append(traffic("t4", "good", narrow=False))
+    wait_for(lambda: stack.query('specdec_requests_total{deployment="good",cache_hit="true"} == 4'), 30,
+             "good's fourth hit, through the restarted follower")
+    time.sleep(2)
+    assert not [a for _, a in stack.hook.alerts() if a["labels"].get("deployment") == "good"]
