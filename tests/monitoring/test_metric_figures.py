@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specdec_core.analysis import headline
 from specdec_core.analysis.query import Filters
 from specdec_core.monitoring.exporter import Listen, serve
+from specdec_core.monitoring.figures import read_figures
 from specdec_core.store import Store, ingest
 from specdec_core.store.summaries import from_rows
 
@@ -209,3 +210,22 @@ def test_serve_scrapes_over_http_and_stops_cleanly(tmp_path):
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert err.strip() == f"serving {store.path} at http://127.0.0.1:{port}/metrics"
+
+
+def test_sums_continued_from_an_earlier_read_equal_a_full_read(tmp_path):
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec(f"a{i}", deployment="a", draft_tokens=i,
+                                                              accepted_tokens=1) for i in range(3)]))])
+    first = read_figures(store, top=1)
+    # More requests for `a` (the same top value) with a contaminated hit, then enough for `b` to take the top
+    # place from it.
+    for name, dep, n in (("b.jsonl", "a", 2), ("c.jsonl", "b", 6)):
+        records = [rec(f"{name}{i}", deployment=dep, draft_tokens=10, accepted_tokens=2) for i in range(n)]
+        records.append(rec(f"{name}-hit", deployment=dep, prompt="another", cache_hit=True, ts="2026-03-01T11:00:00Z"))
+        ingest(store, [str(write_jsonl(tmp_path / name, records))])
+        continued, full = read_figures(store, top=1, since=first), read_figures(store, top=1)
+        for figure in ("tokens", "contaminated_first", "contaminated_fields"):
+            assert sorted(getattr(continued, figure)) == sorted(getattr(full, figure)), figure
+        first = continued
+    assert sorted(first.tokens) == [("b", "llama-8b", "llama-1b", 68, 18), ("other", "llama-8b", "llama-1b", 31, 13)]
+    assert sorted(first.contaminated_first) == [("b", "llama-8b", "llama-1b", 1), ("other", "llama-8b", "llama-1b", 1)]
