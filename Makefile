@@ -22,12 +22,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade --no-deps --target $(VENV)/duckdb-2.0.1 duckdb==2.0.1
 	@touch $(STAMP)
 
-# Redis, Chromium and PostgreSQL (the shared store's tests) come from Debian's packages; installed only when missing.
+# Redis, Chromium, PostgreSQL (the shared store's tests), Prometheus and Alertmanager (the monitoring tests) come from Debian's packages; installed only when missing.
 system-deps:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v chromium >/dev/null || missing="$$missing chromium chromium-driver"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	{ command -v promtool >/dev/null && command -v prometheus >/dev/null; } || missing="$$missing prometheus"; \
+	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

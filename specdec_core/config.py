@@ -6,6 +6,7 @@ or the file $SPECDEC_CONFIG names):
     [dashboard]
     audit_functions = ["mypkg.keys:make_key"]   # default: none
     roots = ["data", "/srv/triage"]              # default: the repo's data/ and the start folder
+    external_url = "https://triage.example.com"  # links from alerts and Grafana (`specdec metrics`)
 
 The dashboard has no login: whoever reaches it may type into it. So it imports no code and
 opens no path the operator did not name here; the CLI, run by someone with a shell already,
@@ -15,13 +16,13 @@ keeps its full power.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from specdec_core.settings_file import CONFIG_ENV, REPO_ROOT, default_config_path, tomllib
 
-_DASHBOARD_KEYS = {"audit_functions", "roots"}
+_DASHBOARD_KEYS = {"audit_functions", "roots", "external_url"}
 
 
 class ConfigError(ValueError):
@@ -37,6 +38,7 @@ class DashboardSettings:
     audit_functions: tuple[str, ...]
     roots: tuple[Path, ...]  # resolved: symlinks and `..` already followed
     source: Path | None = None
+    external_url: str | None = None  # where people reach the dashboard: alert and Grafana links point there
 
     def may_audit(self, target: str) -> bool:
         return target in self.audit_functions
@@ -44,7 +46,7 @@ class DashboardSettings:
     def with_roots(self, extra: Iterable[Path]) -> DashboardSettings:
         roots = list(self.roots)
         roots += [p for p in (Path(e).resolve() for e in extra) if p not in roots]
-        return DashboardSettings(self.audit_functions, tuple(roots), self.source)
+        return replace(self, roots=tuple(roots))
 
     def _where(self) -> str:
         return str(self.source) if self.source else f"specdec.toml (or the file ${CONFIG_ENV} names)"
@@ -150,4 +152,9 @@ def dashboard_settings(path: Path | str | None = None, start: Path | None = None
                                  for r in _strings(table["roots"], "roots", source)]
     else:
         roots = default_roots(start)
-    return DashboardSettings(audit, tuple(dict.fromkeys(roots)), source)
+    external_url = table.get("external_url")
+    if external_url is not None and (not isinstance(external_url, str) or not external_url.startswith(
+            ("http://", "https://"))):
+        raise ConfigError(f"{source}: [dashboard] external_url must be an http(s) URL, e.g. "
+                          "\"https://triage.example.com\"")
+    return DashboardSettings(audit, tuple(dict.fromkeys(roots)), source, external_url)

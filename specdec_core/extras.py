@@ -19,7 +19,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "lake": ("duckdb_extension_ducklake", "duckdb_extension_sqlite", "duckdb_extension_postgres",
              "duckdb_extension_httpfs"),
     "otel": ("opentelemetry",),
-    "metrics": ("prometheus_client",),
+    "metrics": ("prometheus_client", "yaml"),
 }
 
 

@@ -25,6 +25,7 @@ from specdec_core.contract.identity import DecodeRequest, identity
 from specdec_core.contract.result import DecodeResult
 from specdec_core.keys.schemes import DEFAULT_NAMESPACE, namespace_prefix
 from specdec_core.keys.schemes import key_scheme as _key_scheme
+from specdec_core.monitoring.service_metrics import DEFAULT_REGISTRY, service_metrics
 from specdec_core.spans import default_tracer, emit_span, epoch_ns
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,9 @@ class DecodeService:
     - `redact_prompts`: log `prompt_hash` only, never the prompt.
     - `tracer`: an OpenTelemetry tracer, or "global" for opentelemetry-api's global one: each request
       is also one GenAI span with the log record's fields (see spans.py). None (default): no spans.
+    - `metrics_registry`: where the counters below and a decode latency histogram are exposed as Prometheus
+      metrics when prometheus_client is installed (monitoring/service_metrics.py): a CollectorRegistry,
+      "default" (prometheus_client's global REGISTRY) or None (none).
 
     On a hit, `draft_tokens` and `accepted_tokens` are logged as null: no draft
     ran for this request, and counting the cached run's tokens again would
@@ -125,6 +129,7 @@ class DecodeService:
         *,
         guard: bool = True,
         tracer: Any = None,
+        metrics_registry: Any = DEFAULT_REGISTRY,
     ) -> None:
         if ttl_s is not None and not ttl_s > 0:
             raise ValueError(f"ttl_s: expected a number of seconds > 0 or None (no expiry), got {ttl_s!r}")
@@ -142,12 +147,15 @@ class DecodeService:
         self._tracer = default_tracer() if tracer == "global" else tracer
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(COUNTER_NAMES, 0)
+        self._metrics = service_metrics(metrics_registry, deployment)
         namespace_prefix(namespace)  # a bad namespace fails here, not on the first request
 
     def _count(self, *names: str) -> None:
         with self._lock:  # one acquisition, so a snapshot never sees half a request
             for name in names:
                 self._counts[name] += 1
+        if self._metrics is not None:
+            self._metrics.count(*names)
 
     def counters(self) -> dict[str, int]:
         with self._lock:
@@ -166,7 +174,8 @@ class DecodeService:
         key = self._key(req, self.namespace)
 
         read = self.cache.get(key, ident if self.guard else None)
-        if read.status == "hit" and read.result is not None:
+        hit = read.status == "hit" and read.result is not None
+        if hit:
             self._count("requests", "hits")
             result = read.result
         else:
@@ -193,6 +202,8 @@ class DecodeService:
                 # The span spans exactly the logged ts and latency, so both read back as the same record.
                 start_ns = epoch_ns(record["ts"])
                 emit_span(self._tracer, record, start_ns, start_ns + round(record["latency_ms"] * 1_000_000))
+        if self._metrics is not None:
+            self._metrics.observe(time.perf_counter() - started, hit)
         return result
 
     def _record(

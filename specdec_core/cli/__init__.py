@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "specdec_core.cli.demo_cmd",
     "specdec_core.cli.audit_cmd",
     "specdec_core.cli.models_cmds",
+    "specdec_core.cli.metrics_cmd",
 )
 
 

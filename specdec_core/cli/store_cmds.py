@@ -51,6 +51,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # a bad limit or mapping file: a usage error, nothing read
         print(f"specdec ingest: {exc}", file=sys.stderr)
         return 2
+    if args.metrics and not args.follow:
+        print("specdec ingest: --metrics serves a follower's figures; use it with --follow "
+              "(or `specdec metrics serve --db FILE`)", file=sys.stderr)
+        return 2
     if args.follow:
         return _follow(store, args, limits, mapping)
     try:
@@ -95,7 +99,16 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
         line = json.dumps({**batch.result.to_json(), "lag_seconds": batch.lag_seconds}) if args.json \
             else f"{time.strftime('%H:%M:%S')} {batch.status_line()}"
         print(line, flush=True)
+        if metrics is not None:
+            metrics.collector.figures()  # read now: the next scrape finds this batch's figures ready
 
+    metrics = None
+    if args.metrics:
+        from specdec_core.cli.metrics_cmd import start_follower_metrics
+
+        metrics = start_follower_metrics(store, args.metrics, args.metrics_top)
+        if isinstance(metrics, int):
+            return metrics
     note = copy_cost_note(store)
     if note:
         print(f"specdec ingest: {note}", file=sys.stderr)
@@ -108,6 +121,8 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
         return 1
     finally:
         follower.close()
+        if metrics is not None:
+            metrics.stop()
     return 0
 
 
@@ -204,6 +219,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-rows", type=int, default=10_000, metavar="N", help="--follow: most lines a batch (10000)")
     p.add_argument("--idle-exit", type=float, metavar="SECONDS",
                    help="--follow: stop after this long with nothing new (default: run until interrupted)")
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="--follow: serve the store's figures for Prometheus at http://HOST:PORT/metrics, current "
+                        "after every batch (needs prometheus_client: the [metrics] extra)")
+    p.add_argument("--metrics-top", type=int, default=50, metavar="N",
+                   help="--metrics: keep each label's N values with the most requests, fold the rest into "
+                        "\"other\" (50)")
     p.set_defaults(func=cmd_ingest)
 
     p = subparsers.add_parser("report", help="write the mismatch report CSV",

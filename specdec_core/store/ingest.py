@@ -47,6 +47,7 @@ from specdec_core.store.validation import (
     usual_layout_sql,
     values_sql,
 )
+from specdec_core.store.verdicts import record_first_verdicts
 
 
 @dataclass(frozen=True)
@@ -350,6 +351,7 @@ def ingest(
             if accepted or backfilled:  # only what the batch may have changed: its cost follows the batch
                 update_derived(con, ingest_id)
             say(_BATCH_STEPS[3])
+        record_first_verdicts(con, ingest_id)
         duplicates = read - accepted - quarantined - skipped
         con.execute(
             "INSERT INTO ingests VALUES (?, now(), ?, ?, ?, ?, ?)",

@@ -18,6 +18,7 @@ from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.lake import LakeError, compact
 from specdec_core.store.sql import scalar
 from specdec_core.store.summaries import build_summaries
+from specdec_core.store.verdicts import record_first_verdicts
 from specdec_core.store.working_copy import compact_after_write
 
 
@@ -27,6 +28,7 @@ def migrate_connection(con: duckdb.DuckDBPyConnection) -> bool:
         return False
     judge_hits(con)
     build_summaries(con)
+    record_first_verdicts(con, None)
     if scalar(con, "SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)"):
         compact_after_write(con)  # the old tables' blocks are free now: the store is written anew
     return True

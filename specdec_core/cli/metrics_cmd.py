@@ -1,0 +1,148 @@
+"""`specdec metrics serve|rules|grafana`: the store's figures for Prometheus, its alert rules, a Grafana dashboard."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+
+from specdec_core.cli.store_cmds import add_db, existing_store
+from specdec_core.config import ConfigError, dashboard_settings
+from specdec_core.extras import MissingExtra, require
+from specdec_core.monitoring.figures import DEFAULT_TOP
+
+DEFAULT_LISTEN = "127.0.0.1:9464"
+
+
+def exporter_module(command: str):
+    """monitoring.exporter, or None after saying in one line how to install prometheus_client."""
+    try:
+        require("metrics", "prometheus_client")
+    except MissingExtra as exc:
+        print(f"specdec {command}: {exc}", file=sys.stderr)
+        return None
+    from specdec_core.monitoring import exporter
+
+    return exporter
+
+
+def add_top(parser: argparse.ArgumentParser, flag: str = "--top") -> None:
+    parser.add_argument(flag, type=int, default=DEFAULT_TOP, metavar="N", dest="top",
+                        help=f"keep each label's N values with the most requests, fold the rest into \"other\" "
+                             f"({DEFAULT_TOP})")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    exporter = exporter_module("metrics serve")
+    if exporter is None:
+        return 2
+    try:
+        listen = exporter.parse_listen(args.listen)
+        if args.top < 1:
+            raise ValueError(f"--top {args.top}: expected a number >= 1")
+    except ValueError as exc:
+        print(f"specdec metrics serve: --listen {exc}" if "HOST:PORT" in str(exc) else
+              f"specdec metrics serve: {exc}", file=sys.stderr)
+        return 2
+    store = existing_store(args, "metrics serve")
+    if store is None:
+        return 1
+    try:
+        server = exporter.serve(store, listen, args.top)
+    except OSError as exc:
+        print(f"specdec metrics serve: can't listen on {listen}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda _signum, _frame: stop.set())
+    print(f"serving {store} at http://{listen}/metrics", file=sys.stderr, flush=True)
+    stop.wait()
+    server.stop()
+    return 0
+
+
+def start_follower_metrics(store, listen_text: str, top: int):
+    """`specdec ingest --follow --metrics HOST:PORT`: the running exporter (monitoring.exporter.Running), or
+    the exit code after saying why not."""
+    exporter = exporter_module("ingest")
+    if exporter is None:
+        return 2
+    try:
+        listen = exporter.parse_listen(listen_text)
+        if top < 1:
+            raise ValueError(f"--metrics-top {top}: expected a number >= 1")
+    except ValueError as exc:
+        print(f"specdec ingest: --metrics {exc}" if "HOST:PORT" in str(exc) else f"specdec ingest: {exc}",
+              file=sys.stderr)
+        return 2
+    try:
+        server = exporter.serve(store, listen, top)
+    except OSError as exc:
+        print(f"specdec ingest: --metrics: can't listen on {listen}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return server
+
+
+def _dashboard_url(args: argparse.Namespace) -> str | None:
+    if args.dashboard_url:
+        return args.dashboard_url
+    return dashboard_settings(args.config).external_url
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from specdec_core.monitoring.rules import DEFAULT_DASHBOARD_URL, RuleOptions, rules_yaml
+
+    try:
+        url = _dashboard_url(args) or DEFAULT_DASHBOARD_URL
+        print(rules_yaml(RuleOptions(url, args.window, args.stale_after)), end="")
+    except (ValueError, ConfigError) as exc:
+        print(f"specdec metrics rules: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_grafana(args: argparse.Namespace) -> int:
+    from specdec_core.monitoring.grafana import dashboard
+    from specdec_core.monitoring.rules import DEFAULT_DASHBOARD_URL
+
+    try:
+        url = _dashboard_url(args) or DEFAULT_DASHBOARD_URL
+    except ConfigError as exc:
+        print(f"specdec metrics grafana: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(dashboard(url), indent=2))
+    return 0
+
+
+def _add_dashboard_url(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dashboard-url", metavar="URL",
+                        help="the triage dashboard's address for links (default: [dashboard] external_url in "
+                             "specdec.toml, else http://127.0.0.1:8501)")
+    parser.add_argument("--config", metavar="FILE", help="the settings file (default: $SPECDEC_CONFIG or specdec.toml)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("metrics", help="Prometheus metrics, alert rules and a Grafana dashboard",
+                              description="Watch a store: metrics for Prometheus, the rules that page, a dashboard.")
+    sub = p.add_subparsers(dest="metrics_command", metavar="SUBCOMMAND", parser_class=type(p))
+    sub.required = True
+
+    s = sub.add_parser("serve", help="serve the store's figures at http://HOST:PORT/metrics")
+    add_db(s)
+    s.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT", help=f"({DEFAULT_LISTEN})")
+    add_top(s)
+    s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("rules", help="print the Prometheus alert rules (YAML)")
+    _add_dashboard_url(s)
+    s.add_argument("--window", default="5m", metavar="DURATION",
+                   help="how long a 'new contaminated hit' alert fires after the last one (5m)")
+    s.add_argument("--stale-after", type=int, default=900, metavar="SECONDS",
+                   help="SpecdecIngestStale: newest request older than this (900)")
+    s.set_defaults(func=cmd_rules)
+
+    s = sub.add_parser("grafana", help="print a Grafana dashboard over these metrics (JSON)")
+    _add_dashboard_url(s)
+    s.set_defaults(func=cmd_grafana)

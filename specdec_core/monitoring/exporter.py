@@ -1,0 +1,213 @@
+"""The store's figures as Prometheus metrics (shared/metrics.md), and the HTTP server that serves them.
+
+Needs `prometheus_client` (the `[metrics]` extra). The figures are read from the store at a scrape when
+the store changed since the last one (a writer's swap or a lake's commit changes `Store.version`), so a
+follower's batch shows at the next scrape and an idle store costs nothing to scrape again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import start_http_server
+
+from specdec_core.monitoring.figures import DEFAULT_TOP, IDENTITY_FIELDS, OTHER, Figures, read_figures
+from specdec_core.store.connection import Store, release_snapshots
+
+EMPTY = Figures((), (), (), (), (), (), (), (), (), 0, ())
+FOLD_NOTE = f"labels keep the top {{top}} values by requests, the rest folded into \"{OTHER}\""
+
+
+class StoreCollector:
+    """A prometheus_client collector over one store: each metric of the contract, current at every scrape."""
+
+    def __init__(self, store: Store, top: int = DEFAULT_TOP) -> None:
+        if top < 1:
+            raise ValueError(f"top: expected a number >= 1, got {top}")
+        self.store, self.top = store, top
+        self._lock = threading.Lock()
+        self._cached: tuple[Any, Figures] | None = None
+        self.last_read_seconds = 0.0
+        # Every read on one thread of its own: it keeps its read-only view of the store from scrape to scrape
+        # (the HTTP server starts a thread per request), and closes it before the process ends.
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-metrics")
+
+    def figures(self) -> Figures:
+        """The store's figures, read again only when the store changed since the last read."""
+        with self._lock:  # two scrapes at once read the store once
+            if not self.store.exists:  # a follower's store before its first batch
+                return EMPTY
+            version = self.store.version()
+            if self._cached is None or self._cached[0] != version:
+                started = time.perf_counter()
+                since = self._cached[1] if self._cached is not None else None
+                self._cached = (version, self._reader.submit(read_figures, self.store, self.top, since).result())
+                self.last_read_seconds = time.perf_counter() - started
+            return self._cached[1]
+
+    def close(self) -> None:
+        """Close the reader's view of the store; the collector reads nothing after this."""
+        with self._lock:
+            self._reader.submit(release_snapshots).result()
+            self._reader.shutdown()
+
+    def describe(self) -> list[Metric]:
+        return []  # registering must not read the store: the names are the contract's, checked by the tests
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self.figures(), self.top, self.last_read_seconds)
+
+
+def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=labels)
+
+
+def families(f: Figures, top: int, read_seconds: float = 0.0) -> Iterator[Metric]:
+    """The contract's metric families from one read of the figures."""
+    fold = FOLD_NOTE.format(top=top)
+    combos = sorted({r[:3] for r in f.requests})
+    deployments = sorted({r[0] for r in f.requests})
+
+    m = _counter("specdec_requests", f"Accepted request records; {fold}.",
+                 ["deployment", "target_model", "draft_model", "cache_hit"])
+    seen = {r[:4]: r[4] for r in f.requests}
+    for combo in combos:  # both cache_hit series from the start: a first hit is then an increase
+        for hit in ("false", "true"):
+            m.add_metric([*combo, hit], seen.get((*combo, hit), 0))
+    yield m
+
+    m = _counter("specdec_contaminated_hits",
+                 "Cache hits that served another identity's output, each counted when first judged contaminated "
+                 f"(a later re-judging never lowers it: see specdec_contaminated_hits_current); {fold}.",
+                 ["deployment", "target_model", "draft_model"])
+    first = {r[:3]: r[3] for r in f.contaminated_first}
+    for combo in sorted(set(combos) | set(first)):  # 0 for every label set with requests: no first-sample gap
+        m.add_metric(list(combo), first.get(combo, 0))
+    yield m
+
+    m = GaugeMetricFamily("specdec_contaminated_hits_current",
+                          "Cache hits contaminated by the store's current verdicts (what `specdec stats` and the "
+                          f"dashboard show; a late file can lower it); {fold}.",
+                          labels=["deployment", "target_model", "draft_model"])
+    now = {r[:3]: r[3] for r in f.contaminated_now}
+    for combo in sorted(set(combos) | set(now)):
+        m.add_metric(list(combo), now.get(combo, 0))
+    yield m
+
+    m = _counter("specdec_contaminated_hit_fields",
+                 "Contaminated hits (as first judged) whose differing_fields hold `field`, a hit once per field; "
+                 f"{fold}.", ["deployment", "field"])
+    fields = {r[:2]: r[2] for r in f.contaminated_fields}
+    for key in sorted({(d, name) for d in deployments for name in IDENTITY_FIELDS} | set(fields)):
+        m.add_metric(list(key), fields.get(key, 0))
+    yield m
+
+    m = _counter("specdec_length_violations", f"Requests with output_tokens > max_tokens; {fold}.",
+                 ["deployment", "target_model"])
+    for dep, target, n in f.length_violations:
+        m.add_metric([dep, target], n)
+    yield m
+
+    m = _counter("specdec_quarantined_records", "Records quarantined by the ingest (bad input, with a reason).", [])
+    m.add_metric([], f.quarantined)
+    yield m
+
+    gauges = [GaugeMetricFamily(name, f"{doc}; {fold}.", labels=["deployment"]) for name, doc in (
+        ("specdec_cache_keys", "Distinct cache keys"),
+        ("specdec_identities", "Distinct request identities (fingerprints)"),
+        ("specdec_key_collisions", "Cache keys shared by more than one identity"))]
+    for dep, keys, identities, collisions in f.keys:
+        for gauge, value in zip(gauges, (keys, identities, collisions), strict=True):
+            gauge.add_metric([dep], value)
+    yield from gauges
+
+    draft = _counter("specdec_draft_tokens", f"Sum of draft_tokens over accepted records; {fold}.",
+                     ["deployment", "target_model", "draft_model"])
+    accepted = _counter("specdec_accepted_tokens", f"Sum of accepted_tokens over accepted records; {fold}.",
+                        ["deployment", "target_model", "draft_model"])
+    for dep, target, draft_model, d, a in f.tokens:
+        draft.add_metric([dep, target, draft_model], d)
+        accepted.add_metric([dep, target, draft_model], a)
+    yield draft
+    yield accepted
+
+    m = GaugeMetricFamily("specdec_newest_request_timestamp_seconds",
+                          f"ts of the newest request, Unix seconds; {fold}.", labels=["deployment"])
+    for dep, ts in f.newest:
+        m.add_metric([dep], ts)
+    yield m
+
+    m = _counter("specdec_replays", "Stored replays by classification.", ["classification"])
+    for classification, n in f.replays:
+        m.add_metric([classification], n)
+    yield m
+
+    m = GaugeMetricFamily("specdec_label_values_folded",
+                          f"Distinct values of a label folded into \"{OTHER}\" (beyond the top {top} by requests).",
+                          labels=["label"])
+    for label, n in f.folded:
+        m.add_metric([label], n)
+    yield m
+
+    m = GaugeMetricFamily("specdec_figures_read_seconds", "How long the last read of the store's figures took.")
+    m.add_metric([], read_seconds)
+    yield m
+
+
+@dataclass(frozen=True)
+class Listen:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_listen(text: str) -> Listen:
+    """HOST:PORT ("[::1]:9464" for IPv6); a ValueError that says what is wrong otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{text!r}: expected HOST:PORT, e.g. 127.0.0.1:9464")
+    return Listen(host.strip("[]"), int(port))
+
+
+@dataclass(frozen=True)
+class Running:
+    """An exporter `serve` started: its HTTP server and its collector."""
+
+    server: Any
+    collector: StoreCollector
+
+    @property
+    def port(self) -> int:
+        return self.server.server_port
+
+    def stop(self) -> None:
+        """Stop serving, and close the collector's view of the store."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.collector.close()
+
+
+def serve(store: Store, listen: Listen, top: int = DEFAULT_TOP,
+          registry: CollectorRegistry | None = None) -> Running:
+    """Serve `store`'s metrics at http://HOST:PORT/metrics from a background thread.
+
+    Returns the running exporter (`.port`, `.stop()`). OSError when the address can't be bound.
+    """
+    registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
+    collector = StoreCollector(store, top)
+    try:
+        server, _thread = start_http_server(listen.port, addr=listen.host, registry=registry)
+    except OSError:
+        collector.close()
+        raise
+    registry.register(collector)
+    return Running(server, collector)

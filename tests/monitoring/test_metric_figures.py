@@ -1,0 +1,231 @@
+"""The exporter's figures: equal to `specdec stats` and the Overview, counters that never fall, bounded labels."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers import free_port, rec, run_cli, write_jsonl
+from prometheus_client.parser import text_string_to_metric_families
+
+from specdec_core.analysis import headline
+from specdec_core.analysis.query import Filters
+from specdec_core.monitoring.exporter import Listen, serve
+from specdec_core.monitoring.figures import read_figures
+from specdec_core.store import Store, ingest
+from specdec_core.store.summaries import from_rows
+
+CONTRACT = {
+    "specdec_requests_total": ("counter", {"deployment", "target_model", "draft_model", "cache_hit"}),
+    "specdec_contaminated_hits_total": ("counter", {"deployment", "target_model", "draft_model"}),
+    "specdec_contaminated_hit_fields_total": ("counter", {"deployment", "field"}),
+    "specdec_length_violations_total": ("counter", {"deployment", "target_model"}),
+    "specdec_quarantined_records_total": ("counter", set()),
+    "specdec_cache_keys": ("gauge", {"deployment"}),
+    "specdec_identities": ("gauge", {"deployment"}),
+    "specdec_key_collisions": ("gauge", {"deployment"}),
+    "specdec_draft_tokens_total": ("counter", {"deployment", "target_model", "draft_model"}),
+    "specdec_accepted_tokens_total": ("counter", {"deployment", "target_model", "draft_model"}),
+    "specdec_newest_request_timestamp_seconds": ("gauge", {"deployment"}),
+    "specdec_replays_total": ("counter", {"classification"}),
+}
+
+
+def scrape(store: Store, top: int = 50) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Serve `store` on a free port, scrape /metrics once over HTTP, parse it as Prometheus would."""
+    server = serve(store, Listen("127.0.0.1", free_port()), top)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+    finally:
+        server.stop()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    types = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+            types[sample.name] = family.type
+    out["__types__"] = [(types, 0.0)]
+    return out
+
+
+def total(samples, **labels: str) -> float:
+    return sum(v for lab, v in samples if all(lab.get(k) == want for k, want in labels.items()))
+
+
+def incident_log(path: Path) -> Path:
+    """A narrow key on deployment `narrow` (prompt only), a correct one on `good`; one length violation."""
+    records = []
+    for i in range(6):
+        ts = f"2026-03-01T10:0{i}:00Z"
+        records.append(rec(f"n-miss-{i}", ts=ts, deployment="narrow", cache_key=f"k{i}", prompt=f"p{i}"))
+        records.append(rec(f"n-hit-{i}", ts=ts.replace(":00Z", ":30Z"), deployment="narrow", cache_key=f"k{i}",
+                           prompt=f"p{i}", cache_hit=True, temperature=0.7 if i % 2 else 0.0, seed=i,
+                           max_tokens=64 if i % 2 else 32, output_tokens=40 if i == 4 else 3))
+        records.append(rec(f"g-miss-{i}", ts=ts, deployment="good", cache_key=f"g{i}", prompt=f"p{i}",
+                           draft_model=None if i == 0 else "llama-1b"))
+        records.append(rec(f"g-hit-{i}", ts=ts.replace(":00Z", ":40Z"), deployment="good", cache_key=f"g{i}",
+                           prompt=f"p{i}", cache_hit=True, output_tokens=80 if i == 5 else 3,
+                           draft_model=None if i == 0 else "llama-1b"))
+    records.append(rec("no-dep", deployment=None, cache_key="z"))
+    records.append('{"request_id": "broken"')
+    return write_jsonl(path, records)
+
+
+def test_scraped_figures_equal_stats_and_the_overview(tmp_path):
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(incident_log(tmp_path / "log.jsonl"))])
+    m = scrape(store)
+    types = m["__types__"][0][0]
+    for name, (kind, labels) in CONTRACT.items():
+        if name == "specdec_replays_total":
+            continue  # no replays stored: the family is there, with no series yet
+        assert types[name] == kind, name
+        assert m[name] and all(set(lab) == labels for lab, _ in m[name]), name
+
+    stats = json.loads(run_cli("stats", "--db", str(store.path), "--json").stdout)
+    assert total(m["specdec_requests_total"]) == stats["requests"] == 25
+    assert total(m["specdec_requests_total"], cache_hit="true") == stats["hits"]
+    assert total(m["specdec_contaminated_hits_total"]) == stats["contaminated_hits"] == 6
+    assert total(m["specdec_contaminated_hits_current"]) == stats["contaminated_hits"]
+    assert total(m["specdec_length_violations_total"]) == stats["length_violations"] == 2
+    assert total(m["specdec_key_collisions"]) == stats["key_collisions"]
+    assert total(m["specdec_cache_keys"]) == stats["unique_keys"]
+    assert total(m["specdec_identities"]) == stats["unique_identities"]
+    assert total(m["specdec_quarantined_records_total"]) == stats["quarantined"] == 1
+    # Per deployment, as the Overview shows it with the deployment filter (its summaries and its row path).
+    for dep in ("narrow", "good", ""):
+        for path in (None, from_rows):
+            if path is None:
+                h = headline(store, Filters(deployments=(dep,)))
+            else:
+                with path():
+                    h = headline(store, Filters(deployments=(dep,)))
+            assert total(m["specdec_requests_total"], deployment=dep) == h["requests"]
+            assert total(m["specdec_contaminated_hits_total"], deployment=dep) == h["contaminated_hits"]
+            assert total(m["specdec_length_violations_total"], deployment=dep) == h["length_violations"]
+            assert total(m["specdec_key_collisions"], deployment=dep) == h["key_collisions"]
+            assert total(m["specdec_cache_keys"], deployment=dep) == h["unique_keys"]
+            assert total(m["specdec_identities"], deployment=dep) == h["unique_identities"]
+    assert total(m["specdec_contaminated_hits_total"], deployment="good") == 0  # pre-created at 0
+    # Each contaminated hit once per differing field: greedy hits differ in no sampling field.
+    assert total(m["specdec_contaminated_hit_fields_total"], deployment="narrow", field="temperature") == 3
+    assert total(m["specdec_contaminated_hit_fields_total"], deployment="narrow", field="max_tokens") == 3
+    assert total(m["specdec_requests_total"], deployment="good", draft_model="none") == 2
+    assert total(m["specdec_draft_tokens_total"]) == 8 * 25
+    assert total(m["specdec_newest_request_timestamp_seconds"], deployment="good") == 1772359540.0
+
+
+@pytest.mark.parametrize("db", ["s.duckdb", "ducklake:s.sqlite"])
+def test_counters_hold_across_a_late_file_that_rejudges_and_a_restart(tmp_path, db):
+    """On a DuckDB file and on a shared DuckLake (a SQLite catalog here)."""
+    store = Store(db.replace("s.", f"{tmp_path}/s.", 1))
+    first = write_jsonl(tmp_path / "a.jsonl", [
+        rec("m1", ts="2026-03-01T10:00:00Z", prompt="A", cache_key="k"),
+        rec("h1", ts="2026-03-01T10:02:00Z", prompt="B", cache_key="k", cache_hit=True)])
+    ingest(store, [str(first)])
+    before = scrape(store)
+    assert total(before["specdec_contaminated_hits_total"]) == 1
+    # A late file: a miss of B's identity between them, so h1 served B's own output after all.
+    late = write_jsonl(tmp_path / "b.jsonl", [rec("m0", ts="2026-03-01T10:01:00Z", prompt="B", cache_key="k")])
+    ingest(store, [str(late)])
+    after = scrape(store)  # a new exporter (a restart): what it counts comes from the store alone
+    stats = json.loads(run_cli("stats", "--db", str(store), "--json").stdout)
+    assert stats["contaminated_hits"] == 0
+    assert total(after["specdec_contaminated_hits_current"]) == 0
+    assert total(after["specdec_contaminated_hits_total"]) == 1  # a counter never falls
+    assert after["specdec_contaminated_hits_total"] == scrape(store)["specdec_contaminated_hits_total"]
+
+
+def test_a_million_names_fold_into_other(tmp_path):
+    """A hostile log with a new deployment and model name on every line: at most top + 1 values per label."""
+    n = 30_000
+    lines = [json.dumps(rec(f"r{i}", deployment=f"dep-{i}", target_model=f"model-{i}", cache_key=f"k{i}"))
+             for i in range(n)]
+    lines += [json.dumps(rec(f"big{i}", deployment="big", cache_key="kb")) for i in range(5)]
+    (tmp_path / "hostile.jsonl").write_text("\n".join(lines) + "\n")
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(tmp_path / "hostile.jsonl")])
+    m = scrape(store, top=10)
+    deployments = {lab["deployment"] for lab, _ in m["specdec_requests_total"]}
+    models = {lab["target_model"] for lab, _ in m["specdec_requests_total"]}
+    assert len(deployments) == 11 and "big" in deployments and "other" in deployments
+    assert len(models) == 11 and "llama-8b" in models
+    assert total(m["specdec_requests_total"]) == n + 5  # folded, not dropped
+    assert total(m["specdec_requests_total"], deployment="other") == n - 9
+    assert total(m["specdec_cache_keys"]) == n + 1
+    assert sum(len(v) for k, v in m.items() if k != "__types__") < 1000
+    assert total(m["specdec_label_values_folded"], label="deployment") == n + 1 - 10
+
+
+def test_without_prometheus_client_the_commands_say_how_to_install(tmp_path):
+    code = ("import sys; sys.modules['prometheus_client'] = None; from specdec_core.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    for args in (["metrics", "serve", "--db", str(tmp_path / "s.duckdb")],
+                 ["ingest", "--follow", str(tmp_path), "--metrics", "127.0.0.1:0", "--db", str(tmp_path / "s")]):
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert "pip install 'specdec-triage[metrics]'" in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("listen", ["nohost", "127.0.0.1:99999", ":80"])
+def test_a_bad_listen_address_is_one_line(tmp_path, listen):
+    done = run_cli("metrics", "serve", "--db", str(tmp_path / "s.duckdb"), "--listen", listen)
+    assert done.returncode == 2 and "HOST:PORT" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_serve_scrapes_over_http_and_stops_cleanly(tmp_path):
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(incident_log(tmp_path / "log.jsonl"))])
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "specdec_core", "metrics", "serve", "--db", str(store.path),
+                             "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+                    text = resp.read().decode()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the exporter did not come up"
+                time.sleep(0.2)
+        assert 'specdec_contaminated_hits_total{deployment="narrow"' in text
+        busy = run_cli("metrics", "serve", "--db", str(store.path), "--listen", f"127.0.0.1:{port}")
+        assert busy.returncode == 1 and "can't listen on 127.0.0.1:" in busy.stderr
+        assert len(busy.stderr.splitlines()) == 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert err.strip() == f"serving {store.path} at http://127.0.0.1:{port}/metrics"
+
+
+def test_sums_continued_from_an_earlier_read_equal_a_full_read(tmp_path):
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec(f"a{i}", deployment="a", draft_tokens=i,
+                                                              accepted_tokens=1) for i in range(3)]))])
+    first = read_figures(store, top=1)
+    # More requests for `a` (the same top value) with a contaminated hit, then enough for `b` to take the top
+    # place from it.
+    for name, dep, n in (("b.jsonl", "a", 2), ("c.jsonl", "b", 6)):
+        records = [rec(f"{name}{i}", deployment=dep, draft_tokens=10, accepted_tokens=2) for i in range(n)]
+        records.append(rec(f"{name}-hit", deployment=dep, prompt="another", cache_hit=True, ts="2026-03-01T11:00:00Z"))
+        ingest(store, [str(write_jsonl(tmp_path / name, records))])
+        continued, full = read_figures(store, top=1, since=first), read_figures(store, top=1)
+        for figure in ("tokens", "contaminated_first", "contaminated_fields"):
+            assert sorted(getattr(continued, figure)) == sorted(getattr(full, figure)), figure
+        first = continued
+    assert sorted(first.tokens) == [("b", "llama-8b", "llama-1b", 68, 18), ("other", "llama-8b", "llama-1b", 31, 13)]
+    assert sorted(first.contaminated_first) == [("b", "llama-8b", "llama-1b", 1), ("other", "llama-8b", "llama-1b", 1)]
