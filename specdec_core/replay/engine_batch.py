@@ -97,7 +97,11 @@ def _on_engine(spec: EngineSpec, members: list[str], replay_one: Callable[[str],
             return _SKIPPED
         with failures.lock:
             failures.sent[spec.name] = failures.sent.get(spec.name, 0) + 1
-        return replay_one(request_id)
+        try:
+            return replay_one(request_id)
+        except EngineError as exc:  # noted here, before this worker takes the next request
+            failures.add(request_id, exc)
+            return _SKIPPED
 
     pool = ThreadPoolExecutor(max_workers=spec.max_concurrency, thread_name_prefix=f"replay-{spec.name}")
     try:
@@ -108,9 +112,6 @@ def _on_engine(spec: EngineSpec, members: list[str], replay_one: Callable[[str],
                 request_id = pending.pop(future)
                 try:
                     result = future.result()
-                except EngineError as exc:
-                    failures.add(request_id, exc)
-                    continue
                 except Exception as exc:
                     _other(request_id, exc, on_error)
                     continue
