@@ -126,3 +126,70 @@ class FaultServer:
         self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class LogprobServer:
+    """vLLM's completions endpoint as far as replay uses it, computed by the real tiny target in this process:
+    token-id prompts, greedy generation, and `prompt_logprobs` ({"id": {"logprob", "rank", "decoded_token"}} per
+    position, None for the first) listing the top k and the prompt's own token with its rank."""
+
+    def __init__(self, model: Any, tokenizer: Any, name: str) -> None:
+        import torch
+
+        outer = self
+        self.seen: list[dict[str, Any]] = []
+
+        def prompt_logprobs(ids: list[int], k: int) -> list[Any]:
+            with torch.inference_mode():
+                logits = model(input_ids=torch.tensor([ids])).logits[0].float().log_softmax(-1)
+            rows: list[Any] = [None]
+            for i in range(1, len(ids)):
+                lp = logits[i - 1]
+                top = lp.topk(k)
+                row = {str(int(t)): {"logprob": float(v), "rank": r + 1, "decoded_token": tokenizer.decode([int(t)])}
+                       for r, (v, t) in enumerate(zip(top.values.tolist(), top.indices.tolist(), strict=True))}
+                token = ids[i]
+                row[str(token)] = {"logprob": float(lp[token]), "rank": int((lp > lp[token]).sum()) + 1,
+                                   "decoded_token": tokenizer.decode([token])}
+                rows.append(row)
+            return rows
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                outer.seen.append(body)
+                ids = body["prompt"]
+                choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+                if body.get("prompt_logprobs"):
+                    choice.update(text="", prompt_logprobs=prompt_logprobs(ids, int(body["prompt_logprobs"])))
+                else:
+                    with torch.inference_mode():
+                        out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
+                                             dtype=torch.long), max_new_tokens=body["max_tokens"], do_sample=False,
+                                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+                    new = out[0, len(ids):].tolist()
+                    if tokenizer.eos_token_id in new:
+                        new = new[: new.index(tokenizer.eos_token_id)]
+                        choice["finish_reason"] = "stop"
+                    choice["text"] = tokenizer.decode(new, skip_special_tokens=True)
+                answer = json.dumps({"id": "cmpl-1", "object": "text_completion", "model": name,
+                                     "system_fingerprint": "vllm-shaped", "choices": [choice]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> LogprobServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

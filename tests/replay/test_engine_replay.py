@@ -203,3 +203,50 @@ def test_the_api_key_is_sent_from_the_environment_and_never_shown(tiny_registry,
     monkeypatch.delenv("SPECDEC_TEST_KEY")
     with pytest.raises(EngineError, match="SPECDEC_TEST_KEY .* is not set"):
         replay(batch, "f2", decoder)
+
+
+# --- an engine that returns prompt log-probabilities (vLLM's shape) -------------------------------------------------
+
+
+def _one_token_swapped(local, which: str):
+    """A greedy output with the token of the smallest (or largest) top-two margin swapped for the second choice."""
+    import torch
+
+    req = DecodeRequest(**dict(A, draft_model=None, num_speculative_tokens=None, max_tokens=16))
+    out = local.generate(req)
+    scores = local.score(req, out.token_ids)
+    tok = local.loader.tokenizer(req.tokenizer_version)
+    target = local.loader.model(req.target_model)
+    with torch.inference_mode():
+        logits = target(input_ids=torch.tensor([local.prompt_ids(req) + list(out.token_ids)])).logits[0]
+    candidates = []
+    for i in range(len(out.token_ids)):
+        second = int(logits[len(local.prompt_ids(req)) - 1 + i].topk(2).indices[1])
+        altered = list(out.token_ids[:i]) + [second]
+        text = tok.decode(altered, skip_special_tokens=True)
+        if local.encode_output(req, text) == altered:  # the text round-trips to these tokens
+            candidates.append((scores.margins[i], i, text))
+    return req, sorted(candidates)[0 if which == "small" else -1], sorted(candidates)[0][0]
+
+
+@pytest.mark.parametrize("which, verdict", [("small", "near_tie"), ("large", "diverged")])
+def test_with_prompt_logprobs_near_ties_are_told_from_divergence_as_in_process(tmp_path, tiny_registry, local,
+                                                                              which, verdict):
+    from engine_servers import LogprobServer
+
+    req, (margin, position, text), smallest = _one_token_swapped(local, which)
+    log = write_jsonl(tmp_path / "t.jsonl", [rec("t", **{k: v for k, v in req.to_record().items() if k != "prompt_hash"},
+                                                 output_text=text, output_tokens=position + 1)])
+    store = fresh_store(tmp_path, log)
+    model, tok = local.loader.model("tiny-target"), local.loader.tokenizer("tiny-tok-v1")
+    with LogprobServer(model, tok, "tiny-70b-served") as server:
+        remote = SpecDecoder(on_engine(tiny_registry, server.url, "tiny-70b-served"), device="cpu")
+        there = replay(store, "t", remote, near_tie_margin=smallest + 1e-4)
+        asked = [b for b in server.seen if b.get("prompt_logprobs")]
+    here = replay(store, "t", local, near_tie_margin=smallest + 1e-4)
+    assert here.classification == there.classification == verdict, there.message
+    assert there.evidence["first_divergent_token"] == here.evidence["first_divergent_token"] == position
+    assert there.evidence["production_rank_at_divergence"] == 2
+    assert there.evidence["margin_at_divergence"] == pytest.approx(here.evidence["margin_at_divergence"], abs=1e-3)
+    assert "not_available" not in there.evidence and asked
+    assert there.evidence["engine"]["system_fingerprint"] == "vllm-shaped"
