@@ -188,6 +188,9 @@ def _parse_engine(name: str, entry: Any) -> EngineSpec:
     if not isinstance(url, str) or not re.match(r"^https?://[^/\s?#]+(/[^\s?#]*)?$", url):
         raise RegistryError(f"{where}: url must be an http:// or https:// address such as "
                             f"\"http://127.0.0.1:8000/v1\", got {url!r}")
+    if "@" in url.split("/")[2]:  # the URL is shown in messages and stored with replays: no credentials in it
+        raise RegistryError(f"{where}: url must not hold credentials (user:password@); name the key's "
+                            "environment variable in api_key_env")
     key_env = entry.get("api_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key_env)):
         raise RegistryError(f"{where}: api_key_env must name an environment variable, got {key_env!r}")

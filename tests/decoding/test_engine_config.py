@@ -47,6 +47,7 @@ def test_an_engine_table_and_the_models_on_it(tmp_path):
 @pytest.mark.parametrize("text, expected", [
     ('[engines.e]\nurl = "file:///etc/passwd"\n', "[engines.e]: url must be an http:// or https:// address"),
     ('[engines.e]\n', "[engines.e]: url must be"),
+    ('[engines.e]\nurl = "http://me:pw@h/v1"\n', "url must not hold credentials"),
     ('[engines.e]\nurl = "http://h/v1"\ntimeout_s = 0\n', "timeout_s must be a number of seconds in (0, 3600]"),
     ('[engines.e]\nurl = "http://h/v1"\nmax_concurrency = 0\n', "max_concurrency must be an integer from 1 to 256"),
     ('[engines.e]\nurl = "http://h/v1"\nmax_concurrency = true\n', "max_concurrency must be an integer"),
