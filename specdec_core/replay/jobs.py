@@ -224,12 +224,14 @@ def preload_models(decoder_factory: Callable[[], Any] | None = None) -> Preload:
             decoder = (decoder_factory or replay_run.default_decoder)()
             registry, loader = decoder.registry, decoder.loader
             keep = getattr(loader, "capacity", 4)
-            names = [n for n in registry.model_names() if registry.is_available(n)][:keep]
+            # model_names is a property; a model on an engine has no weights here to load
+            names = [n for n in registry.model_names
+                     if registry.is_available(n) and getattr(registry, "engine_of", lambda _: None)(n) is None][:keep]
             for name in names:
                 state.stage = f"loading {name}"
                 loader.model(name)
                 state.loaded.append(name)
-            for name in registry.tokenizer_names():
+            for name in registry.tokenizer_names:
                 if registry.is_available(name):
                     loader.tokenizer(name)
             state.stage = "ready"

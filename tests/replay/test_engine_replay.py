@@ -124,6 +124,16 @@ def test_a_batch_replays_side_by_side_with_progress(tmp_path, incident, remote):
     assert stored(store) == 4
 
 
+def test_preloading_loads_the_local_models_and_none_on_an_engine(tiny_registry):
+    decoder = SpecDecoder(on_engine(tiny_registry, "http://127.0.0.1:9/v1", "x"), device="cpu")
+    state = jobs.preload_models(lambda: decoder)
+    deadline = time.monotonic() + 60
+    while not state.finished and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert state.stage == "ready", state.error
+    assert sorted(state.loaded) == ["tiny-draft-a", "tiny-draft-b"]  # tiny-target is on the engine
+
+
 def test_models_list_shows_where_models_replay_and_which_engines_answer(tmp_path, tiny_registry, served):
     url, name = served
     config = tmp_path / "specdec.toml"
