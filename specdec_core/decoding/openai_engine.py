@@ -219,7 +219,10 @@ class EngineDecoder:
         completion = usage.get("completion_tokens")
         if isinstance(completion, int) and completion > req.max_tokens:
             evidence["parameters_ignored"] = f"max_tokens={req.max_tokens} (the server returned {completion} tokens)"
-        evidence["speculation"] = SPECULATION_NOTE.format(draft=req.speculation, n=req.num_speculative_tokens)
+        evidence["speculation"] = (SPECULATION_NOTE.format(draft=req.speculation, n=req.num_speculative_tokens)
+                                   if req.speculation is not None else
+                                   "the server's own speculative config (the log names no draft); it can't be set "
+                                   "per request")
         environment = {"engine": self.spec.name, "engine_url": self.spec.url, "endpoint": path,
                        "served_model": body["model"], "target_model": req.target_model,
                        "tokenizer_version": req.tokenizer_version, "draft_model": req.speculation,
