@@ -58,14 +58,37 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"specdec: {e}", file=sys.stderr)
         return 1
     print(f"# {registry.source}")
+    answers = _probe_engines(registry)
     for name in registry.model_names:
         spec = registry.models[name]
+        if spec.engine is not None:
+            state = "engine" if answers[spec.engine][0] else "engine-down"
+            print(f"model\t{name}\t{state}\treplays on {spec.source}")
+            continue
         state = "ready" if spec.is_available() else "missing"
-        print(f"model\t{name}\t{state}\t{spec.source}")
+        print(f"model\t{name}\t{state}\tin-process, {spec.source}")
     for name in registry.tokenizer_names:
         spec = registry.tokenizers[name]
         state = "ready" if registry.is_available(name) else "missing"
         norm = "+".join(spec.normalize) or "none"
         print(f"tokenizer\t{name}\t{state}\tchat_template={str(spec.chat_template).lower()} normalize={norm}")
     print("draft\tngram-N\tready\tprompt lookup, n-grams up to N")
+    for name, spec in sorted(registry.engines.items()):
+        ok, said = answers[name]
+        key = f", key from ${spec.api_key_env}" if spec.api_key_env else ""
+        print(f"engine\t{name}\t{'answers' if ok else 'down'}\t{spec.url} (max_concurrency {spec.max_concurrency}, "
+              f"timeout {spec.timeout_s:g} s{key}): {said}")
     return 0
+
+
+def _probe_engines(registry: object) -> dict[str, tuple[bool, str]]:
+    """Whether each engine answers GET /models, asked side by side with a short timeout."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specdec_core.decoding.engine_client import probe
+
+    engines = getattr(registry, "engines", {})
+    if not engines:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(engines))) as pool:
+        return dict(zip(engines, pool.map(probe, engines.values()), strict=True))

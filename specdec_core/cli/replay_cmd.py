@@ -7,6 +7,7 @@ import json
 import sys
 
 from specdec_core.analysis import suspicious_requests
+from specdec_core.decoding.engine_client import EngineError
 from specdec_core.decoding.registry import RegistryError
 from specdec_core.replay.run import ReplayError, ReplayResult, replay, replay_many
 
@@ -39,6 +40,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     store = existing_store(args, "replay")
     if store is None:
         return 1
+    failures: list[str] = []
     try:
         from specdec_core.decoding.engine import SpecDecoder
 
@@ -50,8 +52,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
             if not ids:
                 print("no suspicious request: no contaminated hit and no length violation in this log")
                 return 0
-            results = replay_many(store, ids, decoder, progress=_progress if sys.stderr.isatty() else None)
-    except (ReplayError, RegistryError) as exc:
+            results = replay_many(store, ids, decoder, progress=_progress if sys.stderr.isatty() else None,
+                                  failures=failures)
+    except (ReplayError, RegistryError, EngineError) as exc:
         print(f"specdec replay: {exc}", file=sys.stderr)
         return 1
     if args.json:
@@ -60,12 +63,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     else:
         for r in results:
             _print_result(r)
-    return 0
+    for line in failures:  # one line per kind of failure and engine, however many rows it hit
+        print(f"specdec replay: {line}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("replay", help="replay requests with their full identity and diff against production",
-                              description="Replay through the local speculative decoder (no cache) and classify "
+                              description="Replay through the local speculative decoder, or the engine specdec.toml "
+                                          "names for the model (no cache), and classify "
                                           "the difference: match, near_tie, sampled, foreign, diverged, unavailable.")
     p.add_argument("--db", help="DuckDB file (default: $SPECDEC_DB or data/specdec.duckdb)")
     which = p.add_mutually_exclusive_group(required=True)

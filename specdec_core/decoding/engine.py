@@ -193,6 +193,20 @@ class SpecDecoder:
             if wanted != before:
                 torch.set_num_threads(before)
 
+    def engine_for(self, req: DecodeRequest) -> Any | None:
+        """The engine decoder of a request whose target is on an [engines.NAME] server, else None (in-process)."""
+        spec = self.registry.engine_of(req.target_model)
+        if spec is None:
+            return None
+        from specdec_core.decoding.openai_engine import engine_decoder
+
+        return engine_decoder(self, spec)
+
+    def can_score(self, req: DecodeRequest) -> bool:
+        """Whether `score` can run for this request: always in-process; on an engine, where it returns logprobs."""
+        remote = self.engine_for(req)
+        return True if remote is None else remote.can_score(req)
+
     @property
     def load_count(self) -> int:
         """Models loaded from disk so far; stays put while requests reuse loaded models."""
@@ -201,11 +215,15 @@ class SpecDecoder:
     # --- tokens in and out -------------------------------------------------------------------
 
     def positions(self, model_name: str) -> int | None:
-        """The context length of a model of the registry (context_positions)."""
+        """The context length of a model of the registry (context_positions); None for a model on an engine."""
+        if self.registry.engine_of(model_name) is not None:
+            return None
         return context_positions(self.loader.model(model_name, "target model"))
 
     def fits(self, req: DecodeRequest, output_tokens: int = 0) -> None:
         """Raise DecodeError unless the request's prompt, and `output_tokens` after it, fit the target's context."""
+        if self.engine_for(req) is not None:  # the server refuses what its context can't hold
+            return
         with self._lock:
             self._fits(req, self.loader.model(req.target_model, "target model"), len(self.prompt_ids(req)),
                        output_tokens)
@@ -246,10 +264,16 @@ class SpecDecoder:
 
     def encode_output(self, req: DecodeRequest, text: str) -> list[int]:
         """Token ids of an output text (a production output) under the request's tokenizer."""
+        remote = self.engine_for(req)
+        if remote is not None:
+            return remote.encode_output(req, text)
         tok = self.loader.tokenizer(req.tokenizer_version)
         return list(tok.encode(text, add_special_tokens=False))
 
     def decode(self, req: DecodeRequest, token_ids: Sequence[int]) -> str:
+        remote = self.engine_for(req)
+        if remote is not None:
+            return remote.decode(req, token_ids)
         return self.loader.tokenizer(req.tokenizer_version).decode(list(token_ids), skip_special_tokens=True)
 
     # --- environment -------------------------------------------------------------------------
@@ -308,6 +332,9 @@ class SpecDecoder:
         return GenerationConfig(**args)
 
     def generate(self, req: DecodeRequest) -> DecodeResult:
+        remote = self.engine_for(req)
+        if remote is not None:  # outside the lock: engine calls of a batch run side by side
+            return remote.generate(req)
         with self._lock:
             started = time.perf_counter()
             proposer = proposer_for(req)
@@ -380,6 +407,9 @@ class SpecDecoder:
 
     def score(self, req: DecodeRequest, output_token_ids: Sequence[int]) -> TokenScores:
         """Run the target over prompt + output (teacher forcing) and score every output token."""
+        remote = self.engine_for(req)
+        if remote is not None:
+            return remote.score(req, output_token_ids)
         with self._lock:
             target = self.loader.model(req.target_model, "target model")
             prompt = self.prompt_ids(req)

@@ -19,6 +19,18 @@ from one TOML file, `specdec.toml`:
 
 Relative paths are relative to the TOML file. Draft names `ngram-N` (prompt lookup
 with n-grams up to N) need no entry.
+
+A model served elsewhere replays on an OpenAI-compatible engine (vLLM, SGLang, TGI,
+`transformers serve`) named in an `[engines.NAME]` table; the URL comes only from this file:
+
+    [engines.staging]
+    url = "http://127.0.0.1:8000/v1"
+    api_key_env = "STAGING_API_KEY"      # the key is read from the environment when a request is sent
+    timeout_s = 60
+    max_concurrency = 8
+    [models.llama-3.1-70b]
+    engine = "staging"
+    served_name = "meta-llama/Llama-3.1-70B-Instruct"   # default: the log's name
 """
 
 from __future__ import annotations
@@ -43,7 +55,8 @@ NORMALIZERS = {
     "collapse_whitespace": lambda s: re.sub(r"\s+", " ", s).strip(),
 }
 
-_MODEL_KEYS = {"path", "gguf", "hub_id", "revision", "description"}
+_MODEL_KEYS = {"path", "gguf", "hub_id", "revision", "description", "engine", "served_name"}
+_ENGINE_KEYS = {"url", "api_key_env", "timeout_s", "max_concurrency", "description"}
 _TOKENIZER_KEYS = {"path", "gguf", "hub_id", "revision", "model", "chat_template", "normalize", "description"}
 _SOURCE_KEYS = ("path", "gguf", "hub_id")
 
@@ -66,22 +79,44 @@ class UnknownModelError(ValueError):
 
 
 @dataclass(frozen=True)
+class EngineSpec:
+    """An OpenAI-compatible server replay may send requests to; only the config file names one."""
+
+    name: str
+    url: str
+    api_key_env: str | None = None
+    timeout_s: float = 60.0
+    max_concurrency: int = 4
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     path: Path | None = None
     gguf: Path | None = None
     hub_id: str | None = None
     revision: str | None = None
+    engine: str | None = None
+    served_name: str | None = None
+
+    @property
+    def model_on_engine(self) -> str:
+        """The name the engine knows this model by."""
+        return self.served_name or self.name
 
     @property
     def source(self) -> str:
         """Where the weights come from, as a string for environments and messages."""
+        if self.engine is not None:
+            return f"engine:{self.engine}/{self.model_on_engine}"
         if self.gguf is not None:
             return str(self.gguf)
         return str(self.path) if self.path is not None else f"hub:{self.hub_id}"
 
     def is_available(self) -> bool:
-        """Whether the weights are on disk (a hub id is never checked: it needs the network)."""
+        """Whether the weights are on disk (a hub id or an engine is never checked: it needs the network)."""
+        if self.engine is not None:
+            return True
         if self.gguf is not None:
             return self.gguf.is_file()
         if self.path is not None:
@@ -146,9 +181,44 @@ def _one_source(entry: Mapping[str, Any], where: str, *, also: tuple[str, ...] =
     return given[0]
 
 
-def _parse_model(name: str, entry: Any, base: Path) -> ModelSpec:
+def _parse_engine(name: str, entry: Any) -> EngineSpec:
+    where = f"[engines.{name}]"
+    entry = _check_keys(entry, _ENGINE_KEYS, where)
+    url = entry.get("url")
+    if not isinstance(url, str) or not re.match(r"^https?://[^/\s?#]+(/[^\s?#]*)?$", url):
+        raise RegistryError(f"{where}: url must be an http:// or https:// address such as "
+                            f"\"http://127.0.0.1:8000/v1\", got {url!r}")
+    if "@" in url.split("/")[2]:  # the URL is shown in messages and stored with replays: no credentials in it
+        raise RegistryError(f"{where}: url must not hold credentials (user:password@); name the key's "
+                            "environment variable in api_key_env")
+    key_env = entry.get("api_key_env")
+    if key_env is not None and (not isinstance(key_env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key_env)):
+        raise RegistryError(f"{where}: api_key_env must name an environment variable, got {key_env!r}")
+    timeout = entry.get("timeout_s", 60)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+        raise RegistryError(f"{where}: timeout_s must be a number of seconds in (0, 3600], got {timeout!r}")
+    conc = entry.get("max_concurrency", 4)
+    if isinstance(conc, bool) or not isinstance(conc, int) or not 1 <= conc <= 256:
+        raise RegistryError(f"{where}: max_concurrency must be an integer from 1 to 256, got {conc!r}")
+    return EngineSpec(name, url.rstrip("/"), key_env, float(timeout), conc)
+
+
+def _parse_model(name: str, entry: Any, base: Path, engines: Mapping[str, EngineSpec]) -> ModelSpec:
     where = f"[models.{name}]"
     entry = _check_keys(entry, _MODEL_KEYS, where)
+    if "engine" in entry:
+        engine, served = entry["engine"], entry.get("served_name")
+        if engine not in engines:
+            known = ", ".join(sorted(engines)) or "none"
+            raise RegistryError(f"{where}: engine {engine!r} has no [engines.{engine}] table (engines: {known})")
+        if served is not None and (not isinstance(served, str) or not served):
+            raise RegistryError(f"{where}: served_name must be a non-empty string, got {served!r}")
+        given = [k for k in _SOURCE_KEYS if k in entry]
+        if given:
+            raise RegistryError(f"{where}: a model on an engine has no local {given[0]}; give engine or a source")
+        return ModelSpec(name, engine=engine, served_name=served)
+    if "served_name" in entry:
+        raise RegistryError(f"{where}: served_name needs engine = \"NAME\" beside it")
     kind = _one_source(entry, where)
     if kind == "hub_id":
         if not isinstance(entry["hub_id"], str) or not entry["hub_id"]:
@@ -190,10 +260,14 @@ class Registry:
         models: Mapping[str, ModelSpec] | None = None,
         tokenizers: Mapping[str, TokenizerSpec] | None = None,
         source: Path | None = None,
+        engines: Mapping[str, EngineSpec] | None = None,
     ) -> None:
         self.models: dict[str, ModelSpec] = dict(models or {})
         self.tokenizers: dict[str, TokenizerSpec] = dict(tokenizers or {})
+        self.engines: dict[str, EngineSpec] = dict(engines or {})
         self.source = source
+        # Clients of the engines, made on first use and shared by every replay on this registry.
+        self.engine_clients: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         return f"Registry({self.source or '<memory>'}: {len(self.models)} models, {len(self.tokenizers)} tokenizers)"
@@ -202,17 +276,23 @@ class Registry:
     def from_dict(cls, data: Mapping[str, Any], base_dir: Path | str = ".", source: Path | None = None) -> Registry:
         base = Path(base_dir)
         # The same file configures the dashboard and the store; their tables are read elsewhere.
-        extra = sorted(set(data) - {"models", "tokenizers", "dashboard", "store"})
+        extra = sorted(set(data) - {"models", "tokenizers", "engines", "dashboard", "store"})
         if extra:
-            raise RegistryError(f"{source or 'registry'}: unknown table(s) {', '.join(extra)}; use [models.NAME] and [tokenizers.NAME]")
-        models = {name: _parse_model(name, e, base) for name, e in (data.get("models") or {}).items()}
+            raise RegistryError(f"{source or 'registry'}: unknown table(s) {', '.join(extra)}; use [models.NAME], "
+                                "[tokenizers.NAME] and [engines.NAME]")
+        engines = {name: _parse_engine(name, e) for name, e in (data.get("engines") or {}).items()}
+        models = {name: _parse_model(name, e, base, engines) for name, e in (data.get("models") or {}).items()}
         for name in models:
             if ngram_size(name) is not None:
                 raise RegistryError(f"[models.{name}]: names ngram-N are reserved for prompt-lookup drafts")
         tokenizers = {
             name: _parse_tokenizer(name, e, base, models) for name, e in (data.get("tokenizers") or {}).items()
         }
-        return cls(models, tokenizers, source)
+        for name, tok in tokenizers.items():
+            if tok.model is not None and models[tok.model].engine is not None:
+                raise RegistryError(f"[tokenizers.{name}]: model {tok.model!r} is on engine "
+                                    f"{models[tok.model].engine}, so its tokenizer files are not here; give path")
+        return cls(models, tokenizers, source, engines)
 
     @classmethod
     def from_toml(cls, path: Path | str) -> Registry:
@@ -279,11 +359,16 @@ class Registry:
         if name in self.tokenizers:
             tok = self.tokenizers[name]
             if tok.model is not None:
-                return self.models[tok.model].is_available()
+                return self.models[tok.model].engine is None and self.models[tok.model].is_available()
             if tok.gguf is not None:
                 return tok.gguf.is_file()
             return tok.path is None or tok.path.is_dir()
         return False
+
+    def engine_of(self, model_name: str | None) -> EngineSpec | None:
+        """The engine a model replays on, or None for a model this process loads."""
+        spec = self.models.get(model_name) if model_name is not None else None
+        return self.engines[spec.engine] if spec is not None and spec.engine is not None else None
 
     def model(self, name: str, kind: str = "model") -> ModelSpec:
         try:

@@ -195,6 +195,25 @@ def classify_difference(decoder: Any, req: DecodeRequest, prod_ids: list[int], r
     return Verdict("sampled", message, evidence)
 
 
+def unscored_note(decoder: Any, req: DecodeRequest) -> str:
+    remote = decoder.engine_for(req) if hasattr(decoder, "engine_for") else None
+    why = remote.scoring_note() if remote is not None and remote.local_tokenizer(req) else (
+        f"tokenizer {req.tokenizer_version!r} is not on this machine, so production's text can't be scored")
+    return (f"near_tie vs diverged, production's plausibility and a source equal up to near-ties need the "
+            f"target's log-probabilities: {why}")
+
+
+def unscored_verdict(req: DecodeRequest, diff: Any) -> Verdict:
+    """Why production differs, where nothing can be scored: a sampled request says so; a greedy one is undecided."""
+    at = diff.first_divergent_token
+    if not req.is_greedy:
+        return Verdict("sampled", f"sampled request (temperature {req.temperature}) whose replay differs from token "
+                       f"{at}; production's plausibility can't be scored here", {"first_divergent_token": at})
+    return Verdict("unavailable", f"the greedy replay parts from production at token {at}; whether that is a near-tie "
+                   "(numerics) or a divergence needs the target's log-probabilities, which this engine does not "
+                   "return", {"first_divergent_token": at})
+
+
 @dataclass(frozen=True)
 class SourceWeighing:
     """What the request that populated the cache entry says about production."""
@@ -206,8 +225,12 @@ class SourceWeighing:
 
 def weigh_source(decoder: Any, record: dict[str, Any], req: DecodeRequest, result: DecodeResult,
                  prod_ids: list[int], greedy: tuple[bool, dict[str, Any]] | None, source: dict[str, Any],
-                 source_req: DecodeRequest, source_replayable: bool, near_tie_margin: float) -> SourceWeighing:
-    """Whether production is the source's output: weighed before near-ties, which the source shares."""
+                 source_req: DecodeRequest, source_replayable: bool, near_tie_margin: float, *,
+                 scores: bool = True) -> SourceWeighing:
+    """Whether production is the source's output: weighed before near-ties, which the source shares.
+
+    Without scores (an engine that returns no log-probabilities) only an exact source replay and the length
+    rule can show it."""
     fields = differing_fields(identity(req), identity(source_req))
     evidence: dict[str, Any] = {"source_request_id": source["request_id"], "differing_fields": fields,
                                 "cache_key": record["cache_key"]}
@@ -228,6 +251,8 @@ def weigh_source(decoder: Any, record: dict[str, Any], req: DecodeRequest, resul
         source_ids = production_ids(decoder, source_req, production, source_result.token_ids)
         if exact:
             reproduces = "equals production exactly"
+        elif not scores:
+            evidence["source_up_to_near_ties"] = "unavailable: no log-probabilities to score the source's output"
         elif source_req.is_greedy:
             # The source ran in production's numerics too: equal up to near-ties is still its output,
             # unless this request's own replay is the same output (then the source explains nothing).

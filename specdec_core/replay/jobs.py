@@ -115,6 +115,12 @@ class ProgressDecoder:
 
     def generate(self, req: Any) -> Any:
         self._check()
+        remote = self._inner.engine_for(req) if hasattr(self._inner, "engine_for") else None
+        if remote is not None:  # a call to the engine: cancelled before it is sent, bounded by its timeout
+            self._job.stage = f"waiting for engine {remote.spec.name}"
+            result = self._inner.generate(req)
+            self._job.stage = "scoring"
+            return result
         loader = getattr(self._inner, "loader", None)
         if loader is not None:
             self._job.stage = "loading models"
@@ -150,22 +156,33 @@ class ProgressDecoder:
 
 
 def _work(job: ReplayJob, store: Store, decoder_factory: Callable[[], Any], prompt: str | None) -> None:
+    from specdec_core.analysis import request_record
+    from specdec_core.replay.engine_batch import run_batch
+
+    def engine_of(request_id: str) -> Any:
+        record = request_record(store, request_id)
+        registry = getattr(decoder, "registry", None)
+        return registry.engine_of(record["target_model"]) if record is not None and registry is not None else None
+
+    def one(request_id: str) -> ReplayResult:
+        job.current = request_id
+        # Through the module, so one stored result per replay, whatever replaces `replay` in tests.
+        return replay_run.replay(store, request_id, decoder, prompt=prompt)
+
+    def on_error(request_id: str, exc: BaseException) -> None:
+        if isinstance(exc, ReplayCancelled):
+            raise exc
+        job.errors[request_id] = str(exc)  # one request that can't replay does not stop the batch
+
     try:
         job.stage = "loading models"
         decoder = ProgressDecoder(decoder_factory(), job)
-        for request_id in job.request_ids:
-            if job._cancel.is_set():
-                job.cancelled = True
-                break
-            job.current = request_id
-            try:
-                # Through the module, so one stored result per replay, whatever replaces `replay` in tests.
-                job.results.append(replay_run.replay(store, request_id, decoder, prompt=prompt))
-            except ReplayCancelled:
-                job.cancelled = True
-                break
-            except Exception as exc:  # one request that can't replay does not stop the batch
-                job.errors[request_id] = str(exc)
+        lines = run_batch(job.request_ids, engine_of, one, job.results.append, on_error, job._cancel.is_set)
+        for n, line in enumerate(lines):
+            job.errors[f"(engine failure {n + 1})"] = line
+        job.cancelled = job._cancel.is_set() and job.done < job.total
+    except ReplayCancelled:
+        job.cancelled = True
     except Exception as exc:
         job.errors.setdefault(job.current or "(start)", str(exc))
     finally:
@@ -207,12 +224,14 @@ def preload_models(decoder_factory: Callable[[], Any] | None = None) -> Preload:
             decoder = (decoder_factory or replay_run.default_decoder)()
             registry, loader = decoder.registry, decoder.loader
             keep = getattr(loader, "capacity", 4)
-            names = [n for n in registry.model_names() if registry.is_available(n)][:keep]
+            # model_names is a property; a model on an engine has no weights here to load
+            names = [n for n in registry.model_names
+                     if registry.is_available(n) and getattr(registry, "engine_of", lambda _: None)(n) is None][:keep]
             for name in names:
                 state.stage = f"loading {name}"
                 loader.model(name)
                 state.loaded.append(name)
-            for name in registry.tokenizer_names():
+            for name in registry.tokenizer_names:
                 if registry.is_available(name):
                     loader.tokenizer(name)
             state.stage = "ready"

@@ -39,6 +39,8 @@ from specdec_core.replay.classify import (
     harmless_contamination,
     match_message,
     production_ids,
+    unscored_note,
+    unscored_verdict,
     weigh_source,
 )
 from specdec_core.replay.diff import OutputDiff, diff_outputs
@@ -116,6 +118,9 @@ def _request_from(record: dict[str, Any], prompt: str | None) -> DecodeRequest:
 
 def _unavailable(decoder: Any, req: DecodeRequest) -> dict[str, str]:
     registry = decoder.registry
+    if registry.engine_of(req.target_model) is not None:
+        # The engine runs its own draft; a tokenizer version not here means the chat endpoint with the messages.
+        return {}
     missing = registry.unknown_names(req)
     if missing:
         return {f: f"{v!r} is not in the registry ({registry.source or 'specdec.toml'})" for f, v in missing.items()}
@@ -175,34 +180,43 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
                             accepted_tokens=result.accepted_tokens, accepted_per_step=result.accepted_per_step,
                             environment=result.environment, latency_ms=result.latency_ms)
     diff = diff_outputs(production, prod_ids, result.text, result.token_ids, req.max_tokens)
+    environment = dict(result.environment)
+    engine = environment.pop("engine_evidence", None)
     common = {
         "production_text": production, "replay_text": result.text, "replay_token_ids": result.token_ids,
         "diff": diff, "draft_tokens": result.draft_tokens, "accepted_tokens": result.accepted_tokens,
-        "accepted_per_step": result.accepted_per_step, "environment": result.environment,
+        "accepted_per_step": result.accepted_per_step, "environment": environment,
         "latency_ms": result.latency_ms,
     }
     length_note = ({"production_over_max_tokens": f"production has {record['output_tokens']} tokens, "
                                                   f"max_tokens is {req.max_tokens}"}
                    if record["output_tokens"] > req.max_tokens else {})
+    if engine is not None:  # what the server said about itself and the identity it could not take
+        length_note["engine"] = engine
     if diff.identical:
         evidence = {"output_tokens": len(result.token_ids), **harmless_contamination(record, req), **length_note}
         return ReplayResult(request_id, "match", match_message(evidence), evidence, **common)
 
-    greedy = greedy_explains(decoder, req, prod_ids, near_tie_margin) if req.is_greedy else None
+    scores = decoder.can_score(req) if hasattr(decoder, "can_score") else True
+    if not scores:
+        length_note["not_available"] = unscored_note(decoder, req)
+    greedy = greedy_explains(decoder, req, prod_ids, near_tie_margin) if req.is_greedy and scores else None
     # The source comes first: a near-tie in production's prefix is no alibi when production is its output.
     source = _source_of(store, record)
     source_evidence: dict[str, Any] = {}
     if source is not None:
         source_req = _request_from(source, prompt if source.get("prompt") is None else None)
         weighed = weigh_source(decoder, record, req, result, prod_ids, greedy, source, source_req,
-                               not _unavailable(decoder, source_req), near_tie_margin)
+                               not _unavailable(decoder, source_req), near_tie_margin,
+                               scores=scores and (not hasattr(decoder, "can_score") or decoder.can_score(source_req)))
         common["source_request_id"] = source["request_id"]
         common["source_replay_text"] = weighed.source_replay_text
         if weighed.verdict is not None:
             return ReplayResult(request_id, weighed.verdict.classification, weighed.verdict.message,
                                 {**weighed.verdict.evidence, **length_note}, **common)
         source_evidence = weighed.evidence
-    verdict = classify_difference(decoder, req, prod_ids, result, greedy)
+    verdict = (classify_difference(decoder, req, prod_ids, result, greedy) if scores
+               else unscored_verdict(req, diff))
     return ReplayResult(request_id, verdict.classification, verdict.message,
                         {**verdict.evidence, **source_evidence, **length_note}, **common)
 
@@ -267,19 +281,39 @@ ReplayProgress = Callable[[int, int, ReplayResult], None]
 
 
 def replay_many(store: Store, request_ids: Iterable[str], decoder: Any | None = None,
-                progress: ReplayProgress | None = None) -> list[ReplayResult]:
-    """Replay several requests with one decoder (models load once); stored together at the end."""
+                progress: ReplayProgress | None = None, failures: list[str] | None = None) -> list[ReplayResult]:
+    """Replay several requests with one decoder (models load once); stored together at the end.
+
+    Requests of a model on an engine go to it side by side, up to its max_concurrency. A failed engine call
+    stores nothing: its one-line reason (one per kind of failure and engine) goes to `failures`, or, without
+    that list, is raised as a ReplayError once the others are stored.
+    """
+    from specdec_core.replay.engine_batch import run_batch
+
     decoder = decoder or default_decoder()
     ids = list(dict.fromkeys(request_ids))
-    results: list[ReplayResult] = []
-    for n, request_id in enumerate(ids, start=1):
+    records: dict[str, dict[str, Any]] = {}
+    for request_id in ids:
         record = request_record(store, request_id)
         if record is None:
             raise ReplayError(f"request_id {request_id!r} is not in {store.path}")
-        results.append(replay_record(store, record, decoder))
+        records[request_id] = record
+    registry = getattr(decoder, "registry", None)
+    done: dict[str, ReplayResult] = {}
+
+    def on_result(result: ReplayResult) -> None:
+        done[result.request_id] = result
         if progress:
-            progress(n, len(ids), results[-1])
+            progress(len(done), len(ids), result)
+
+    lines = run_batch(ids, lambda rid: registry.engine_of(records[rid]["target_model"]) if registry else None,
+                      lambda rid: replay_record(store, records[rid], decoder), on_result)
+    results = [done[rid] for rid in ids if rid in done]
     _save(store, results)
+    if lines and failures is None:
+        raise ReplayError("; ".join(lines))
+    if failures is not None:
+        failures.extend(lines)
     return results
 
 
