@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specdec_core.contract.identity import DecodeRequest
 from specdec_core.extras import require
 
-torch = require("replay", "torch")
+if TYPE_CHECKING:  # the scores themselves need no torch: an engine's replay fills them from its logprobs
+    import torch
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import start_http_server
-
+from specdec_core.extras import require
 from specdec_core.monitoring.figures import DEFAULT_TOP, IDENTITY_FIELDS, OTHER, Figures, read_figures
 from specdec_core.store.connection import Store, release_snapshots
+
+# Through require: without the [metrics] extra, importing this module says so in one line.
+_core = require("metrics", "prometheus_client.core")
+start_http_server = require("metrics", "prometheus_client.exposition").start_http_server
+CollectorRegistry, Metric = _core.CollectorRegistry, _core.Metric
+CounterMetricFamily, GaugeMetricFamily = _core.CounterMetricFamily, _core.GaugeMetricFamily
 
 EMPTY = Figures((), (), (), (), (), (), (), (), (), 0, ())
 FOLD_NOTE = f"labels keep the top {{top}} values by requests, the rest folded into \"{OTHER}\""

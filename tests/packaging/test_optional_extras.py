@@ -37,8 +37,9 @@ from specdec_core.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
-# The modules that are the replay extra's own code: importing them without it says so.
-_NEED_REPLAY = {"specdec_core.decoding.engine", "specdec_core.decoding.scoring"}
+# The modules that are an extra's own code: importing them without it says so.
+_NEED_REPLAY = {"specdec_core.decoding.engine"}
+_NEED_METRICS = {"specdec_core.monitoring.exporter"}
 
 
 def bare_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -80,9 +81,10 @@ print(json.dumps(outcome))
     outcome = json.loads(done.stdout)
     assert len(outcome) > 50
     failed = {name: why for name, why in outcome.items() if why != "ok"}
-    assert set(failed) == _NEED_REPLAY
-    for why in failed.values():
-        assert why == "needs the replay extra (torch is not installed): pip install 'specdec-triage[replay]'"
+    assert set(failed) == _NEED_REPLAY | _NEED_METRICS
+    for name, why in failed.items():
+        extra, module = ("metrics", "prometheus_client") if name in _NEED_METRICS else ("replay", "torch")
+        assert why == f"needs the {extra} extra ({module} is not installed): pip install 'specdec-triage[{extra}]'"
 
 
 def test_key_and_guarded_cache_work_without_the_extras() -> None:
