@@ -43,11 +43,12 @@ def test_the_committed_demo_loads_whole_and_its_contamination_is_the_ground_trut
 
 
 def _sample(store, truth, *, contaminated: bool, n: int) -> list[str]:
-    """Greedy requests with n-gram or no speculation (quick to replay), spread over deployments."""
+    """Greedy requests with n-gram or no speculation, the shortest first (quick to replay), spread over
+    deployments."""
     with store.read() as con:
         rows = con.execute(
             "SELECT request_id, deployment FROM requests WHERE temperature = 0 "
-            "AND coalesce(draft_model, 'none') IN ('none', 'ngram-3') ORDER BY ts").fetchall()
+            "AND coalesce(draft_model, 'none') IN ('none', 'ngram-3') ORDER BY max_tokens, ts").fetchall()
     picked, seen = [], set()
     for request_id, deployment in rows:
         if truth[request_id]["contaminated"] == contaminated and (deployment not in seen or len(seen) >= 3):
