@@ -22,7 +22,7 @@ from specdec_core.store.connection import Store
 from specdec_core.store.ingest import ingest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # ui.py sits beside app.py, which is not a package
+sys.path.insert(0, str(ROOT))  # the ui package sits beside app.py, which is not a package
 import ui  # noqa: E402
 
 APP = ROOT / "app.py"
@@ -614,7 +614,9 @@ def test_html_in_logs_renders_as_its_characters(monkeypatch, html_db):
 
 
 def test_app_and_pages_never_allow_html():
-    sources = [APP, ROOT / "ui.py", *sorted((ROOT / "pages").glob("*.py"))]
+    shared = sorted((ROOT / "ui").glob("*.py"))
+    assert {p.name for p in shared} >= {"state.py", "access.py", "format.py", "charts.py"}
+    sources = [APP, *shared, *sorted((ROOT / "pages").glob("*.py"))]
     for source in sources:
         text = source.read_text()
         assert "unsafe_allow_html" not in text and "st.html" not in text, source
