@@ -135,10 +135,10 @@ def keep_valid(key: str, options: list) -> None:
         st.session_state[key] = [v for v in st.session_state[key] if v in options]
 
 
-def time_range(options: dict) -> tuple:
+def time_range(options: metrics.FilterOptions) -> tuple:
     # The slider spans the bulk of the requests (see metrics.filter_options): a few lines with an unset
     # clock (epoch 0, year 1) neither break it nor stretch it past the incident's hours.
-    start, end = options["span_start"], options["span_end"]
+    start, end = options.span_start, options.span_end
     if end <= start:
         return None, None
     zoom = st.session_state.pop(ui.TIME_ZOOM_KEY, None)
@@ -151,21 +151,21 @@ def time_range(options: dict) -> tuple:
     low, high = st.slider("Time range (UTC)", min_value=start, max_value=end, step=step,
                           format="YYYY-MM-DD HH:mm" if (end - start).days > 300 else "MM-DD HH:mm", key="f_time")
     st.caption(f"{ui.fmt_ts(low)} to {ui.fmt_ts(high)}")
-    if options["outside_span"]:
-        st.caption(f"{options['outside_span']:,} requests have timestamps beyond this slider (earliest "
-                   f"{ui.fmt_ts(options['start'])}, latest {ui.fmt_ts(options['end'])}); a handle at its end "
+    if options.outside_span:
+        st.caption(f"{options.outside_span:,} requests have timestamps beyond this slider (earliest "
+                   f"{ui.fmt_ts(options.start)}, latest {ui.fmt_ts(options.end)}); a handle at its end "
                    "keeps them in.")
     # A handle at its end is no bound on that side: requests loaded later, or beyond the slider, stay in view.
     return (None if low <= start else low), (None if high >= end else high)
 
 
-def filters_from_url(options: dict) -> None:
+def filters_from_url(options: metrics.FilterOptions) -> None:
     """A URL the session did not write itself (pasted, reloaded, browser back) sets the filters it names."""
     current = {k: tuple(st.query_params.get_all(k)) for k in URL_KEYS if k in st.query_params}
     if not current or current == st.session_state.get(URL_WRITTEN_KEY):
         return
     st.session_state[URL_WRITTEN_KEY] = current
-    span = (options["span_start"], options["span_end"])
+    span = (options.span_start, options.span_end)
     if span[0] is not None and ("start" in current or "end" in current):
         try:
             low = _url_time(current.get("start"), span[0])
@@ -176,7 +176,7 @@ def filters_from_url(options: dict) -> None:
     for url_key, key in (("deployment", "deployments"), ("target_model", "target_models"),
                          ("draft_model", "draft_models")):
         if url_key in current:
-            st.session_state[f"f_{key}"] = [v for v in current[url_key] if v in options[key]]
+            st.session_state[f"f_{key}"] = [v for v in current[url_key] if v in getattr(options, key)]
 
 
 def _url_time(values: tuple | None, default):
@@ -230,8 +230,8 @@ def filter_widgets() -> Filters:
         ("target_models", "Target models", str),
         ("draft_models", "Draft models", str),
     ):
-        keep_valid(f"f_{key}", options[key])
-        chosen[key] = tuple(st.multiselect(label, options[key], format_func=format_func, key=f"f_{key}",
+        keep_valid(f"f_{key}", getattr(options, key))
+        chosen[key] = tuple(st.multiselect(label, getattr(options, key), format_func=format_func, key=f"f_{key}",
                                            placeholder="All"))
     return Filters(start=start, end=end, **chosen)
 
@@ -270,8 +270,8 @@ def live_status() -> None:
         st.caption("Live: no database yet.")
         return
     fresh = ui.cached(metrics.freshness)
-    lag = fresh["lag_seconds"]
-    st.caption(f"Live · newest request {ui.fmt_ts(fresh['newest'])} · lag "
+    lag = fresh.lag_seconds
+    st.caption(f"Live · newest request {ui.fmt_ts(fresh.newest)} · lag "
                f"{'–' if lag is None else ui.fmt_duration(lag)} · checked every {LIVE_EVERY_S} s")
     version = db.version()
     if st.session_state.get("_live_version") not in (None, version):

@@ -21,13 +21,13 @@ ui.require_data()
 filters = ui.filters()
 
 head = ui.cached(metrics.headline, filters=filters)
-st.caption(f"{head['unique_keys']:,} unique cache keys for {head['unique_identities']:,} unique request "
+st.caption(f"{head.unique_keys:,} unique cache keys for {head.unique_identities:,} unique request "
            "identities in this selection. A correct key gives each identity a key of its own.")
 collisions = ui.cached(metrics.key_collisions, filters=filters)
 if collisions.empty:
     st.success("No cache key was shared by different request identities in this selection.")
 else:
-    st.subheader(f"{head['key_collisions']:,} keys shared by more than one identity")
+    st.subheader(f"{head.key_collisions:,} keys shared by more than one identity")
     top = collisions.head(TOP_KEYS)
     figure = px.bar(top.iloc[::-1], y=[ui.plot_label(f"{ui.deployment_label(d)} · {k[:40]}")
                                        for d, k in zip(top.deployment[::-1], top.cache_key[::-1], strict=True)],

@@ -7,6 +7,7 @@ import streamlit as st
 
 import ui
 from specdec_core import analysis
+from specdec_core.contract import fields as contract
 
 SELECTED_KEY = "mismatch_selected"  # request ids: a selection follows requests, not table positions
 
@@ -44,9 +45,10 @@ if needle:
     hits = hits[searched.apply(lambda column: column.str.lower().str.contains(needle, regex=False)).any(axis=1)]
 hits = hits.reset_index(drop=True)
 selected: list[str] = st.session_state.setdefault(SELECTED_KEY, [])
-COLUMNS = ["request_id", "ts", "deployment", "source_request_id", "differing_fields", "target_model",
-           "draft_model", "temperature", "max_tokens", "seed", "tokenizer_version", "output_tokens", "cache_key",
-           "source_ts", "output_preview"]
+# What an engineer reads first, then the rest of the identity as the contract lists it, then the evidence.
+FIRST = ["request_id", "ts", "deployment", "target_model", "draft_model", "differing_fields", "source_request_id"]
+COLUMNS = FIRST + [f for f in contract.IDENTITY_FIELDS if f in hits.columns and f not in FIRST] + \
+    [c for c in ("output_tokens", "cache_key", "source_ts", "output_preview") if c in hits.columns]
 table = hits[COLUMNS].copy()
 table.insert(0, "replay", table.request_id.isin(selected))
 # The editor's own state is per position; it is keyed by the rows it shows, so a new filter starts it anew

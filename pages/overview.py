@@ -15,21 +15,21 @@ head = ui.cached(analysis.headline, filters=filters)
 
 # Four narrow metrics a row, each value a short number: at 1024 px wide none is cut.
 row = st.columns(4)
-row[0].metric("Requests", ui.fmt_int(head["requests"]))
-row[1].metric("Hit rate", ui.fmt_pct(head["hit_rate"]), help=f"{ui.fmt_int(head['hits'])} cache hits")
-row[2].metric("Contaminated hits", ui.fmt_int(head["contaminated_hits"]),
+row[0].metric("Requests", ui.fmt_int(head.requests))
+row[1].metric("Hit rate", ui.fmt_pct(head.hit_rate), help=f"{ui.fmt_int(head.hits)} cache hits")
+row[2].metric("Contaminated hits", ui.fmt_int(head.contaminated_hits),
               help="Hits that served an output produced for a different request identity")
-row[3].metric("Contaminated share of hits", ui.fmt_pct(head["contaminated_rate"]))
+row[3].metric("Contaminated share of hits", ui.fmt_pct(head.contaminated_rate))
 row = st.columns(4)
-row[0].metric("Length violations", ui.fmt_int(head["length_violations"]),
+row[0].metric("Length violations", ui.fmt_int(head.length_violations),
               help="Requests whose output_tokens exceed their max_tokens")
-row[1].metric("Key collisions", ui.fmt_int(head["key_collisions"]),
+row[1].metric("Key collisions", ui.fmt_int(head.key_collisions),
               help="Cache keys shared by more than one request identity")
-row[2].metric("Unique keys", ui.fmt_int(head["unique_keys"]),
-              help=f"for {ui.fmt_int(head['unique_identities'])} unique identities: fewer keys than identities "
+row[2].metric("Unique keys", ui.fmt_int(head.unique_keys),
+              help=f"for {ui.fmt_int(head.unique_identities)} unique identities: fewer keys than identities "
                    "means identities share cache entries")
-row[3].metric("Unique identities", ui.fmt_int(head["unique_identities"]))
-st.metric("Quarantined records", ui.fmt_int(head["quarantined"]),
+row[3].metric("Unique identities", ui.fmt_int(head.unique_identities))
+st.metric("Quarantined records", ui.fmt_int(head.quarantined),
           help="Log records that broke the contract; listed under 'Load logs' in the sidebar")
 
 gaps = ui.cached(analysis.logging_gaps, filters=filters)

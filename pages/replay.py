@@ -11,6 +11,7 @@ import streamlit as st
 
 import ui
 from specdec_core import analysis
+from specdec_core.contract import fields as contract
 from specdec_core.replay import jobs, stored
 
 ui.page_header("Replay")
@@ -29,34 +30,34 @@ MEANING = {
     "unavailable": "This request can't be replayed here (its model or tokenizer isn't available).",
     "redacted": "The log holds only the prompt's hash: give the prompt below to replay it.",
 }
-IDENTITY = ["ts", "deployment", "target_model", "draft_model", "num_speculative_tokens", "temperature", "top_p",
-            "top_k", "max_tokens", "seed", "stop", "tokenizer_version", "cache_key", "cache_hit",
-            "source_request_id", "differing_fields", "output_tokens", "finish_reason", "latency_ms",
-            "draft_tokens", "accepted_tokens", "prompt_hash"]
+# The texts are shown whole beside the table; the id is in the heading.
+SHOWN_APART = ("request_id", "prompt", "output_text")
 
 
 def _text(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def show_record(record: dict) -> None:
+def show_record(record: analysis.RequestRecord) -> None:
+    logged = [(f, record.fields.get(f)) for f in contract.FIELD_NAMES if f not in SHOWN_APART]
+    logged += [("source_request_id", record.source_request_id), ("differing_fields", record.differing_fields)]
     left, right = st.columns(2)
     with left:
         st.markdown("**Logged request**")
-        st.dataframe(pd.DataFrame({"field": IDENTITY, "value": [_text(record.get(f)) for f in IDENTITY]}),
+        st.dataframe(pd.DataFrame({"field": [f for f, _ in logged], "value": [_text(v) for _, v in logged]}),
                      hide_index=True)
     with right:
         st.markdown("**Prompt**")
-        if record["prompt"] is None:
+        if record.prompt is None:
             st.caption("Redacted: the log holds only the prompt's hash.")
         else:
-            st.code(record["prompt"], language=None, wrap_lines=True)
+            st.code(record.prompt, language=None, wrap_lines=True)
         st.markdown("**Production output**")
-        st.code(record["output_text"], language=None, wrap_lines=True)
-    if record.get("contaminated"):
+        st.code(record.output_text, language=None, wrap_lines=True)
+    if record.contaminated:
         st.warning(f"A contaminated hit: production served the output cached by request "
-                   f"{ui.code_span(record['source_request_id'])}, whose identity differs in "
-                   f"{ui.md_escape(record['differing_fields'])}.")
+                   f"{ui.code_span(record.source_request_id)}, whose identity differs in "
+                   f"{ui.md_escape(record.differing_fields)}.")
 
 
 def diff_markdown(word_ops) -> str:
@@ -214,7 +215,7 @@ if request_id:
         show_record(record)
         st.subheader("Replay")
         prompt = None
-        if record["prompt"] is None:
+        if record.prompt is None:
             prompt = st.text_area("Prompt (checked against the logged hash)", key="replay_prompt") or None
         if st.button("Replay with the full identity", type="primary", disabled=running(), key="replay_one"):
             start([request_id], prompt)

@@ -87,7 +87,7 @@ def has_data() -> bool:
     db = store()
     if not db.exists:
         return False
-    return cached(metrics.filter_options, span_limits=SLIDER_LIMITS)["start"] is not None
+    return cached(metrics.filter_options, span_limits=SLIDER_LIMITS).start is not None
 
 
 def require_data() -> None:

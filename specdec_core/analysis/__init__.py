@@ -25,14 +25,20 @@ from specdec_core.analysis.gaps import LoggingGap, logging_gaps
 from specdec_core.analysis.key_details import differing_identity_columns, key_prompts
 from specdec_core.analysis.keys import key_collision_identities, key_collisions
 from specdec_core.analysis.lengths import length_violations, output_length_by_max_tokens
-from specdec_core.analysis.overview import filter_options, headline
+from specdec_core.analysis.overview import FilterOptions, Headline, HeadlineCounts, filter_options, headline
 from specdec_core.analysis.query import NO_FILTERS, Filters, time_bucket
 from specdec_core.analysis.red_flags import RED_FLAG_IDS, RedFlag, red_flags
 from specdec_core.analysis.report import KINDS, mismatch_report, report_counts, report_csv, write_report
-from specdec_core.analysis.requests import quarantined_records, request_record, suspicious_requests
+from specdec_core.analysis.requests import (
+    RequestRecord,
+    quarantined_records,
+    request_record,
+    suspicious_requests,
+)
 from specdec_core.analysis.search import SEARCH_FIELDS, SEARCH_MODES, SearchError, search_requests
 from specdec_core.analysis.timeline import (
     SMOOTHING_WINDOWS,
+    Freshness,
     freshness,
     hit_rate_by_deployment_over_time,
     latency_histogram,
@@ -50,4 +56,5 @@ __all__ = [
     "latency_hit_vs_miss", "length_violations", "logging_gaps", "mismatch_rate_over_time", "mismatch_report",
     "output_length_by_max_tokens", "quarantined_records", "red_flags", "report_counts", "report_csv",
     "request_record", "suspicious_requests", "time_bucket", "write_report",
+    "FilterOptions", "Freshness", "Headline", "HeadlineCounts", "RequestRecord",
 ]

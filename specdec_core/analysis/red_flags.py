@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from specdec_core.analysis.cache import key_ratio_by_deployment
-from specdec_core.analysis.overview import headline_counts
+from specdec_core.analysis.overview import HeadlineCounts, headline_counts
 from specdec_core.analysis.query import (
     NO_FILTERS,
     Filters,
@@ -116,14 +116,14 @@ JOIN requests r USING (request_id) WHERE {where}
 FIRST_SIGHT_HIT_SHARE = 0.05
 
 
-def _identical_outputs(store: Store, filters: Filters, head: dict[str, Any]) -> RedFlag:
+def _identical_outputs(store: Store, filters: Filters, head: HeadlineCounts) -> RedFlag:
     shared = one(store, SHARED_OUTPUTS_SQL, filters, whole=SHARED_OUTPUTS_WHOLE_SQL, ranged=SHARED_OUTPUTS_RANGE_SQL)
     trend = one(store, HIT_RATE_TREND_SQL, filters)
     rising = (trend["second_half"] or 0) > (trend["first_half"] or 0)
     shared_share = shared["hits_with_shared_output"] / shared["hits"] if shared["hits"] else 0.0
     return RedFlag(
         "identical_outputs", "Identical outputs although parameters differ",
-        bool(shared["shared_outputs"] > 0 and head["contaminated_hits"] > 0),
+        bool(shared["shared_outputs"] > 0 and head.contaminated_hits > 0),
         f"{shared['shared_outputs']} output texts were returned for requests that differ in more than their "
         f"draft model ({shared_share:.0%} of hits are on such outputs); hit rate {_pct(trend['first_half'])} in the "
         "first half of the window, "
@@ -157,11 +157,11 @@ def _biased_experiments(store: Store, filters: Filters) -> RedFlag:
     )
 
 
-def _impossible_lengths(head: dict[str, Any]) -> RedFlag:
+def _impossible_lengths(head: HeadlineCounts) -> RedFlag:
     return RedFlag(
-        "impossible_lengths", "Output lengths impossible for max_tokens", bool(head["length_violations"] > 0),
-        f"{head['length_violations']} requests returned more tokens than their max_tokens.",
-        {"length_violations": head["length_violations"]},
+        "impossible_lengths", "Output lengths impossible for max_tokens", bool(head.length_violations > 0),
+        f"{head.length_violations} requests returned more tokens than their max_tokens.",
+        {"length_violations": head.length_violations},
     )
 
 
@@ -191,7 +191,7 @@ def _few_keys(ratios: pd.DataFrame) -> RedFlag:
     )
 
 
-def red_flags(store: Store, filters: Filters = NO_FILTERS, head: dict[str, Any] | None = None) -> list[RedFlag]:
+def red_flags(store: Store, filters: Filters = NO_FILTERS, head: HeadlineCounts | None = None) -> list[RedFlag]:
     """The six symptoms, in RED_FLAG_IDS order. `head` is `headline(store, filters)` when the caller has it;
     without it only the counts the flags read are asked (not the headline's distinct counts)."""
     head = head if head is not None else headline_counts(store, filters)

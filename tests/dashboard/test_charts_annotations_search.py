@@ -231,7 +231,7 @@ def test_live_shows_the_newest_request_and_its_lag(monkeypatch, incident_db):
     [live] = [c for c in texts(at, "caption") if c.startswith("Live")]
     assert "2026-03-01 10:06:00 UTC" in live and "lag" in live
     fresh = analysis.freshness(Store(incident_db))
-    assert fresh["requests"] == 6 and fresh["lag_seconds"] > 0
+    assert fresh.requests == 6 and fresh.lag_seconds > 0
 
 
 def test_a_stand_in_batch_job_can_be_cancelled_between_requests(monkeypatch, incident_db):
