@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
@@ -74,7 +73,7 @@ def request_record(store: Store, request_id: str) -> RequestRecord | None:
         record["seed"] = int(record["seed"])
     hit = {name: record.pop(name) for name in HIT_SOURCE_COLUMNS}
     logged = {name: record.pop(name) for name in contract.FIELD_NAMES if name in record}
-    return RequestRecord(fields=MappingProxyType(logged), stored=MappingProxyType(record), **hit)
+    return RequestRecord(fields=logged, stored=record, **hit)
 
 
 SUSPICIOUS_SQL = """
