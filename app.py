@@ -25,7 +25,8 @@ UPLOAD_TYPES = ["jsonl", "gz", "csv", "parquet"]
 LOG_FORMATS = {"auto": "auto (decided per file)", "contract": "the log contract", "otel": "OpenTelemetry GenAI spans",
                "litellm": "LiteLLM payloads"}
 # The filters' query parameters: a view pasted into a ticket opens with the same selection.
-URL_KEYS = ("start", "end", "deployment", "target_model", "draft_model", "db")
+URL_KEYS = ("start", "end", "deployment", "target_model", "draft_model", "db", "notes")
+NOTES_KEY = "annotations_text"
 URL_WRITTEN_KEY = "_url_written"
 LIVE_EVERY_S = 5
 
@@ -34,8 +35,11 @@ st.set_page_config(page_title="specdec-triage", page_icon="🔎", layout="wide")
 ICONS = {"Overview": ":material/dashboard:", "Cache": ":material/cached:", "Output length": ":material/straighten:",
          "Mismatches": ":material/difference:", "Keys": ":material/key:", "Replay": ":material/replay:",
          "Search": ":material/search:", "Export": ":material/download:"}
-navigation = st.navigation([st.Page(path, title=title, icon=ICONS[title], default=title == "Overview")
-                            for title, path in ui.PAGE_FILES.items()])
+PAGES = {title: st.Page(path, title=title, icon=ICONS[title], default=title == "Overview")
+         for title, path in ui.PAGE_FILES.items()}
+# The sidebar's own links (below) carry the view's filters: a page switch is then one history entry with them,
+# where Streamlit's menu would add the page bare and the filters as entries of their own.
+navigation = st.navigation(list(PAGES.values()), position="hidden")
 
 
 def load_logs(paths: list[str]) -> None:
@@ -177,6 +181,7 @@ def filters_from_url(options: metrics.FilterOptions) -> None:
                          ("draft_model", "draft_models")):
         if url_key in current:
             st.session_state[f"f_{key}"] = [v for v in current[url_key] if v in getattr(options, key)]
+    st.session_state[NOTES_KEY] = current["notes"][0] if "notes" in current else ""
 
 
 def _url_time(values: tuple | None, default):
@@ -197,15 +202,24 @@ def filters_to_url(chosen: Filters) -> None:
                             ("draft_model", chosen.draft_models)):
         if values:
             wanted[url_key] = list(values)
+    if (st.session_state.get(NOTES_KEY) or "").strip():  # the typed annotations are part of the view
+        wanted["notes"] = [st.session_state[NOTES_KEY]]
     if st.session_state.get(ui.DB_KEY) and st.session_state[ui.DB_KEY] != ui.default_db_path():
         wanted["db"] = [st.session_state[ui.DB_KEY]]
-    for key in URL_KEYS:
-        have = st.query_params.get_all(key)
-        if key not in wanted and key in st.query_params:
-            del st.query_params[key]
-        elif key in wanted and have != wanted[key]:
-            st.query_params[key] = wanted[key]
+    # One write: each change of the query string is a browser history entry of its own.
+    have = {k: st.query_params.get_all(k) for k in st.query_params}
+    merged = {k: v for k, v in have.items() if k not in URL_KEYS} | wanted
+    if merged != have:
+        st.query_params.from_dict(merged)
     st.session_state[URL_WRITTEN_KEY] = {k: tuple(v) for k, v in wanted.items()}
+    st.session_state[ui.VIEW_PARAMS_KEY] = wanted
+
+
+def page_links() -> None:
+    """The pages, each link carrying this view's filters (see `navigation`)."""
+    view = st.session_state.get(ui.VIEW_PARAMS_KEY) or {}
+    for title, page in PAGES.items():
+        st.page_link(page, label=title, icon=ICONS[title], query_params=view, width="stretch")
 
 
 def db_from_url() -> None:
@@ -245,7 +259,7 @@ def model_preload():
 def annotation_widgets() -> None:
     """Deploys and fixes to mark on every time chart, typed or from a file, beside the detected ones."""
     with st.expander("Annotations"):
-        typed = st.text_area("One per line: time, deployment, label", key="annotations_text", height=90,
+        typed = st.text_area("One per line: time, deployment, label", key=NOTES_KEY, height=90,
                              placeholder="2026-03-01T10:30:00Z, prod, deploy v2.3\n2026-03-01T11:00:00Z, , key fix")
         upload = st.file_uploader("Or a file (CSV lines or a JSON list of {ts, deployment, label})",
                                   type=["csv", "txt", "json"], key="annotations_file")
@@ -253,10 +267,11 @@ def annotation_widgets() -> None:
         found, errors = metrics.parse_annotations(text) if text.strip() else ([], [])
         for error in errors[:5]:
             st.caption(f":orange[Skipped] {ui.md_escape(error)}")
-        detected = st.toggle("Mark the first and last contaminated hit", value=True, key="annotations_detected")
+        detected = st.toggle("Mark what the data shows: the first and last contaminated hit, key-scheme changes",
+                             value=True, key="annotations_detected")
     notes = list(found)
     if detected and ui.has_data():
-        notes += ui.cached(metrics.contamination_annotations, filters=ui.filters())
+        notes += ui.cached(metrics.detected_annotations, filters=ui.filters())
     st.session_state[ui.ANNOTATIONS_KEY] = notes
 
 
@@ -281,6 +296,7 @@ def live_status() -> None:
 
 
 with st.sidebar:
+    links = st.container()
     if ui.DB_KEY not in st.session_state:
         st.session_state[ui.DB_KEY] = ui.default_db_path()
     db_from_url()
@@ -313,6 +329,8 @@ with st.sidebar:
     # Asked again: a load just above may have filled an empty database.
     st.session_state[ui.FILTERS_KEY] = filter_widgets() if ready is not None and ui.has_data() else NO_FILTERS
     filters_to_url(st.session_state[ui.FILTERS_KEY])
+    with links:
+        page_links()
     if ready is not None:
         annotation_widgets()
     ui.click_bridge()

@@ -27,6 +27,7 @@ REPLAY_JOB_KEY = "replay_job"
 REPLAY_START_KEY = "replay_start_batch"
 ANNOTATIONS_KEY = "annotations"
 PRELOAD_KEY = "model_preload"
+VIEW_PARAMS_KEY = "view_params"  # the filters as query parameters: every link to another page carries them
 _ENTRYPOINT_KEY = "_entrypoint_running"
 
 # Page titles -> the page file that shows them.
@@ -141,6 +142,8 @@ def page_header(title: str) -> None:
 
 
 def page_link(title: str, label: str | None = None, **kwargs: Any) -> None:
+    """A link to another page of this view: the filters go with it, so the switch is one history entry."""
+    kwargs.setdefault("query_params", st.session_state.get(VIEW_PARAMS_KEY) or {})
     st.page_link(PAGE_FILES[title], label=label or f"Open {title}", **kwargs)
 
 

@@ -7,6 +7,8 @@ from specdec_core.analysis.annotations import (
     Annotation,
     annotations_for,
     contamination_annotations,
+    detected_annotations,
+    key_scheme_annotations,
     parse_annotations,
 )
 from specdec_core.analysis.cache import (
@@ -36,6 +38,12 @@ from specdec_core.analysis.requests import (
     suspicious_requests,
 )
 from specdec_core.analysis.search import SEARCH_FIELDS, SEARCH_MODES, SearchError, search_requests
+from specdec_core.analysis.status import (
+    ContaminationStatus,
+    KeySchemeChange,
+    contamination_status,
+    key_scheme_changes,
+)
 from specdec_core.analysis.timeline import (
     SMOOTHING_WINDOWS,
     Freshness,
@@ -56,5 +64,6 @@ __all__ = [
     "latency_hit_vs_miss", "length_violations", "logging_gaps", "mismatch_rate_over_time", "mismatch_report",
     "output_length_by_max_tokens", "quarantined_records", "red_flags", "report_counts", "report_csv",
     "request_record", "suspicious_requests", "time_bucket", "write_report",
-    "FilterOptions", "Freshness", "Headline", "HeadlineCounts", "RequestRecord",
+    "ContaminationStatus", "KeySchemeChange", "contamination_status", "detected_annotations",
+    "key_scheme_annotations", "key_scheme_changes", "FilterOptions", "Freshness", "Headline", "HeadlineCounts", "RequestRecord",
 ]
