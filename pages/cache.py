@@ -43,7 +43,7 @@ figure = px.line(over_time, x="bucket", y="smoothed_hit_rate", color="combinatio
 figure.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
 figure.update_yaxes(tickformat=".0%", range=[0, 1.05])
 ui.readable_layout(figure)
-point = ui.time_chart(figure, "hit_rate_over_time")
+point = ui.time_chart(figure, "hit_rate_over_time", bucket=bucket)
 ui.show_point_rows(figure, point, bucket, key="hit_rate_rows")
 
 st.subheader("Hits on identities never served before")

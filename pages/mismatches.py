@@ -33,7 +33,7 @@ figure = px.bar(over_time, x="bucket", y="contaminated_hits", color="label", cus
                 labels={"bucket": f"time (UTC, {bucket} buckets)", "contaminated_hits": "contaminated hits",
                         "label": "deployment"})
 ui.readable_layout(figure)
-point = ui.time_chart(figure, "mismatch_rate_over_time")
+point = ui.time_chart(figure, "mismatch_rate_over_time", bucket=bucket)
 ui.show_point_rows(figure, point, bucket, contaminated_only=True, key="mismatch_point_rows")
 
 st.subheader("Contaminated hits")

@@ -43,11 +43,10 @@ if window.empty:
     st.success("No contaminated hits: every cache hit in this selection served an output produced for "
                "its own request identity.")
 else:
-    for w in window.itertuples():
-        st.markdown(
-            f"**{ui.md_escape(ui.deployment_label(w.deployment))}**: {w.contaminated_hits:,} contaminated "
-            f"hits since **{ui.fmt_ts(w.first_contaminated)}**, the last at {ui.fmt_ts(w.last_contaminated)}."
-        )
+    for status in ui.cached(analysis.contamination_status, filters=filters):
+        st.markdown(f"**{ui.md_escape(ui.deployment_label(status.deployment))}**: {ui.md_escape(status.sentence)}")
+    for change in ui.cached(analysis.key_scheme_changes, filters=filters):
+        st.markdown(f":green[**Key scheme changed**] {ui.md_escape(change.sentence)}")
     bucket = ui.cached(analysis.time_bucket, filters=filters)
     over_time = ui.cached(analysis.mismatch_rate_over_time, filters=filters, bucket=bucket)
     over_time = over_time[over_time.deployment.isin(window.deployment)]
@@ -59,7 +58,7 @@ else:
                     height=140 + 120 * len(window), facet_row_spacing=ui.panel_spacing(len(window), 120))
     figure.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
     ui.readable_layout(figure)
-    point = ui.time_chart(figure, "contamination_timeline")
+    point = ui.time_chart(figure, "contamination_timeline", bucket=bucket)
     ui.show_point_rows(figure, point, bucket, contaminated_only=True, key="contamination_rows")
     st.dataframe(window, hide_index=True)
     ui.page_link("Mismatches", "See every contaminated hit", icon=":material/arrow_forward:")

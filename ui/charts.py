@@ -10,7 +10,7 @@ import streamlit as st
 
 from specdec_core.analysis import Annotation, annotations_for
 from ui.format import code_span, deployment_label, fmt_ts, plot_label
-from ui.state import ANNOTATIONS_KEY, cached, filters, request_url
+from ui.state import ANNOTATIONS_KEY, SLIDER_LIMITS, cached, filters, request_url
 
 # Colour-blind-safe (Okabe-Ito order) and without red: red is kept for what is wrong.
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#56B4E9", "#CC79A7", "#F0E442", "#7F7F7F", "#000000"]
@@ -18,6 +18,14 @@ ALARM = "#D62728"
 GOOD = "#4C78A8"
 TIME_KEY = "f_time"
 TIME_ZOOM_KEY = "time_zoom"  # a box dragged across a time chart, for the sidebar to take
+
+
+# The user's notes grey and dashed; the contamination's bounds red and dotted; a key-scheme change (the fix,
+# as the keys show it) green and solid.
+MARK_STYLES = {"note": {"width": 1, "dash": "dash", "color": "#444444"},
+               "contamination_start": {"width": 1, "dash": "dot", "color": ALARM},
+               "contamination_end": {"width": 1, "dash": "dot", "color": ALARM},
+               "key_scheme_change": {"width": 2, "dash": "solid", "color": "#009E73"}}
 
 
 def readable_layout(figure: Any, *, height: int | None = None) -> Any:
@@ -42,31 +50,69 @@ def annotations() -> list[Annotation]:
     return st.session_state.get(ANNOTATIONS_KEY, [])
 
 
-def annotate(figure: Any, deployment: str | None = None) -> Any:
-    """Deploys, fixes and the first/last contaminated hit as labelled vertical lines on a time chart.
+# Labels are placed for a plot this narrow (a phone's), in px, with this many px per character: wider plots
+# only give them more room. A label that would run into another goes on the next row down.
+LABEL_PLOT_PX = 340
+LABEL_CHAR_PX = 6.2
+LABEL_ROW_PX = 17  # a 10 px label with its padding is about 15 px tall
+
+
+def annotate(figure: Any, deployment: str | None = None, span: tuple[float, float] | None = None) -> Any:
+    """Deploys, fixes, key-scheme changes and the first/last contaminated hit as labelled vertical lines on
+    a time chart, the labels in rows from the top of the plot so that none covers another.
 
     On a chart with one panel per deployment (facet_row), a deployment's marks go on its own panel only;
     a mark for every deployment goes on each."""
-    panels = _deployment_panels(figure)
+    panels = _deployment_panels(figure) or {None: ("x", "y")}
+    marks: dict[tuple[str, str], list[tuple[float, str, dict]]] = {axes: [] for axes in panels.values()}
     for note in annotations_for(annotations(), deployment):
-        detected = note.kind != "note"
-        # An epoch-millisecond x: plotly's own arithmetic on datetimes in add_vline fails on some versions.
+        # An epoch-millisecond x: plotly's own arithmetic on datetimes fails on some versions.
         x = note.ts.timestamp() * 1000
-        style = {"width": 1, "dash": "dot" if detected else "dash", "color": ALARM if detected else "#444444"}
-        if not panels:
-            figure.add_vline(x=x, line=style, annotation_text=plot_label(note.label),
-                             annotation_position="top left", annotation_font_size=10)
-            continue
-        if note.deployment is None:
+        if span is not None and not span[0] <= x <= span[1]:
+            continue  # outside the range shown: its label would sit over the axis's end
+        style = MARK_STYLES.get(note.kind, MARK_STYLES["note"])
+        if note.deployment is None or None in panels:
             targets = list(panels.values())
         else:
             own = panels.get(plot_label(deployment_label(note.deployment)))
             targets = [own] if own else []  # a deployment this chart has no panel for
-        for x_axis, y_axis in targets:
+        for axes in targets:
+            marks[axes].append((x, plot_label(note.label), style))
+    for (x_axis, y_axis), notes in marks.items():
+        low, high = span or _data_span(figure, notes)
+        ms_per_px = max(high - low, 1.0) / LABEL_PLOT_PX
+        for x, text, style, row, right in _label_rows(notes, low, high, ms_per_px):
             figure.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, xref=x_axis, yref=f"{y_axis} domain", line=style)
-            figure.add_annotation(x=x, y=1, xref=x_axis, yref=f"{y_axis} domain", text=plot_label(note.label),
-                                  showarrow=False, xanchor="right", yanchor="bottom", font={"size": 10})
+            figure.add_annotation(x=x, y=1, xref=x_axis, yref=f"{y_axis} domain", text=text, showarrow=False,
+                                  xanchor="right" if right else "left", yanchor="top", yshift=-row * LABEL_ROW_PX,
+                                  font={"size": 10, "color": style["color"]}, bgcolor="rgba(255,255,255,0.85)")
     return figure
+
+
+def _data_span(figure: Any, notes: list[tuple[float, str, dict]]) -> tuple[float, float]:
+    xs = [x for x, _, _ in notes]
+    for trace in figure.data:
+        xs += [pd.Timestamp(v).timestamp() * 1000 for v in (trace.x if trace.x is not None else ())]
+    return (min(xs), max(xs)) if xs else (0.0, 1.0)
+
+
+def _label_rows(notes: list[tuple[float, str, dict]], low: float, high: float,
+                ms_per_px: float) -> list[tuple[float, str, dict, int, bool]]:
+    """Each label's row and side: left of its line (right=True) unless that runs past the plot's start; in
+    the first row where its box clears the boxes already there."""
+    placed: list[tuple[float, str, dict, int, bool]] = []
+    rows: list[list[tuple[float, float]]] = []
+    for x, text, style in sorted(notes, key=lambda n: n[0]):
+        width = (len(text) * LABEL_CHAR_PX + 8) * ms_per_px
+        right = x - width >= low or x + width > high
+        box = (x - width, x) if right else (x, x + width)
+        free = [n for n, boxes in enumerate(rows) if all(box[1] < b[0] or box[0] > b[1] for b in boxes)]
+        if not free:
+            rows.append([])
+        row = free[0] if free else len(rows) - 1
+        rows[row].append(box)
+        placed.append((x, text, style, row, right))
+    return placed
 
 
 def _deployment_panels(figure: Any) -> dict[str, tuple[str, str]]:
@@ -114,10 +160,29 @@ def click_bridge() -> None:
     components.html(_CLICK_BRIDGE, height=0)
 
 
-def time_chart(figure: Any, key: str, deployment: str | None = None) -> dict | None:
-    """Show a time chart with its annotations. Dragging across it sets the sidebar's time range (the
-    global filter); clicking a bar or point returns that point (x, customdata) for its rows to be shown."""
-    annotate(figure, deployment)
+def chart_span(bucket: str | None = None) -> tuple[float, float] | None:
+    """The x range of every time chart, in epoch ms: the sidebar's time range (the whole log's span where
+    a handle sits at its end), so a chart shows when nothing happened too, up to where the selection ends.
+    Widened by half a bucket on each side: a bucket's bar is drawn centred on its start."""
+    from specdec_core import analysis
+
+    options = cached(analysis.filter_options, span_limits=SLIDER_LIMITS)
+    chosen = filters()
+    start, end = chosen.start or options.span_start, chosen.end or options.span_end
+    if start is None or end is None:
+        return None
+    half = bucket_delta(bucket).total_seconds() * 500 if bucket else 0.0
+    return start.timestamp() * 1000 - half, end.timestamp() * 1000 + half
+
+
+def time_chart(figure: Any, key: str, deployment: str | None = None, *, bucket: str | None = None) -> dict | None:
+    """Show a time chart with its annotations over the selected time range. Dragging across it sets the
+    sidebar's time range (the global filter); clicking a bar or point returns that point (x, customdata) for
+    its rows to be shown."""
+    span = chart_span(bucket)
+    if span is not None:
+        figure.update_xaxes(range=list(span), autorange=False)
+    annotate(figure, deployment, span)
     figure.update_layout(dragmode="select", selectdirection="h", meta={"specdec_click_selects": True})
     event = st.plotly_chart(figure, key=key, on_select=lambda: _set_time_filter_from(key),
                             selection_mode=("points", "box"), config={"displaylogo": False})
