@@ -65,7 +65,8 @@ st.plotly_chart(ui.readable_layout(figure), key="first_sight_hits")
 st.dataframe(ratios, hide_index=True, column_config={
     "keys_per_identity": st.column_config.NumberColumn("keys per identity", format="%.3f"),
     "hit_rate": st.column_config.NumberColumn("hit rate", format="percent"),
-    "max_correct_hit_rate": st.column_config.NumberColumn("ceiling for a correct key", format="percent"),
+    "max_correct_hit_rate": st.column_config.NumberColumn("ceiling for a correct key", format="percent",
+                                                          help=analysis.CEILING_MEANING),
     "first_sight_hits": st.column_config.NumberColumn("hits on never-served identities"),
 })
 

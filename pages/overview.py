@@ -72,4 +72,6 @@ for flag in ui.cached(analysis.red_flags, filters=filters, head=head):
     with st.container(border=True):
         st.markdown(f"{STATUS[flag.flagged]} · **{ui.md_escape(flag.title)}**")
         st.caption(ui.md_escape(flag.evidence))
+        if flag.id == "hit_rate_too_good":
+            st.caption(analysis.CEILING_MEANING)
         ui.page_link(FLAG_PAGES[flag.id], icon=":material/arrow_forward:")

@@ -29,7 +29,7 @@ from specdec_core.analysis.keys import key_collision_identities, key_collisions
 from specdec_core.analysis.lengths import length_violations, output_length_by_max_tokens
 from specdec_core.analysis.overview import FilterOptions, Headline, HeadlineCounts, filter_options, headline
 from specdec_core.analysis.query import NO_FILTERS, Filters, time_bucket
-from specdec_core.analysis.red_flags import RED_FLAG_IDS, RedFlag, red_flags
+from specdec_core.analysis.red_flags import CEILING_MEANING, RED_FLAG_IDS, RedFlag, red_flags
 from specdec_core.analysis.report import KINDS, mismatch_report, report_counts, report_csv, write_report
 from specdec_core.analysis.requests import (
     RequestRecord,
@@ -64,6 +64,6 @@ __all__ = [
     "latency_hit_vs_miss", "length_violations", "logging_gaps", "mismatch_rate_over_time", "mismatch_report",
     "output_length_by_max_tokens", "quarantined_records", "red_flags", "report_counts", "report_csv",
     "request_record", "suspicious_requests", "time_bucket", "write_report",
-    "ContaminationStatus", "KeySchemeChange", "contamination_status", "detected_annotations",
+    "CEILING_MEANING", "ContaminationStatus", "KeySchemeChange", "contamination_status", "detected_annotations",
     "key_scheme_annotations", "key_scheme_changes", "FilterOptions", "Freshness", "Headline", "HeadlineCounts", "RequestRecord",
 ]

@@ -165,15 +165,32 @@ def _impossible_lengths(head: HeadlineCounts) -> RedFlag:
     )
 
 
-def _hit_rate_too_good(ratios: pd.DataFrame) -> RedFlag:
+# What the ceiling of a deployment's hit rate means, in one sentence for the pages.
+CEILING_MEANING = ("The ceiling is the share of a deployment's requests that repeat an identity it was already "
+                   "asked for: a correct key can hit on those only, so a hit rate above it is impossible.")
+
+
+def _hit_rate_too_good(ratios: pd.DataFrame, filters: Filters) -> RedFlag:
+    """Too good where the hit rate passes its ceiling, or where hits on never-served identities pass their
+    share; the evidence names, per deployment, only what holds. With a start of its own a time range's
+    ceiling leaves out the identities asked for before it, so there only the never-served hits (judged over
+    the whole log) count."""
     first_sight_share = ratios["first_sight_hits"] / ratios["hits"].where(ratios["hits"] > 0)
-    too_good = ratios[(ratios["hit_rate"] > ratios["max_correct_hit_rate"] + 1e-9)
-                      | (first_sight_share > FIRST_SIGHT_HIT_SHARE)]
+    above = (ratios["hit_rate"] > ratios["max_correct_hit_rate"] + 1e-9) & (filters.start is None)
+    never_served = first_sight_share > FIRST_SIGHT_HIT_SHARE
+    too_good = ratios.assign(above=above, never_served=never_served)[above | never_served]
+    evidence = []
+    for d in too_good.itertuples():
+        why = []
+        if d.above:
+            why.append(f"hit rate {d.hit_rate:.0%}, above the {d.max_correct_hit_rate:.0%} a correct key could reach")
+        if d.never_served:
+            why.append(f"{d.first_sight_hits:,} of {d.hits:,} hits ({d.first_sight_hits / d.hits:.0%}) were for an "
+                       "identity this deployment had never served before")
+        evidence.append(f"{d.deployment or '(none)'}: {'; '.join(why)}")
     return RedFlag(
         "hit_rate_too_good", "Hit rate too good for this workload", not too_good.empty,
-        "; ".join(f"{d.deployment or '(none)'}: hit rate {d.hit_rate:.0%} (a correct key could reach at most "
-                  f"{d.max_correct_hit_rate:.0%}); {d.first_sight_hits:,} of {d.hits:,} hits were for an identity "
-                  "this deployment had never served before" for d in too_good.itertuples())
+        ". ".join(evidence)
         or "Every deployment's hit rate is within what a correct key could reach, and hits are on identities "
            "seen before.",
         {"deployments": len(too_good)},
@@ -201,7 +218,7 @@ def red_flags(store: Store, filters: Filters = NO_FILTERS, head: HeadlineCounts 
         _replay_disagrees(store, filters),
         _biased_experiments(store, filters),
         _impossible_lengths(head),
-        _hit_rate_too_good(ratios),
+        _hit_rate_too_good(ratios, filters),
         _few_keys(ratios),
     ]
 

@@ -90,3 +90,17 @@ def test_two_key_shapes_used_side_by_side_are_no_scheme_change(tmp_path):
     (tmp_path / "cut").mkdir()
     (change,) = analysis.key_scheme_changes(store_of(tmp_path / "cut", records))
     assert (change.old_prefix, change.new_prefix) == ("svc-v1:prompt", "svc-v2:full")
+
+
+def test_hit_rate_evidence_names_only_what_makes_the_flag_true(demo):
+    def evidence(filters: Filters) -> str:
+        return next(f for f in analysis.red_flags(demo, filters) if f.id == "hit_rate_too_good").evidence
+
+    whole = evidence(Filters())
+    # edge-a's 72% is below its 83% ceiling: its never-served hits are the reason, and the only one given.
+    assert "edge-a: 62 of 481 hits (13%) were for an identity this deployment had never served before" in whole
+    assert "could reach" not in whole and "core" not in whole
+    hour = Filters(start=datetime(2026, 11, 20, 9, tzinfo=timezone.utc), end=datetime(2026, 11, 20, 10, tzinfo=timezone.utc))
+    zoomed = evidence(hour)
+    assert zoomed.startswith("edge-a: ") and "edge-b: " in zoomed and "core" not in zoomed
+    assert "ceiling" in analysis.CEILING_MEANING
