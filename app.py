@@ -42,8 +42,9 @@ PAGES = {title: st.Page(path, title=title, icon=ICONS[title], default=title == "
 navigation = st.navigation(list(PAGES.values()), position="hidden")
 
 
-def load_logs(paths: list[str]) -> None:
-    """Ingest with a progress bar; the counts stay in the sidebar until the next load."""
+def load_logs(paths: list[str], names: dict[str, str] | None = None) -> None:
+    """Ingest with a progress bar; the counts stay in the sidebar until the next load. `names`: the name
+    each file is recorded under, where that is not its path (an upload's own name)."""
     try:
         log_format, mapping = chosen_format()
     except (ValueError, OSError) as exc:
@@ -56,14 +57,18 @@ def load_logs(paths: list[str]) -> None:
         bar.progress(done / total if total else 1.0, text=ui.md_escape(what[:1].upper() + what[1:]))
 
     try:
-        result = ingest(ui.store(), paths, progress=progress, log_format=log_format, mapping=mapping)
+        parts = {Path(path).resolve(): (name, 0) for path, name in (names or {}).items()}
+        result = ingest(ui.store(), paths, progress=progress, log_format=log_format, mapping=mapping, parts=parts)
     except (LogReadError, StoreError, OSError, ValueError) as exc:
         bar.empty()
         st.session_state.pop(LAST_INGEST_KEY, None)
         st.error(f"Nothing loaded: {ui.md_escape(exc)}")
         return
-    bar.progress(1.0, text="Loaded")
-    st.session_state[LAST_INGEST_KEY] = result.to_json()
+    if result.all_quarantined:
+        bar.empty()  # show_last_ingest says why, in red
+    else:
+        bar.progress(1.0, text="Loaded")
+    st.session_state[LAST_INGEST_KEY] = {**result.to_json(), "all_quarantined": result.all_quarantined}
 
 
 def load_path(text: str) -> None:
@@ -106,13 +111,13 @@ def load_uploads(files: list) -> None:
             return
     folder = Path(tempfile.mkdtemp(prefix="specdec-upload-"))
     try:
-        paths = []
+        names = {}
         for n, upload in enumerate(files):
             target = folder / str(n) / Path(upload.name).name
             target.parent.mkdir()
             target.write_bytes(upload.getvalue())
-            paths.append(str(target))
-        load_logs(paths)
+            names[str(target)] = Path(upload.name).name
+        load_logs(list(names), names)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -123,14 +128,23 @@ def show_last_ingest() -> None:
         return
     if not counts["read"]:
         st.warning("The files held no records: nothing was loaded.")
+    if counts.get("all_quarantined"):
+        st.error(f"Nothing loaded: all {counts['quarantined']:,} records broke the log contract and were "
+                 "quarantined. Their reasons are below.")
+        reasons = ui.cached(metrics.quarantined_records).reason.drop_duplicates().head(3)
+        for reason in reasons:
+            st.caption(ui.md_escape(reason))
     left, right = st.columns(2)
     left.metric("Read", ui.fmt_int(counts["read"]))
     right.metric("Accepted", ui.fmt_int(counts["accepted"]))
     left.metric("Duplicates", ui.fmt_int(counts["duplicates"]))
     right.metric("Quarantined", ui.fmt_int(counts["quarantined"]))
     if counts["quarantined"]:
-        with st.expander("Quarantined records"):
-            st.dataframe(ui.cached(metrics.quarantined_records), hide_index=True)
+        with st.expander("Quarantined records", expanded=bool(counts.get("all_quarantined"))):
+            st.dataframe(ui.cached(metrics.quarantined_records), hide_index=True, column_config={
+                "source_file": st.column_config.TextColumn("file"), "source_line": "line",
+                "request_id": "request", "reason": st.column_config.TextColumn("reason", width="large"),
+                "raw": st.column_config.TextColumn("record as logged")})
 
 
 def keep_valid(key: str, options: list) -> None:

@@ -241,3 +241,17 @@ def test_a_stand_in_batch_job_can_be_cancelled_between_requests(monkeypatch, inc
     job.wait(10)
     assert job.finished and job.done <= 2 and len(calls) == job.done
     assert re.match(r"(cancelled|finished)", job.stage)
+
+
+def test_an_upload_whose_every_record_is_quarantined_is_an_error_naming_the_file(monkeypatch, tmp_path):
+    at = open_app(monkeypatch, tmp_path / "uploaded.duckdb")
+    broken = [{"request_id": "b1", "ts": "2026-03-01T10:00:00Z"}, {"request_id": "b2", "ts": "not a time"}]
+    [uploader] = [u for u in at.sidebar.get("file_uploader") if u.key == "uploads"]
+    uploader.set_value(("broken.jsonl", "\n".join(json.dumps(r) for r in broken).encode(), "application/json"))
+    at.run()
+    [b for b in at.sidebar.button if b.label == "Load uploads"][0].click().run()
+    assert any(e.startswith("Nothing loaded: all 2 records") for e in texts(at, "error"))
+    assert not [p for p in at.sidebar.get("progress") if "Loaded" in str(p.proto)]
+    quarantined = [d.value for d in at.sidebar.dataframe][0]
+    assert set(quarantined.source_file) == {"broken.jsonl"}
+    assert all(len(reason) > 10 for reason in quarantined.reason)
