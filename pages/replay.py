@@ -82,11 +82,15 @@ def _marked(text: str, template: str) -> str:
     return lead + template.format(ui.md_escape(core)) + trail
 
 
-def show_replay(view: stored.StoredReplay, *, key: str) -> None:
+def show_replay(view: stored.StoredReplay, *, key: str, served_from: str | None = None) -> None:
     """One replay: production, the replay and (foreign) the source's replay side by side; the diff against
-    the replay that proves the cause; the evidence in words and numbers."""
-    st.metric("Classification", view.classification)
+    the replay that proves the cause; the evidence in words and numbers. `served_from`: the request whose
+    cached output production served, where the store found the hit contaminated."""
+    served = view.served_source(served_from)
+    st.metric("Classification", "contaminated (sampled)" if served else view.classification)
     st.caption(MEANING.get(view.classification, ""))
+    if served:
+        st.warning(ui.md_escape(served))
     if view.message:
         st.markdown(f"**Why:** {ui.md_escape(view.message)}")
     foreign = view.classification == "foreign" and view.source_replay_text is not None
@@ -104,14 +108,15 @@ def show_replay(view: stored.StoredReplay, *, key: str) -> None:
     row = st.columns(4)
     row[0].metric("Common prefix (tokens)", ui.fmt_int(view.common_prefix_tokens))
     row[1].metric("First divergent token", ui.fmt_int(view.first_divergent_token))
-    row[2].metric("Similarity", ui.fmt_pct(view.similarity))
+    row[2].metric("Similarity to this request's replay", ui.fmt_pct(view.similarity),
+                  help="Production's words against the replay with this request's own identity")
     rate = view.accepted_tokens / view.draft_tokens if view.draft_tokens else None
     row[3].metric("Acceptance rate (replay)", ui.fmt_pct(rate))
     against, _ = view.proof
     proof = view.proof_diff()
     if proof is not None:
         ops, similarity = proof
-        st.markdown(f"**Word diff: production against {ui.md_escape(against)}** ({similarity:.0%} similar; "
+        st.markdown(f"**Word diff: production against {ui.md_escape(against)}** ({similarity:.0%} of words alike; "
                     "production :red-background[~~removed~~], the replay :green-background[added])")
         st.markdown(diff_markdown(ops) or "_(both empty)_")
         with st.expander("Diff operations"):
@@ -145,7 +150,8 @@ if replay_id:
         if record is not None:
             with st.expander("The logged request", expanded=False):
                 show_record(record)
-        show_replay(view, key="stored")
+        show_replay(view, key="stored", served_from=record.source_request_id if record and record.contaminated
+                    else None)
         st.page_link(ui.PAGE_FILES["Replay"], label="Replay this request again", icon=":material/replay:",
                      query_params={"request_id": view.request_id})
     st.stop()
@@ -237,7 +243,9 @@ if job is not None and job.finished:
     if job.total == 1 and job.results:
         result = job.results[0]
         replay_link(result.replay_id)
-        show_replay(stored.as_stored(result), key="fresh")
+        served = ui.cached(analysis.request_record, result.request_id)
+        show_replay(stored.as_stored(result), key="fresh",
+                    served_from=served.source_request_id if served and served.contaminated else None)
     elif job.results:
         st.subheader(f"Batch: {len(job.results)} of {job.total} replayed")
         batch = pd.DataFrame({

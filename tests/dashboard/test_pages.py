@@ -475,8 +475,8 @@ def test_replay_shows_both_outputs_the_diff_and_the_source_for_a_foreign_output(
     assert [(c[0], c[1], getattr(c[2], "_inner", c[2]), c[3]) for c in calls] == [("replay", "r3", "decoder", None)]
     shown = metrics_of(at.main)
     assert shown["Classification"] == "foreign"
-    assert (shown["Common prefix (tokens)"], shown["Similarity"], shown["Acceptance rate (replay)"]) == (
-        "1", "50.0%", "75.0%")
+    similarity = shown["Similarity to this request's replay"]
+    assert (shown["Common prefix (tokens)"], similarity, shown["Acceptance rate (replay)"]) == ("1", "50.0%", "75.0%")
     assert texts(at, "code")[2:] == ["An output.", "An <b>other</b> output.", "An output."]
     # A foreign output is diffed against the source's replay, the one that proves the cause.
     [heading] = [m for m in texts(at, "markdown") if m.startswith("**Word diff")]
