@@ -25,7 +25,8 @@ figure.update_yaxes(tickformat=".0%", range=[0, 1])
 st.plotly_chart(ui.readable_layout(figure), key="hit_rate_by_combination")
 
 st.subheader("Hit rate over time, per deployment")
-smoothing = st.select_slider("Smoothing (trailing buckets)", analysis.SMOOTHING_WINDOWS, value=1,
+# Smoothed by default: bucket by bucket, a few requests per combination make each line a comb.
+smoothing = st.select_slider("Smoothing (trailing buckets)", analysis.SMOOTHING_WINDOWS, value=5,
                              key="hit_rate_smoothing", format_func=lambda n: "off" if n == 1 else f"{n} buckets")
 bucket = ui.cached(analysis.time_bucket, filters=filters)
 over_time = ui.cached(analysis.hit_rate_by_deployment_over_time, filters=filters, bucket=bucket,
@@ -34,9 +35,9 @@ over_time = over_time.assign(combination=over_time.combination.map(ui.plot_label
                              label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
 deployments = over_time.deployment.nunique()
 figure = px.line(over_time, x="bucket", y="smoothed_hit_rate", color="combination", facet_row="label",
-                 custom_data=["deployment"], markers=deployments * over_time.bucket.nunique() < 400,
+                 custom_data=["deployment"], markers=smoothing == 1 and deployments * over_time.bucket.nunique() < 400,
                  hover_data={"requests": True, "hit_rate": ":.1%"},
-                 labels={"smoothed_hit_rate": "hit rate", "bucket": f"time (UTC, {bucket} buckets)",
+                 labels={"smoothed_hit_rate": "hit rate", "bucket": f"time (UTC, {ui.bucket_words(bucket)})",
                          "label": "deployment", "combination": "target / draft"},
                  color_discrete_sequence=ui.PALETTE, height=160 + 150 * max(deployments, 1),
                  facet_row_spacing=ui.panel_spacing(deployments, 150))

@@ -30,7 +30,7 @@ over_time = over_time[over_time.contaminated_hits > 0]
 over_time = over_time.assign(label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
 figure = px.bar(over_time, x="bucket", y="contaminated_hits", color="label", custom_data=["deployment"],
                 hover_data=["hits", "mismatch_rate"], color_discrete_sequence=ui.PALETTE,
-                labels={"bucket": f"time (UTC, {bucket} buckets)", "contaminated_hits": "contaminated hits",
+                labels={"bucket": f"time (UTC, {ui.bucket_words(bucket)})", "contaminated_hits": "contaminated hits",
                         "label": "deployment"})
 ui.readable_layout(figure)
 point = ui.time_chart(figure, "mismatch_rate_over_time", bucket=bucket)

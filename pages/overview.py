@@ -53,7 +53,7 @@ else:
     over_time = over_time.assign(label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
     figure = px.bar(over_time, x="bucket", y="contaminated_hits", facet_row="label", custom_data=["deployment"],
                     color_discrete_sequence=[ui.ALARM], hover_data=["hits"],
-                    labels={"bucket": f"time (UTC, {bucket} buckets)", "contaminated_hits": "contaminated",
+                    labels={"bucket": f"time (UTC, {ui.bucket_words(bucket)})", "contaminated_hits": "contaminated",
                             "label": "deployment"},
                     height=140 + 120 * len(window), facet_row_spacing=ui.panel_spacing(len(window), 120))
     figure.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))

@@ -27,6 +27,7 @@ from ui.charts import (
     time_chart,
 )
 from ui.format import (
+    bucket_words,
     code_span,
     deployment_label,
     filter_slug,
@@ -36,6 +37,7 @@ from ui.format import (
     fmt_ts,
     md_escape,
     plot_label,
+    plural,
     short_digest,
 )
 from ui.state import (
@@ -69,7 +71,7 @@ from ui.state import (
 __all__ = [
     "ALARM", "ANNOTATIONS_KEY", "DB_ACCEPTED_KEY", "DB_KEY", "DB_REFUSED_KEY", "FILTERS_KEY", "GOOD", "PAGE_FILES",
     "PALETTE", "PRELOAD_KEY", "REPLAY_IDS_KEY", "REPLAY_JOB_KEY", "REPLAY_RESULTS_KEY", "REPLAY_START_KEY",
-    "SLIDER_LIMITS", "TIME_KEY", "VIEW_PARAMS_KEY", "TIME_ZOOM_KEY", "annotate", "annotations", "bucket_delta", "cached", "click_bridge",
+    "SLIDER_LIMITS", "TIME_KEY", "VIEW_PARAMS_KEY", "TIME_ZOOM_KEY", "annotate", "annotations", "bucket_delta", "bucket_words", "plural", "cached", "click_bridge",
     "code_span", "confine_db_choice", "confined_log_files", "dashboard_settings", "default_db_path",
     "deployment_label", "empty_state", "entrypoint", "filter_slug", "filters", "fmt_duration", "fmt_int", "fmt_pct",
     "fmt_ts", "has_data", "md_escape", "operator_stores", "page_header", "page_link", "panel_spacing",

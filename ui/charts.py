@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from specdec_core.analysis import Annotation, annotations_for
-from ui.format import code_span, deployment_label, fmt_ts, plot_label
+from ui.format import code_span, deployment_label, fmt_ts, plot_label, plural
 from ui.state import ANNOTATIONS_KEY, SLIDER_LIMITS, cached, filters, request_url
 
 # Colour-blind-safe (Okabe-Ito order) and without red: red is kept for what is wrong.
@@ -224,7 +224,7 @@ def show_point_rows(figure: Any, point: dict | None, bucket: str, *, contaminate
     rows = cached(analysis.requests_in_window, filters(), start.to_pydatetime(), end.to_pydatetime(),
                   deployment=deployment, contaminated_only=contaminated_only)
     where = f" in {code_span(deployment_label(deployment))}" if deployment is not None else ""
-    st.markdown(f"**{len(rows):,} {'contaminated hits' if contaminated_only else 'requests'}** from "
+    st.markdown(f"**{plural(len(rows), 'contaminated hit' if contaminated_only else 'request')}** from "
                 f"{fmt_ts(start.to_pydatetime())} to {fmt_ts(end.to_pydatetime())}{where}")
     request_table(rows, key=key)
 

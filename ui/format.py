@@ -107,3 +107,14 @@ def fmt_duration(seconds: float) -> str:
 def short_digest(values: Any) -> str:
     """A short, stable name for a list of values (never Python's hash(), which changes per process)."""
     return hashlib.sha256("\x1f".join(map(str, values)).encode()).hexdigest()[:12]
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """'1 contaminated hit', '2 contaminated hits'."""
+    return f"{n:,} {one if n == 1 else (many or one + 's')}"
+
+
+def bucket_words(bucket: str) -> str:
+    """A time bucket as an axis says it: '5 minutes' -> '5-minute buckets', '1 hour' -> '1-hour buckets'."""
+    count, _, unit = bucket.partition(" ")
+    return f"{count}-{unit.rstrip('s')} buckets" if unit else f"{bucket} buckets"

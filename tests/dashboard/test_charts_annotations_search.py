@@ -255,3 +255,16 @@ def test_an_upload_whose_every_record_is_quarantined_is_an_error_naming_the_file
     quarantined = [d.value for d in at.sidebar.dataframe][0]
     assert set(quarantined.source_file) == {"broken.jsonl"}
     assert all(len(reason) > 10 for reason in quarantined.reason)
+
+
+def test_hit_rate_over_time_is_smoothed_by_default_and_axes_say_buckets_in_words(monkeypatch, incident_db):
+    import ui
+
+    at = open_app(monkeypatch, incident_db, "cache")
+    assert at.select_slider(key="hit_rate_smoothing").value == 5
+    spec = figure(at, "hit_rate_over_time")
+    assert all("markers" not in t.get("mode", "lines") for t in spec["data"]), "smoothed lines, no combs of dots"
+    assert spec["layout"]["xaxis"]["title"]["text"] == "time (UTC, 1-minute buckets)"
+    assert (ui.bucket_words("5 minutes"), ui.bucket_words("1 hour")) == ("5-minute buckets", "1-hour buckets")
+    assert (ui.plural(1, "contaminated hit"), ui.plural(2, "contaminated hit")) == (
+        "1 contaminated hit", "2 contaminated hits")
