@@ -164,9 +164,13 @@ def current_job() -> jobs.ReplayJob | None:
     return jobs.job(job_id) if job_id else None
 
 
-def start(ids: list[str], prompt: str | None = None) -> None:
+BATCH_JOB = "_replay_batch_job"  # the job the batch form (or Mismatches) started, shown with the batch
+
+
+def start(ids: list[str], prompt: str | None = None, *, batch: bool = False) -> None:
     job = jobs.start_job(db, ids, prompt=prompt)
     st.session_state[ui.REPLAY_JOB_KEY] = job.job_id
+    st.session_state[BATCH_JOB] = job.job_id if batch else None
 
 
 SHOWN_RUNNING = "_replay_shown_running"  # the job the page last drew as running (buttons disabled)
@@ -198,7 +202,7 @@ def running() -> bool:
 
 queued_start = st.session_state.pop(ui.REPLAY_START_KEY, None)
 if queued_start and not running():
-    start(queued_start)
+    start(queued_start, batch=True)
 
 
 def choose_request() -> str:
@@ -212,42 +216,23 @@ def choose_request() -> str:
     return st.text_input("Request id", key="replay_request_id").strip()
 
 
-request_id = choose_request()
-if request_id:
-    record = ui.cached(analysis.request_record, request_id)
-    if record is None:
-        st.warning(f"No request {ui.code_span(request_id)} in this database.")
-    else:
-        show_record(record)
-        st.subheader("Replay")
-        prompt = None
-        if record.prompt is None:
-            prompt = st.text_area("Prompt (checked against the logged hash)", key="replay_prompt") or None
-        if st.button("Replay with the full identity", type="primary", disabled=running(), key="replay_one"):
-            start([request_id], prompt)
-else:
-    st.info("Type a request id, tick contaminated hits on the Mismatches page, or replay the most "
-            "suspicious requests below.")
-
-preload = st.session_state.get(ui.PRELOAD_KEY)
-if preload is not None and not preload.finished:
-    st.caption(f"Models are loading in the background ({ui.md_escape(preload.stage)}): the first replay starts "
-               "as soon as they are in.")
-job_progress()
-job = current_job()
-if job is not None and job.finished:
+def show_outcome(job: jobs.ReplayJob) -> None:
+    """A finished job: cancelled or failed requests, then one replay in full or a batch's table."""
     if job.cancelled:
         st.warning(f"Cancelled: {len(job.results)} of {job.total} replayed before; those are stored.")
     for failed, why in job.errors.items():
         st.error(f"Replay of {ui.code_span(failed)} failed: {ui.md_escape(why)}")
     if job.total == 1 and job.results:
         result = job.results[0]
+        # The address bar holds the replay's permanent link: a reload or a copied URL opens this replay.
+        if st.query_params.get("replay_id") != result.replay_id:
+            st.query_params["replay_id"] = result.replay_id
         replay_link(result.replay_id)
         served = ui.cached(analysis.request_record, result.request_id)
         show_replay(stored.as_stored(result), key="fresh",
                     served_from=served.source_request_id if served and served.contaminated else None)
     elif job.results:
-        st.subheader(f"Batch: {len(job.results)} of {job.total} replayed")
+        st.markdown(f"**Batch: {len(job.results)} of {job.total} replayed**")
         batch = pd.DataFrame({
             "open": [ui.replay_url(r.replay_id) for r in job.results],
             "request_id": [r.request_id for r in job.results],
@@ -258,6 +243,7 @@ if job is not None and job.finished:
         })
         st.dataframe(batch, hide_index=True, key="batch_table", column_config={
             "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
+            "request_id": "request", "classification": "verdict", "source_request_id": "source request",
             "similarity": st.column_config.NumberColumn("similarity", format="percent"),
         })
         if st.toggle("Show each row's diff", key="batch_diffs"):
@@ -266,23 +252,70 @@ if job is not None and job.finished:
                     replay_link(result.replay_id)
                     show_replay(stored.as_stored(result), key=f"batch_{n}")
 
-st.subheader("Batch replay")
-queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
-SUSPICIOUS = "the most suspicious requests"
-choices = [SUSPICIOUS] + ([f"the {len(queued)} selected requests"] if queued else [])
-which = st.radio("Replay", choices, index=len(choices) - 1, horizontal=True, key="batch_which")
-count = st.number_input("How many suspicious requests", min_value=1, max_value=1000, value=10, step=1,
-                        key="batch_count", disabled=which != SUSPICIOUS)
-if st.button("Replay batch", disabled=running(), key="replay_batch"):
-    if which == SUSPICIOUS:
-        ids = list(ui.cached(analysis.suspicious_requests, int(count), filters=filters).request_id)
-    else:
-        ids = list(queued)
-    if ids:
-        start(ids)
+
+def follow(job: jobs.ReplayJob | None) -> None:
+    """Right under the button that started it: the job's progress and Cancel, then what it found."""
+    if job is None:
+        return
+    job_progress()
+    if job.finished:
+        show_outcome(job)
+
+
+def batch_section(job: jobs.ReplayJob | None) -> None:
+    st.subheader("Batch replay")
+    queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
+    suspicious = "the most suspicious requests"
+    choices = [suspicious] + ([f"the {len(queued)} selected requests"] if queued else [])
+    which = st.radio("Replay", choices, index=len(choices) - 1, horizontal=True, key="batch_which")
+    count = st.number_input("How many suspicious requests", min_value=1, max_value=1000, value=10, step=1,
+                            key="batch_count", disabled=which != suspicious)
+    if st.button("Replay batch", disabled=running(), key="replay_batch"):
+        if which == suspicious:
+            ids = list(ui.cached(analysis.suspicious_requests, int(count), filters=filters).request_id)
+        else:
+            ids = list(queued)
+        if ids:
+            start(ids, batch=True)
+            st.rerun()
+        else:
+            st.info("Nothing to replay: no contaminated hit or length violation in this selection.")
+    follow(job)
+
+
+def request_section(job: jobs.ReplayJob | None) -> None:
+    request_id = choose_request()
+    if not request_id:
+        st.info("Type a request id, tick contaminated hits on the Mismatches page, or replay the most "
+                "suspicious requests.")
+        return
+    record = ui.cached(analysis.request_record, request_id)
+    if record is None:
+        st.warning(f"No request {ui.code_span(request_id)} in this database.")
+        return
+    show_record(record)
+    st.subheader("Replay")
+    prompt = None
+    if record.prompt is None:
+        prompt = st.text_area("Prompt (checked against the logged hash)", key="replay_prompt") or None
+    if st.button("Replay with the full identity", type="primary", disabled=running(), key="replay_one"):
+        start([request_id], prompt)
         st.rerun()
-    else:
-        st.info("Nothing to replay: no contaminated hit or length violation in this selection.")
+    follow(job)
+
+
+preload = st.session_state.get(ui.PRELOAD_KEY)
+if preload is not None and not preload.finished:
+    st.caption(f"Models are loading in the background ({ui.md_escape(preload.stage)}): the first replay starts "
+               "as soon as they are in.")
+# A batch (started here or from Mismatches) shows first, its results before the single-request form.
+job = current_job()
+if job is not None and job.job_id == st.session_state.get(BATCH_JOB):
+    batch_section(job)
+    request_section(None)
+else:
+    request_section(job)
+    batch_section(None)
 
 st.subheader("Replay history")
 history = ui.cached(stored.replay_history, filters=filters)
@@ -291,7 +324,13 @@ if history.empty:
                "`specdec replay` are stored and listed here, each with its own page.")
 else:
     history.insert(0, "open", [ui.replay_url(r) for r in history.replay_id])
+    # The verdict and the request first: on a phone they are all that fits beside the link.
+    first = ["open", "classification", "request_id"]
+    history = history[first + [c for c in history.columns if c not in first]]
     st.dataframe(history, hide_index=True, key="replay_history", column_config={
         "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
+        "classification": "verdict", "request_id": "request", "replayed_at": "replayed at",
         "similarity": st.column_config.NumberColumn("similarity", format="percent"),
+        "first_divergent_token": "first divergent token", "source_request_id": "source request",
+        "target_model": "target model", "request_ts": "request time", "replay_id": "replay id",
     })
