@@ -285,7 +285,10 @@ def annotation_widgets() -> None:
                              value=True, key="annotations_detected")
     notes = list(found)
     if detected and ui.has_data():
-        notes += ui.cached(metrics.detected_annotations, filters=ui.filters())
+        # The same cached calls the Overview makes: the key scheme's scan is paid once.
+        changes = ui.cached(metrics.key_scheme_changes, filters=ui.filters())
+        notes += sorted(ui.cached(metrics.contamination_annotations, filters=ui.filters())
+                        + metrics.scheme_change_annotations(changes), key=lambda note: note.ts)
     st.session_state[ui.ANNOTATIONS_KEY] = notes
 
 

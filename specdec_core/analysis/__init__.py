@@ -10,6 +10,7 @@ from specdec_core.analysis.annotations import (
     detected_annotations,
     key_scheme_annotations,
     parse_annotations,
+    scheme_change_annotations,
 )
 from specdec_core.analysis.cache import (
     acceptance_by_combination,
@@ -65,5 +66,5 @@ __all__ = [
     "output_length_by_max_tokens", "quarantined_records", "red_flags", "report_counts", "report_csv",
     "request_record", "suspicious_requests", "time_bucket", "write_report",
     "CEILING_MEANING", "ContaminationStatus", "KeySchemeChange", "contamination_status", "detected_annotations",
-    "key_scheme_annotations", "key_scheme_changes", "FilterOptions", "Freshness", "Headline", "HeadlineCounts", "RequestRecord",
+    "key_scheme_annotations", "key_scheme_changes", "scheme_change_annotations", "FilterOptions", "Freshness", "Headline", "HeadlineCounts", "RequestRecord",
 ]

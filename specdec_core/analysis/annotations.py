@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 from specdec_core.analysis.contamination import contamination_window
 from specdec_core.analysis.query import NO_FILTERS, Filters
-from specdec_core.analysis.status import key_scheme_changes
+from specdec_core.analysis.status import KeySchemeChange, key_scheme_changes
 from specdec_core.store.connection import Store
 
 
@@ -93,9 +93,14 @@ def contamination_annotations(store: Store, filters: Filters = NO_FILTERS) -> li
     return out
 
 
+def scheme_change_annotations(changes: list[KeySchemeChange]) -> list[Annotation]:
+    """Key-scheme changes (a fix or a deploy, as the keys show it) as annotations."""
+    return [Annotation(c.ts, c.label, c.deployment, "key_scheme_change") for c in changes]
+
+
 def key_scheme_annotations(store: Store, filters: Filters = NO_FILTERS) -> list[Annotation]:
-    """Each deployment's key-scheme changes (a fix or a deploy, as the keys show it), as annotations."""
-    return [Annotation(c.ts, c.label, c.deployment, "key_scheme_change") for c in key_scheme_changes(store, filters)]
+    """Each deployment's key-scheme changes, as annotations."""
+    return scheme_change_annotations(key_scheme_changes(store, filters))
 
 
 def detected_annotations(store: Store, filters: Filters = NO_FILTERS) -> list[Annotation]:

@@ -149,17 +149,33 @@ class KeySchemeChange:
 # A key's shape is all but its last ':'-separated part (the digest): `edge-b-v1:model_prompt:9f2c...` has
 # the shape `edge-b-v1:model_prompt`. Keys without a ':' have no shape to compare.
 KEY_SHAPES_SQL = """
-SELECT coalesce(r.deployment, '') AS deployment,
-       left(r.cache_key, length(r.cache_key) - strpos(reverse(r.cache_key), ':')) AS prefix,
-       count(*) AS requests, min(r.ts) AS first_ts, max(r.ts) AS last_ts
-FROM requests r WHERE {where} AND contains(r.cache_key, ':')
-GROUP BY ALL ORDER BY deployment, first_ts
+WITH keys AS (  -- each distinct key once: the shape is cut from a few thousand strings, not every request's
+    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, count(*) AS requests, min(r.ts) AS first_ts,
+           max(r.ts) AS last_ts
+    FROM requests r WHERE {where} AND contains(r.cache_key, ':') GROUP BY ALL
+)
+SELECT deployment, left(cache_key, length(cache_key) - strpos(reverse(cache_key), ':')) AS prefix,
+       sum(requests) AS requests, min(first_ts) AS first_ts, max(last_ts) AS last_ts
+FROM keys GROUP BY ALL ORDER BY deployment, first_ts
+"""
+
+
+# Without a time range: from summary_keys, which holds each key's requests and first and last use already.
+KEY_SHAPES_WHOLE_SQL = """
+WITH keys AS (
+    SELECT c.deployment, c.cache_key, sum(c.requests) AS requests, min(c.first_seen) AS first_ts,
+           max(c.last_seen) AS last_ts
+    FROM summary_keys c WHERE {dims} AND contains(c.cache_key, ':') GROUP BY ALL
+)
+SELECT deployment, left(cache_key, length(cache_key) - strpos(reverse(cache_key), ':')) AS prefix,
+       sum(requests) AS requests, min(first_ts) AS first_ts, max(last_ts) AS last_ts
+FROM keys GROUP BY ALL ORDER BY deployment, first_ts
 """
 
 
 def key_scheme_changes(store: Store, filters: Filters = NO_FILTERS) -> list[KeySchemeChange]:
     """Each deployment's key-scheme changes: a new shape whose keys begin as the previous shape's stop."""
-    shapes = df(store, KEY_SHAPES_SQL, filters)
+    shapes = df(store, KEY_SHAPES_SQL, filters, whole=KEY_SHAPES_WHOLE_SQL)
     shapes = shapes[shapes.requests >= SCHEME_MIN_REQUESTS]
     changes = []
     for deployment, rows in shapes.groupby("deployment", sort=True):

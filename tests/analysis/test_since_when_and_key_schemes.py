@@ -11,6 +11,7 @@ from helpers import rec, write_jsonl
 
 from specdec_core import analysis
 from specdec_core.analysis import Filters
+from specdec_core.store import summaries as summary
 from specdec_core.store.connection import Store
 from specdec_core.store.ingest import ingest
 
@@ -77,6 +78,8 @@ def test_the_demo_key_scheme_changes_are_found_at_the_fix(demo):
         ("edge-b", "11:54:15", "specdec:edge-b-v1:model_prompt", "specdec:edge-b-v2:v1"),
         ("edge-a", "11:55:04", "specdec:edge-a-v1:prompt_only", "specdec:edge-a-v2:v1"),
     ]
+    with summary.from_rows():  # the summaries' answer is the rows' answer
+        assert analysis.key_scheme_changes(demo) == changes
     marks = [a for a in analysis.detected_annotations(demo) if a.kind == "key_scheme_change"]
     assert [(a.deployment, a.label) for a in marks] == [("edge-b", "edge-b: key scheme changed"),
                                                         ("edge-a", "edge-a: key scheme changed")]
