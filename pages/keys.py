@@ -34,6 +34,9 @@ else:
                     x="identities", orientation="h", hover_data=["requests", "hits"],
                     color_discrete_sequence=[ui.ALARM], height=120 + 28 * len(top),
                     labels={"identities": "identities sharing the key", "y": "deployment · cache key"})
+    # No axis title at the side: on a phone it ran over the keys' labels, which say what they are.
+    figure.update_yaxes(title=None, automargin=True)
+    st.caption("Each bar: a deployment · the start of its cache key, and how many identities share the key.")
     st.plotly_chart(ui.readable_layout(figure), key="identities_per_key")
     if len(collisions) > TOP_KEYS:
         st.caption(f"The {TOP_KEYS} keys shared by the most identities; the table lists all {len(collisions):,}.")
@@ -50,6 +53,8 @@ else:
     if differing:
         st.markdown("Identity fields that differ between them (highlighted): "
                     + ", ".join(ui.code_span(f) for f in differing))
+    # The highlighted differing fields first: in view without scrolling sideways.
+    identities = identities[differing + [c for c in identities.columns if c not in differing]]
     st.dataframe(identities.style.apply(
         lambda column: [DIFFERS if column.name in differing else "" for _ in column]), hide_index=True)
     prompts = ui.cached(metrics.key_prompts, chosen.deployment, chosen.cache_key, filters=filters)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from datetime import datetime, timedelta, timezone
@@ -16,7 +17,7 @@ from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
-from specdec_core.analysis import Filters, report
+from specdec_core.analysis import Filters, differing_identity_columns, report
 from specdec_core.replay import jobs
 from specdec_core.store.connection import Store
 from specdec_core.store.ingest import ingest
@@ -402,6 +403,10 @@ def test_keys_page_shows_the_identities_behind_a_shared_key(monkeypatch, inciden
     assert list(identities.requests) == [2, 1, 1] and list(identities.hits) == [1, 1, 1]
     assert list(identities.max_tokens) == [64, 16, 2]
     assert list(identities.first_seen.dt.strftime("%H:%M")) == ["10:00", "10:02", "10:03"]
+    differing = differing_identity_columns(identities)
+    assert "max_tokens" in differing and list(identities.columns)[:len(differing)] == differing, "in view first"
+    chart = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert not chart["layout"]["yaxis"].get("title", {}).get("text"), "no side title over the keys' labels"
 
 
 def test_replay_page_shows_the_logged_request_from_a_link(monkeypatch, incident_db):
