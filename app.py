@@ -25,7 +25,8 @@ UPLOAD_TYPES = ["jsonl", "gz", "csv", "parquet"]
 LOG_FORMATS = {"auto": "auto (decided per file)", "contract": "the log contract", "otel": "OpenTelemetry GenAI spans",
                "litellm": "LiteLLM payloads"}
 # The filters' query parameters: a view pasted into a ticket opens with the same selection.
-URL_KEYS = ("start", "end", "deployment", "target_model", "draft_model", "db")
+URL_KEYS = ("start", "end", "deployment", "target_model", "draft_model", "db", "notes")
+NOTES_KEY = "annotations_text"
 URL_WRITTEN_KEY = "_url_written"
 LIVE_EVERY_S = 5
 
@@ -34,12 +35,16 @@ st.set_page_config(page_title="specdec-triage", page_icon="🔎", layout="wide")
 ICONS = {"Overview": ":material/dashboard:", "Cache": ":material/cached:", "Output length": ":material/straighten:",
          "Mismatches": ":material/difference:", "Keys": ":material/key:", "Replay": ":material/replay:",
          "Search": ":material/search:", "Export": ":material/download:"}
-navigation = st.navigation([st.Page(path, title=title, icon=ICONS[title], default=title == "Overview")
-                            for title, path in ui.PAGE_FILES.items()])
+PAGES = {title: st.Page(path, title=title, icon=ICONS[title], default=title == "Overview")
+         for title, path in ui.PAGE_FILES.items()}
+# The sidebar's own links (below) carry the view's filters: a page switch is then one history entry with them,
+# where Streamlit's menu would add the page bare and the filters as entries of their own.
+navigation = st.navigation(list(PAGES.values()), position="hidden")
 
 
-def load_logs(paths: list[str]) -> None:
-    """Ingest with a progress bar; the counts stay in the sidebar until the next load."""
+def load_logs(paths: list[str], names: dict[str, str] | None = None) -> None:
+    """Ingest with a progress bar; the counts stay in the sidebar until the next load. `names`: the name
+    each file is recorded under, where that is not its path (an upload's own name)."""
     try:
         log_format, mapping = chosen_format()
     except (ValueError, OSError) as exc:
@@ -52,14 +57,18 @@ def load_logs(paths: list[str]) -> None:
         bar.progress(done / total if total else 1.0, text=ui.md_escape(what[:1].upper() + what[1:]))
 
     try:
-        result = ingest(ui.store(), paths, progress=progress, log_format=log_format, mapping=mapping)
+        parts = {Path(path).resolve(): (name, 0) for path, name in (names or {}).items()}
+        result = ingest(ui.store(), paths, progress=progress, log_format=log_format, mapping=mapping, parts=parts)
     except (LogReadError, StoreError, OSError, ValueError) as exc:
         bar.empty()
         st.session_state.pop(LAST_INGEST_KEY, None)
         st.error(f"Nothing loaded: {ui.md_escape(exc)}")
         return
-    bar.progress(1.0, text="Loaded")
-    st.session_state[LAST_INGEST_KEY] = result.to_json()
+    if result.all_quarantined:
+        bar.empty()  # show_last_ingest says why, in red
+    else:
+        bar.progress(1.0, text="Loaded")
+    st.session_state[LAST_INGEST_KEY] = {**result.to_json(), "all_quarantined": result.all_quarantined}
 
 
 def load_path(text: str) -> None:
@@ -102,13 +111,13 @@ def load_uploads(files: list) -> None:
             return
     folder = Path(tempfile.mkdtemp(prefix="specdec-upload-"))
     try:
-        paths = []
+        names = {}
         for n, upload in enumerate(files):
             target = folder / str(n) / Path(upload.name).name
             target.parent.mkdir()
             target.write_bytes(upload.getvalue())
-            paths.append(str(target))
-        load_logs(paths)
+            names[str(target)] = Path(upload.name).name
+        load_logs(list(names), names)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -119,14 +128,23 @@ def show_last_ingest() -> None:
         return
     if not counts["read"]:
         st.warning("The files held no records: nothing was loaded.")
+    if counts.get("all_quarantined"):
+        st.error(f"Nothing loaded: all {counts['quarantined']:,} records broke the log contract and were "
+                 "quarantined. Their reasons are below.")
+        reasons = ui.cached(metrics.quarantined_records).reason.drop_duplicates().head(3)
+        for reason in reasons:
+            st.caption(ui.md_escape(reason))
     left, right = st.columns(2)
     left.metric("Read", ui.fmt_int(counts["read"]))
     right.metric("Accepted", ui.fmt_int(counts["accepted"]))
     left.metric("Duplicates", ui.fmt_int(counts["duplicates"]))
     right.metric("Quarantined", ui.fmt_int(counts["quarantined"]))
     if counts["quarantined"]:
-        with st.expander("Quarantined records"):
-            st.dataframe(ui.cached(metrics.quarantined_records), hide_index=True)
+        with st.expander("Quarantined records", expanded=bool(counts.get("all_quarantined"))):
+            st.dataframe(ui.cached(metrics.quarantined_records), hide_index=True, column_config={
+                "source_file": st.column_config.TextColumn("file"), "source_line": "line",
+                "request_id": "request", "reason": st.column_config.TextColumn("reason", width="large"),
+                "raw": st.column_config.TextColumn("record as logged")})
 
 
 def keep_valid(key: str, options: list) -> None:
@@ -135,10 +153,10 @@ def keep_valid(key: str, options: list) -> None:
         st.session_state[key] = [v for v in st.session_state[key] if v in options]
 
 
-def time_range(options: dict) -> tuple:
+def time_range(options: metrics.FilterOptions) -> tuple:
     # The slider spans the bulk of the requests (see metrics.filter_options): a few lines with an unset
     # clock (epoch 0, year 1) neither break it nor stretch it past the incident's hours.
-    start, end = options["span_start"], options["span_end"]
+    start, end = options.span_start, options.span_end
     if end <= start:
         return None, None
     zoom = st.session_state.pop(ui.TIME_ZOOM_KEY, None)
@@ -151,21 +169,21 @@ def time_range(options: dict) -> tuple:
     low, high = st.slider("Time range (UTC)", min_value=start, max_value=end, step=step,
                           format="YYYY-MM-DD HH:mm" if (end - start).days > 300 else "MM-DD HH:mm", key="f_time")
     st.caption(f"{ui.fmt_ts(low)} to {ui.fmt_ts(high)}")
-    if options["outside_span"]:
-        st.caption(f"{options['outside_span']:,} requests have timestamps beyond this slider (earliest "
-                   f"{ui.fmt_ts(options['start'])}, latest {ui.fmt_ts(options['end'])}); a handle at its end "
+    if options.outside_span:
+        st.caption(f"{options.outside_span:,} requests have timestamps beyond this slider (earliest "
+                   f"{ui.fmt_ts(options.start)}, latest {ui.fmt_ts(options.end)}); a handle at its end "
                    "keeps them in.")
     # A handle at its end is no bound on that side: requests loaded later, or beyond the slider, stay in view.
     return (None if low <= start else low), (None if high >= end else high)
 
 
-def filters_from_url(options: dict) -> None:
+def filters_from_url(options: metrics.FilterOptions) -> None:
     """A URL the session did not write itself (pasted, reloaded, browser back) sets the filters it names."""
     current = {k: tuple(st.query_params.get_all(k)) for k in URL_KEYS if k in st.query_params}
     if not current or current == st.session_state.get(URL_WRITTEN_KEY):
         return
     st.session_state[URL_WRITTEN_KEY] = current
-    span = (options["span_start"], options["span_end"])
+    span = (options.span_start, options.span_end)
     if span[0] is not None and ("start" in current or "end" in current):
         try:
             low = _url_time(current.get("start"), span[0])
@@ -176,7 +194,8 @@ def filters_from_url(options: dict) -> None:
     for url_key, key in (("deployment", "deployments"), ("target_model", "target_models"),
                          ("draft_model", "draft_models")):
         if url_key in current:
-            st.session_state[f"f_{key}"] = [v for v in current[url_key] if v in options[key]]
+            st.session_state[f"f_{key}"] = [v for v in current[url_key] if v in getattr(options, key)]
+    st.session_state[NOTES_KEY] = current["notes"][0] if "notes" in current else ""
 
 
 def _url_time(values: tuple | None, default):
@@ -197,15 +216,24 @@ def filters_to_url(chosen: Filters) -> None:
                             ("draft_model", chosen.draft_models)):
         if values:
             wanted[url_key] = list(values)
+    if (st.session_state.get(NOTES_KEY) or "").strip():  # the typed annotations are part of the view
+        wanted["notes"] = [st.session_state[NOTES_KEY]]
     if st.session_state.get(ui.DB_KEY) and st.session_state[ui.DB_KEY] != ui.default_db_path():
         wanted["db"] = [st.session_state[ui.DB_KEY]]
-    for key in URL_KEYS:
-        have = st.query_params.get_all(key)
-        if key not in wanted and key in st.query_params:
-            del st.query_params[key]
-        elif key in wanted and have != wanted[key]:
-            st.query_params[key] = wanted[key]
+    # One write: each change of the query string is a browser history entry of its own.
+    have = {k: st.query_params.get_all(k) for k in st.query_params}
+    merged = {k: v for k, v in have.items() if k not in URL_KEYS} | wanted
+    if merged != have:
+        st.query_params.from_dict(merged)
     st.session_state[URL_WRITTEN_KEY] = {k: tuple(v) for k, v in wanted.items()}
+    st.session_state[ui.VIEW_PARAMS_KEY] = wanted
+
+
+def page_links() -> None:
+    """The pages, each link carrying this view's filters (see `navigation`)."""
+    view = st.session_state.get(ui.VIEW_PARAMS_KEY) or {}
+    for title, page in PAGES.items():
+        st.page_link(page, label=title, icon=ICONS[title], query_params=view, width="stretch")
 
 
 def db_from_url() -> None:
@@ -230,8 +258,8 @@ def filter_widgets() -> Filters:
         ("target_models", "Target models", str),
         ("draft_models", "Draft models", str),
     ):
-        keep_valid(f"f_{key}", options[key])
-        chosen[key] = tuple(st.multiselect(label, options[key], format_func=format_func, key=f"f_{key}",
+        keep_valid(f"f_{key}", getattr(options, key))
+        chosen[key] = tuple(st.multiselect(label, getattr(options, key), format_func=format_func, key=f"f_{key}",
                                            placeholder="All"))
     return Filters(start=start, end=end, **chosen)
 
@@ -245,7 +273,7 @@ def model_preload():
 def annotation_widgets() -> None:
     """Deploys and fixes to mark on every time chart, typed or from a file, beside the detected ones."""
     with st.expander("Annotations"):
-        typed = st.text_area("One per line: time, deployment, label", key="annotations_text", height=90,
+        typed = st.text_area("One per line: time, deployment, label", key=NOTES_KEY, height=90,
                              placeholder="2026-03-01T10:30:00Z, prod, deploy v2.3\n2026-03-01T11:00:00Z, , key fix")
         upload = st.file_uploader("Or a file (CSV lines or a JSON list of {ts, deployment, label})",
                                   type=["csv", "txt", "json"], key="annotations_file")
@@ -253,10 +281,14 @@ def annotation_widgets() -> None:
         found, errors = metrics.parse_annotations(text) if text.strip() else ([], [])
         for error in errors[:5]:
             st.caption(f":orange[Skipped] {ui.md_escape(error)}")
-        detected = st.toggle("Mark the first and last contaminated hit", value=True, key="annotations_detected")
+        detected = st.toggle("Mark what the data shows: the first and last contaminated hit, key-scheme changes",
+                             value=True, key="annotations_detected")
     notes = list(found)
     if detected and ui.has_data():
-        notes += ui.cached(metrics.contamination_annotations, filters=ui.filters())
+        # The same cached calls the Overview makes: the key scheme's scan is paid once.
+        changes = ui.cached(metrics.key_scheme_changes, filters=ui.filters())
+        notes += sorted(ui.cached(metrics.contamination_annotations, filters=ui.filters())
+                        + metrics.scheme_change_annotations(changes), key=lambda note: note.ts)
     st.session_state[ui.ANNOTATIONS_KEY] = notes
 
 
@@ -270,8 +302,8 @@ def live_status() -> None:
         st.caption("Live: no database yet.")
         return
     fresh = ui.cached(metrics.freshness)
-    lag = fresh["lag_seconds"]
-    st.caption(f"Live · newest request {ui.fmt_ts(fresh['newest'])} · lag "
+    lag = fresh.lag_seconds
+    st.caption(f"Live · newest request {ui.fmt_ts(fresh.newest)} · lag "
                f"{'–' if lag is None else ui.fmt_duration(lag)} · checked every {LIVE_EVERY_S} s")
     version = db.version()
     if st.session_state.get("_live_version") not in (None, version):
@@ -281,6 +313,7 @@ def live_status() -> None:
 
 
 with st.sidebar:
+    links = st.container()
     if ui.DB_KEY not in st.session_state:
         st.session_state[ui.DB_KEY] = ui.default_db_path()
     db_from_url()
@@ -313,6 +346,8 @@ with st.sidebar:
     # Asked again: a load just above may have filled an empty database.
     st.session_state[ui.FILTERS_KEY] = filter_widgets() if ready is not None and ui.has_data() else NO_FILTERS
     filters_to_url(st.session_state[ui.FILTERS_KEY])
+    with links:
+        page_links()
     if ready is not None:
         annotation_widgets()
     ui.click_bridge()

@@ -91,8 +91,8 @@ def run(size: int, rate: int, seconds: float, kind: str = "file") -> dict:
             fresh = freshness(Store(db))
         except StoreError:
             continue
-        if fresh["lag_seconds"] is not None and time.monotonic() - started > 5:
-            lags.append(fresh["lag_seconds"])
+        if fresh.lag_seconds is not None and time.monotonic() - started > 5:
+            lags.append(fresh.lag_seconds)
     writer.join()
     # Then it catches up: every line written is loaded.
     deadline = time.monotonic() + 60
@@ -100,13 +100,13 @@ def run(size: int, rate: int, seconds: float, kind: str = "file") -> dict:
     while time.monotonic() < deadline:
         time.sleep(0.5)
         try:
-            if freshness(Store(db))["requests"] >= expected:
+            if freshness(Store(db)).requests >= expected:
                 break
         except StoreError:
             pass
     follower.send_signal(signal.SIGINT)
     output = follower.communicate(timeout=60)[0]
-    loaded = freshness(Store(db))["requests"] - size
+    loaded = freshness(Store(db)).requests - size
     (OUT / f"follow-{kind}-{size}.out").write_text(output)
     return {"lags": lags, "written": written[0], "loaded": loaded,
             "tail": output.strip().splitlines()[-1] if output.strip() else ""}

@@ -79,8 +79,8 @@ def main() -> None:
     if args.prepare_only:
         return
     head = headline(db)
-    print(f"{db.path}: {head['requests']:,} requests, {head['contaminated_hits']:,} contaminated hits, "
-          f"{head['key_collisions']:,} key collisions")
+    print(f"{db.path}: {head.requests:,} requests, {head.contaminated_hits:,} contaminated hits, "
+          f"{head.key_collisions:,} key collisions")
     os.environ["SPECDEC_DB"] = str(db.path)
     print(f"\n{'page':<15}{'cold (s)':>10}{'warm (s)':>10}  target < {TARGET_S:.0f} s cold")
     worst = 0.0

@@ -25,7 +25,8 @@ figure.update_yaxes(tickformat=".0%", range=[0, 1])
 st.plotly_chart(ui.readable_layout(figure), key="hit_rate_by_combination")
 
 st.subheader("Hit rate over time, per deployment")
-smoothing = st.select_slider("Smoothing (trailing buckets)", analysis.SMOOTHING_WINDOWS, value=1,
+# Smoothed by default: bucket by bucket, a few requests per combination make each line a comb.
+smoothing = st.select_slider("Smoothing (trailing buckets)", analysis.SMOOTHING_WINDOWS, value=5,
                              key="hit_rate_smoothing", format_func=lambda n: "off" if n == 1 else f"{n} buckets")
 bucket = ui.cached(analysis.time_bucket, filters=filters)
 over_time = ui.cached(analysis.hit_rate_by_deployment_over_time, filters=filters, bucket=bucket,
@@ -34,16 +35,16 @@ over_time = over_time.assign(combination=over_time.combination.map(ui.plot_label
                              label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
 deployments = over_time.deployment.nunique()
 figure = px.line(over_time, x="bucket", y="smoothed_hit_rate", color="combination", facet_row="label",
-                 custom_data=["deployment"], markers=deployments * over_time.bucket.nunique() < 400,
+                 custom_data=["deployment"], markers=smoothing == 1 and deployments * over_time.bucket.nunique() < 400,
                  hover_data={"requests": True, "hit_rate": ":.1%"},
-                 labels={"smoothed_hit_rate": "hit rate", "bucket": f"time (UTC, {bucket} buckets)",
+                 labels={"smoothed_hit_rate": "hit rate", "bucket": f"time (UTC, {ui.bucket_words(bucket)})",
                          "label": "deployment", "combination": "target / draft"},
                  color_discrete_sequence=ui.PALETTE, height=160 + 150 * max(deployments, 1),
                  facet_row_spacing=ui.panel_spacing(deployments, 150))
 figure.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
 figure.update_yaxes(tickformat=".0%", range=[0, 1.05])
 ui.readable_layout(figure)
-point = ui.time_chart(figure, "hit_rate_over_time")
+point = ui.time_chart(figure, "hit_rate_over_time", bucket=bucket)
 ui.show_point_rows(figure, point, bucket, key="hit_rate_rows")
 
 st.subheader("Hits on identities never served before")
@@ -65,7 +66,8 @@ st.plotly_chart(ui.readable_layout(figure), key="first_sight_hits")
 st.dataframe(ratios, hide_index=True, column_config={
     "keys_per_identity": st.column_config.NumberColumn("keys per identity", format="%.3f"),
     "hit_rate": st.column_config.NumberColumn("hit rate", format="percent"),
-    "max_correct_hit_rate": st.column_config.NumberColumn("ceiling for a correct key", format="percent"),
+    "max_correct_hit_rate": st.column_config.NumberColumn("ceiling for a correct key", format="percent",
+                                                          help=analysis.CEILING_MEANING),
     "first_sight_hits": st.column_config.NumberColumn("hits on never-served identities"),
 })
 

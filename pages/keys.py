@@ -21,19 +21,22 @@ ui.require_data()
 filters = ui.filters()
 
 head = ui.cached(metrics.headline, filters=filters)
-st.caption(f"{head['unique_keys']:,} unique cache keys for {head['unique_identities']:,} unique request "
+st.caption(f"{head.unique_keys:,} unique cache keys for {head.unique_identities:,} unique request "
            "identities in this selection. A correct key gives each identity a key of its own.")
 collisions = ui.cached(metrics.key_collisions, filters=filters)
 if collisions.empty:
     st.success("No cache key was shared by different request identities in this selection.")
 else:
-    st.subheader(f"{head['key_collisions']:,} keys shared by more than one identity")
+    st.subheader(f"{head.key_collisions:,} keys shared by more than one identity")
     top = collisions.head(TOP_KEYS)
     figure = px.bar(top.iloc[::-1], y=[ui.plot_label(f"{ui.deployment_label(d)} · {k[:40]}")
                                        for d, k in zip(top.deployment[::-1], top.cache_key[::-1], strict=True)],
                     x="identities", orientation="h", hover_data=["requests", "hits"],
                     color_discrete_sequence=[ui.ALARM], height=120 + 28 * len(top),
                     labels={"identities": "identities sharing the key", "y": "deployment · cache key"})
+    # No axis title at the side: on a phone it ran over the keys' labels, which say what they are.
+    figure.update_yaxes(title=None, automargin=True)
+    st.caption("Each bar: a deployment · the start of its cache key, and how many identities share the key.")
     st.plotly_chart(ui.readable_layout(figure), key="identities_per_key")
     if len(collisions) > TOP_KEYS:
         st.caption(f"The {TOP_KEYS} keys shared by the most identities; the table lists all {len(collisions):,}.")
@@ -50,6 +53,8 @@ else:
     if differing:
         st.markdown("Identity fields that differ between them (highlighted): "
                     + ", ".join(ui.code_span(f) for f in differing))
+    # The highlighted differing fields first: in view without scrolling sideways.
+    identities = identities[differing + [c for c in identities.columns if c not in differing]]
     st.dataframe(identities.style.apply(
         lambda column: [DIFFERS if column.name in differing else "" for _ in column]), hide_index=True)
     prompts = ui.cached(metrics.key_prompts, chosen.deployment, chosen.cache_key, filters=filters)

@@ -7,6 +7,7 @@ import streamlit as st
 
 import ui
 from specdec_core import analysis
+from specdec_core.contract import fields as contract
 
 SELECTED_KEY = "mismatch_selected"  # request ids: a selection follows requests, not table positions
 
@@ -29,10 +30,10 @@ over_time = over_time[over_time.contaminated_hits > 0]
 over_time = over_time.assign(label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
 figure = px.bar(over_time, x="bucket", y="contaminated_hits", color="label", custom_data=["deployment"],
                 hover_data=["hits", "mismatch_rate"], color_discrete_sequence=ui.PALETTE,
-                labels={"bucket": f"time (UTC, {bucket} buckets)", "contaminated_hits": "contaminated hits",
+                labels={"bucket": f"time (UTC, {ui.bucket_words(bucket)})", "contaminated_hits": "contaminated hits",
                         "label": "deployment"})
 ui.readable_layout(figure)
-point = ui.time_chart(figure, "mismatch_rate_over_time")
+point = ui.time_chart(figure, "mismatch_rate_over_time", bucket=bucket)
 ui.show_point_rows(figure, point, bucket, contaminated_only=True, key="mismatch_point_rows")
 
 st.subheader("Contaminated hits")
@@ -44,9 +45,15 @@ if needle:
     hits = hits[searched.apply(lambda column: column.str.lower().str.contains(needle, regex=False)).any(axis=1)]
 hits = hits.reset_index(drop=True)
 selected: list[str] = st.session_state.setdefault(SELECTED_KEY, [])
-COLUMNS = ["request_id", "ts", "deployment", "source_request_id", "differing_fields", "target_model",
-           "draft_model", "temperature", "max_tokens", "seed", "tokenizer_version", "output_tokens", "cache_key",
-           "source_ts", "output_preview"]
+# What an engineer reads first, then the rest of the identity as the contract lists it, then the evidence.
+FIRST = ["request_id", "ts", "deployment", "target_model", "draft_model", "differing_fields", "source_request_id"]
+COLUMNS = FIRST + [f for f in contract.IDENTITY_FIELDS if f in hits.columns and f not in FIRST] + \
+    [c for c in ("output_tokens", "cache_key", "source_ts", "output_preview") if c in hits.columns]
+HEADERS = {"request_id": "request", "ts": "time", "target_model": "target model", "draft_model": "draft model",
+           "differing_fields": "differing fields", "source_request_id": "source request",
+           "tokenizer_version": "tokenizer", "max_tokens": "max tokens", "output_tokens": "output tokens",
+           "cache_key": "cache key", "source_ts": "source time", "output_preview": "output (start)",
+           "temperature": st.column_config.NumberColumn("temperature", format="%g")}
 table = hits[COLUMNS].copy()
 table.insert(0, "replay", table.request_id.isin(selected))
 # The editor's own state is per position; it is keyed by the rows it shows, so a new filter starts it anew
@@ -73,7 +80,7 @@ st.caption(f"{shown} contaminated hits. Tick rows to replay them with their full
            "their requests when the filter changes.")
 st.data_editor(table, hide_index=True, key=editor_key, on_change=remember_ticks,
                disabled=[c for c in table.columns if c != "replay"],
-               column_config={"replay": st.column_config.CheckboxColumn("replay", width="small")})
+               column_config={"replay": st.column_config.CheckboxColumn("replay", width="small"), **HEADERS})
 selected = st.session_state[SELECTED_KEY]
 if selected:
     hidden = [r for r in selected if r not in set(table.request_id)]

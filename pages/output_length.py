@@ -15,7 +15,7 @@ filters = ui.filters()
 st.caption("A request cannot return more tokens than its max_tokens. Outputs longer than their limit were "
            "produced for another request and served from a shared cache entry.")
 boxes = ui.cached(analysis.output_length_by_max_tokens, filters=filters)
-count = ui.cached(analysis.headline, filters=filters)["length_violations"]
+count = ui.cached(analysis.headline, filters=filters).length_violations
 violations = ui.cached(analysis.length_violations, filters=filters) if count else None
 position = {m: i for i, m in enumerate(boxes.max_tokens)}
 figure = go.Figure()

@@ -15,21 +15,21 @@ head = ui.cached(analysis.headline, filters=filters)
 
 # Four narrow metrics a row, each value a short number: at 1024 px wide none is cut.
 row = st.columns(4)
-row[0].metric("Requests", ui.fmt_int(head["requests"]))
-row[1].metric("Hit rate", ui.fmt_pct(head["hit_rate"]), help=f"{ui.fmt_int(head['hits'])} cache hits")
-row[2].metric("Contaminated hits", ui.fmt_int(head["contaminated_hits"]),
+row[0].metric("Requests", ui.fmt_int(head.requests))
+row[1].metric("Hit rate", ui.fmt_pct(head.hit_rate), help=f"{ui.fmt_int(head.hits)} cache hits")
+row[2].metric("Contaminated hits", ui.fmt_int(head.contaminated_hits),
               help="Hits that served an output produced for a different request identity")
-row[3].metric("Contaminated share of hits", ui.fmt_pct(head["contaminated_rate"]))
+row[3].metric("Contaminated share of hits", ui.fmt_pct(head.contaminated_rate))
 row = st.columns(4)
-row[0].metric("Length violations", ui.fmt_int(head["length_violations"]),
+row[0].metric("Length violations", ui.fmt_int(head.length_violations),
               help="Requests whose output_tokens exceed their max_tokens")
-row[1].metric("Key collisions", ui.fmt_int(head["key_collisions"]),
+row[1].metric("Key collisions", ui.fmt_int(head.key_collisions),
               help="Cache keys shared by more than one request identity")
-row[2].metric("Unique keys", ui.fmt_int(head["unique_keys"]),
-              help=f"for {ui.fmt_int(head['unique_identities'])} unique identities: fewer keys than identities "
+row[2].metric("Unique keys", ui.fmt_int(head.unique_keys),
+              help=f"for {ui.fmt_int(head.unique_identities)} unique identities: fewer keys than identities "
                    "means identities share cache entries")
-row[3].metric("Unique identities", ui.fmt_int(head["unique_identities"]))
-st.metric("Quarantined records", ui.fmt_int(head["quarantined"]),
+row[3].metric("Unique identities", ui.fmt_int(head.unique_identities))
+st.metric("Quarantined records", ui.fmt_int(head.quarantined),
           help="Log records that broke the contract; listed under 'Load logs' in the sidebar")
 
 gaps = ui.cached(analysis.logging_gaps, filters=filters)
@@ -43,25 +43,24 @@ if window.empty:
     st.success("No contaminated hits: every cache hit in this selection served an output produced for "
                "its own request identity.")
 else:
-    for w in window.itertuples():
-        st.markdown(
-            f"**{ui.md_escape(ui.deployment_label(w.deployment))}**: {w.contaminated_hits:,} contaminated "
-            f"hits since **{ui.fmt_ts(w.first_contaminated)}**, the last at {ui.fmt_ts(w.last_contaminated)}."
-        )
+    for status in ui.cached(analysis.contamination_status, filters=filters):
+        st.markdown(f"**{ui.md_escape(ui.deployment_label(status.deployment))}**: {ui.md_escape(status.sentence)}")
+    for change in ui.cached(analysis.key_scheme_changes, filters=filters):
+        st.markdown(f":green[**Key scheme changed**] {ui.md_escape(change.sentence)}")
     bucket = ui.cached(analysis.time_bucket, filters=filters)
     over_time = ui.cached(analysis.mismatch_rate_over_time, filters=filters, bucket=bucket)
     over_time = over_time[over_time.deployment.isin(window.deployment)]
     over_time = over_time.assign(label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
     figure = px.bar(over_time, x="bucket", y="contaminated_hits", facet_row="label", custom_data=["deployment"],
                     color_discrete_sequence=[ui.ALARM], hover_data=["hits"],
-                    labels={"bucket": f"time (UTC, {bucket} buckets)", "contaminated_hits": "contaminated",
+                    labels={"bucket": f"time (UTC, {ui.bucket_words(bucket)})", "contaminated_hits": "contaminated",
                             "label": "deployment"},
                     height=140 + 120 * len(window), facet_row_spacing=ui.panel_spacing(len(window), 120))
     figure.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
     ui.readable_layout(figure)
-    point = ui.time_chart(figure, "contamination_timeline")
+    point = ui.time_chart(figure, "contamination_timeline", bucket=bucket)
     ui.show_point_rows(figure, point, bucket, contaminated_only=True, key="contamination_rows")
-    st.dataframe(window, hide_index=True)
+    st.dataframe(window.sort_values(["first_contaminated", "deployment"]), hide_index=True)
     ui.page_link("Mismatches", "See every contaminated hit", icon=":material/arrow_forward:")
 
 st.subheader("Red flags")
@@ -73,4 +72,6 @@ for flag in ui.cached(analysis.red_flags, filters=filters, head=head):
     with st.container(border=True):
         st.markdown(f"{STATUS[flag.flagged]} · **{ui.md_escape(flag.title)}**")
         st.caption(ui.md_escape(flag.evidence))
+        if flag.id == "hit_rate_too_good":
+            st.caption(analysis.CEILING_MEANING)
         ui.page_link(FLAG_PAGES[flag.id], icon=":material/arrow_forward:")

@@ -11,6 +11,7 @@ import streamlit as st
 
 import ui
 from specdec_core import analysis
+from specdec_core.contract import fields as contract
 from specdec_core.replay import jobs, stored
 
 ui.page_header("Replay")
@@ -29,34 +30,34 @@ MEANING = {
     "unavailable": "This request can't be replayed here (its model or tokenizer isn't available).",
     "redacted": "The log holds only the prompt's hash: give the prompt below to replay it.",
 }
-IDENTITY = ["ts", "deployment", "target_model", "draft_model", "num_speculative_tokens", "temperature", "top_p",
-            "top_k", "max_tokens", "seed", "stop", "tokenizer_version", "cache_key", "cache_hit",
-            "source_request_id", "differing_fields", "output_tokens", "finish_reason", "latency_ms",
-            "draft_tokens", "accepted_tokens", "prompt_hash"]
+# The texts are shown whole beside the table; the id is in the heading.
+SHOWN_APART = ("request_id", "prompt", "output_text")
 
 
 def _text(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def show_record(record: dict) -> None:
+def show_record(record: analysis.RequestRecord) -> None:
+    logged = [(f, record.fields.get(f)) for f in contract.FIELD_NAMES if f not in SHOWN_APART]
+    logged += [("source_request_id", record.source_request_id), ("differing_fields", record.differing_fields)]
     left, right = st.columns(2)
     with left:
         st.markdown("**Logged request**")
-        st.dataframe(pd.DataFrame({"field": IDENTITY, "value": [_text(record.get(f)) for f in IDENTITY]}),
+        st.dataframe(pd.DataFrame({"field": [f for f, _ in logged], "value": [_text(v) for _, v in logged]}),
                      hide_index=True)
     with right:
         st.markdown("**Prompt**")
-        if record["prompt"] is None:
+        if record.prompt is None:
             st.caption("Redacted: the log holds only the prompt's hash.")
         else:
-            st.code(record["prompt"], language=None, wrap_lines=True)
+            st.code(record.prompt, language=None, wrap_lines=True)
         st.markdown("**Production output**")
-        st.code(record["output_text"], language=None, wrap_lines=True)
-    if record.get("contaminated"):
+        st.code(record.output_text, language=None, wrap_lines=True)
+    if record.contaminated:
         st.warning(f"A contaminated hit: production served the output cached by request "
-                   f"{ui.code_span(record['source_request_id'])}, whose identity differs in "
-                   f"{ui.md_escape(record['differing_fields'])}.")
+                   f"{ui.code_span(record.source_request_id)}, whose identity differs in "
+                   f"{ui.md_escape(record.differing_fields)}.")
 
 
 def diff_markdown(word_ops) -> str:
@@ -81,11 +82,15 @@ def _marked(text: str, template: str) -> str:
     return lead + template.format(ui.md_escape(core)) + trail
 
 
-def show_replay(view: stored.StoredReplay, *, key: str) -> None:
+def show_replay(view: stored.StoredReplay, *, key: str, served_from: str | None = None) -> None:
     """One replay: production, the replay and (foreign) the source's replay side by side; the diff against
-    the replay that proves the cause; the evidence in words and numbers."""
-    st.metric("Classification", view.classification)
+    the replay that proves the cause; the evidence in words and numbers. `served_from`: the request whose
+    cached output production served, where the store found the hit contaminated."""
+    served = view.served_source(served_from)
+    st.metric("Classification", "contaminated (sampled)" if served else view.classification)
     st.caption(MEANING.get(view.classification, ""))
+    if served:
+        st.warning(ui.md_escape(served))
     if view.message:
         st.markdown(f"**Why:** {ui.md_escape(view.message)}")
     foreign = view.classification == "foreign" and view.source_replay_text is not None
@@ -103,14 +108,15 @@ def show_replay(view: stored.StoredReplay, *, key: str) -> None:
     row = st.columns(4)
     row[0].metric("Common prefix (tokens)", ui.fmt_int(view.common_prefix_tokens))
     row[1].metric("First divergent token", ui.fmt_int(view.first_divergent_token))
-    row[2].metric("Similarity", ui.fmt_pct(view.similarity))
+    row[2].metric("Similarity to this request's replay", ui.fmt_pct(view.similarity),
+                  help="Production's words against the replay with this request's own identity")
     rate = analysis.acceptance_rate(view.accepted_tokens, view.draft_tokens)
     row[3].metric("Acceptance rate (replay)", ui.fmt_pct(rate))
     against, _ = view.proof
     proof = view.proof_diff()
     if proof is not None:
         ops, similarity = proof
-        st.markdown(f"**Word diff: production against {ui.md_escape(against)}** ({similarity:.0%} similar; "
+        st.markdown(f"**Word diff: production against {ui.md_escape(against)}** ({similarity:.0%} of words alike; "
                     "production :red-background[~~removed~~], the replay :green-background[added])")
         st.markdown(diff_markdown(ops) or "_(both empty)_")
         with st.expander("Diff operations"):
@@ -144,7 +150,8 @@ if replay_id:
         if record is not None:
             with st.expander("The logged request", expanded=False):
                 show_record(record)
-        show_replay(view, key="stored")
+        show_replay(view, key="stored", served_from=record.source_request_id if record and record.contaminated
+                    else None)
         st.page_link(ui.PAGE_FILES["Replay"], label="Replay this request again", icon=":material/replay:",
                      query_params={"request_id": view.request_id})
     st.stop()
@@ -157,9 +164,13 @@ def current_job() -> jobs.ReplayJob | None:
     return jobs.job(job_id) if job_id else None
 
 
-def start(ids: list[str], prompt: str | None = None) -> None:
+BATCH_JOB = "_replay_batch_job"  # the job the batch form (or Mismatches) started, shown with the batch
+
+
+def start(ids: list[str], prompt: str | None = None, *, batch: bool = False) -> None:
     job = jobs.start_job(db, ids, prompt=prompt)
     st.session_state[ui.REPLAY_JOB_KEY] = job.job_id
+    st.session_state[BATCH_JOB] = job.job_id if batch else None
 
 
 SHOWN_RUNNING = "_replay_shown_running"  # the job the page last drew as running (buttons disabled)
@@ -191,7 +202,7 @@ def running() -> bool:
 
 queued_start = st.session_state.pop(ui.REPLAY_START_KEY, None)
 if queued_start and not running():
-    start(queued_start)
+    start(queued_start, batch=True)
 
 
 def choose_request() -> str:
@@ -205,40 +216,23 @@ def choose_request() -> str:
     return st.text_input("Request id", key="replay_request_id").strip()
 
 
-request_id = choose_request()
-if request_id:
-    record = ui.cached(analysis.request_record, request_id)
-    if record is None:
-        st.warning(f"No request {ui.code_span(request_id)} in this database.")
-    else:
-        show_record(record)
-        st.subheader("Replay")
-        prompt = None
-        if record["prompt"] is None:
-            prompt = st.text_area("Prompt (checked against the logged hash)", key="replay_prompt") or None
-        if st.button("Replay with the full identity", type="primary", disabled=running(), key="replay_one"):
-            start([request_id], prompt)
-else:
-    st.info("Type a request id, tick contaminated hits on the Mismatches page, or replay the most "
-            "suspicious requests below.")
-
-preload = st.session_state.get(ui.PRELOAD_KEY)
-if preload is not None and not preload.finished:
-    st.caption(f"Models are loading in the background ({ui.md_escape(preload.stage)}): the first replay starts "
-               "as soon as they are in.")
-job_progress()
-job = current_job()
-if job is not None and job.finished:
+def show_outcome(job: jobs.ReplayJob) -> None:
+    """A finished job: cancelled or failed requests, then one replay in full or a batch's table."""
     if job.cancelled:
         st.warning(f"Cancelled: {len(job.results)} of {job.total} replayed before; those are stored.")
     for failed, why in job.errors.items():
         st.error(f"Replay of {ui.code_span(failed)} failed: {ui.md_escape(why)}")
     if job.total == 1 and job.results:
         result = job.results[0]
+        # The address bar holds the replay's permanent link: a reload or a copied URL opens this replay.
+        if st.query_params.get("replay_id") != result.replay_id:
+            st.query_params["replay_id"] = result.replay_id
         replay_link(result.replay_id)
-        show_replay(stored.as_stored(result), key="fresh")
+        served = ui.cached(analysis.request_record, result.request_id)
+        show_replay(stored.as_stored(result), key="fresh",
+                    served_from=served.source_request_id if served and served.contaminated else None)
     elif job.results:
-        st.subheader(f"Batch: {len(job.results)} of {job.total} replayed")
+        st.markdown(f"**Batch: {len(job.results)} of {job.total} replayed**")
         batch = pd.DataFrame({
             "open": [ui.replay_url(r.replay_id) for r in job.results],
             "request_id": [r.request_id for r in job.results],
@@ -249,6 +243,7 @@ if job is not None and job.finished:
         })
         st.dataframe(batch, hide_index=True, key="batch_table", column_config={
             "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
+            "request_id": "request", "classification": "verdict", "source_request_id": "source request",
             "similarity": st.column_config.NumberColumn("similarity", format="percent"),
         })
         if st.toggle("Show each row's diff", key="batch_diffs"):
@@ -257,23 +252,70 @@ if job is not None and job.finished:
                     replay_link(result.replay_id)
                     show_replay(stored.as_stored(result), key=f"batch_{n}")
 
-st.subheader("Batch replay")
-queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
-SUSPICIOUS = "the most suspicious requests"
-choices = [SUSPICIOUS] + ([f"the {len(queued)} selected requests"] if queued else [])
-which = st.radio("Replay", choices, index=len(choices) - 1, horizontal=True, key="batch_which")
-count = st.number_input("How many suspicious requests", min_value=1, max_value=1000, value=10, step=1,
-                        key="batch_count", disabled=which != SUSPICIOUS)
-if st.button("Replay batch", disabled=running(), key="replay_batch"):
-    if which == SUSPICIOUS:
-        ids = list(ui.cached(analysis.suspicious_requests, int(count), filters=filters).request_id)
-    else:
-        ids = list(queued)
-    if ids:
-        start(ids)
+
+def follow(job: jobs.ReplayJob | None) -> None:
+    """Right under the button that started it: the job's progress and Cancel, then what it found."""
+    if job is None:
+        return
+    job_progress()
+    if job.finished:
+        show_outcome(job)
+
+
+def batch_section(job: jobs.ReplayJob | None) -> None:
+    st.subheader("Batch replay")
+    queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
+    suspicious = "the most suspicious requests"
+    choices = [suspicious] + ([f"the {len(queued)} selected requests"] if queued else [])
+    which = st.radio("Replay", choices, index=len(choices) - 1, horizontal=True, key="batch_which")
+    count = st.number_input("How many suspicious requests", min_value=1, max_value=1000, value=10, step=1,
+                            key="batch_count", disabled=which != suspicious)
+    if st.button("Replay batch", disabled=running(), key="replay_batch"):
+        if which == suspicious:
+            ids = list(ui.cached(analysis.suspicious_requests, int(count), filters=filters).request_id)
+        else:
+            ids = list(queued)
+        if ids:
+            start(ids, batch=True)
+            st.rerun()
+        else:
+            st.info("Nothing to replay: no contaminated hit or length violation in this selection.")
+    follow(job)
+
+
+def request_section(job: jobs.ReplayJob | None) -> None:
+    request_id = choose_request()
+    if not request_id:
+        st.info("Type a request id, tick contaminated hits on the Mismatches page, or replay the most "
+                "suspicious requests.")
+        return
+    record = ui.cached(analysis.request_record, request_id)
+    if record is None:
+        st.warning(f"No request {ui.code_span(request_id)} in this database.")
+        return
+    show_record(record)
+    st.subheader("Replay")
+    prompt = None
+    if record.prompt is None:
+        prompt = st.text_area("Prompt (checked against the logged hash)", key="replay_prompt") or None
+    if st.button("Replay with the full identity", type="primary", disabled=running(), key="replay_one"):
+        start([request_id], prompt)
         st.rerun()
-    else:
-        st.info("Nothing to replay: no contaminated hit or length violation in this selection.")
+    follow(job)
+
+
+preload = st.session_state.get(ui.PRELOAD_KEY)
+if preload is not None and not preload.finished:
+    st.caption(f"Models are loading in the background ({ui.md_escape(preload.stage)}): the first replay starts "
+               "as soon as they are in.")
+# A batch (started here or from Mismatches) shows first, its results before the single-request form.
+job = current_job()
+if job is not None and job.job_id == st.session_state.get(BATCH_JOB):
+    batch_section(job)
+    request_section(None)
+else:
+    request_section(job)
+    batch_section(None)
 
 st.subheader("Replay history")
 history = ui.cached(stored.replay_history, filters=filters)
@@ -282,7 +324,13 @@ if history.empty:
                "`specdec replay` are stored and listed here, each with its own page.")
 else:
     history.insert(0, "open", [ui.replay_url(r) for r in history.replay_id])
+    # The verdict and the request first: on a phone they are all that fits beside the link.
+    first = ["open", "classification", "request_id"]
+    history = history[first + [c for c in history.columns if c not in first]]
     st.dataframe(history, hide_index=True, key="replay_history", column_config={
         "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
+        "classification": "verdict", "request_id": "request", "replayed_at": "replayed at",
         "similarity": st.column_config.NumberColumn("similarity", format="percent"),
+        "first_divergent_token": "first divergent token", "source_request_id": "source request",
+        "target_model": "target model", "request_ts": "request time", "replay_id": "replay id",
     })

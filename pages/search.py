@@ -14,8 +14,19 @@ ui.require_data()
 filters = ui.filters()
 LIMIT = 500
 
+# The query lives in the address bar (?q=): Back, a reload or a pasted link shows the same search; a page
+# left drops its widgets' state, so coming back the box starts from the address again.
+linked = st.query_params.get("q", "")
+if st.session_state.get("_search_linked") != linked or "search_text" not in st.session_state:
+    st.session_state["_search_linked"] = st.session_state["search_text"] = linked
 text = st.text_input("Find requests whose prompt or output contains", key="search_text",
                      placeholder="e.g. a phrase an output should never have mentioned")
+if text != linked:
+    st.session_state["_search_linked"] = text
+    if text:
+        st.query_params["q"] = text
+    else:
+        del st.query_params["q"]
 left, middle, right = st.columns(3)
 fields = left.multiselect("In", analysis.SEARCH_FIELDS, default=list(analysis.SEARCH_FIELDS), key="search_fields",
                           format_func={"prompt": "prompts", "output_text": "outputs"}.get)

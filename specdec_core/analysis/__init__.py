@@ -7,7 +7,10 @@ from specdec_core.analysis.annotations import (
     Annotation,
     annotations_for,
     contamination_annotations,
+    detected_annotations,
+    key_scheme_annotations,
     parse_annotations,
+    scheme_change_annotations,
 )
 from specdec_core.analysis.cache import (
     acceptance_by_combination,
@@ -26,14 +29,26 @@ from specdec_core.analysis.gaps import LoggingGap, logging_gaps
 from specdec_core.analysis.key_details import differing_identity_columns, key_prompts
 from specdec_core.analysis.keys import key_collision_identities, key_collisions
 from specdec_core.analysis.lengths import length_violations, output_length_by_max_tokens
-from specdec_core.analysis.overview import filter_options, headline
+from specdec_core.analysis.overview import FilterOptions, Headline, HeadlineCounts, filter_options, headline
 from specdec_core.analysis.query import NO_FILTERS, Filters, time_bucket
-from specdec_core.analysis.red_flags import RED_FLAG_IDS, RedFlag, red_flags
+from specdec_core.analysis.red_flags import CEILING_MEANING, RED_FLAG_IDS, RedFlag, red_flags
 from specdec_core.analysis.report import KINDS, mismatch_report, report_counts, report_csv, write_report
-from specdec_core.analysis.requests import quarantined_records, request_record, suspicious_requests
+from specdec_core.analysis.requests import (
+    RequestRecord,
+    quarantined_records,
+    request_record,
+    suspicious_requests,
+)
 from specdec_core.analysis.search import SEARCH_FIELDS, SEARCH_MODES, SearchError, search_requests
+from specdec_core.analysis.status import (
+    ContaminationStatus,
+    KeySchemeChange,
+    contamination_status,
+    key_scheme_changes,
+)
 from specdec_core.analysis.timeline import (
     SMOOTHING_WINDOWS,
+    Freshness,
     freshness,
     hit_rate_by_deployment_over_time,
     latency_histogram,
@@ -51,4 +66,6 @@ __all__ = [
     "latency_hit_vs_miss", "length_violations", "logging_gaps", "mismatch_rate_over_time", "mismatch_report",
     "output_length_by_max_tokens", "quarantined_records", "red_flags", "report_counts", "report_csv",
     "request_record", "suspicious_requests", "time_bucket", "write_report",
+    "CEILING_MEANING", "ContaminationStatus", "KeySchemeChange", "contamination_status", "detected_annotations",
+    "key_scheme_annotations", "key_scheme_changes", "scheme_change_annotations", "FilterOptions", "Freshness", "Headline", "HeadlineCounts", "RequestRecord",
 ]

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 
 from specdec_core.analysis.contamination import contamination_window
 from specdec_core.analysis.query import NO_FILTERS, Filters
+from specdec_core.analysis.status import KeySchemeChange, key_scheme_changes
 from specdec_core.store.connection import Store
 
 
@@ -19,7 +20,8 @@ class Annotation:
     ts: datetime
     label: str
     deployment: str | None = None  # None: every deployment
-    kind: str = "note"  # note (a user's), or detected: contamination_start, contamination_end
+    # note (a user's), or detected: contamination_start, contamination_end, key_scheme_change
+    kind: str = "note"
 
 
 def _time(text: str) -> datetime:
@@ -89,6 +91,22 @@ def contamination_annotations(store: Store, filters: Filters = NO_FILTERS) -> li
             out.append(Annotation(w.last_contaminated.to_pydatetime(), f"{name}: last contaminated hit",
                                   w.deployment, "contamination_end"))
     return out
+
+
+def scheme_change_annotations(changes: list[KeySchemeChange]) -> list[Annotation]:
+    """Key-scheme changes (a fix or a deploy, as the keys show it) as annotations."""
+    return [Annotation(c.ts, c.label, c.deployment, "key_scheme_change") for c in changes]
+
+
+def key_scheme_annotations(store: Store, filters: Filters = NO_FILTERS) -> list[Annotation]:
+    """Each deployment's key-scheme changes, as annotations."""
+    return scheme_change_annotations(key_scheme_changes(store, filters))
+
+
+def detected_annotations(store: Store, filters: Filters = NO_FILTERS) -> list[Annotation]:
+    """What the data marks on its own: the contamination's first and last hits, and key-scheme changes."""
+    return sorted(contamination_annotations(store, filters) + key_scheme_annotations(store, filters),
+                  key=lambda a: a.ts)
 
 
 def annotations_for(annotations: list[Annotation], deployment: str | None) -> list[Annotation]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -17,12 +18,27 @@ from specdec_core.store import summaries as summary
 from specdec_core.store.connection import Store
 
 
-def filter_options(store: Store, span_limits: tuple[datetime, datetime] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FilterOptions:
+    """What the filters can choose from, the log's first and last request, and the span a time control
+    should cover (`span_start`..`span_end`) with how many requests lie beyond it."""
+
+    deployments: tuple[str, ...]
+    target_models: tuple[str, ...]
+    draft_models: tuple[str, ...]
+    start: datetime | None
+    end: datetime | None
+    span_start: datetime | None
+    span_end: datetime | None
+    outside_span: int
+
+
+def filter_options(store: Store, span_limits: tuple[datetime, datetime] | None = None) -> FilterOptions:
     """What the filters can choose from, and the span a time control should cover: the bulk of the requests,
     within `span_limits` (a face's own bounds on what it can show; default: what a datetime can hold)."""
     with store.read() as con:
-        def values(sql: str) -> list[str]:
-            return [row[0] for row in con.execute(sql).fetchall()]
+        def values(sql: str) -> tuple[str, ...]:
+            return tuple(row[0] for row in con.execute(sql).fetchall())
 
         if summary.ready(con):  # the minute summary holds the labels already
             start, end = con.execute("SELECT min(first_ts), max(last_ts) FROM summary_minute").fetchall()[0]
@@ -31,17 +47,12 @@ def filter_options(store: Store, span_limits: tuple[datetime, datetime] | None =
             start, end = con.execute("SELECT min(ts), max(ts) FROM requests").fetchall()[0]
             table, deployment, draft = "requests r", "coalesce(deployment, '')", draft_label()
         span_start, span_end, outside = _time_span(con, start, end, span_limits or DATETIME_LIMITS)
-        return {
-            "deployments": values(f"SELECT DISTINCT {deployment} FROM {table} ORDER BY 1"),
-            "target_models": values(f"SELECT DISTINCT target_model FROM {table} ORDER BY 1"),
-            "draft_models": values(f"SELECT DISTINCT {draft} FROM {table} ORDER BY 1"),
-            "start": start,
-            "end": end,
-            # What a time-range control should span, and how many requests lie beyond it.
-            "span_start": span_start,
-            "span_end": span_end,
-            "outside_span": outside,
-        }
+        return FilterOptions(
+            deployments=values(f"SELECT DISTINCT {deployment} FROM {table} ORDER BY 1"),
+            target_models=values(f"SELECT DISTINCT target_model FROM {table} ORDER BY 1"),
+            draft_models=values(f"SELECT DISTINCT {draft} FROM {table} ORDER BY 1"),
+            start=start, end=end, span_start=span_start, span_end=span_end, outside_span=outside,
+        )
 
 
 # A time span stays within its limits (by default, away from datetime's own year 1 and 9999) and covers
@@ -128,23 +139,48 @@ SELECT (SELECT count(DISTINCT key_id) FROM k) AS unique_keys,
 """
 
 
+@dataclass(frozen=True)
+class HeadlineCounts:
+    """The headline's counts (HEADLINE_SQL's columns, in its order)."""
+
+    requests: int
+    hits: int
+    hit_rate: float | None
+    contaminated_hits: int
+    contaminated_rate: float | None
+    length_violations: int
+    first_ts: datetime | None
+    last_ts: datetime | None
+
+
+@dataclass(frozen=True)
+class Headline(HeadlineCounts):
+    """The counts and the distinct ones (in the order `specdec stats --json` prints them)."""
+
+    unique_keys: int
+    unique_identities: int
+    key_collisions: int
+    quarantined: int
+    keys_per_identity: float | None
+
+
 def _counts(con: Any, filters: Filters) -> dict[str, Any]:
     return row(run(con, HEADLINE_SQL, filters, minute=HEADLINE_MINUTE_SQL))
 
 
-def headline_counts(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
+def headline_counts(store: Store, filters: Filters = NO_FILTERS) -> HeadlineCounts:
     """The headline's counts alone (requests, hits, contaminated hits, length violations): no distinct counts."""
     with store.read() as con:
-        return _counts(con, filters)
+        return HeadlineCounts(**_counts(con, filters))
 
 
-def headline(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
+def headline(store: Store, filters: Filters = NO_FILTERS) -> Headline:
     """Requests, hit rate, contaminated hits, length violations, collisions, keys per identity."""
     with store.read() as con:  # one connection for the three: opening one costs as much as a small query
         out = _counts(con, filters)
         out.update(row(run(con, KEY_COUNTS_SQL, filters, whole=KEY_COUNTS_WHOLE_SQL, ranged=KEY_COUNTS_RANGE_SQL)))
         out["quarantined"] = con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
     out["keys_per_identity"] = (out["unique_keys"] / out["unique_identities"]) if out["unique_identities"] else None
-    return out
+    return Headline(**out)
 
 

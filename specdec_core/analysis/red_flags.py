@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from specdec_core.analysis.cache import key_ratio_by_deployment
-from specdec_core.analysis.overview import headline_counts
+from specdec_core.analysis.overview import HeadlineCounts, headline_counts
 from specdec_core.analysis.query import (
     NO_FILTERS,
     Filters,
@@ -116,14 +116,14 @@ JOIN requests r USING (request_id) WHERE {where}
 FIRST_SIGHT_HIT_SHARE = 0.05
 
 
-def _identical_outputs(store: Store, filters: Filters, head: dict[str, Any]) -> RedFlag:
+def _identical_outputs(store: Store, filters: Filters, head: HeadlineCounts) -> RedFlag:
     shared = one(store, SHARED_OUTPUTS_SQL, filters, whole=SHARED_OUTPUTS_WHOLE_SQL, ranged=SHARED_OUTPUTS_RANGE_SQL)
     trend = one(store, HIT_RATE_TREND_SQL, filters)
     rising = (trend["second_half"] or 0) > (trend["first_half"] or 0)
     shared_share = shared["hits_with_shared_output"] / shared["hits"] if shared["hits"] else 0.0
     return RedFlag(
         "identical_outputs", "Identical outputs although parameters differ",
-        bool(shared["shared_outputs"] > 0 and head["contaminated_hits"] > 0),
+        bool(shared["shared_outputs"] > 0 and head.contaminated_hits > 0),
         f"{shared['shared_outputs']} output texts were returned for requests that differ in more than their "
         f"draft model ({shared_share:.0%} of hits are on such outputs); hit rate {_pct(trend['first_half'])} in the "
         "first half of the window, "
@@ -157,23 +157,40 @@ def _biased_experiments(store: Store, filters: Filters) -> RedFlag:
     )
 
 
-def _impossible_lengths(head: dict[str, Any]) -> RedFlag:
+def _impossible_lengths(head: HeadlineCounts) -> RedFlag:
     return RedFlag(
-        "impossible_lengths", "Output lengths impossible for max_tokens", bool(head["length_violations"] > 0),
-        f"{head['length_violations']} requests returned more tokens than their max_tokens.",
-        {"length_violations": head["length_violations"]},
+        "impossible_lengths", "Output lengths impossible for max_tokens", bool(head.length_violations > 0),
+        f"{head.length_violations} requests returned more tokens than their max_tokens.",
+        {"length_violations": head.length_violations},
     )
 
 
-def _hit_rate_too_good(ratios: pd.DataFrame) -> RedFlag:
+# What the ceiling of a deployment's hit rate means, in one sentence for the pages.
+CEILING_MEANING = ("The ceiling is the share of a deployment's requests that repeat an identity it was already "
+                   "asked for: a correct key can hit on those only, so a hit rate above it is impossible.")
+
+
+def _hit_rate_too_good(ratios: pd.DataFrame, filters: Filters) -> RedFlag:
+    """Too good where the hit rate passes its ceiling, or where hits on never-served identities pass their
+    share; the evidence names, per deployment, only what holds. With a start of its own a time range's
+    ceiling leaves out the identities asked for before it, so there only the never-served hits (judged over
+    the whole log) count."""
     first_sight_share = ratios["first_sight_hits"] / ratios["hits"].where(ratios["hits"] > 0)
-    too_good = ratios[(ratios["hit_rate"] > ratios["max_correct_hit_rate"] + 1e-9)
-                      | (first_sight_share > FIRST_SIGHT_HIT_SHARE)]
+    above = (ratios["hit_rate"] > ratios["max_correct_hit_rate"] + 1e-9) & (filters.start is None)
+    never_served = first_sight_share > FIRST_SIGHT_HIT_SHARE
+    too_good = ratios.assign(above=above, never_served=never_served)[above | never_served]
+    evidence = []
+    for d in too_good.itertuples():
+        why = []
+        if d.above:
+            why.append(f"hit rate {d.hit_rate:.0%}, above the {d.max_correct_hit_rate:.0%} a correct key could reach")
+        if d.never_served:
+            why.append(f"{d.first_sight_hits:,} of {d.hits:,} hits ({d.first_sight_hits / d.hits:.0%}) were for an "
+                       "identity this deployment had never served before")
+        evidence.append(f"{d.deployment or '(none)'}: {'; '.join(why)}")
     return RedFlag(
         "hit_rate_too_good", "Hit rate too good for this workload", not too_good.empty,
-        "; ".join(f"{d.deployment or '(none)'}: hit rate {d.hit_rate:.0%} (a correct key could reach at most "
-                  f"{d.max_correct_hit_rate:.0%}); {d.first_sight_hits:,} of {d.hits:,} hits were for an identity "
-                  "this deployment had never served before" for d in too_good.itertuples())
+        ". ".join(evidence)
         or "Every deployment's hit rate is within what a correct key could reach, and hits are on identities "
            "seen before.",
         {"deployments": len(too_good)},
@@ -191,7 +208,7 @@ def _few_keys(ratios: pd.DataFrame) -> RedFlag:
     )
 
 
-def red_flags(store: Store, filters: Filters = NO_FILTERS, head: dict[str, Any] | None = None) -> list[RedFlag]:
+def red_flags(store: Store, filters: Filters = NO_FILTERS, head: HeadlineCounts | None = None) -> list[RedFlag]:
     """The six symptoms, in RED_FLAG_IDS order. `head` is `headline(store, filters)` when the caller has it;
     without it only the counts the flags read are asked (not the headline's distinct counts)."""
     head = head if head is not None else headline_counts(store, filters)
@@ -201,7 +218,7 @@ def red_flags(store: Store, filters: Filters = NO_FILTERS, head: dict[str, Any] 
         _replay_disagrees(store, filters),
         _biased_experiments(store, filters),
         _impossible_lengths(head),
-        _hit_rate_too_good(ratios),
+        _hit_rate_too_good(ratios, filters),
         _few_keys(ratios),
     ]
 

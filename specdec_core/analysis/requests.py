@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -11,11 +13,51 @@ from specdec_core.analysis.query import (
     Filters,
     df,
 )
+from specdec_core.contract import fields as contract
 from specdec_core.store.connection import Store
 
+# What the store found about a request's cache hit, beside its logged fields.
+HIT_SOURCE_COLUMNS = ("source_request_id", "contaminated", "differing_fields")
 
-def request_record(store: Store, request_id: str) -> dict[str, Any] | None:
-    """One logged request as a record in the contract's field names, or None."""
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One logged request: its contract fields by the contract's names, the store's own columns (fingerprint,
+    source file and line...), and whether its cache hit served another identity's output, whose."""
+
+    fields: Mapping[str, Any]
+    stored: Mapping[str, Any]
+    source_request_id: str | None
+    contaminated: bool | None
+    differing_fields: str | None
+
+    @property
+    def request_id(self) -> str:
+        return self.fields["request_id"]
+
+    @property
+    def prompt(self) -> str | None:
+        return self.fields["prompt"]
+
+    @property
+    def output_text(self) -> str:
+        return self.fields["output_text"]
+
+    def as_log_record(self) -> dict[str, Any]:
+        """The flat record replay reads: the contract's fields, the store's columns and the hit's source."""
+        return {**self.fields, **self.stored, "source_request_id": self.source_request_id,
+                "contaminated": self.contaminated, "differing_fields": self.differing_fields}
+
+    # A record reads as a log record does, by the contract's field names (the names come from its table).
+    def __getitem__(self, name: str) -> Any:
+        return self.as_log_record()[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.as_log_record().get(name, default)
+
+
+def request_record(store: Store, request_id: str) -> RequestRecord | None:
+    """One logged request, or None."""
     with store.read() as con:
         cur = con.execute(
             "SELECT r.* EXCLUDE (seed), r.seed::VARCHAR AS seed, h.source_request_id, h.contaminated, "
@@ -29,7 +71,9 @@ def request_record(store: Store, request_id: str) -> dict[str, Any] | None:
         record = dict(zip([d[0] for d in cur.description], rows[0], strict=True))
     if record["seed"] is not None:
         record["seed"] = int(record["seed"])
-    return record
+    hit = {name: record.pop(name) for name in HIT_SOURCE_COLUMNS}
+    logged = {name: record.pop(name) for name in contract.FIELD_NAMES if name in record}
+    return RequestRecord(fields=logged, stored=record, **hit)
 
 
 SUSPICIOUS_SQL = """

@@ -3,8 +3,8 @@ latency of hits and misses as a histogram, how fresh the store is."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
 
 import pandas as pd
 
@@ -105,7 +105,16 @@ def latency_histogram(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFra
 FRESHNESS_SQL = "SELECT epoch_us(max(ts)) AS newest_us, count(*) AS requests FROM requests"
 
 
-def freshness(store: Store, now: datetime | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Freshness:
+    """The newest request's time, its lag behind now in seconds (None for an empty store), the request count."""
+
+    newest: datetime | None
+    lag_seconds: float | None
+    requests: int
+
+
+def freshness(store: Store, now: datetime | None = None) -> Freshness:
     """The newest request's time and how far it lags behind now (a follow-mode ingest keeps it small).
 
     A read of the store's snapshot: it never waits for a writer.
@@ -115,4 +124,4 @@ def freshness(store: Store, now: datetime | None = None) -> dict[str, Any]:
     now = now or datetime.now(timezone.utc)
     newest = None if newest_us is None else datetime.fromtimestamp(newest_us / 1e6, tz=timezone.utc)
     lag = None if newest is None else max((now - newest).total_seconds(), 0.0)
-    return {"newest": newest, "lag_seconds": lag, "requests": int(requests)}
+    return Freshness(newest=newest, lag_seconds=lag, requests=int(requests))

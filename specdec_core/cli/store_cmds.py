@@ -171,8 +171,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     gaps = logging_gaps(store)
     if args.json:
         flags = red_flags(store, head=h)
-        print(json.dumps({**h, "red_flags": [{"id": f.id, "flagged": f.flagged, "evidence": f.evidence}
-                                             for f in flags],
+        print(json.dumps({**dataclasses.asdict(h),
+                          "red_flags": [{"id": f.id, "flagged": f.flagged, "evidence": f.evidence} for f in flags],
                           "logging_gaps": [{**dataclasses.asdict(g), "sentence": g.sentence} for g in gaps]},
                          default=str))
         return 0
@@ -181,14 +181,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return "n/a" if v is None else f"{v:.1%}"
 
     rows = [
-        ("requests", h["requests"]),
-        ("hit rate", pct(h["hit_rate"])),
-        ("contaminated hits", f"{h['contaminated_hits']} ({pct(h['contaminated_rate'])} of hits)"),
-        ("length violations", h["length_violations"]),
-        ("key collisions", h["key_collisions"]),
-        ("unique keys / identities", f"{h['unique_keys']} / {h['unique_identities']}"),
-        ("quarantined records", h["quarantined"]),
-        ("time range", f"{h['first_ts']} .. {h['last_ts']}"),
+        ("requests", h.requests),
+        ("hit rate", pct(h.hit_rate)),
+        ("contaminated hits", f"{h.contaminated_hits} ({pct(h.contaminated_rate)} of hits)"),
+        ("length violations", h.length_violations),
+        ("key collisions", h.key_collisions),
+        ("unique keys / identities", f"{h.unique_keys} / {h.unique_identities}"),
+        ("quarantined records", h.quarantined),
+        ("time range", f"{h.first_ts} .. {h.last_ts}"),
     ]
     for name, value in rows:
         print(f"{name:<26}{value}")

@@ -188,8 +188,8 @@ def classify_difference(decoder: Any, req: DecodeRequest, prod_ids: list[int], r
         and evidence["production_mean_logprob"] < evidence["replay_mean_logprob"] - 2.0)
     evidence["production_implausible"] = implausible
     message = (f"sampled request (temperature {req.temperature}) whose replay differs; production's tokens "
-               f"average log-probability {evidence['production_mean_logprob']} under this identity "
-               f"vs {evidence['replay_mean_logprob']} for the replay")
+               f"average log-probability {_num(evidence['production_mean_logprob'])} under this identity "
+               f"vs {_num(evidence['replay_mean_logprob'])} for the replay")
     if implausible:
         message += ": production's output is implausible for this request"
     return Verdict("sampled", message, evidence)
@@ -212,6 +212,10 @@ def unscored_verdict(req: DecodeRequest, diff: Any) -> Verdict:
     return Verdict("unavailable", f"the greedy replay parts from production at token {at}; whether that is a near-tie "
                    "(numerics) or a divergence needs the target's log-probabilities, which this engine does not "
                    "return", {"first_divergent_token": at})
+
+
+def _num(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.3g}"
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from functools import lru_cache
 from typing import Any
 
 from specdec_core.analysis import request_record
+from specdec_core.contract import fields as contract
 from specdec_core.contract.identity import DecodeRequest, sha256_hex
 from specdec_core.contract.result import DecodeError
 from specdec_core.replay.classify import (
@@ -105,9 +106,7 @@ def default_decoder() -> Any:
 
 
 def _request_from(record: dict[str, Any], prompt: str | None) -> DecodeRequest:
-    fields = {k: record.get(k) for k in ("prompt", "prompt_hash", "target_model", "draft_model",
-                                         "num_speculative_tokens", "temperature", "top_p", "top_k",
-                                         "max_tokens", "seed", "stop", "tokenizer_version")}
+    fields = {k: record.get(k) for k in contract.IDENTITY_INPUT}
     if fields["prompt"] is None and prompt is not None:
         if sha256_hex(prompt) != fields["prompt_hash"]:
             raise ReplayError(f"request {record['request_id']}: the prompt given hashes to {sha256_hex(prompt)}, "
@@ -142,7 +141,8 @@ def _how_to_add(missing: dict[str, str]) -> str:
 def _source_of(store: Store, record: dict[str, Any]) -> dict[str, Any] | None:
     source_id = record.get("source_request_id")
     if record.get("cache_hit") and source_id:
-        return request_record(store, source_id)
+        source = request_record(store, source_id)
+        return None if source is None else source.as_log_record()
     return None
 
 
@@ -271,7 +271,7 @@ def replay(store: Store, request_id: str, decoder: Any | None = None, *, prompt:
     record = request_record(store, request_id)
     if record is None:
         raise ReplayError(f"request_id {request_id!r} is not in {store.path}; load its log with `specdec ingest`")
-    result = replay_record(store, record, decoder or default_decoder(), prompt=prompt,
+    result = replay_record(store, record.as_log_record(), decoder or default_decoder(), prompt=prompt,
                            near_tie_margin=near_tie_margin)
     _save(store, [result])
     return result
@@ -297,7 +297,7 @@ def replay_many(store: Store, request_ids: Iterable[str], decoder: Any | None = 
         record = request_record(store, request_id)
         if record is None:
             raise ReplayError(f"request_id {request_id!r} is not in {store.path}")
-        records[request_id] = record
+        records[request_id] = record.as_log_record()
     registry = getattr(decoder, "registry", None)
     done: dict[str, ReplayResult] = {}
 

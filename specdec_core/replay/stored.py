@@ -55,6 +55,27 @@ class StoredReplay:
         against = self.proof[1]
         return None if against is None else word_diff(self.production_text, against)
 
+    def served_source(self, source_request_id: str | None) -> str | None:
+        """For a sampled request whose cache hit served another identity's output (`source_request_id`, as the
+        store found it): what it is, in words, and whether this request could have produced it too, how likely.
+        None for every other verdict, which says it already."""
+        if self.classification != "sampled" or not source_request_id:
+            return None
+        said = (f"A contaminated hit: production served the output cached by request {source_request_id}, "
+                "another identity. ")
+        own, replay = self.evidence.get("production_mean_logprob"), self.evidence.get("replay_mean_logprob")
+        if self.evidence.get("production_impossible_tokens"):
+            return said + "This request could not have produced it: some of its tokens are impossible here."
+        if own is None or replay is None:
+            return said + "Whether this request could have produced it too can't be scored here."
+        ratio = math.exp(replay - own)
+        if self.evidence.get("production_implausible"):
+            return said + (f"This request could hardly have produced it: each token is about {ratio:,.0f} times "
+                           "less likely under its identity than its own replay's tokens.")
+        closeness = "as likely as" if ratio < 1.5 else f"about {ratio:.1f} times less likely than"
+        return said + (f"This request could have produced it too, by sampling: its tokens are {closeness} "
+                       "the replay's own, per token, under this request's identity.")
+
 
 STORED_REPLAY_SQL = """
 SELECT replay_id, request_id, replayed_at, classification, production_text, replay_text, source_request_id,

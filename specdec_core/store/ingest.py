@@ -63,6 +63,11 @@ class IngestResult:
     skipped: int = 0
     formats: tuple[tuple[str, str], ...] = ()  # (file, the format it was read as)
 
+    @property
+    def all_quarantined(self) -> bool:
+        """Records were read and every one broke the contract: a failed load, not a small one."""
+        return self.quarantined > 0 and self.accepted == 0 and self.duplicates == 0
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["formats"] = dict(self.formats)

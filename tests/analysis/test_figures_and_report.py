@@ -76,13 +76,13 @@ def incident(tmp_path_factory):
 
 def test_headline_numbers(incident):
     h = metrics.headline(incident)
-    assert h["requests"] == 14
-    assert h["hits"] == 9
-    assert h["hit_rate"] == pytest.approx(9 / 14)
-    assert h["contaminated_hits"] == 4
-    assert h["contaminated_rate"] == pytest.approx(4 / 9)
-    assert h["length_violations"] == 1
-    assert h["key_collisions"] == 1
+    assert h.requests == 14
+    assert h.hits == 9
+    assert h.hit_rate == pytest.approx(9 / 14)
+    assert h.contaminated_hits == 4
+    assert h.contaminated_rate == pytest.approx(4 / 9)
+    assert h.length_violations == 1
+    assert h.key_collisions == 1
 
 
 def test_contaminated_hits_name_their_source_and_differing_fields(incident):
@@ -130,16 +130,16 @@ def test_acceptance_rate_and_mean_accepted_length(incident):
 
 def test_filters_narrow_every_number_and_injection_is_data(incident):
     canary = metrics.headline(incident, Filters(deployments=("canary",)))
-    assert (canary["requests"], canary["hits"], canary["contaminated_hits"]) == (1, 0, 0)
+    assert (canary.requests, canary.hits, canary.contaminated_hits) == (1, 0, 0)
     window = Filters(start=datetime(2026, 3, 1, 10, 5, tzinfo=timezone.utc),
                      end=datetime(2026, 3, 1, 10, 7, tzinfo=timezone.utc))
-    assert metrics.headline(incident, window)["contaminated_hits"] == 2  # h5, h6
-    assert metrics.headline(incident, Filters(draft_models=("d2",)))["contaminated_hits"] == 1
+    assert metrics.headline(incident, window).contaminated_hits == 2  # h5, h6
+    assert metrics.headline(incident, Filters(draft_models=("d2",))).contaminated_hits == 1
     canary_flags = {f.id: f.flagged for f in metrics.red_flags(incident, Filters(deployments=("canary",)))}
     assert canary_flags["impossible_lengths"] is False and canary_flags["few_keys"] is False
     injected = Filters(deployments=("x' OR 1=1 --",), target_models=("'; DROP TABLE requests; --",))
-    assert metrics.headline(incident, injected)["requests"] == 0
-    assert metrics.headline(incident)["requests"] == 14
+    assert metrics.headline(incident, injected).requests == 0
+    assert metrics.headline(incident).requests == 14
 
 
 def test_red_flags_fire_on_the_incident(incident):

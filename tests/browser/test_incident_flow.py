@@ -148,3 +148,30 @@ def test_screenshots_of_every_page(browser, demo_db, tmp_path, width, height):
             page.screenshot(path=SCREENSHOTS / f"{name}-{width}x{height}.png")
         assert page.dialogs == []
         page.context.close()
+
+
+def test_a_replay_puts_its_permanent_link_in_the_address_bar_and_a_batch_shows_first(browser, foreign_server):
+    url, _, _, _ = foreign_server
+    page = new_page(browser)
+    page.goto(f"{url}/replay?request_id=h1")
+    heading(page, "Replay")
+    button = page.get_by_role("button", name="Replay with the full identity")
+    button.click()
+    expect(metric(page, "Classification")).to_have_text("foreign", timeout=60_000)
+    expect(page).to_have_url(re.compile(r"replay_id=[0-9a-f]{32}"), timeout=30_000)
+    replay_id = re.search(r"replay_id=([0-9a-f]{32})", page.url).group(1)
+    page.reload()
+    expect(metric(page, "Classification")).to_have_text("foreign", timeout=30_000)
+    expect(page.get_by_text(f"replay id {replay_id}")).to_be_visible()
+
+    page.goto(f"{url}/replay?request_id=h1")
+    heading(page, "Replay")
+    page.get_by_role("spinbutton", name="How many suspicious requests").fill("2")
+    page.get_by_role("button", name="Replay batch").click()
+    expect(metric(page, "Classification")).to_have_text("foreign", timeout=90_000)
+    # The batch (a batch of one shows its replay in full) comes before the single-request form.
+    done = metric(page, "Classification")
+    request_box = page.get_by_role("textbox", name="Request id")
+    assert done.bounding_box()["y"] < request_box.bounding_box()["y"]
+    assert page.get_by_role("heading", name="Batch replay").bounding_box()["y"] < request_box.bounding_box()["y"]
+    page.context.close()

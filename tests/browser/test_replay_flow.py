@@ -131,7 +131,7 @@ def test_ticks_follow_requests_and_replay_selected_replays_them(browser, server)
     page.get_by_role("button", name="Replay 3 selected").click()
     heading(page, "Replay")
     expect(page.get_by_text("Batch: 3 of 3 replayed")).to_be_visible(timeout=120_000)
-    batch = page.get_by_test_id("stDataFrame").filter(has_text="classification").first
+    batch = page.get_by_test_id("stDataFrame").filter(has_text="verdict").first
     # The grid draws on a canvas; its accessible table holds the cells' text.
     for n in (1, 2, 4):
         expect(batch).to_contain_text(hit_id(n))
@@ -209,7 +209,7 @@ def test_clicking_a_bar_lists_its_rows_and_dragging_sets_the_time_range(browser,
     page.mouse.move(x, y)
     expect(page.locator(".js-plotly-plot .hoverlayer .hovertext").first).to_be_visible(timeout=30_000)
     page.mouse.click(x, y)
-    listed = page.get_by_text(re.compile(r"^1 contaminated hits from 2026-03-01 10:0\d:00 UTC"))
+    listed = page.get_by_text(re.compile(r"^1 contaminated hit from 2026-03-01 10:0\d:00 UTC"))
     expect(listed).to_be_visible(timeout=30_000)
     # Its rows: a table above the editor (the grid's accessible cells hold the text), linked to replay pages.
     tables = page.get_by_test_id("stDataFrame")

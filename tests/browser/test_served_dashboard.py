@@ -101,12 +101,12 @@ def test_overview_then_mismatches_in_a_browser(tmp_path, page):
         expect(page.get_by_role("heading", level=1, name="Overview")).to_be_visible(timeout=30_000)
         expect(metric(page, "Contaminated hits").first).to_have_text("2", timeout=30_000)
         expect(metric(page, "Requests")).to_have_text("6")
-        expect(page.get_by_text("contaminated hits since").first).to_contain_text("2026-03-01 10:02:00 UTC")
+        expect(page.get_by_text("contaminated hits, since").first).to_contain_text("2026-03-01 10:02:00 UTC")
         expect(page.get_by_text("Few unique cache keys for many unique identities")).to_be_visible()
         SCREENSHOTS.mkdir(exist_ok=True)
         page.screenshot(path=SCREENSHOTS / "overview.png", full_page=True)
 
-        page.get_by_test_id("stSidebarNav").get_by_text("Mismatches", exact=True).click()
+        page.get_by_test_id("stSidebar").get_by_role("link", name="Mismatches", exact=True).click()
         expect(page.get_by_role("heading", level=1, name="Mismatches")).to_be_visible(timeout=30_000)
         table = page.get_by_test_id("stDataFrame").first
         expect(table).to_be_visible(timeout=30_000)
@@ -141,7 +141,7 @@ def test_html_in_logs_shows_as_text_in_a_browser(tmp_path, page):
         assert page.locator("main img[src='x']").count() == 0
         assert page.locator("main b", has_text="bold").count() == 0
         assert page.locator("main script", has_text="alert(1)").count() == 0
-        page.get_by_test_id("stSidebarNav").get_by_text("Overview", exact=True).click()
+        page.get_by_test_id("stSidebar").get_by_role("link", name="Overview", exact=True).click()
         expect(metric(page, "Contaminated hits").first).to_have_text("1", timeout=30_000)
         expect(page.get_by_text("Few unique cache keys for many unique identities")).to_be_visible()
         page.screenshot(path=SCREENSHOTS / "html-in-logs.png", full_page=True)

@@ -231,7 +231,7 @@ def test_live_shows_the_newest_request_and_its_lag(monkeypatch, incident_db):
     [live] = [c for c in texts(at, "caption") if c.startswith("Live")]
     assert "2026-03-01 10:06:00 UTC" in live and "lag" in live
     fresh = analysis.freshness(Store(incident_db))
-    assert fresh["requests"] == 6 and fresh["lag_seconds"] > 0
+    assert fresh.requests == 6 and fresh.lag_seconds > 0
 
 
 def test_a_stand_in_batch_job_can_be_cancelled_between_requests(monkeypatch, incident_db):
@@ -241,3 +241,30 @@ def test_a_stand_in_batch_job_can_be_cancelled_between_requests(monkeypatch, inc
     job.wait(10)
     assert job.finished and job.done <= 2 and len(calls) == job.done
     assert re.match(r"(cancelled|finished)", job.stage)
+
+
+def test_an_upload_whose_every_record_is_quarantined_is_an_error_naming_the_file(monkeypatch, tmp_path):
+    at = open_app(monkeypatch, tmp_path / "uploaded.duckdb")
+    broken = [{"request_id": "b1", "ts": "2026-03-01T10:00:00Z"}, {"request_id": "b2", "ts": "not a time"}]
+    [uploader] = [u for u in at.sidebar.get("file_uploader") if u.key == "uploads"]
+    uploader.set_value(("broken.jsonl", "\n".join(json.dumps(r) for r in broken).encode(), "application/json"))
+    at.run()
+    [b for b in at.sidebar.button if b.label == "Load uploads"][0].click().run()
+    assert any(e.startswith("Nothing loaded: all 2 records") for e in texts(at, "error"))
+    assert not [p for p in at.sidebar.get("progress") if "Loaded" in str(p.proto)]
+    quarantined = [d.value for d in at.sidebar.dataframe][0]
+    assert set(quarantined.source_file) == {"broken.jsonl"}
+    assert all(len(reason) > 10 for reason in quarantined.reason)
+
+
+def test_hit_rate_over_time_is_smoothed_by_default_and_axes_say_buckets_in_words(monkeypatch, incident_db):
+    import ui
+
+    at = open_app(monkeypatch, incident_db, "cache")
+    assert at.select_slider(key="hit_rate_smoothing").value == 5
+    spec = figure(at, "hit_rate_over_time")
+    assert all("markers" not in t.get("mode", "lines") for t in spec["data"]), "smoothed lines, no combs of dots"
+    assert spec["layout"]["xaxis"]["title"]["text"] == "time (UTC, 1-minute buckets)"
+    assert (ui.bucket_words("5 minutes"), ui.bucket_words("1 hour")) == ("5-minute buckets", "1-hour buckets")
+    assert (ui.plural(1, "contaminated hit"), ui.plural(2, "contaminated hit")) == (
+        "1 contaminated hit", "2 contaminated hits")

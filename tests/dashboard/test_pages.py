@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from datetime import datetime, timedelta, timezone
@@ -16,13 +17,13 @@ from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
-from specdec_core.analysis import Filters, report
+from specdec_core.analysis import Filters, differing_identity_columns, report
 from specdec_core.replay import jobs
 from specdec_core.store.connection import Store
 from specdec_core.store.ingest import ingest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # ui.py sits beside app.py, which is not a package
+sys.path.insert(0, str(ROOT))  # the ui package sits beside app.py, which is not a package
 import ui  # noqa: E402
 
 APP = ROOT / "app.py"
@@ -156,9 +157,9 @@ def test_overview_shows_the_headline_numbers(monkeypatch, incident_db):
 
 def test_overview_says_where_and_since_when_contamination_started(monkeypatch, incident_db):
     at = open_app(monkeypatch, incident_db)
-    window = [m for m in texts(at, "markdown") if "contaminated hits since" in m]
-    assert window == ["**prod**: 2 contaminated hits since **2026-03-01 10:02:00 UTC**, "
-                      "the last at 2026-03-01 10:03:00 UTC."]
+    window = [markdown_unescape(m) for m in texts(at, "markdown") if "contaminated hit" in m]
+    assert window == ["**prod**: 2 contaminated hits, since 2026-03-01 10:02:00 UTC; still going: the newest "
+                      "request (2026-03-01 10:03:00 UTC) is one."]
 
 
 def test_overview_lists_the_six_red_flags_with_links_to_their_pages(monkeypatch, incident_db):
@@ -402,6 +403,10 @@ def test_keys_page_shows_the_identities_behind_a_shared_key(monkeypatch, inciden
     assert list(identities.requests) == [2, 1, 1] and list(identities.hits) == [1, 1, 1]
     assert list(identities.max_tokens) == [64, 16, 2]
     assert list(identities.first_seen.dt.strftime("%H:%M")) == ["10:00", "10:02", "10:03"]
+    differing = differing_identity_columns(identities)
+    assert "max_tokens" in differing and list(identities.columns)[:len(differing)] == differing, "in view first"
+    chart = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert not chart["layout"]["yaxis"].get("title", {}).get("text"), "no side title over the keys' labels"
 
 
 def test_replay_page_shows_the_logged_request_from_a_link(monkeypatch, incident_db):
@@ -475,8 +480,8 @@ def test_replay_shows_both_outputs_the_diff_and_the_source_for_a_foreign_output(
     assert [(c[0], c[1], getattr(c[2], "_inner", c[2]), c[3]) for c in calls] == [("replay", "r3", "decoder", None)]
     shown = metrics_of(at.main)
     assert shown["Classification"] == "foreign"
-    assert (shown["Common prefix (tokens)"], shown["Similarity"], shown["Acceptance rate (replay)"]) == (
-        "1", "50.0%", "75.0%")
+    similarity = shown["Similarity to this request's replay"]
+    assert (shown["Common prefix (tokens)"], similarity, shown["Acceptance rate (replay)"]) == ("1", "50.0%", "75.0%")
     assert texts(at, "code")[2:] == ["An output.", "An <b>other</b> output.", "An output."]
     # A foreign output is diffed against the source's replay, the one that proves the cause.
     [heading] = [m for m in texts(at, "markdown") if m.startswith("**Word diff")]
@@ -586,7 +591,7 @@ def test_html_in_logs_renders_as_its_characters(monkeypatch, html_db):
     stand_in_replay_module(monkeypatch)
     at = open_app(monkeypatch, html_db)
     assert_inert(at)
-    window = [m for m in texts(at, "markdown") if "contaminated hits since" in m]
+    window = [m for m in texts(at, "markdown") if "contaminated hit" in m]
     assert markdown_unescape(window[0]).startswith(f"**{HTML_DEPLOYMENT}**: 1 contaminated")
     arms = [c for c in texts(at, "caption") if "Arms served" in c]
     assert HTML_MODEL in markdown_unescape(arms[0])
@@ -614,7 +619,9 @@ def test_html_in_logs_renders_as_its_characters(monkeypatch, html_db):
 
 
 def test_app_and_pages_never_allow_html():
-    sources = [APP, ROOT / "ui.py", *sorted((ROOT / "pages").glob("*.py"))]
+    shared = sorted((ROOT / "ui").glob("*.py"))
+    assert {p.name for p in shared} >= {"state.py", "access.py", "format.py", "charts.py"}
+    sources = [APP, *shared, *sorted((ROOT / "pages").glob("*.py"))]
     for source in sources:
         text = source.read_text()
         assert "unsafe_allow_html" not in text and "st.html" not in text, source

@@ -49,7 +49,7 @@ def test_replaying_a_contaminated_hit_proves_its_foreign_source(monkeypatch, for
     assert not at.exception, [e.value for e in at.exception]
     shown = metrics_of(at.main)
     assert shown["Classification"] == "foreign"
-    assert shown["Similarity"] != "–"
+    assert shown["Similarity to this request's replay"] != "–"
     production, replayed, source = texts(at, "code")[2:5]
     assert (production, replayed, source) == (outputs[24].text, outputs[6].text, outputs[24].text)
     [history] = [d.value for d in at.dataframe if "replay_id" in d.value]

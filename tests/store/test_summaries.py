@@ -52,7 +52,7 @@ def _ts(store: Store, n: int) -> datetime:
 
 def _filters(store: Store) -> dict[str, Filters]:
     options = metrics.filter_options(store)
-    deployments, targets, drafts = options["deployments"], options["target_models"], options["draft_models"]
+    deployments, targets, drafts = options.deployments, options.target_models, options.draft_models
     return {
         "none": Filters(),
         "deployment": Filters(deployments=(deployments[-1],)),
@@ -121,7 +121,7 @@ def test_filter_options_come_from_the_summary_alike(store):
     with summary.from_rows():
         expected = metrics.filter_options(store)
     assert metrics.filter_options(store) == expected
-    assert "" in expected["deployments"] and "none" in expected["draft_models"]
+    assert "" in expected.deployments and "none" in expected.draft_models
 
 
 def test_summaries_answer_when_ready_and_rows_otherwise(store, tmp_path):
@@ -132,10 +132,10 @@ def test_summaries_answer_when_ready_and_rows_otherwise(store, tmp_path):
     con = duckdb.connect(str(copy.path))
     con.execute("UPDATE summary_minute SET requests = requests + 1000 WHERE rowid = 0")
     con.close()
-    real = metrics.headline(store)["requests"]
-    assert metrics.headline(copy)["requests"] == real + 1000
+    real = metrics.headline(store).requests
+    assert metrics.headline(copy).requests == real + 1000
     with summary.from_rows():
-        assert metrics.headline(copy)["requests"] == real
+        assert metrics.headline(copy).requests == real
     # Summaries of another version: a read refuses (it never writes); migrate rebuilds, dropping the planted count.
     release_snapshots()
     con = duckdb.connect(str(copy.path))
@@ -146,7 +146,7 @@ def test_summaries_answer_when_ready_and_rows_otherwise(store, tmp_path):
         metrics.headline(copy)
     assert copy.path.read_bytes() == before
     assert migrate(copy) == ["rejudged hits and rebuilt summaries"]
-    assert metrics.headline(copy)["requests"] == real
+    assert metrics.headline(copy).requests == real
     with copy.read() as con:
         assert summary.ready(con)
     assert migrate(copy) == []  # nothing left to do
@@ -194,9 +194,9 @@ def test_a_store_from_an_older_version_is_brought_up_to_date_by_migrate(store, t
 def test_a_later_ingest_rebuilds_the_summaries(tmp_path):
     s = Store(tmp_path / "two.duckdb")
     ingest(s, [str(write_jsonl(tmp_path / "a.jsonl", [rec("m1", ts="2026-03-01T10:00:00Z", cache_key="K")]))])
-    assert metrics.headline(s)["contaminated_hits"] == 0
+    assert metrics.headline(s).contaminated_hits == 0
     later = [rec("h1", ts="2026-03-01T10:00:30Z", cache_key="K", cache_hit=True, max_tokens=99)]
     ingest(s, [str(write_jsonl(tmp_path / "b.jsonl", later))])
     head = metrics.headline(s)
-    assert (head["requests"], head["hits"], head["contaminated_hits"]) == (2, 1, 1)
+    assert (head.requests, head.hits, head.contaminated_hits) == (2, 1, 1)
     assert list(metrics.contaminated_hits(s)["source_request_id"]) == ["m1"]

@@ -1,0 +1,188 @@
+"""Since when, is it over, and what changed: the contamination's bounds per deployment, read against the
+log's own bounds, and the deployments whose cache key changed scheme (the fix, as the data shows it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from itertools import pairwise
+
+import pandas as pd
+
+from specdec_core.analysis.contamination import contamination_window
+from specdec_core.analysis.query import NO_FILTERS, Filters, df
+from specdec_core.store.connection import Store
+
+# A contamination is over when the clean stretch after its last hit is both this long and this many times
+# its usual gap between contaminated hits: a quiet minute inside a busy incident is no end.
+CLEAN_AT_LEAST = timedelta(minutes=5)
+CLEAN_GAPS = 10
+# A deployment's key scheme is counted only with this many requests under it: a stray key is no scheme.
+SCHEME_MIN_REQUESTS = 10
+# Old-shape keys may trail the new shape by this much (in-flight requests) and still count as stopped.
+SCHEME_OVERLAP = timedelta(minutes=5)
+
+
+def fmt_time(ts: datetime) -> str:
+    """The one timestamp format of what the analysis says in words (the dashboard's own)."""
+    return ts.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def fmt_span(span: timedelta) -> str:
+    """A duration in words: '2 h 07 min', '12 min', '40 s'."""
+    seconds = int(span.total_seconds())
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    return f"{minutes} min" if minutes else f"{secs} s"
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n:,} {one if n == 1 else (many or one + 's')}"
+
+
+@dataclass(frozen=True)
+class ContaminationStatus:
+    """One deployment's contaminated hits, and where they stand in what was logged of it."""
+
+    deployment: str
+    contaminated_hits: int
+    first_contaminated: datetime
+    last_contaminated: datetime
+    logs_begin: datetime  # the deployment's first request in the selection
+    logs_end: datetime  # and its last
+    range_starts_at_filter: bool  # the selection has a start of its own: it, not the log, begins there
+
+    @property
+    def usual_gap(self) -> timedelta:
+        """The mean time between contaminated hits (a minute when there is only one)."""
+        if self.contaminated_hits < 2:
+            return timedelta(minutes=1)
+        return (self.last_contaminated - self.first_contaminated) / (self.contaminated_hits - 1)
+
+    @property
+    def under_way_at_start(self) -> bool:
+        """The first hit comes sooner after the logs begin than the hits usually come: nothing says the
+        contamination started then rather than before."""
+        return self.first_contaminated - self.logs_begin <= self.usual_gap
+
+    @property
+    def clean_for(self) -> timedelta:
+        return self.logs_end - self.last_contaminated
+
+    @property
+    def over(self) -> bool:
+        return self.clean_for >= max(CLEAN_AT_LEAST, CLEAN_GAPS * self.usual_gap)
+
+    @property
+    def sentence(self) -> str:
+        what = plural(self.contaminated_hits, "contaminated hit")
+        if self.under_way_at_start:
+            begin = "this time range begins" if self.range_starts_at_filter else "the logs begin"
+            since = (f"already under way when {begin} ({fmt_time(self.logs_begin)}; the first logged at "
+                     f"{fmt_time(self.first_contaminated)})")
+        else:
+            since = f"since {fmt_time(self.first_contaminated)}"
+        if self.over:
+            end = f"none since {fmt_time(self.last_contaminated)}: {fmt_span(self.clean_for)} clean"
+        elif self.clean_for < timedelta(seconds=1):
+            end = f"still going: the newest request ({fmt_time(self.last_contaminated)}) is one"
+        else:
+            end = (f"still going: the last at {fmt_time(self.last_contaminated)}, "
+                   f"{fmt_span(self.clean_for)} before the newest request")
+        return f"{what}, {since}; {end}."
+
+
+LOGGED_SPAN_SQL = """
+SELECT coalesce(r.deployment, '') AS deployment, min(r.ts) AS logs_begin, max(r.ts) AS logs_end
+FROM requests r WHERE {where} GROUP BY ALL
+"""
+LOGGED_SPAN_MINUTE_SQL = """
+SELECT c.deployment, min(c.first_ts) AS logs_begin, max(c.last_ts) AS logs_end FROM {source} c GROUP BY ALL
+"""
+
+
+def contamination_status(store: Store, filters: Filters = NO_FILTERS) -> list[ContaminationStatus]:
+    """Per deployment with contaminated hits, ordered by its first: since when, and whether it is over."""
+    window = contamination_window(store, filters)
+    if window.empty:
+        return []
+    spans = df(store, LOGGED_SPAN_SQL, filters, minute=LOGGED_SPAN_MINUTE_SQL).set_index("deployment")
+    out = []
+    for w in window.itertuples():
+        span = spans.loc[w.deployment]
+        out.append(ContaminationStatus(
+            deployment=w.deployment, contaminated_hits=int(w.contaminated_hits),
+            first_contaminated=pd.Timestamp(w.first_contaminated).to_pydatetime(),
+            last_contaminated=pd.Timestamp(w.last_contaminated).to_pydatetime(),
+            logs_begin=pd.Timestamp(span.logs_begin).to_pydatetime(),
+            logs_end=pd.Timestamp(span.logs_end).to_pydatetime(),
+            range_starts_at_filter=filters.start is not None,
+        ))
+    return sorted(out, key=lambda s: (s.first_contaminated, s.deployment))
+
+
+# --- key-scheme changes ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KeySchemeChange:
+    """A deployment's cache keys changed shape: keys of the old prefix stop, keys of the new one start."""
+
+    deployment: str
+    ts: datetime  # the first key of the new shape
+    old_prefix: str
+    new_prefix: str
+    old_last: datetime  # the last key of the old shape
+
+    @property
+    def label(self) -> str:
+        """Short, for a chart: the prefixes are in `sentence`."""
+        return f"{self.deployment or '(none)'}: key scheme changed"
+
+    @property
+    def sentence(self) -> str:
+        return (f"{self.deployment or '(none)'}: keys changed from {self.old_prefix}:... (the last at "
+                f"{fmt_time(self.old_last)}) to {self.new_prefix}:... from {fmt_time(self.ts)}.")
+
+
+# A key's shape is all but its last ':'-separated part (the digest): `edge-b-v1:model_prompt:9f2c...` has
+# the shape `edge-b-v1:model_prompt`. Keys without a ':' have no shape to compare.
+KEY_SHAPES_SQL = """
+WITH keys AS (  -- each distinct key once: the shape is cut from a few thousand strings, not every request's
+    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, count(*) AS requests, min(r.ts) AS first_ts,
+           max(r.ts) AS last_ts
+    FROM requests r WHERE {where} AND contains(r.cache_key, ':') GROUP BY ALL
+)
+SELECT deployment, left(cache_key, length(cache_key) - strpos(reverse(cache_key), ':')) AS prefix,
+       sum(requests) AS requests, min(first_ts) AS first_ts, max(last_ts) AS last_ts
+FROM keys GROUP BY ALL ORDER BY deployment, first_ts
+"""
+
+
+# Without a time range: from summary_keys, which holds each key's requests and first and last use already.
+KEY_SHAPES_WHOLE_SQL = """
+WITH keys AS (
+    SELECT c.deployment, c.cache_key, sum(c.requests) AS requests, min(c.first_seen) AS first_ts,
+           max(c.last_seen) AS last_ts
+    FROM summary_keys c WHERE {dims} AND contains(c.cache_key, ':') GROUP BY ALL
+)
+SELECT deployment, left(cache_key, length(cache_key) - strpos(reverse(cache_key), ':')) AS prefix,
+       sum(requests) AS requests, min(first_ts) AS first_ts, max(last_ts) AS last_ts
+FROM keys GROUP BY ALL ORDER BY deployment, first_ts
+"""
+
+
+def key_scheme_changes(store: Store, filters: Filters = NO_FILTERS) -> list[KeySchemeChange]:
+    """Each deployment's key-scheme changes: a new shape whose keys begin as the previous shape's stop."""
+    shapes = df(store, KEY_SHAPES_SQL, filters, whole=KEY_SHAPES_WHOLE_SQL)
+    shapes = shapes[shapes.requests >= SCHEME_MIN_REQUESTS]
+    changes = []
+    for deployment, rows in shapes.groupby("deployment", sort=True):
+        ordered = list(rows.sort_values("first_ts").itertuples())
+        for old, new in pairwise(ordered):
+            old_last = pd.Timestamp(old.last_ts).to_pydatetime()
+            started = pd.Timestamp(new.first_ts).to_pydatetime()
+            if old_last <= started + SCHEME_OVERLAP:
+                changes.append(KeySchemeChange(str(deployment), started, old.prefix, new.prefix, old_last))
+    return sorted(changes, key=lambda c: (c.ts, c.deployment))

@@ -1,0 +1,131 @@
+"""Issue #44 on the demo incident in a real headless Chromium: one history entry per view and Back restoring
+it, time charts spanning the filtered range, chart labels that don't overlap. One served dashboard for all."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import Page, expect
+from test_incident_flow import new_page, settle
+from test_served_dashboard import ROOT, browser, dashboard  # noqa: F401
+
+from specdec_core.store.connection import Store
+from specdec_core.store.ingest import ingest
+
+pytestmark = pytest.mark.browser
+HOUR = "start=2026-11-20T09:00:00Z&end=2026-11-20T10:00:00Z"
+HOUR_CAPTION = "2026-11-20 09:00:00 UTC to 2026-11-20 10:00:00 UTC"
+
+
+@pytest.fixture(scope="module")
+def demo_url(tmp_path_factory, browser):
+    folder = tmp_path_factory.mktemp("glance")
+    db = folder / "demo.duckdb"
+    ingest(Store(db), [str(ROOT / "data" / "demo" / "requests.jsonl.gz")])
+    with dashboard(db, folder / "streamlit.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def desk(browser, demo_url) -> Page:
+    page = new_page(browser)
+    yield page
+    page.context.close()
+
+
+def open_view(page: Page, title: str) -> None:
+    page.get_by_test_id("stSidebar").get_by_role("link", name=title, exact=True).click()
+    expect(page.get_by_role("heading", level=1, name=title)).to_be_visible(timeout=30_000)
+    settle(page)
+
+
+def time_caption(page: Page):
+    return page.get_by_test_id("stSidebar").get_by_text(" UTC to ")
+
+
+def test_each_view_is_one_history_entry_and_back_restores_page_and_filters(desk, demo_url):
+    desk.goto(f"{demo_url}/?{HOUR}")
+    expect(desk.get_by_role("heading", level=1, name="Overview")).to_be_visible(timeout=30_000)
+    settle(desk)
+    before = desk.evaluate("history.length")
+    open_view(desk, "Cache")
+    open_view(desk, "Keys")
+    assert desk.evaluate("history.length") == before + 2
+    desk.go_back()
+    expect(desk.get_by_role("heading", level=1, name="Cache")).to_be_visible(timeout=30_000)
+    expect(time_caption(desk)).to_have_text(HOUR_CAPTION, timeout=30_000)
+    assert "start=" in desk.url and "end=" in desk.url
+    desk.go_back()
+    expect(desk.get_by_role("heading", level=1, name="Overview")).to_be_visible(timeout=30_000)
+    expect(time_caption(desk)).to_have_text(HOUR_CAPTION, timeout=30_000)
+
+
+def test_back_restores_the_search_query_and_the_annotations(desk, demo_url):
+    desk.goto(f"{demo_url}/search?{HOUR}")
+    expect(desk.get_by_role("heading", level=1, name="Search")).to_be_visible(timeout=30_000)
+    box = desk.get_by_role("textbox", name="Find requests whose prompt or output contains")
+    box.fill("engineer")
+    box.press("Enter")
+    expect(desk.get_by_text("requests match")).to_be_visible(timeout=30_000)
+    sidebar = desk.get_by_test_id("stSidebar")
+    sidebar.get_by_text("Annotations").click()
+    notes = sidebar.get_by_role("textbox", name="One per line: time, deployment, label")
+    notes.fill("2026-11-20T09:30:00Z, , rollback")
+    notes.press("Control+Enter")
+    settle(desk)
+    open_view(desk, "Overview")
+    desk.go_back()
+    expect(desk.get_by_role("heading", level=1, name="Search")).to_be_visible(timeout=30_000)
+    expect(box).to_have_value("engineer", timeout=30_000)
+    expect(notes).to_have_value("2026-11-20T09:30:00Z, , rollback")
+    expect(time_caption(desk)).to_have_text(HOUR_CAPTION)
+
+
+# The x range and the label boxes of each time chart (time_chart marks its charts in their layout's meta).
+TIME_CHARTS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')]
+    .filter(gd => gd.layout && gd.layout.meta && gd.layout.meta.specdec_click_selects)
+    .map(gd => ({
+        ranges: Object.keys(gd._fullLayout).filter(k => /^xaxis\\d*$/.test(k)).map(k => gd._fullLayout[k].range),
+        labels: [...gd.querySelectorAll('g.annotation')].map(a => {
+            const r = a.getBoundingClientRect();
+            return {text: a.textContent, left: r.left, right: r.right, top: r.top, bottom: r.bottom};
+        }).filter(b => b.right > b.left)
+    }))"""
+
+
+def time_charts(page: Page, path: str, url: str) -> list[dict]:
+    page.goto(f"{url}/{path}")
+    expect(page.get_by_role("heading", level=1)).to_be_visible(timeout=30_000)
+    settle(page)
+    expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible(timeout=30_000)
+    return page.evaluate(TIME_CHARTS_JS)
+
+
+def minutes(text: str) -> float:
+    """A plotly date-axis end ('2026-11-20 07:57:30.5') as minutes after 2026-11-20 00:00."""
+    clock = text.split(" ")[1].split(":")
+    return int(clock[0]) * 60 + int(clock[1]) + float(clock[2] if len(clock) > 2 else 0) / 60
+
+
+@pytest.mark.parametrize("size", [(1440, 900), (390, 844)])
+def test_time_charts_span_the_range_and_their_labels_never_overlap(browser, demo_url, size):
+    page = new_page(browser, *size)
+    seen = 0
+    for path in ("", "mismatches", "cache"):
+        for chart in time_charts(page, path, demo_url):
+            seen += 1
+            for low, high in chart["ranges"]:
+                # The demo runs 08:00:03 to 13:59:33: no axis starts an hour early or ends at the last
+                # contaminated hit (11:52:57); half a bucket (at most 2.5 min) of room on each side.
+                assert 8 * 60 - 3 <= minutes(low) <= 8 * 60, (path, low)
+                assert 14 * 60 - 1 <= minutes(high) <= 14 * 60 + 3, (path, high)
+            boxes = chart["labels"]
+            for n, a in enumerate(boxes):
+                for b in boxes[n + 1:]:
+                    apart = a["right"] <= b["left"] or b["right"] <= a["left"] or \
+                        a["bottom"] <= b["top"] or b["bottom"] <= a["top"]
+                    assert apart, (path, size, a["text"], b["text"])
+            if path == "mismatches":
+                texts = [b["text"] for b in boxes]
+                assert "edge-b: key scheme changed" in texts and "edge-a: key scheme changed" in texts
+    assert seen >= 3
+    page.context.close()
