@@ -140,7 +140,7 @@ import sys
 import prometheus_client
 from specdec_core.analysis import headline
 from specdec_core.store import Store
-print(headline(Store(sys.argv[1]))["requests"])
+print(headline(Store(sys.argv[1])).requests)
 """
 
 

@@ -110,12 +110,12 @@ def test_scraped_figures_equal_stats_and_the_overview(tmp_path):
             else:
                 with path():
                     h = headline(store, Filters(deployments=(dep,)))
-            assert total(m["specdec_requests_total"], deployment=dep) == h["requests"]
-            assert total(m["specdec_contaminated_hits_total"], deployment=dep) == h["contaminated_hits"]
-            assert total(m["specdec_length_violations_total"], deployment=dep) == h["length_violations"]
-            assert total(m["specdec_key_collisions"], deployment=dep) == h["key_collisions"]
-            assert total(m["specdec_cache_keys"], deployment=dep) == h["unique_keys"]
-            assert total(m["specdec_identities"], deployment=dep) == h["unique_identities"]
+            assert total(m["specdec_requests_total"], deployment=dep) == h.requests
+            assert total(m["specdec_contaminated_hits_total"], deployment=dep) == h.contaminated_hits
+            assert total(m["specdec_length_violations_total"], deployment=dep) == h.length_violations
+            assert total(m["specdec_key_collisions"], deployment=dep) == h.key_collisions
+            assert total(m["specdec_cache_keys"], deployment=dep) == h.unique_keys
+            assert total(m["specdec_identities"], deployment=dep) == h.unique_identities
     assert total(m["specdec_contaminated_hits_total"], deployment="good") == 0  # pre-created at 0
     # Each contaminated hit once per differing field: greedy hits differ in no sampling field.
     assert total(m["specdec_contaminated_hit_fields_total"], deployment="narrow", field="temperature") == 3
