@@ -3,6 +3,8 @@ it, time charts spanning the filtered range, chart labels that don't overlap. On
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from playwright.sync_api import Page, expect
 from test_incident_flow import new_page, settle
@@ -97,7 +99,11 @@ def time_charts(page: Page, path: str, url: str) -> list[dict]:
     expect(page.get_by_role("heading", level=1)).to_be_visible(timeout=30_000)
     settle(page)
     expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible(timeout=30_000)
-    return page.evaluate(TIME_CHARTS_JS)
+    # Every page drawn here has a time chart; on a loaded machine it may come after the first plot.
+    deadline = time.monotonic() + 30
+    while not (charts := page.evaluate(TIME_CHARTS_JS)) and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    return charts
 
 
 def minutes(text: str) -> float:
