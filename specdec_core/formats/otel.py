@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from decimal import Decimal
 from typing import Any
 
 from .common import (
@@ -131,7 +132,7 @@ def _finish_reason(attrs: dict[str, Any]) -> Any:
 
 
 def _nanos(value: Any) -> int | None:
-    number = to_decimal(value)
+    number = to_decimal(value)  # bounded: int() of '1e9999999' would build ten million digits
     return int(number) if number is not None and number == number.to_integral_value() else None
 
 
@@ -166,7 +167,7 @@ def span_record(span: dict, resource_attrs: dict[str, Any]) -> dict | None:
         # Truncated to microseconds (DuckDB TIMESTAMPTZ keeps no more); unreadable text goes on as is.
         record["ts"] = (epoch_to_rfc3339(start_ns, "ns") if start_ns is not None else None) or start
     if start_ns is not None and end_ns is not None:
-        record["latency_ms"] = (end_ns - start_ns) / 1e6
+        record["latency_ms"] = float(Decimal(end_ns - start_ns) / 1_000_000)  # inf, not an error, past a double
     for field, key in _DIRECT:
         if key in attrs:
             record[field] = attrs[key]
