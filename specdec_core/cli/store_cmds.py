@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -84,8 +85,11 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
 
     from specdec_core.store.follow import Follower, follow
 
-    if args.every <= 0 or args.batch_rows < 1:
-        print("specdec ingest: --every must be > 0 and --batch-rows >= 1", file=sys.stderr)
+    # NaN compares false with everything (it polled without pause); inf can't be slept.
+    if not (math.isfinite(args.every) and args.every > 0) or args.batch_rows < 1 or (
+            args.idle_exit is not None and not args.idle_exit >= 0):
+        print("specdec ingest: --every must be a finite number of seconds > 0, --idle-exit >= 0 "
+              "and --batch-rows >= 1", file=sys.stderr)
         return 2
     stopping: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
