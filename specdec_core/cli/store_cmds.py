@@ -48,7 +48,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     show_progress = not args.json and sys.stderr.isatty()
     try:
         limits = _limits(args)
-        mapping = formats.load_mapping(args.map) if args.map else None
+        mapping = formats.load_mapping(args.map, limits.max_record_bytes) if args.map else None
     except (ValueError, OSError) as exc:  # a bad limit or mapping file: a usage error, nothing read
         print(f"specdec ingest: {exc}", file=sys.stderr)
         return 2

@@ -69,13 +69,16 @@ def decode_any_value(value: Any) -> Any:
         return raw
     if (array := value.get("arrayValue")) is not None:
         array = array or {}  # an empty array is written as {}
-        items = (array.get("values") or []) if isinstance(array, dict) else []
+        items = array.get("values") or [] if isinstance(array, dict) else None
+        if not isinstance(items, list):
+            return value  # not an array ("x"): passed on as it came, for validation to name
         return [None if (item := decode_any_value(v)) is _MISSING else item for v in items]
     if (kvlist := value.get("kvlistValue")) is not None:
         kvlist = kvlist or {}
         return _attributes(kvlist.get("values") if isinstance(kvlist, dict) else None)
-    if (raw := value.get("bytesValue")) is not None:
-        return raw  # base64 text; the contract has no bytes type
+    if value.get("bytesValue") is not None:
+        # The contract has no bytes type: its base64 text is no model name or prompt. Passed on as it came.
+        return value
     return _MISSING
 
 

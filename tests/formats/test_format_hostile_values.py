@@ -138,3 +138,51 @@ def test_an_otel_start_time_of_1e9999999_is_quarantined_at_once_not_spun_on(tmp_
     with Store(tmp_path / "s.duckdb").read() as con:
         [(reason,)] = con.execute("SELECT reason FROM quarantine").fetchall()
     assert reason.startswith("ts: expected") and "1e9999999" in reason
+
+
+# --- item 10: values of the wrong kind are named, not taken for another ---------------------------------------
+
+@pytest.mark.parametrize(("key", "value", "reason"), [
+    ("gen_ai.request.model", {"bytesValue": "bGxhbWE="}, "target_model: expected"),
+    ("gen_ai.request.stop_sequences", {"arrayValue": "x"}, "stop: expected"),
+    ("gen_ai.request.stop_sequences", {"arrayValue": {"values": "x"}}, "stop: expected"),
+])
+def test_an_otel_value_of_the_wrong_kind_is_quarantined_with_its_field_named(tmp_path, key, value, reason):
+    result, reasons, ids = load(tmp_path, [otel_line(attrs={key: value}), otel_line("otel-2")], "otel")
+    assert [line for line, _ in reasons] == [1] and reasons[0][1].startswith(reason), reasons
+    assert ids == ["otel-2"]
+
+
+def test_a_map_index_in_other_digits_selects_nothing(tmp_path):
+    mapping_file = tmp_path / "map.toml"
+    mapping_file.write_text(MAP.read_text(encoding="utf-8").replace(
+        'finish_reason = "response.choices.0.finish_reason"', 'finish_reason = "response.choices.\u0660.finish_reason"'),
+        encoding="utf-8")
+    mapping = formats.load_mapping(mapping_file)
+    assert "finish_reason" not in mapping.apply(json.loads(mapped_line()))
+    assert formats.load_mapping(MAP).apply(json.loads(mapped_line()))["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("depth", [300, 3000])
+def test_a_map_constant_nested_thousands_deep_is_refused_in_one_line(tmp_path, depth):
+    mapping_file = tmp_path / "map.toml"
+    mapping_file.write_text(f'request_id = "id"\nprompt = {{ value = {"[" * depth}1{"]" * depth} }}\n',
+                            encoding="utf-8")
+    with pytest.raises(formats.MappingError, match="nest") as refused:
+        formats.load_mapping(mapping_file)
+    assert "\n" not in str(refused.value) and str(mapping_file) in str(refused.value)
+
+
+def test_a_map_constant_larger_than_a_record_is_refused_before_anything_is_read(tmp_path, capsys):
+    from specdec_core.cli import main as cli_main
+
+    mapping_file = tmp_path / "map.toml"
+    mapping_file.write_text(MAP.read_text(encoding="utf-8").replace(
+        'output_text = "response.choices.0.message.content"', f'output_text = {{ value = "{"x" * 2_000_000}" }}'),
+        encoding="utf-8")
+    log = write_jsonl(tmp_path / "log.jsonl", [mapped_line()])
+    code = cli_main(["ingest", str(log), "--db", str(tmp_path / "s.duckdb"), "--map", str(mapping_file),
+                     "--max-record-bytes", "1000000"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "output_text" in err and "2,000,002 bytes" in err, err
+    assert not (tmp_path / "s.duckdb").exists()
