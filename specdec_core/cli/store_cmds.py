@@ -104,7 +104,8 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
     if note:
         print(f"specdec ingest: {note}", file=sys.stderr)
     follower = Follower(store, args.paths, log_format=args.format, mapping=mapping, limits=limits,
-                        batch_rows=args.batch_rows)
+                        batch_rows=args.batch_rows,
+                        on_problem=lambda problem: print(f"specdec ingest: {problem}", file=sys.stderr, flush=True))
     try:
         follow(follower, every=args.every, idle_exit=args.idle_exit, on_batch=show, stop=lambda: bool(stopping))
     except (LogReadError, StoreError) as exc:

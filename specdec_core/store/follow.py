@@ -106,15 +106,21 @@ class Follower:
 
     def __init__(self, store: Store, paths: list[str], *, log_format: str = "auto",
                  mapping: formats.Mapping | None = None, limits: IngestLimits | None = None,
-                 batch_rows: int = 10_000) -> None:
+                 batch_rows: int = 10_000, on_problem: Callable[[str], None] | None = None) -> None:
         self.store, self.paths, self.log_format, self.mapping = store, paths, log_format, mapping
         self.limits, self.batch_rows = limits, batch_rows
+        # A file that can't be read is said once (one line each), and the follower goes on with the others.
+        self.problems: list[str] = []
+        self._on_problem = on_problem or self.problems.append
+        self._failed: dict[str, int] = {}  # file id -> its size when it could not be read: tried again once changed
+        self._still: dict[str, int] = {}  # file id -> polls its size held still (a gzip that never completes)
         self.positions = self._load_positions()
         self._handles: dict[str, IO[bytes]] = {}  # file id -> an open handle, kept across renames
         self._whole_sizes: dict[str, int] = {}  # file id -> size at the last poll (files read whole)
         # file id -> (a line's start, how far it is known to run on without its end): a long line still
         # being written is searched for its end from there at the next poll, not from its start again.
         self._searched: dict[str, tuple[int, int]] = {}
+        self._said: set[str] = set()
 
     def _load_positions(self) -> dict[str, Position]:
         if not self.store.exists:
@@ -192,20 +198,57 @@ class Follower:
             if not _grows_by_lines(path):
                 # Complete when its size held still since the last poll (and a gzip file reads to its end).
                 still = self._whole_sizes.get(fid) == st.st_size
-                if not pos.done and st.st_size and still and (not _is_gzip(path) or _gzip_whole(path)):
+                self._still[fid] = self._still.get(fid, 0) + 1 if still else 0
+                # A gzip whose size holds still for GZIP_PATIENCE polls and still ends mid-stream is truncated
+                # for good: read as a plain ingest reads it, the readable lines loaded, the tail quarantined.
+                complete = not _is_gzip(path) or self._still[fid] >= GZIP_PATIENCE or _gzip_whole(path)
+                if (not pos.done and st.st_size and still and complete
+                        and self._failed.get(fid) != st.st_size):
                     yield _Part(fid, path, None, 0, Position(str(path), st.st_size, 0, True))
                 self._whole_sizes[fid] = st.st_size
                 continue
             if fid not in self._handles:
                 try:
                     self._handles[fid] = open(path, "rb")  # noqa: SIM115 - kept open across polls
-                except OSError:
+                except OSError as exc:
+                    self._say(fid, f"{path}: cannot be read: {exc.strerror or exc}; followed once it can be")
                     continue
             yield fid, str(path), pos, False
         for fid in [f for f in self._handles if f not in seen]:
             pos = self.positions.get(fid, Position(""))
             handle = self._handles[fid]
             yield fid, _where_now(fid, pos.path or handle.name, handle), pos, True
+
+    def _say(self, fid: str, message: str) -> None:
+        key = f"{fid} {message}"
+        if key not in self._said:
+            self._said.add(key)
+            self._on_problem(message)
+
+    def _ingest(self, parts: list[_Part], paths: list[str], names: dict, newest: list) -> tuple[IngestResult, list]:
+        """Ingest the batch; a file read whole that can't be read is said once and left out, the rest goes on."""
+        while True:
+            batch = parts
+
+            def save(con: duckdb.DuckDBPyConnection, ingest_id: int, batch: list[_Part] = batch) -> None:
+                newest.append(self._save_positions(con, batch, ingest_id))
+
+            try:
+                return ingest(self.store, paths, limits=self.limits, log_format=self.log_format,
+                              mapping=self.mapping, parts=names, before_commit=save), parts
+            except LogReadError as exc:
+                whole = [n for n, p in enumerate(parts) if p.data is None and p.span is None
+                         and str(exc).startswith(f"{p.path}:")]
+                if not whole:
+                    raise
+                bad = parts[whole[0]]
+                self._failed[bad.file_id] = bad.new_position.byte_offset
+                self._say(bad.file_id, f"{exc}; left out, the follower goes on")
+                newest.clear()
+                parts = parts[:whole[0]] + parts[whole[0] + 1:]
+                paths = paths[:whole[0]] + paths[whole[0] + 1:]
+                if not parts:
+                    return IngestResult(0, 0, 0, 0, 0, 0), parts
 
     def _read_new(self, fid: str, path: str, pos: Position, budget: int) -> _Part | None:
         handle = self._handles[fid]
@@ -277,10 +320,9 @@ class Follower:
                 paths.append(str(chunk))
                 names[chunk.resolve()] = (str(Path(part.path).resolve()), part.lines_before)
             newest: list[datetime | None] = []
-            result = ingest(self.store, paths, limits=self.limits, log_format=self.log_format,
-                            mapping=self.mapping, parts=names,
-                            before_commit=lambda con, ingest_id: newest.append(
-                                self._save_positions(con, parts, ingest_id)))
+            result, parts = self._ingest(parts, paths, names, newest)
+        if not parts:
+            return None
         for part in parts:
             self.positions[part.file_id] = part.new_position
         lag = (datetime.now(timezone.utc) - newest[-1]).total_seconds() if newest[-1] is not None else None
@@ -312,6 +354,9 @@ class Follower:
         con.unregister("positions_arrow")
         return con.execute("SELECT max(ts) FROM requests WHERE ingest_id = ?", [ingest_id]).fetchall()[0][0]
 
+
+# Polls a gzip file's size must hold still, still ending mid-stream, before it is taken as truncated for good.
+GZIP_PATIENCE = 3
 
 # What a poll reads of a file at once: its complete lines in there are the batch's; a line longer than this
 # is copied to the batch from the file (_copy_range) instead.
