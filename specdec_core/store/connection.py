@@ -29,6 +29,7 @@ import duckdb
 
 from specdec_core.store import lake as lakes
 from specdec_core.store.convert import SIDE_VERSION, ConversionError, convert_into, written_by_newer_duckdb
+from specdec_core.store.lake_files import damage_message
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LocationError, lake_location, resolve_db
 from specdec_core.store.schema import (
@@ -235,6 +236,11 @@ class Store:
                                      f"`specdec migrate --db {self}`")
                 held.checked_at = snapshot
             yield con
+        except duckdb.Error as exc:
+            said = damage_message(exc, self.name)
+            if said is None:
+                raise
+            raise StoreError(said) from None
         finally:
             try:
                 con.execute("ROLLBACK")  # reads never write: nothing to commit
@@ -268,6 +274,11 @@ class Store:
                 raise
             except lakes.LakeError as exc:
                 raise StoreError(str(exc)) from None
+            except duckdb.Error as exc:
+                said = damage_message(exc, self.name)
+                if said is None:
+                    raise
+                raise StoreError(said) from None
             except ForeignDatabaseError as exc:
                 raise ForeignDatabaseError(f"{self.name}: {exc}") from None
             return
