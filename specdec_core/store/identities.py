@@ -129,9 +129,11 @@ def _reject_too_deep_cached(con: duckdb.DuckDBPyConnection) -> None:
 
     Only a text with more brackets than the depth allowed can be too deep, so almost no row is read here."""
     texts = [text for (text,) in con.execute(f"""
-        SELECT DISTINCT cached_fingerprint::VARCHAR AS text FROM typed WHERE cached_fingerprint IS NOT NULL
-        AND strlen(cached_fingerprint::VARCHAR) - strlen(regexp_replace(cached_fingerprint::VARCHAR, '[\\[{{]', '', 'g'))
-            > {MAX_JSON_DEPTH}""").fetchall() if too_deep(text)]
+        SELECT DISTINCT text FROM (SELECT cached_fingerprint::VARCHAR AS text FROM typed
+                                   WHERE cached_fingerprint IS NOT NULL)
+        WHERE strlen(text) > {2 * MAX_JSON_DEPTH}
+          AND strlen(text) - strlen(replace(replace(text, '[', ''), '{{', '')) > {MAX_JSON_DEPTH}
+        """).fetchall() if too_deep(text)]
     if texts:
         con.execute("UPDATE checked SET reason = ? WHERE reason IS NULL AND cached_fingerprint::VARCHAR IN "
                     "(SELECT unnest(?::VARCHAR[]))", [f"cached_fingerprint: {TOO_DEEP[len('bad JSON: '):]}", texts])
