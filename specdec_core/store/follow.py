@@ -186,14 +186,15 @@ class Follower:
             if fid in seen:
                 continue  # named twice (a folder and a file in it): read once
             seen.add(fid)
-            # Credited to the file it is now (a symlink swapped later must not take this file's rows).
-            real = path.resolve()
-            try:
-                if _file_id(real.stat()) != fid:
-                    continue  # swapped between the two looks: next poll
-            except OSError:
-                continue
-            path = real
+            if path.is_symlink():
+                # Credited to the file it points at now (a link swapped later must not take this file's rows).
+                real = path.resolve()
+                try:
+                    if _file_id(real.stat()) != fid:
+                        continue  # swapped between the two looks: next poll
+                except OSError:
+                    continue
+                path = real
             pos = self.positions.get(fid, Position(str(path)))
             if not _grows_by_lines(path):
                 # Complete when its size held still since the last poll (and a gzip file reads to its end).
@@ -201,9 +202,8 @@ class Follower:
                 self._still[fid] = self._still.get(fid, 0) + 1 if still else 0
                 # A gzip whose size holds still for GZIP_PATIENCE polls and still ends mid-stream is truncated
                 # for good: read as a plain ingest reads it, the readable lines loaded, the tail quarantined.
-                complete = not _is_gzip(path) or self._still[fid] >= GZIP_PATIENCE or _gzip_whole(path)
-                if (not pos.done and st.st_size and still and complete
-                        and self._failed.get(fid) != st.st_size):
+                if (not pos.done and st.st_size and still and self._failed.get(fid) != st.st_size
+                        and (not _is_gzip(path) or self._still[fid] >= GZIP_PATIENCE or _gzip_whole(path))):
                     yield _Part(fid, path, None, 0, Position(str(path), st.st_size, 0, True))
                 self._whole_sizes[fid] = st.st_size
                 continue
