@@ -18,10 +18,12 @@ from specdec_core.store.ingest import ingest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def loaded_db(tmp_path: Path) -> Path:
-    db = tmp_path / "s.duckdb"
-    ingest(Store(db), [str(write_jsonl(tmp_path / "log.jsonl", [rec("a"), rec("b", cache_hit=True)]))])
+@pytest.fixture(scope="module")
+def loaded_db(tmp_path_factory) -> Path:
+    """A store the refusals below must leave as it is (none of them writes)."""
+    folder = tmp_path_factory.mktemp("store")
+    db = folder / "s.duckdb"
+    ingest(Store(db), [str(write_jsonl(folder / "log.jsonl", [rec("a"), rec("b", cache_hit=True)]))])
     return db
 
 
