@@ -46,6 +46,11 @@ class Mapping:
     source: str  # the file, as named on the command line, for messages
     rules: tuple[FieldRule, ...]
 
+    @property
+    def constant_bytes(self) -> int:
+        """What the constants add to every record, as JSON: the reader sizes its batches of records by it."""
+        return sum(len(json.dumps(r.value, ensure_ascii=False).encode()) for r in self.rules if r.constant)
+
     def apply(self, obj: dict) -> dict:
         """The contract record of one JSON object; a path that leads nowhere leaves its field absent."""
         record: dict[str, Any] = {}

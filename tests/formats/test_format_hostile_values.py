@@ -186,3 +186,16 @@ def test_a_map_constant_larger_than_a_record_is_refused_before_anything_is_read(
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "output_text" in err and "2,000,002 bytes" in err, err
     assert not (tmp_path / "s.duckdb").exists()
+
+
+def test_a_large_map_constant_makes_smaller_batches_of_records(tmp_path):
+    from specdec_core.store.staging import FOREIGN_CHUNK_BYTES, FOREIGN_CHUNK_ROWS, foreign_chunk_rows
+
+    mapping_file = tmp_path / "map.toml"
+    mapping_file.write_text(MAP.read_text(encoding="utf-8").replace(
+        'output_text = "response.choices.0.message.content"', f'output_text = {{ value = "{"x" * 1_000_000}" }}'),
+        encoding="utf-8")
+    rows = foreign_chunk_rows(formats.load_mapping(mapping_file).read_line)
+    assert rows * 1_000_000 <= FOREIGN_CHUNK_BYTES < (rows + 1) * 1_000_002
+    assert foreign_chunk_rows(formats.load_mapping(MAP).read_line) == FOREIGN_CHUNK_ROWS  # its one constant: small
+    assert foreign_chunk_rows(formats.line_reader("otel", None)) == FOREIGN_CHUNK_ROWS
