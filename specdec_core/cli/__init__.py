@@ -69,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (StoreError, OSError) as exc:  # what a command didn't say itself: still one line, naming the file
             print(f"specdec {args.command}: {exc}", file=sys.stderr)
             return 1
+        except duckdb.OutOfMemoryException as exc:  # the store is as it was: a write commits whole or not at all
+            print(f"specdec {args.command}: {str(exc).splitlines()[0]}; nothing was written", file=sys.stderr)
+            return 1
     except BaseException as exc:
         if not _is_interrupt(exc):
             raise
