@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -49,19 +50,33 @@ def _is_interrupt(exc: BaseException) -> bool:
     return type(exc) is RuntimeError and str(exc) == "Query interrupted"
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter's last flush of a closed pipe would print an error at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         try:
             return int(args.func(args) or 0)
+        except BrokenPipeError:  # `specdec stats | head -1`: the reader has what it wanted (an OSError: first)
+            _quiet_stdout()
+            return 0
         except MissingExtra as exc:
             print(f"specdec {args.command}: {exc}", file=sys.stderr)
             return 2
         except (StoreError, OSError) as exc:  # what a command didn't say itself: still one line, naming the file
             print(f"specdec {args.command}: {exc}", file=sys.stderr)
             return 1
-        except BrokenPipeError:
-            return 0
+        except duckdb.OutOfMemoryException as exc:  # the store is as it was: a write commits whole or not at all
+            print(f"specdec {args.command}: {str(exc).splitlines()[0]}; nothing was written", file=sys.stderr)
+            return 1
     except BaseException as exc:
         if not _is_interrupt(exc):
             raise

@@ -45,7 +45,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from specdec_core.decoding.engine import SpecDecoder
 
         decoder = SpecDecoder(device=args.device)
-        if args.request_id:
+        if args.request_id is not None:
             results = [replay(store, args.request_id, decoder, prompt=args.prompt)]
         else:
             ids = list(suspicious_requests(store, args.suspicious)["request_id"])
@@ -59,13 +59,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         payload = [r.to_json() for r in results]
-        print(json.dumps(payload[0] if args.request_id else payload, default=str))
+        print(json.dumps(payload[0] if args.request_id is not None else payload, default=str))
     else:
         for r in results:
             _print_result(r)
     for line in failures:  # one line per kind of failure and engine, however many rows it hit
         print(f"specdec replay: {line}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def _request_id(text: str) -> str:
+    if not text:  # an empty id is no request, not "every suspicious one"
+        raise argparse.ArgumentTypeError("give a request id, not an empty one")
+    return text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -75,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "the difference: match, near_tie, sampled, foreign, diverged, unavailable.")
     p.add_argument("--db", help="DuckDB file (default: $SPECDEC_DB or data/specdec.duckdb)")
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--request-id", metavar="ID")
+    which.add_argument("--request-id", metavar="ID", type=_request_id)
     which.add_argument("--suspicious", type=int, metavar="N", help="the N most suspicious (contaminated hits first)")
     p.add_argument("--prompt", help="the prompt of a redacted request (checked against its prompt_hash)")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -47,7 +48,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     show_progress = not args.json and sys.stderr.isatty()
     try:
         limits = _limits(args)
-        mapping = formats.load_mapping(args.map) if args.map else None
+        mapping = formats.load_mapping(args.map, limits.max_record_bytes) if args.map else None
     except (ValueError, OSError) as exc:  # a bad limit or mapping file: a usage error, nothing read
         print(f"specdec ingest: {exc}", file=sys.stderr)
         return 2
@@ -88,8 +89,11 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
 
     from specdec_core.store.follow import Follower, follow
 
-    if args.every <= 0 or args.batch_rows < 1:
-        print("specdec ingest: --every must be > 0 and --batch-rows >= 1", file=sys.stderr)
+    # NaN compares false with everything (it polled without pause); inf can't be slept.
+    if not (math.isfinite(args.every) and args.every > 0) or args.batch_rows < 1 or (
+            args.idle_exit is not None and not args.idle_exit >= 0):
+        print("specdec ingest: --every must be a finite number of seconds > 0, --idle-exit >= 0 "
+              "and --batch-rows >= 1", file=sys.stderr)
         return 2
     stopping: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -113,7 +117,8 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
     if note:
         print(f"specdec ingest: {note}", file=sys.stderr)
     follower = Follower(store, args.paths, log_format=args.format, mapping=mapping, limits=limits,
-                        batch_rows=args.batch_rows)
+                        batch_rows=args.batch_rows,
+                        on_problem=lambda problem: print(f"specdec ingest: {problem}", file=sys.stderr, flush=True))
     try:
         follow(follower, every=args.every, idle_exit=args.idle_exit, on_batch=show, stop=lambda: bool(stopping))
     except (LogReadError, StoreError) as exc:

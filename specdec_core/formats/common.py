@@ -6,9 +6,11 @@ Field names come from the contract's one table.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
+from itertools import accumulate
 from typing import Any
 
 from specdec_core.contract.fields import FIELD_NAMES as CONTRACT_FIELDS  # noqa: E402, F401 (the one table)
@@ -25,6 +27,16 @@ _US_PER_UNIT: dict[str, Decimal] = {
     "ns": Decimal("0.001"),
 }
 TIME_UNITS: tuple[str, ...] = ("s", "ms", "us", "ns", "rfc3339")
+# Far deeper than any log nests, far shallower than Python's JSON reader and writer can recurse (about 1,000
+# levels less the caller's stack): a value nested deeper is refused here, not met as a RecursionError later.
+MAX_JSON_DEPTH = 256
+TOO_DEEP = "bad JSON: nested too deeply to read"
+# Numbers at or past 1e308 are past a double; Decimal arithmetic on them overflows its context, and int() of
+# 1e9999999 builds ten million digits (minutes of CPU). No time, duration or count is anywhere near.
+_MAX_ADJUSTED_EXPONENT = 307
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 class FormatError(ValueError):
@@ -63,35 +75,67 @@ def _json_kind(value: Any) -> str:
     return "JSON array"
 
 
+def too_deep(text: str) -> bool:
+    """Whether JSON text nests arrays and objects more than MAX_JSON_DEPTH levels (brackets in strings aside).
+
+    Counting the brackets first keeps this free for nearly every text; only one with that many is scanned."""
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return False
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) > MAX_JSON_DEPTH
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` bounded in depth: FormatError(TOO_DEEP) past MAX_JSON_DEPTH levels, ValueError if not JSON.
+
+    Every reader of JSON text from a log goes through here, so how deep a value may nest is decided once."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise FormatError(TOO_DEEP) from None
+    if too_deep(text):
+        raise FormatError(TOO_DEEP)
+    return value
+
+
 def load_object(line: str, what: str) -> dict:
     """Parse one line that must hold a JSON object; ``what`` names the expected shape in errors."""
     try:
-        obj = json.loads(line)
+        obj = loads(line)
     except json.JSONDecodeError as exc:
         # An error at the very end of the text means the writer stopped mid-object.
         if exc.pos >= len(line.rstrip()):
             raise FormatError("bad JSON: the line ends before its JSON does (truncated)") from None
         raise FormatError("bad JSON: the line is not valid JSON") from None
+    except FormatError:
+        raise
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise FormatError("bad JSON: " + " ".join(str(exc).split())) from None
     if not isinstance(obj, dict):
         raise FormatError(f"not {what}: the line is a {_json_kind(obj)}, not an object")
     return obj
 
 
 def parse_json_text(value: Any) -> tuple[bool, Any]:
-    """(True, parsed) when ``value`` is JSON text; (False, value) otherwise."""
+    """(True, parsed) when ``value`` is JSON text; (False, value) otherwise.
+
+    JSON text nested past MAX_JSON_DEPTH raises FormatError(TOO_DEEP): its record can't be read."""
     if not isinstance(value, str):
         return False, value
     try:
-        return True, json.loads(value)
-    except (ValueError, RecursionError):
+        return True, loads(value)
+    except FormatError:
+        raise
+    except ValueError:
         return False, value
 
 
 def to_decimal(value: Any) -> Decimal | None:
-    """A finite number (or numeric text) as an exact Decimal, else None.
+    """A finite number (or numeric text) below 1e308 in size as an exact Decimal, else None.
 
     ``repr`` of a float is the shortest text that round-trips, which is what ``json.dumps`` wrote,
-    so the digits the producer logged survive without binary rounding.
+    so the digits the producer logged survive without binary rounding. Every format reads its numbers
+    (times, durations) through here, so none meets a number its arithmetic can't take.
     """
     if isinstance(value, bool):
         return None
@@ -100,9 +144,11 @@ def to_decimal(value: Any) -> Decimal | None:
     if isinstance(value, (int, str)):
         try:
             number = Decimal(str(value).strip())
-        except InvalidOperation:
+        except (InvalidOperation, ValueError):  # ValueError: an int of more digits than str() writes
             return None
-        return number if number.is_finite() else None
+        if not number.is_finite() or (number and number.adjusted() > _MAX_ADJUSTED_EXPONENT):
+            return None
+        return number
     return None
 
 

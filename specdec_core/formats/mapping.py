@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import json
 from dataclasses import dataclass
 from os import PathLike
 from typing import Any
 
 from .common import (
     CONTRACT_FIELDS,
+    MAX_JSON_DEPTH,
     TIME_UNITS,
     LineResult,
     MappingError,
     epoch_to_rfc3339,
     format_utc,
     load_object,
+    too_deep,
 )
 
 try:
@@ -43,6 +46,11 @@ class Mapping:
     source: str  # the file, as named on the command line, for messages
     rules: tuple[FieldRule, ...]
 
+    @property
+    def constant_bytes(self) -> int:
+        """What the constants add to every record, as JSON: the reader sizes its batches of records by it."""
+        return sum(len(json.dumps(r.value, ensure_ascii=False).encode()) for r in self.rules if r.constant)
+
     def apply(self, obj: dict) -> dict:
         """The contract record of one JSON object; a path that leads nowhere leaves its field absent."""
         record: dict[str, Any] = {}
@@ -65,7 +73,8 @@ def resolve(obj: Any, path: tuple[str, ...]) -> tuple[bool, Any]:
     for segment in path:
         if isinstance(current, dict) and segment in current:
             current = current[segment]
-        elif isinstance(current, list) and segment.isdigit() and int(segment) < len(current):
+        # ASCII digits only: str.isdigit() also takes '٠' and '²', which int() reads as 0 or refuses.
+        elif isinstance(current, list) and segment.isascii() and segment.isdigit() and int(segment) < len(current):
             current = current[int(segment)]
         else:
             return False, None
@@ -92,7 +101,7 @@ def _toml_constant(value: Any) -> Any:
     return value
 
 
-def _rule(source: str, field: str, spec: Any) -> FieldRule:
+def _rule(source: str, field: str, spec: Any, max_value_bytes: int | None = None) -> FieldRule:
     def fail(reason: str) -> MappingError:
         return MappingError(f"{source}: field '{field}': {reason}")
 
@@ -115,7 +124,15 @@ def _rule(source: str, field: str, spec: Any) -> FieldRule:
         if "path" not in spec:
             raise fail("unit goes with a path")
     if "value" in spec:
-        return FieldRule(field=field, value=_toml_constant(spec["value"]), constant=True)
+        value = _toml_constant(spec["value"])
+        text = json.dumps(value, ensure_ascii=False)
+        if too_deep(text):
+            raise fail(f"value nests more than {MAX_JSON_DEPTH} levels")
+        # Copied into every record: one past a record's size would make each record too large to load.
+        if max_value_bytes is not None and len(text.encode()) > max_value_bytes:
+            raise fail(f"value is {len(text.encode()):,} bytes, more than a record may hold "
+                       f"({max_value_bytes:,} bytes)")
+        return FieldRule(field=field, value=value, constant=True)
     if "path" not in spec:
         raise fail("give a path or a value")
     path = spec["path"]
@@ -127,8 +144,10 @@ def _rule(source: str, field: str, spec: Any) -> FieldRule:
     return FieldRule(field=field, path=segments, unit=spec.get("unit"))
 
 
-def load_mapping(path: str | PathLike[str]) -> Mapping:
-    """Read and check a ``--map`` TOML file; every problem is one MappingError line naming the field."""
+def load_mapping(path: str | PathLike[str], max_value_bytes: int | None = None) -> Mapping:
+    """Read and check a ``--map`` TOML file; every problem is one MappingError line naming the field.
+
+    ``max_value_bytes``: the most a constant may take as JSON (the ingest's record size limit)."""
     source = str(path)
     if tomllib is None:
         raise MappingError(f"{source}: reading TOML needs Python 3.11 or the tomli package")
@@ -140,7 +159,12 @@ def load_mapping(path: str | PathLike[str]) -> Mapping:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         reason = " ".join(str(exc).split())  # tomllib messages may span lines; ours may not
         raise MappingError(f"{source}: not valid TOML: {reason}") from None
-    rules = tuple(_rule(source, field, spec) for field, spec in table.items())
+    except RecursionError:  # tomllib recurses once a level of nested arrays or tables
+        raise MappingError(f"{source}: not valid TOML: nested too deeply to read") from None
+    try:
+        rules = tuple(_rule(source, field, spec, max_value_bytes) for field, spec in table.items())
+    except RecursionError:
+        raise MappingError(f"{source}: a value nests more than {MAX_JSON_DEPTH} levels") from None
     if not rules:
         raise MappingError(f"{source}: maps no contract field")
     return Mapping(source=source, rules=rules)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from decimal import Decimal
 from typing import Any
 
 from specdec_core.contract.span_attributes import SPAN_ATTRIBUTES
@@ -59,13 +60,16 @@ def decode_any_value(value: Any) -> Any:
         return raw
     if (array := value.get("arrayValue")) is not None:
         array = array or {}  # an empty array is written as {}
-        items = (array.get("values") or []) if isinstance(array, dict) else []
+        items = array.get("values") or [] if isinstance(array, dict) else None
+        if not isinstance(items, list):
+            return value  # not an array ("x"): passed on as it came, for validation to name
         return [None if (item := decode_any_value(v)) is _MISSING else item for v in items]
     if (kvlist := value.get("kvlistValue")) is not None:
         kvlist = kvlist or {}
         return _attributes(kvlist.get("values") if isinstance(kvlist, dict) else None)
-    if (raw := value.get("bytesValue")) is not None:
-        return raw  # base64 text; the contract has no bytes type
+    if value.get("bytesValue") is not None:
+        # The contract has no bytes type: its base64 text is no model name or prompt. Passed on as it came.
+        return value
     return _MISSING
 
 
@@ -122,7 +126,7 @@ def _finish_reason(attrs: dict[str, Any]) -> Any:
 
 
 def _nanos(value: Any) -> int | None:
-    number = to_decimal(value)
+    number = to_decimal(value)  # bounded: int() of '1e9999999' would build ten million digits
     return int(number) if number is not None and number == number.to_integral_value() else None
 
 
@@ -157,7 +161,7 @@ def span_record(span: dict, resource_attrs: dict[str, Any]) -> dict | None:
         # Truncated to microseconds (DuckDB TIMESTAMPTZ keeps no more); unreadable text goes on as is.
         record["ts"] = (epoch_to_rfc3339(start_ns, "ns") if start_ns is not None else None) or start
     if start_ns is not None and end_ns is not None:
-        record["latency_ms"] = (end_ns - start_ns) / 1e6
+        record["latency_ms"] = float(Decimal(end_ns - start_ns) / 1_000_000)  # inf, not an error, past a double
     for field, key in _DIRECT:
         if key in attrs:
             record[field] = attrs[key]

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
+from specdec_core.formats.common import TOO_DEEP
+
 log = logging.getLogger(__name__)
 
 # Files smaller than this are read here: starting the workers costs about 0.2 s, a file this size
@@ -39,9 +41,6 @@ IN_FLIGHT_PER_WORKER = 3
 # (line numbers, records' JSON, reasons, origins, skipped): one slice's records, as read_foreign lists them.
 Read = tuple[list[int], list[str], list["str | None"], list["int | None"], int]
 Slice = tuple[list[int], list[str], list["str | None"]]
-
-
-TOO_DEEP = "bad JSON: nested too deeply to read"
 
 
 def read_lines(reader: Callable[[str], Any], numbers: list[int], texts: list[str], reasons: list[str | None]

@@ -24,6 +24,8 @@ import duckdb
 from specdec_core.store import lake as lakes
 from specdec_core.store.convert import SIDE_VERSION, ConversionError, convert_into, written_by_newer_duckdb
 from specdec_core.store.ddl import ensure_schema
+from specdec_core.store.errors import ForeignDatabaseError, StoreError
+from specdec_core.store.lake_files import damage_message
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LocationError, lake_location, resolve_db
 from specdec_core.store.sql import literal
@@ -43,10 +45,6 @@ from specdec_core.store.working_copy import (
 )
 
 T = TypeVar("T")
-
-
-class StoreError(RuntimeError):
-    """The database can't be opened or written; the message says which file and why."""
 
 
 # What DuckDB may hold while writing; beyond it, it spills to disk. An ingest stays under 2 GB: where a
@@ -234,6 +232,11 @@ class Store:
                                      f"`specdec migrate --db {self}`")
                 held.checked_at = snapshot
             yield con
+        except duckdb.Error as exc:
+            said = damage_message(exc, self.name)
+            if said is None:
+                raise
+            raise StoreError(said) from None
         finally:
             try:
                 con.execute("ROLLBACK")  # reads never write: nothing to commit
@@ -267,6 +270,13 @@ class Store:
                 raise
             except lakes.LakeError as exc:
                 raise StoreError(str(exc)) from None
+            except duckdb.Error as exc:
+                said = damage_message(exc, self.name)
+                if said is None:
+                    raise
+                raise StoreError(said) from None
+            except ForeignDatabaseError as exc:
+                raise ForeignDatabaseError(f"{self.name}: {exc}") from None
             return
         target = Path(os.path.realpath(self.path))
         if target.is_dir():
@@ -317,6 +327,8 @@ class Store:
                 _remove_working_copy(tmp)
                 if isinstance(exc, ConversionError):
                     raise StoreError(str(exc)) from None
+                if isinstance(exc, ForeignDatabaseError):
+                    raise ForeignDatabaseError(f"{self.path}: {exc}") from None
                 full = _out_of_space(exc)
                 if full:
                     raise StoreError(f"{self.path}: cannot write: {full} (the working copy needs about the "

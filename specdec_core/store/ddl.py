@@ -9,10 +9,12 @@ from contextvars import ContextVar
 
 import duckdb
 
+from specdec_core.store.errors import ForeignDatabaseError
 from specdec_core.store.schema import (
     DROP_IDENTITIES_KEY_SQL,
     column_migrations_sql,
     columns_to_relax,
+    is_specdec_store,
     relax_not_null_sql,
     schema_sql,
 )
@@ -62,7 +64,8 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     Every write to a lake rewrites meta's schema_version row: two overlapping writers then conflict at
     commit, so neither commits a batch judged without the other's rows."""
     report = _SCHEMA_CHANGES.get()
-    before = _columns(con) if report is not None else {}
+    before = _columns(con)
+    refuse_foreign(con, before)
     create_tables(con, schema_sql())
     con.execute(column_migrations_sql())
     constraints = con.execute("SELECT table_name, constraint_type, unnest(constraint_column_names) "
@@ -85,3 +88,11 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         said += [f"let requests.{c} be unknown (NULL)" for c in relaxed]
         said += ["dropped the key of identities (kept unique by every ingest)"] if keyed else []
         report.extend(x for x in said if x not in report)
+
+
+def refuse_foreign(con: duckdb.DuckDBPyConnection, tables: dict[str, set[str]]) -> None:
+    """Raise ForeignDatabaseError when the database holds tables and is not a specdec store (of any version)."""
+    if tables and not is_specdec_store(con, tables):
+        names = sorted(tables)
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        raise ForeignDatabaseError(f"not a specdec store (it holds other tables: {shown}); left as it was")

@@ -1,7 +1,9 @@
 """`specdec ingest --follow`: keep loading the lines a service appends to its logs, in small batches.
 
 Files are followed by identity (device and inode), not by name: a log renamed away by rotation is read
-to its end through the handle kept open on it, and the new file under the old name starts at line 1.
+to its end through the handle kept open on it, its rows credited to its new name, and the new file under
+the old name starts at line 1. A followed file whose first bytes changed (truncated in place and written
+again, or deleted and recreated on the same inode) holds new content: it is read again from line 1.
 Only complete lines are read; a gzip, CSV or Parquet file is read whole once its size holds still
 between two polls.
 Each batch's read positions are written in the same transaction as its rows (`follow_offsets`), so a
@@ -11,6 +13,7 @@ follower killed at any point resumes where the last committed batch ended: nothi
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import tempfile
 import time
@@ -38,9 +41,13 @@ CREATE TABLE IF NOT EXISTS follow_offsets (
     path VARCHAR,                 -- where it was last read
     byte_offset BIGINT,           -- bytes consumed: complete lines only
     line_count BIGINT,            -- lines consumed
-    done BOOLEAN                  -- a file read whole (gzip, CSV, Parquet)
+    done BOOLEAN,                 -- a file read whole (gzip, CSV, Parquet)
+    head VARCHAR                  -- SHA-256 of its first bytes read (at most HEAD_BYTES): its content's identity
 )
 """
+_OFFSET_COLUMNS = ("file_id", "path", "byte_offset", "line_count", "done", "head")
+# Less than one record: a file rewritten in place is told from the one read before by its first record.
+HEAD_BYTES = 512
 
 
 @dataclass
@@ -49,6 +56,7 @@ class Position:
     byte_offset: int = 0
     line_count: int = 0
     done: bool = False
+    head: str | None = None  # None: not known (a position saved before heads were)
 
 
 @dataclass(frozen=True)
@@ -100,15 +108,21 @@ class Follower:
 
     def __init__(self, store: Store, paths: list[str], *, log_format: str = "auto",
                  mapping: formats.Mapping | None = None, limits: IngestLimits | None = None,
-                 batch_rows: int = 10_000) -> None:
+                 batch_rows: int = 10_000, on_problem: Callable[[str], None] | None = None) -> None:
         self.store, self.paths, self.log_format, self.mapping = store, paths, log_format, mapping
         self.limits, self.batch_rows = limits, batch_rows
+        # A file that can't be read is said once (one line each), and the follower goes on with the others.
+        self.problems: list[str] = []
+        self._on_problem = on_problem or self.problems.append
+        self._failed: dict[str, int] = {}  # file id -> its size when it could not be read: tried again once changed
+        self._still: dict[str, int] = {}  # file id -> polls its size held still (a gzip that never completes)
         self.positions = self._load_positions()
         self._handles: dict[str, IO[bytes]] = {}  # file id -> an open handle, kept across renames
         self._whole_sizes: dict[str, int] = {}  # file id -> size at the last poll (files read whole)
         # file id -> (a line's start, how far it is known to run on without its end): a long line still
         # being written is searched for its end from there at the next poll, not from its start again.
         self._searched: dict[str, tuple[int, int]] = {}
+        self._said: set[str] = set()
 
     def _load_positions(self) -> dict[str, Position]:
         if not self.store.exists:
@@ -117,8 +131,11 @@ class Follower:
             if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'follow_offsets'"
                                ).fetchall()[0][0]:
                 return {}
-            rows = con.execute("SELECT file_id, path, byte_offset, line_count, done FROM follow_offsets").fetchall()
-        return {fid: Position(path, offset, count, done) for fid, path, offset, count, done in rows}
+            has_head = con.execute("SELECT count(*) FROM duckdb_columns() WHERE table_name = 'follow_offsets' "
+                                   "AND column_name = 'head'").fetchall()[0][0]
+            rows = con.execute(f"SELECT file_id, path, byte_offset, line_count, done, "
+                               f"{'head' if has_head else 'NULL'} FROM follow_offsets").fetchall()
+        return {fid: Position(*row) for fid, *row in rows}
 
     def close(self) -> None:
         for handle in self._handles.values():
@@ -171,30 +188,76 @@ class Follower:
             if fid in seen:
                 continue  # named twice (a folder and a file in it): read once
             seen.add(fid)
+            if path.is_symlink():
+                # Credited to the file it points at now (a link swapped later must not take this file's rows).
+                real = path.resolve()
+                try:
+                    if _file_id(real.stat()) != fid:
+                        continue  # swapped between the two looks: next poll
+                except OSError:
+                    continue
+                path = real
             pos = self.positions.get(fid, Position(str(path)))
             if not _grows_by_lines(path):
                 # Complete when its size held still since the last poll (and a gzip file reads to its end).
                 still = self._whole_sizes.get(fid) == st.st_size
-                if not pos.done and st.st_size and still and (not _is_gzip(path) or _gzip_whole(path)):
+                self._still[fid] = self._still.get(fid, 0) + 1 if still else 0
+                # A gzip whose size holds still for GZIP_PATIENCE polls and still ends mid-stream is truncated
+                # for good: read as a plain ingest reads it, the readable lines loaded, the tail quarantined.
+                if (not pos.done and st.st_size and still and self._failed.get(fid) != st.st_size
+                        and (not _is_gzip(path) or self._still[fid] >= GZIP_PATIENCE or _gzip_whole(path))):
                     yield _Part(fid, path, None, 0, Position(str(path), st.st_size, 0, True))
                 self._whole_sizes[fid] = st.st_size
                 continue
             if fid not in self._handles:
                 try:
                     self._handles[fid] = open(path, "rb")  # noqa: SIM115 - kept open across polls
-                except OSError:
+                except OSError as exc:
+                    self._say(fid, f"{path}: cannot be read: {exc.strerror or exc}; followed once it can be")
                     continue
             yield fid, str(path), pos, False
         for fid in [f for f in self._handles if f not in seen]:
             pos = self.positions.get(fid, Position(""))
-            yield fid, pos.path, pos, True
+            handle = self._handles[fid]
+            yield fid, _where_now(fid, pos.path or handle.name, handle), pos, True
+
+    def _say(self, fid: str, message: str) -> None:
+        key = f"{fid} {message}"
+        if key not in self._said:
+            self._said.add(key)
+            self._on_problem(message)
+
+    def _ingest(self, parts: list[_Part], paths: list[str], names: dict, newest: list) -> tuple[IngestResult, list]:
+        """Ingest the batch; a file read whole that can't be read is said once and left out, the rest goes on."""
+        while True:
+            batch = parts
+
+            def save(con: duckdb.DuckDBPyConnection, ingest_id: int, batch: list[_Part] = batch) -> None:
+                newest.append(self._save_positions(con, batch, ingest_id))
+
+            try:
+                return ingest(self.store, paths, limits=self.limits, log_format=self.log_format,
+                              mapping=self.mapping, parts=names, before_commit=save), parts
+            except LogReadError as exc:
+                whole = [n for n, p in enumerate(parts) if p.data is None and p.span is None
+                         and str(exc).startswith(f"{p.path}:")]
+                if not whole:
+                    raise
+                bad = parts[whole[0]]
+                self._failed[bad.file_id] = bad.new_position.byte_offset
+                self._say(bad.file_id, f"{exc}; left out, the follower goes on")
+                newest.clear()
+                parts = parts[:whole[0]] + parts[whole[0] + 1:]
+                paths = paths[:whole[0]] + paths[whole[0] + 1:]
+                if not parts:
+                    return IngestResult(0, 0, 0, 0, 0, 0), parts
 
     def _read_new(self, fid: str, path: str, pos: Position, budget: int) -> _Part | None:
         handle = self._handles[fid]
         size = os.fstat(handle.fileno()).st_size
         offset = pos.byte_offset
-        if size < offset:  # truncated in place: what follows is new
-            offset = 0
+        if size < offset or (offset and pos.head is not None and _head(handle, offset) != pos.head):
+            offset = 0  # truncated, or written again from its start: what it holds is new
         if size == offset or budget <= 0:
             return None
         handle.seek(offset)
@@ -210,7 +273,8 @@ class Follower:
             if line_end is None:
                 return None
             before = pos.line_count if offset == pos.byte_offset else 0
-            return _Part(fid, Path(path), None, before, Position(path, line_end, before + 1), (offset, line_end))
+            return _Part(fid, Path(path), None, before,
+                         Position(path, line_end, before + 1, head=_head(handle, line_end)), (offset, line_end))
         data = data[: end + 1]
         lines = data.count(b"\n")
         if lines > budget:
@@ -219,7 +283,8 @@ class Follower:
                 cut = data.index(b"\n", cut + 1)
             data, lines = data[: cut + 1], budget
         before = pos.line_count if offset == pos.byte_offset else 0
-        return _Part(fid, Path(path), data, before, Position(path, offset + len(data), before + lines))
+        end = offset + len(data)
+        return _Part(fid, Path(path), data, before, Position(path, end, before + lines, head=_head(handle, end)))
 
     def _line_end(self, fid: str, handle: IO[bytes], start: int, size: int) -> int | None:
         """Where the line from `start` ends (just past its newline); None while the file holds no end yet."""
@@ -257,10 +322,9 @@ class Follower:
                 paths.append(str(chunk))
                 names[chunk.resolve()] = (str(Path(part.path).resolve()), part.lines_before)
             newest: list[datetime | None] = []
-            result = ingest(self.store, paths, limits=self.limits, log_format=self.log_format,
-                            mapping=self.mapping, parts=names,
-                            before_commit=lambda con, ingest_id: newest.append(
-                                self._save_positions(con, parts, ingest_id)))
+            result, parts = self._ingest(parts, paths, names, newest)
+        if not parts:
+            return None
         for part in parts:
             self.positions[part.file_id] = part.new_position
         lag = (datetime.now(timezone.utc) - newest[-1]).total_seconds() if newest[-1] is not None else None
@@ -270,22 +334,62 @@ class Follower:
                         ) -> datetime | None:
         """Write the batch's read positions beside its rows; returns the newest request the batch holds."""
         create_tables(con, OFFSETS_DDL)
+        con.execute("ALTER TABLE follow_offsets ADD COLUMN IF NOT EXISTS head VARCHAR")  # a store of before heads
         con.register("positions_arrow", pa.table({
             "file_id": [p.file_id for p in parts],
             "path": [p.new_position.path for p in parts],
             "byte_offset": pa.array([p.new_position.byte_offset for p in parts], pa.int64()),
             "line_count": pa.array([p.new_position.line_count for p in parts], pa.int64()),
             "done": [p.new_position.done for p in parts],
+            "head": pa.array([p.new_position.head for p in parts], pa.string()),
         }))
-        con.execute("DELETE FROM follow_offsets WHERE file_id IN (SELECT file_id FROM positions_arrow)")
-        con.execute("INSERT INTO follow_offsets SELECT * FROM positions_arrow")
+        # Another follower of the same file may have committed it further on: a position of the same content
+        # never moves back (its lines would be read a third time); one of new content (another head) replaces it.
+        con.execute("""
+            DELETE FROM follow_offsets WHERE file_id IN (
+                SELECT f.file_id FROM follow_offsets f JOIN positions_arrow p USING (file_id)
+                WHERE NOT (f.head IS NOT DISTINCT FROM p.head AND f.byte_offset > p.byte_offset))
+        """)
+        columns = ", ".join(_OFFSET_COLUMNS)
+        con.execute(f"INSERT INTO follow_offsets ({columns}) SELECT {columns} FROM positions_arrow "
+                    "WHERE file_id NOT IN (SELECT file_id FROM follow_offsets)")
         con.unregister("positions_arrow")
         return con.execute("SELECT max(ts) FROM requests WHERE ingest_id = ?", [ingest_id]).fetchall()[0][0]
 
 
+# Polls a gzip file's size must hold still, still ending mid-stream, before it is taken as truncated for good.
+GZIP_PATIENCE = 3
+
 # What a poll reads of a file at once: its complete lines in there are the batch's; a line longer than this
 # is copied to the batch from the file (_copy_range) instead.
 _WINDOW = 64 << 20
+
+
+def _head(handle: IO[bytes], consumed: int) -> str:
+    """The identity of a file's content: the SHA-256 of its first bytes consumed, HEAD_BYTES at most."""
+    return hashlib.sha256(os.pread(handle.fileno(), min(consumed, HEAD_BYTES), 0)).hexdigest()
+
+
+def _where_now(fid: str, last_path: str, handle: IO[bytes]) -> str:
+    """The name of a followed file renamed away: in the folder it was in, else where the kernel says, else
+    its last name marked deleted (its rows must not take the place of the new file's under that name)."""
+    folder = Path(last_path).parent
+    try:
+        for entry in os.scandir(folder):
+            try:
+                if _file_id(entry.stat(follow_symlinks=False)) == fid:
+                    return str(folder / entry.name)
+            except OSError:
+                continue
+    except OSError:
+        pass
+    try:
+        target = os.readlink(f"/proc/self/fd/{handle.fileno()}")
+        if target.startswith("/") and not target.endswith(" (deleted)"):
+            return target
+    except OSError:
+        pass
+    return f"{last_path} (deleted)"
 
 
 def _copy_range(handle: IO[bytes], span: tuple[int, int], dest: Path) -> None:

@@ -24,6 +24,7 @@ from specdec_core.contract.identity import (
     sha256_hex,
     value_json,
 )
+from specdec_core.formats.common import MAX_JSON_DEPTH, TOO_DEEP, FormatError, loads, too_deep
 from specdec_core.store.sql import list_literal
 from specdec_core.store.validation import is_unknown
 
@@ -42,6 +43,7 @@ def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
 
     Returns the condition that joins `typed t` to `idmap m`.
     """
+    _reject_too_deep_cached(con)
     cols = ", ".join(_IDENTITY_INPUT)
     con.execute(f"CREATE OR REPLACE TEMP TABLE id_tuples AS SELECT DISTINCT {cols}, id_hash FROM typed")
     tuples, hashes = con.execute("SELECT count(*), count(DISTINCT id_hash) FROM id_tuples").fetchall()[0]
@@ -119,6 +121,21 @@ def _field_sql(con: duckdb.DuckDBPyConnection, f: contract.Field, joins: list[st
     return f"text_{f.name}", f"canon_{f.name}"
 
 
+def _reject_too_deep_cached(con: duckdb.DuckDBPyConnection) -> None:
+    """Quarantine the rows whose cached_fingerprint nests too deep for Python to read (DuckDB reads any depth).
+
+    Only a text with more brackets than the depth allowed can be too deep, so almost no row is read here."""
+    texts = [text for (text,) in con.execute(f"""
+        SELECT DISTINCT text FROM (SELECT cached_fingerprint::VARCHAR AS text FROM typed
+                                   WHERE cached_fingerprint IS NOT NULL)
+        WHERE strlen(text) > {2 * MAX_JSON_DEPTH}
+          AND strlen(text) - strlen(replace(replace(text, '[', ''), '{{', '')) > {MAX_JSON_DEPTH}
+        """).fetchall() if too_deep(text)]
+    if texts:
+        con.execute("UPDATE checked SET reason = ? WHERE reason IS NULL AND cached_fingerprint::VARCHAR IN "
+                    "(SELECT unnest(?::VARCHAR[]))", [f"cached_fingerprint: {TOO_DEEP[len('bad JSON: '):]}", texts])
+
+
 def _canonical_cached_fingerprints(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     """`cachedmap` (text, fingerprint) of the batch's cached_fingerprint objects; returns their identities.
 
@@ -132,8 +149,8 @@ def _canonical_cached_fingerprints(con: duckdb.DuckDBPyConnection) -> dict[str, 
     cached_texts, cached_fps = [], []
     for (text,) in cached:
         try:
-            obj = canonicalize_identity(json.loads(text))
-        except (ValueError, TypeError, KeyError):
+            obj = canonicalize_identity(loads(text))
+        except (ValueError, TypeError, KeyError, FormatError):
             continue  # not an identity object we can read: the row keeps it, the guard can't use it
         canonical = canonical_json(obj)
         fp = sha256_hex(canonical)

@@ -113,19 +113,26 @@ def _create_sqlite_catalog(location: LakeLocation, setup: Callable[[duckdb.DuckD
     remove_dead_writers_files(Path(location.catalog), r"\.new(?:-wal|-shm)?")  # killed while making one
     for leftover in (tmp, tmp + "-wal", tmp + "-shm"):
         Path(leftover).unlink(missing_ok=True)
-    db = sqlite3.connect(tmp)
     try:
-        db.execute("PRAGMA journal_mode=WAL")
-    finally:
-        db.close()
-    # A new catalog records this data path: nothing to override (beside stays False).
-    con = _attach(LakeLocation(tmp, location.data_path, location.s3), read_only=False)
-    try:
-        con.execute(f"USE {ALIAS}")
-        setup(con)
-    finally:
-        con.close()
-    os.replace(tmp, location.catalog)
+        db = sqlite3.connect(tmp)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+        finally:
+            db.close()
+        # A new catalog records this data path: nothing to override (beside stays False).
+        con = _attach(LakeLocation(tmp, location.data_path, location.s3), read_only=False)
+        try:
+            con.execute(f"USE {ALIAS}")
+            setup(con)
+        finally:
+            con.close()
+        os.replace(tmp, location.catalog)
+    except BaseException as exc:
+        for leftover in (tmp, tmp + "-wal", tmp + "-shm"):  # a catalog half made is no store: none is left
+            Path(leftover).unlink(missing_ok=True)
+        if isinstance(exc, (duckdb.Error, sqlite3.Error, OSError)):
+            raise LakeError(f"{location}: cannot create the store: {str(exc).splitlines()[0]}") from exc
+        raise
 
 
 def open_lake(location: LakeLocation, read_only: bool = False,

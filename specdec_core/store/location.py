@@ -108,4 +108,9 @@ def lake_location(name: str) -> LakeLocation | None:
         data_path += "/"
     if data_path and not data_path.startswith("s3://"):
         data_path = os.path.abspath(data_path) + os.sep
+    for what, path in (("catalog", catalog), ("data path", data_path)):
+        if not catalog.startswith("postgres:") and path and "\\" in path:
+            # DuckDB's file system takes a backslash for a folder separator: the data files would go elsewhere.
+            raise LocationError(f"{name}: the lake's {what} {path} holds a backslash, which DuckDB reads as a "
+                                "folder separator; choose a path without one")
     return LakeLocation(catalog, data_path, s3, beside)

@@ -16,6 +16,7 @@ from specdec_core.store.convert import export_tables, load_tables
 from specdec_core.store.ddl import schema_changes
 from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.lake import LakeError, compact
+from specdec_core.store.lake_files import damaged_files, damaged_message
 from specdec_core.store.sql import scalar
 from specdec_core.store.summaries import build_summaries
 from specdec_core.store.verdicts import record_first_verdicts
@@ -38,8 +39,15 @@ def migrate(store: Store) -> list[str]:
     """Bring `store` up to date (schema, then derived tables); returns what it changed, in words ([]: nothing).
 
     A lake's small files are merged as well (writers also do it once they pass a threshold)."""
+    def checked(con: duckdb.DuckDBPyConnection) -> bool:
+        # "Up to date" is said of the data too: a lake's files the catalog lists must all be there, whole.
+        damaged = damaged_files(con) if store.lake is not None else []
+        if damaged:
+            raise StoreError(damaged_message(damaged, str(store)))
+        return migrate_connection(con)
+
     with schema_changes() as changes:
-        rebuilt = store.transact(migrate_connection)  # the write adds missing tables and columns first
+        rebuilt = store.transact(checked)  # the write adds missing tables and columns first
     if store.lake is not None:
         try:
             compact(store.lake)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import duckdb
+
 from specdec_core.contract import fields as contract
 
 # Columns that an ingest computes for every stored row, after the contract's own.
@@ -142,3 +144,13 @@ def columns_to_relax(not_null: set[str]) -> list[str]:
 
 def relax_not_null_sql(columns: list[str]) -> str:
     return "\n".join(f"ALTER TABLE requests ALTER COLUMN {name} DROP NOT NULL;" for name in columns)
+
+
+def is_specdec_store(con: duckdb.DuckDBPyConnection, tables: dict[str, set[str]]) -> bool:
+    """Whether a database's tables (name -> columns) are a specdec store's, of this version or an older one:
+    its requests carry fingerprints, or its meta names a schema version."""
+    if {"request_id", "fingerprint"} <= tables.get("requests", set()):
+        return True
+    if not {"key", "value"} <= tables.get("meta", set()):
+        return False
+    return con.execute("SELECT count(*) FROM meta WHERE key = 'schema_version'").fetchall()[0][0] > 0

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from specdec_core.formats.containers import read_file
 from specdec_core.formats.files import JSONL_SUFFIXES, MAX_RECORD_BYTES, duckdb_literal_path, too_large
-from specdec_core.formats.jsonl import read_foreign
+from specdec_core.formats.jsonl import FOREIGN_CHUNK_ROWS, read_foreign
 from specdec_core.store.connection import WRITER_MEMORY_LIMIT
 
 
@@ -216,12 +216,26 @@ def _stage_in_python(con: duckdb.DuckDBPyConnection, path: Path, name: str, tabl
     return _staged(con, table, first_seq)
 
 
+# What one batch of another format's records may hold in their constants (a --map value = {...}).
+FOREIGN_CHUNK_BYTES = 64 << 20
+
+
+def foreign_chunk_rows(reader: Callable[[str], Any]) -> int:
+    """Records per batch: fewer when a mapping copies a large constant into every record. A 20 MB constant in
+    20,000 records a batch would be 400 GB; here a batch of them holds about FOREIGN_CHUNK_BYTES."""
+    per_record = getattr(getattr(reader, "__self__", None), "constant_bytes", 0)
+    if not per_record:
+        return FOREIGN_CHUNK_ROWS
+    return max(1, min(FOREIGN_CHUNK_ROWS, FOREIGN_CHUNK_BYTES // per_record))
+
+
 def _stage_foreign(con: duckdb.DuckDBPyConnection, path: Path, name: str, table: str, first_seq: int,
                    reader: Callable[[str], Any], max_record_bytes: int) -> Lines:
     con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (source_line BIGINT, raw VARCHAR, pre_reason VARCHAR, "
                 "origin INTEGER)")
     skipped = 0
-    for chunk in read_foreign(path, name, reader, max_record_bytes=max_record_bytes):
+    for chunk in read_foreign(path, name, reader, chunk_rows=foreign_chunk_rows(reader),
+                              max_record_bytes=max_record_bytes):
         skipped += chunk.skipped
         con.register("chunk_arrow", pa.table({"source_line": pa.array(chunk.line_numbers, pa.int64()),
                                               "raw": pa.array(chunk.raws, pa.string()),

@@ -1,0 +1,61 @@
+"""The CLI at its edges: an empty request id, poll intervals that are no time, a reader that closes the pipe.
+Each refusal is one line with exit 2; a closed pipe is a reader that has what it wanted: exit 0, nothing said."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import rec, write_jsonl
+
+from specdec_core.cli import main as cli_main
+from specdec_core.store.connection import Store
+from specdec_core.store.ingest import ingest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def loaded_db(tmp_path_factory) -> Path:
+    """A store the refusals below must leave as it is (none of them writes)."""
+    folder = tmp_path_factory.mktemp("store")
+    db = folder / "s.duckdb"
+    ingest(Store(db), [str(write_jsonl(folder / "log.jsonl", [rec("a"), rec("b", cache_hit=True)]))])
+    return db
+
+
+def one_line_usage_error(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    return err
+
+
+def test_replay_of_an_empty_request_id_is_a_usage_error_not_every_suspicious_request(capsys, loaded_db):
+    err = one_line_usage_error(capsys, ["replay", "--db", str(loaded_db), "--request-id", ""])
+    assert "--request-id" in err and "empty" in err
+
+
+@pytest.mark.parametrize("every", ["inf", "nan", "0"])
+def test_follow_every_that_is_no_interval_is_refused_in_one_line(capsys, tmp_path, loaded_db, every):
+    code = cli_main(["ingest", "--db", str(loaded_db), "--follow", "--every", every, str(tmp_path / "log.jsonl")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--every" in err, err
+
+
+def test_follow_idle_exit_of_nan_is_refused_in_one_line(capsys, tmp_path, loaded_db):
+    code = cli_main(["ingest", "--db", str(loaded_db), "--follow", "--idle-exit", "nan", str(tmp_path / "log.jsonl")])
+    assert code == 2 and "--idle-exit" in capsys.readouterr().err
+
+
+def test_stats_into_a_pipe_closed_early_exits_0_and_says_nothing(loaded_db):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `| head -1` that has read its line and gone
+    done = subprocess.run([sys.executable, "-m", "specdec_core", "stats", "--db", str(loaded_db)], cwd=ROOT,
+                          stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write_end)
+    assert (done.returncode, done.stderr) == (0, "")

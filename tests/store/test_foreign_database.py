@@ -1,0 +1,51 @@
+"""`--db` at another application's DuckDB: every writing command refuses it in one line and leaves it as it
+was, byte for byte; an empty DuckDB file is no one's and becomes a store."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import duckdb
+import pytest
+from helpers import rec, write_jsonl
+
+from specdec_core.cli import main as cli_main
+from specdec_core.store.connection import Store
+
+FOREIGN = {
+    "unrelated tables": "CREATE TABLE users (id INT, name VARCHAR); CREATE TABLE orders (id INT, total DOUBLE)",
+    "a requests table of its own": "CREATE TABLE requests (id INT, body VARCHAR)",
+    "its requests with rows": "CREATE TABLE requests (id INT, body VARCHAR); INSERT INTO requests VALUES (1, 'x')",
+}
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("command", ["migrate", "ingest"])
+@pytest.mark.parametrize("kind", list(FOREIGN))
+def test_a_foreign_database_is_refused_in_one_line_and_left_as_it_was(tmp_path, capsys, kind, command):
+    db = tmp_path / "other.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute(FOREIGN[kind])
+    before = digest(db)
+    log = write_jsonl(tmp_path / "log.jsonl", [rec("a")])
+    argv = ["migrate", "--db", str(db)] if command == "migrate" else ["ingest", str(log), "--db", str(db)]
+    code = cli_main(argv)
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "not a specdec store" in err and str(db) in err, err
+    assert digest(db) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl", "other.duckdb", "other.duckdb.lock"]
+
+
+def test_an_empty_duckdb_file_becomes_a_store_and_a_store_stays_one(tmp_path, capsys):
+    db = tmp_path / "empty.duckdb"
+    duckdb.connect(str(db)).close()
+    log = write_jsonl(tmp_path / "log.jsonl", [rec("a")])
+    assert cli_main(["ingest", str(log), "--db", str(db)]) == 0
+    assert cli_main(["migrate", "--db", str(db)]) == 0
+    assert cli_main(["ingest", str(write_jsonl(tmp_path / "more.jsonl", [rec("b")])), "--db", str(db)]) == 0
+    with Store(db).read() as con:
+        assert con.execute("SELECT count(*) FROM requests").fetchall() == [(2,)]
