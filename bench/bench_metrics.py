@@ -10,10 +10,8 @@ already in memory (its load time is printed apart and not counted against it).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -22,19 +20,12 @@ OUT = Path(__file__).resolve().parent / "out"
 ROOT = OUT.parent.parent
 sys.path.insert(0, str(ROOT))
 
+from common import median_seconds  # noqa: E402
+
 from specdec_core import analysis as metrics  # noqa: E402
 from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402
 from specdec_core.store.ingest import ingest  # noqa: E402
-
-
-def best_of(fn: Callable[[], object], runs: int = 3) -> float:
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def draft_label(df: pd.DataFrame) -> pd.Series:
@@ -132,7 +123,7 @@ def main() -> None:
                             (f"time range {window.start:%H:%M:%S.%f} to {window.end:%H:%M:%S.%f}", window, inside)):
         print(f"{title}: {len(frame):,} rows")
         run_cases(store, f, frame)
-        print(f"{'red flags (all six checks)':32}{best_of(lambda f=f: metrics.red_flags(store, f)):>9.3f}\n")
+        print(f"{'red flags (all six checks)':32}{median_seconds(lambda f=f: metrics.red_flags(store, f)):>9.3f}\n")
 
 
 def run_cases(store: Store, f: metrics.Filters, df: pd.DataFrame) -> None:
@@ -156,7 +147,7 @@ def run_cases(store: Store, f: metrics.Filters, df: pd.DataFrame) -> None:
     print(f"{'question':32}{'ours s':>9}{'pandas s':>10}{'speedup':>9}  target (<0.5 s, >=5x)")
     met = 0
     for name, ours, theirs in cases:
-        a, b = best_of(ours), best_of(theirs)
+        a, b = median_seconds(ours), median_seconds(theirs)
         ok = a < 0.5 and b / a >= 5
         met += ok
         print(f"{name:32}{a:>9.3f}{b:>10.3f}{b / a:>8.1f}x  {'met' if ok else 'NOT met'}")

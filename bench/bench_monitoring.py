@@ -27,7 +27,7 @@ ROOT = OUT.parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from common import run_child  # noqa: E402
+from common import median_seconds, run_child  # noqa: E402
 
 from specdec_core import analysis  # noqa: E402
 from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
@@ -35,15 +35,6 @@ from specdec_core.monitoring.exporter import Listen, StoreCollector, serve  # no
 from specdec_core.monitoring.figures import read_figures  # noqa: E402
 from specdec_core.monitoring.rules import rules_yaml  # noqa: E402
 from specdec_core.store import Store, ingest  # noqa: E402
-
-
-def median_of(fn, runs: int = 3) -> float:
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def record(request_id: str, deployment: str, key: str, max_tokens: int, hit: bool) -> dict:
@@ -90,7 +81,7 @@ def scrape_cost(rows: int) -> None:
             make_synthetic_log(log, rows)
         ingest(store, [str(log)])
         print(f"built a {rows:,}-row store in {time.perf_counter() - t:.0f} s")
-    read = median_of(lambda: read_figures(store))
+    read = median_seconds(lambda: read_figures(store))
     server = serve(store, Listen("127.0.0.1", 0))
     url = f"http://127.0.0.1:{server.port}/metrics"
 
@@ -101,7 +92,7 @@ def scrape_cost(rows: int) -> None:
     t = time.perf_counter()
     size = scrape()
     first = time.perf_counter() - t
-    again = median_of(scrape)
+    again = median_seconds(scrape)
     # A follower's batch: the next scrape reads the figures again, continuing the token sums.
     batch = OUT / "monitoring-batch.jsonl"
     batch.write_text("".join(json.dumps(record(f"batch-{time.time_ns()}-{n}", "bench", f"b{n}", 64, False)) + "\n"
@@ -122,7 +113,7 @@ def scrape_cost(rows: int) -> None:
                      ("keys per identity", lambda: analysis.key_ratio_by_deployment(store)),
                      ("acceptance by combination", lambda: analysis.acceptance_by_combination(store)),
                      ("red flags", lambda: analysis.red_flags(store))):
-        print(f"  {name:40}{median_of(fn):>8.3f} s")
+        print(f"  {name:40}{median_seconds(fn):>8.3f} s")
     print()
 
 

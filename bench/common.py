@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 import time
@@ -25,3 +26,13 @@ def run_child(code: str, *args: str, cwd: Path = ROOT, env: dict[str, str] | Non
     if done.stderr.strip():
         print(done.stderr.strip(), file=sys.stderr)
     return time.perf_counter() - started, int(peak.read_text().split()[-1]) / 1024, done.stdout.strip()
+
+
+def median_seconds(fn, runs: int = 3) -> float:
+    """The median wall time of `runs` calls of fn()."""
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
