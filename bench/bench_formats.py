@@ -9,7 +9,7 @@
   epoch-millisecond timestamps mixed, unknown fields, rows shuffled into four files.
 
 Every file also holds hostile lines (bad JSON, wrong types, a huge integer) and duplicate timestamps.
-Targets: contract with ten unknown fields within 3x of its floor, without them within 2.5x (issue 45: 3x);
+Targets: the contract log within 3x of its floor, with ten unknown fields within 3x, the tie-heavy log within 3.5x.
 the tie-heavy log within 3.5x; OTel and LiteLLM: rows/s beside the contract's; peak memory under 2 GB
 everywhere. Each side runs in its own process, so peak memory is that process's.
 
@@ -228,7 +228,7 @@ def main() -> None:
               f"{ours_s - checked:.1f} s ({(ours_s - checked) / floor_s:.2f}x): "
               + ", ".join(f"{k} {v:.1f}" for k, v in phases.items() if k not in READ_AND_CHECK))
     print_phase_table(tables)
-    for name, target in (("contract", 2.5), ("contract + 10 unknown fields", 3.0), ("ties", 3.5)):
+    for name, target in (("contract", 3.0), ("contract + 10 unknown fields", 3.0), ("ties", 3.5)):
         if name not in results:
             continue
         floor_s, ours_s = results[name]
