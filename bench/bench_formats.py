@@ -9,7 +9,7 @@
   epoch-millisecond timestamps mixed, unknown fields, rows shuffled into four files.
 
 Every file also holds hostile lines (bad JSON, wrong types, a huge integer) and duplicate timestamps.
-Targets: the contract log within 3x of its floor, with ten unknown fields within 3x, the tie-heavy log within 3.5x.
+Targets: the contract log within 3x of its floor, with ten unknown fields within 3x,
 the tie-heavy log within 3.5x; OTel and LiteLLM: rows/s beside the contract's; peak memory under 2 GB
 everywhere. Each side runs in its own process, so peak memory is that process's.
 
