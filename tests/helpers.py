@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +173,10 @@ SAMPLE_REQUEST = DecodeRequest(
     max_tokens=64,
     tokenizer_version="hf-4.44",
 )
+
+
+def instant(ts: object) -> datetime:
+    """A logged `ts` (RFC 3339 text, or epoch milliseconds) as an aware UTC datetime."""
+    if isinstance(ts, int):
+        return datetime.fromtimestamp(ts / 1000, tz=timezone.utc)
+    return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).astimezone(timezone.utc)

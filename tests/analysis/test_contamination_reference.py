@@ -19,7 +19,7 @@ import random
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from helpers import DROP, rec, run_cli, write_jsonl
+from helpers import DROP, instant, rec, run_cli, write_jsonl
 
 from specdec_core.contract.identity import canonicalize_identity, identity
 
@@ -84,12 +84,6 @@ def random_log(seed: int, n: int = 400) -> list[dict]:
     return records
 
 
-def _instant(ts: object) -> datetime:
-    if isinstance(ts, int):
-        return datetime.fromtimestamp(ts / 1000, tz=timezone.utc)
-    return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).astimezone(timezone.utc)
-
-
 def _differing(a: dict, b: dict) -> str:
     return ";".join(sorted(k for k in a if k in b and a[k] != b[k]))
 
@@ -102,10 +96,10 @@ def reference_report(records: list[dict]) -> set[tuple[str, str, str, str]]:
             rows.add((r["request_id"], "length_violation", "", ""))
         if not r["cache_hit"]:
             continue
-        mine, at = identity(r), _instant(r["ts"])
-        misses = [(_instant(m["ts"]), n, m) for n, m in enumerate(records)
+        mine, at = identity(r), instant(r["ts"])
+        misses = [(instant(m["ts"]), n, m) for n, m in enumerate(records)
                   if not m["cache_hit"] and m["deployment"] == r["deployment"] and m["cache_key"] == r["cache_key"]
-                  and _instant(m["ts"]) <= at]
+                  and instant(m["ts"]) <= at]
         source = max(misses, key=lambda x: (x[0], x[1]))[2] if misses else None
         if source is not None and identity(source) != mine:
             rows.add((r["request_id"], "contaminated_hit", source["request_id"], _differing(mine, identity(source))))

@@ -16,7 +16,7 @@ import random
 from datetime import datetime, timedelta, timezone
 
 import duckdb
-from helpers import rec, write_jsonl
+from helpers import instant, rec, write_jsonl
 
 from specdec_core.contract.identity import fingerprint, identity
 from specdec_core.store.connection import Store, release_snapshots
@@ -70,15 +70,9 @@ def _tied_log(rng: random.Random) -> dict[str, list[dict]]:
     return rows
 
 
-def _instant(ts: object) -> datetime:
-    if isinstance(ts, int):
-        return datetime.fromtimestamp(ts / 1000, tz=timezone.utc)
-    return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).astimezone(timezone.utc)
-
-
 def _reference(files: dict[str, list[dict]]) -> dict[str, tuple[str | None, bool, bool]]:
     """request_id -> (source, contaminated, first sight) of every hit, one record at a time."""
-    rows = [(_instant(r["ts"]), name, line, r) for name, recs in sorted(files.items())
+    rows = [(instant(r["ts"]), name, line, r) for name, recs in sorted(files.items())
             for line, r in enumerate(recs, start=1)]
     ids = {r["request_id"]: identity(r) for _, _, _, r in rows}
     first: dict[tuple, datetime] = {}
