@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 from helpers import rec, write_jsonl
@@ -25,12 +24,13 @@ print(r.accepted)
 """
 
 READER = """
-import json, sys, time
+import json, os, sys
 from specdec_core.store import Store
 from specdec_core.store.connection import release_snapshots
 store, seen, errors = Store(sys.argv[1]), [], []
-stop_at = time.monotonic() + float(sys.argv[2])
-while time.monotonic() < stop_at:
+stop_file = sys.argv[2]
+while True:
+    stopping = os.path.exists(stop_file)  # one more read after the writers are done, then stop
     try:
         with store.read() as con:
             seen.append(con.execute(
@@ -38,6 +38,10 @@ while time.monotonic() < stop_at:
                 "(SELECT count(*) FROM hit_sources), (SELECT count(*) FROM requests WHERE cache_hit)").fetchall()[0])
     except Exception as exc:
         errors.append(repr(exc))
+    if len(seen) + len(errors) == 1:
+        print("reading", flush=True)
+    if stopping:
+        break
 print(json.dumps({"seen": [[int(v or 0) for v in row] for row in seen], "errors": errors}))
 """
 
@@ -63,13 +67,16 @@ def two_writers_and_a_reader(db: str, tmp_path, rows: int, env: dict | None = No
     a = write_jsonl(tmp_path / "a.jsonl", _batch("a", rows, 1))
     b = write_jsonl(tmp_path / "b.jsonl", _batch("b", rows, 1))
     ingest(Store(db), [str(seed)])
-    reader = subprocess.Popen([sys.executable, "-c", READER, db, "20"], stdout=subprocess.PIPE, text=True, env=env)
-    time.sleep(2)  # the reader is reading before the writers start
+    stop_file = tmp_path / "writers-done"
+    reader = subprocess.Popen([sys.executable, "-c", READER, db, str(stop_file)], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    assert reader.stdout.readline().strip() == "reading"  # the reader is reading before the writers start
     writers = [subprocess.Popen([sys.executable, "-c", WRITER, db, str(f)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env) for f in (a, b)]
     outs = [w.communicate(timeout=300) for w in writers]
     assert [w.returncode for w in writers] == [0, 0], [err for _, err in outs]
     assert [int(out) for out, _ in outs] == [rows, rows]
+    stop_file.touch()
     read = json.loads(reader.communicate(timeout=120)[0])
     assert read["errors"] == []
     counts = {row[0] for row in read["seen"]}
