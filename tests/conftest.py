@@ -27,3 +27,36 @@ def store(tmp_path):
     from specdec_core.store import Store
 
     return Store(tmp_path / "triage.duckdb")
+
+
+# The longest modules first. The suite's workers each take a whole module at a time (--dist loadfile), and
+# xdist would otherwise hand them out by test count, so a module of three long tests came last and one
+# worker ran it alone for minutes. Rough order from `pytest --durations=0`; modules not named follow in
+# their usual order.
+LONGEST_FIRST = (
+    "tests/store/test_lake_maintenance.py",
+    "tests/demo/test_demo_incident.py",
+    "tests/browser/test_incident_flow.py",
+    "tests/store/test_lake.py",
+    "tests/replay/test_replay_verdicts.py",
+    "tests/browser/test_replay_flow.py",
+    "tests/formats/test_format_fixtures.py",
+    "tests/store/test_follow.py",
+    "tests/replay/test_engine_replay.py",
+    "tests/store/test_incremental.py",
+    "tests/browser/test_served_dashboard.py",
+    "tests/browser/test_glance_and_back.py",
+    "tests/store/test_shared_store.py",
+    "tests/monitoring/test_metric_figures.py",
+    "tests/packaging/test_optional_extras.py",
+    "tests/dashboard/test_charts_annotations_search.py",
+    "tests/cli/test_migrate_and_stats_json.py",
+    "tests/store/test_concurrency.py",
+    "tests/decoding/test_spec_decoder.py",
+    "tests/dashboard/test_pages.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
