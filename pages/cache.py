@@ -55,7 +55,8 @@ ratios = ui.cached(analysis.key_ratio_by_deployment, filters=filters)
 labels = [ui.plot_label(ui.deployment_label(d)) for d in ratios.deployment]
 repeat_hits = ratios.hits - ratios.first_sight_hits
 figure = go.Figure([
-    go.Bar(name="hits on an identity never served before (impossible with a correct key)", y=labels,
+    # Two lines: in one, a phone cut the legend off at "(impossible with a correc".
+    go.Bar(name="hits on an identity never served before<br>(impossible with a correct key)", y=labels,
            x=ratios.first_sight_hits, orientation="h", marker_color=ui.ALARM),
     go.Bar(name="hits on an identity served before", y=labels, x=repeat_hits, orientation="h",
            marker_color=ui.GOOD),

@@ -29,8 +29,10 @@ MARK_STYLES = {"note": {"width": 1, "dash": "dash", "color": "#444444"},
 
 
 def readable_layout(figure: Any, *, height: int | None = None) -> Any:
-    """Legends under the plot, not beside it: on a phone a side legend squeezes the plot to a sliver."""
-    figure.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0, "title": None},
+    """Legends above the plot, not beside it: on a phone a side legend squeezes the plot to a sliver. Not
+    under it either: plotly places a legend a share of the plot's height below it but the axis title a
+    number of pixels below it, so on a short plot the two overlapped (Cache, issue 44)."""
+    figure.update_layout(legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0, "title": None},
                          margin={"l": 8, "r": 8, "t": 36, "b": 8}, colorway=PALETTE)
     if height:
         figure.update_layout(height=height)
