@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 import ui
@@ -36,7 +37,9 @@ else:
     preview = ui.cached(report.mismatch_report, filters=filters, kinds=tuple(kinds), limit=PREVIEW_ROWS)
     shown = "" if total <= PREVIEW_ROWS else f" (the first {PREVIEW_ROWS:,} shown; the CSV has all)"
     st.caption(f"{ui.plural(total, 'row')}{shown}.")
-    ui.table(preview)
+    # The CSV writes times as ISO text; on screen they read as every other table's.
+    times = [c for c in ("ts", "source_ts") if c in preview.columns]
+    ui.table(preview.assign(**{c: pd.to_datetime(preview[c], utc=True, format="ISO8601") for c in times}))
 
 st.subheader("Replays")
 replays = ui.cached(stored.replays_for_export, filters=filters)
