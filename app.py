@@ -129,7 +129,7 @@ def show_last_ingest() -> None:
     if not counts["read"]:
         st.warning("The files held no records: nothing was loaded.")
     if counts.get("all_quarantined"):
-        st.error(f"Nothing loaded: all {counts['quarantined']:,} records broke the log contract and were "
+        st.error(f"Nothing loaded: all {ui.plural(counts['quarantined'], 'record')} broke the log contract and were "
                  "quarantined. Their reasons are below.")
         reasons = ui.cached(metrics.quarantined_records).reason.drop_duplicates().head(3)
         for reason in reasons:
@@ -141,10 +141,8 @@ def show_last_ingest() -> None:
     right.metric("Quarantined", ui.fmt_int(counts["quarantined"]))
     if counts["quarantined"]:
         with st.expander("Quarantined records", expanded=bool(counts.get("all_quarantined"))):
-            st.dataframe(ui.cached(metrics.quarantined_records), hide_index=True, column_config={
-                "source_file": st.column_config.TextColumn("file"), "source_line": "line",
-                "request_id": "request", "reason": st.column_config.TextColumn("reason", width="large"),
-                "raw": st.column_config.TextColumn("record as logged")})
+            ui.table(ui.cached(metrics.quarantined_records), column_config={
+                "reason": st.column_config.TextColumn("reason", width="large")})
 
 
 def keep_valid(key: str, options: list) -> None:
@@ -166,11 +164,16 @@ def time_range(options: metrics.FilterOptions) -> tuple:
     if not chosen or chosen[0] < start or chosen[1] > end or chosen[0] > chosen[1]:
         st.session_state["f_time"] = (start, end)
     step = max(timedelta(seconds=1), timedelta(seconds=round((end - start).total_seconds() / 1000)))
-    low, high = st.slider("Time range (UTC)", min_value=start, max_value=end, step=step,
-                          format="YYYY-MM-DD HH:mm" if (end - start).days > 300 else "MM-DD HH:mm", key="f_time")
+    # The one timestamp format (ui.TIME_FORMAT); over a single day the date goes in the label, once: two
+    # whole timestamps over the handles ran past the sidebar's edge when the handles came close.
+    one_day = start.date() == end.date()
+    label = f"Time range (UTC, {start:%Y-%m-%d})" if one_day else "Time range (UTC)"
+    low, high = st.slider(label, min_value=start, max_value=end, step=step,
+                          format=ui.TIME_FORMAT.split(" ")[1] if one_day else ui.TIME_FORMAT, key="f_time")
     st.caption(f"{ui.fmt_ts(low)} to {ui.fmt_ts(high)}")
     if options.outside_span:
-        st.caption(f"{options.outside_span:,} requests have timestamps beyond this slider (earliest "
+        beyond = "has a timestamp" if options.outside_span == 1 else "have timestamps"
+        st.caption(f"{ui.plural(options.outside_span, 'request')} {beyond} beyond this slider (earliest "
                    f"{ui.fmt_ts(options.start)}, latest {ui.fmt_ts(options.end)}); a handle at its end "
                    "keeps them in.")
     # A handle at its end is no bound on that side: requests loaded later, or beyond the slider, stay in view.

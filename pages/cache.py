@@ -55,7 +55,8 @@ ratios = ui.cached(analysis.key_ratio_by_deployment, filters=filters)
 labels = [ui.plot_label(ui.deployment_label(d)) for d in ratios.deployment]
 repeat_hits = ratios.hits - ratios.first_sight_hits
 figure = go.Figure([
-    go.Bar(name="hits on an identity never served before (impossible with a correct key)", y=labels,
+    # Two lines: in one, a phone cut the legend off at "(impossible with a correc".
+    go.Bar(name="hits on an identity never served before<br>(impossible with a correct key)", y=labels,
            x=ratios.first_sight_hits, orientation="h", marker_color=ui.ALARM),
     go.Bar(name="hits on an identity served before", y=labels, x=repeat_hits, orientation="h",
            marker_color=ui.GOOD),
@@ -63,12 +64,10 @@ figure = go.Figure([
 figure.update_layout(barmode="stack", xaxis_title="cache hits", yaxis_title="deployment",
                      height=140 + 50 * max(len(ratios), 1))
 st.plotly_chart(ui.readable_layout(figure), key="first_sight_hits")
-st.dataframe(ratios, hide_index=True, column_config={
+ui.table(ratios, column_config={
     "keys_per_identity": st.column_config.NumberColumn("keys per identity", format="%.3f"),
-    "hit_rate": st.column_config.NumberColumn("hit rate", format="percent"),
     "max_correct_hit_rate": st.column_config.NumberColumn("ceiling for a correct key", format="percent",
                                                           help=analysis.CEILING_MEANING),
-    "first_sight_hits": st.column_config.NumberColumn("hits on never-served identities"),
 })
 
 st.subheader("Latency of hits and misses")
@@ -86,7 +85,7 @@ else:
     figure.update_layout(barmode="overlay", xaxis_title="latency (ms, log scale)", yaxis_title="requests")
     figure.update_xaxes(type="log")
     st.plotly_chart(ui.readable_layout(figure), key="latency_histogram")
-    st.dataframe(latency, hide_index=True)
+    ui.table(latency)
 
 st.subheader("Speculative decoding health (decoded requests)")
 acceptance = ui.cached(analysis.acceptance_by_combination, filters=filters)
@@ -104,4 +103,4 @@ else:
     figure = px.bar(acceptance, x="combination", y="mean_accepted_length", color_discrete_sequence=[ui.GOOD],
                     labels={"mean_accepted_length": "accepted tokens per step", "combination": "target / draft"})
     right.plotly_chart(ui.readable_layout(figure), key="mean_accepted_length")
-    st.dataframe(acceptance.drop(columns="combination"), hide_index=True)
+    ui.table(acceptance.drop(columns="combination"))

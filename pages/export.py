@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 import ui
@@ -35,8 +36,10 @@ if total == 0:
 else:
     preview = ui.cached(report.mismatch_report, filters=filters, kinds=tuple(kinds), limit=PREVIEW_ROWS)
     shown = "" if total <= PREVIEW_ROWS else f" (the first {PREVIEW_ROWS:,} shown; the CSV has all)"
-    st.caption(f"{total:,} rows{shown}.")
-    st.dataframe(preview, hide_index=True)
+    st.caption(f"{ui.plural(total, 'row')}{shown}.")
+    # The CSV writes times as ISO text; on screen they read as every other table's.
+    times = [c for c in ("ts", "source_ts") if c in preview.columns]
+    ui.table(preview.assign(**{c: pd.to_datetime(preview[c], utc=True, format="ISO8601") for c in times}))
 
 st.subheader("Replays")
 replays = ui.cached(stored.replays_for_export, filters=filters)
@@ -44,11 +47,11 @@ if replays.empty:
     st.info("No replay stored for the requests of this selection: replays run from the Replay page or "
             "`specdec replay --db FILE --request-id ID`.")
 else:
-    st.caption(f"{len(replays):,} replays of the requests the sidebar's filters select.")
+    st.caption(f"{ui.plural(len(replays), 'replay')} of the requests the sidebar's filters select.")
     st.download_button("Download replays (CSV)", data=report.report_csv(replays),
                        file_name=f"specdec-replays_{slug}.csv", mime="text/csv", on_click="ignore",
                        key="download_replays")
     replays = replays.copy()
     replays.insert(0, "open", [ui.replay_url(r) for r in replays.replay_id])
-    st.dataframe(replays, hide_index=True, column_config={
+    ui.table(replays, column_config={
         "open": st.column_config.LinkColumn("replay page", display_text="open", width="small")})

@@ -14,20 +14,19 @@ from specdec_core.config import ConfigError
 from specdec_core.keys import audit
 
 TOP_KEYS = 20
-DIFFERS = "background-color: #fde2c4"
 
 ui.page_header("Keys")
 ui.require_data()
 filters = ui.filters()
 
 head = ui.cached(metrics.headline, filters=filters)
-st.caption(f"{head.unique_keys:,} unique cache keys for {head.unique_identities:,} unique request "
-           "identities in this selection. A correct key gives each identity a key of its own.")
+st.caption(f"{ui.plural(head.unique_keys, 'unique cache key')} for "
+           f"{ui.plural(head.unique_identities, 'unique request identity', 'unique request identities')} in this selection. A correct key gives each identity a key of its own.")
 collisions = ui.cached(metrics.key_collisions, filters=filters)
 if collisions.empty:
     st.success("No cache key was shared by different request identities in this selection.")
 else:
-    st.subheader(f"{head.key_collisions:,} keys shared by more than one identity")
+    st.subheader(f"{ui.plural(head.key_collisions, 'key')} shared by more than one identity")
     top = collisions.head(TOP_KEYS)
     figure = px.bar(top.iloc[::-1], y=[ui.plot_label(f"{ui.deployment_label(d)} · {k[:40]}")
                                        for d, k in zip(top.deployment[::-1], top.cache_key[::-1], strict=True)],
@@ -40,7 +39,7 @@ else:
     st.plotly_chart(ui.readable_layout(figure), key="identities_per_key")
     if len(collisions) > TOP_KEYS:
         st.caption(f"The {TOP_KEYS} keys shared by the most identities; the table lists all {len(collisions):,}.")
-    table = st.dataframe(collisions, hide_index=True, on_select="rerun", selection_mode="single-row",
+    table = ui.table(collisions, on_select="rerun", selection_mode="single-row",
                          key="collision_table")
     rows = [i for i in table.selection.rows if i < len(collisions)]
     chosen = collisions.iloc[rows[0] if rows else 0]
@@ -55,15 +54,14 @@ else:
                     + ", ".join(ui.code_span(f) for f in differing))
     # The highlighted differing fields first: in view without scrolling sideways.
     identities = identities[differing + [c for c in identities.columns if c not in differing]]
-    st.dataframe(identities.style.apply(
-        lambda column: [DIFFERS if column.name in differing else "" for _ in column]), hide_index=True)
+    ui.table(identities, highlight=differing, key="key_identities")
     prompts = ui.cached(metrics.key_prompts, chosen.deployment, chosen.cache_key, filters=filters)
     distinct = prompts.prompt.dropna().unique()
     st.markdown(f"**Prompt{'s' if len(distinct) > 1 else ''} behind this key**")
     for prompt in distinct[:3]:
         st.code(prompt, language=None, wrap_lines=True)
     if len(distinct) > 3:
-        st.caption(f"and {len(distinct) - 3:,} more prompts.")
+        st.caption(f"and {ui.plural(len(distinct) - 3, 'more prompt')}.")
     if prompts.prompt.isna().any():
         st.caption("Some identities were logged with only the prompt's hash.")
 

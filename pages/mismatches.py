@@ -49,11 +49,6 @@ selected: list[str] = st.session_state.setdefault(SELECTED_KEY, [])
 FIRST = ["request_id", "ts", "deployment", "target_model", "draft_model", "differing_fields", "source_request_id"]
 COLUMNS = FIRST + [f for f in contract.IDENTITY_FIELDS if f in hits.columns and f not in FIRST] + \
     [c for c in ("output_tokens", "cache_key", "source_ts", "output_preview") if c in hits.columns]
-HEADERS = {"request_id": "request", "ts": "time", "target_model": "target model", "draft_model": "draft model",
-           "differing_fields": "differing fields", "source_request_id": "source request",
-           "tokenizer_version": "tokenizer", "max_tokens": "max tokens", "output_tokens": "output tokens",
-           "cache_key": "cache key", "source_ts": "source time", "output_preview": "output (start)",
-           "temperature": st.column_config.NumberColumn("temperature", format="%g")}
 table = hits[COLUMNS].copy()
 table.insert(0, "replay", table.request_id.isin(selected))
 # The editor's own state is per position; it is keyed by the rows it shows, so a new filter starts it anew
@@ -75,16 +70,18 @@ def remember_ticks() -> None:
     st.session_state[SELECTED_KEY] = chosen
 
 
-shown = f"{len(hits):,} of {window.contaminated_hits.sum():,}"
-st.caption(f"{shown} contaminated hits. Tick rows to replay them with their full identity; ticks stay with "
+total = int(window.contaminated_hits.sum())
+shown = f"{len(hits):,} of {ui.plural(total, 'contaminated hit')}" if len(hits) < total else \
+    ui.plural(total, "contaminated hit")
+st.caption(f"{shown}. Tick rows to replay them with their full identity; ticks stay with "
            "their requests when the filter changes.")
 st.data_editor(table, hide_index=True, key=editor_key, on_change=remember_ticks,
                disabled=[c for c in table.columns if c != "replay"],
-               column_config={"replay": st.column_config.CheckboxColumn("replay", width="small"), **HEADERS})
+               column_config={**ui.columns_for(table), "replay": st.column_config.CheckboxColumn("replay", width="small")})
 selected = st.session_state[SELECTED_KEY]
 if selected:
     hidden = [r for r in selected if r not in set(table.request_id)]
-    st.write(f"{len(selected)} selected for replay"
+    st.write(f"{ui.plural(len(selected), 'request')} selected for replay"
              + (f" ({len(hidden)} not shown by this filter)." if hidden else "."))
     left, right = st.columns([1, 1])
     if left.button(f"Replay {len(selected)} selected", type="primary", key="replay_selected"):

@@ -45,7 +45,7 @@ figure.update_layout(xaxis={"title": "max_tokens", "tickmode": "array", "tickval
                      yaxis_title="output tokens")
 event = st.plotly_chart(ui.readable_layout(figure), key="output_length_by_max_tokens", on_select="rerun",
                         selection_mode="points")
-st.dataframe(boxes, hide_index=True)
+ui.table(boxes)
 
 st.subheader("Length violations")
 if not count:
@@ -57,5 +57,5 @@ else:
         violations = violations[violations.request_id.isin(picked)]
         st.caption("The requests clicked in the chart; click elsewhere to list them all.")
     shown = "" if len(violations) == count or picked else f" (the first {len(violations):,} listed)"
-    st.error(f"{count:,} requests returned more tokens than their max_tokens allows{shown}.")
+    st.error(f"{ui.plural(count, 'request')} returned more tokens than their max_tokens allows{shown}.")
     ui.request_table(violations, key="length_violation_rows")

@@ -60,7 +60,7 @@ else:
     ui.readable_layout(figure)
     point = ui.time_chart(figure, "contamination_timeline", bucket=bucket)
     ui.show_point_rows(figure, point, bucket, contaminated_only=True, key="contamination_rows")
-    st.dataframe(window.sort_values(["first_contaminated", "deployment"]), hide_index=True)
+    ui.table(window.sort_values(["first_contaminated", "deployment"]), key="contamination_window")
     ui.page_link("Mismatches", "See every contaminated hit", icon=":material/arrow_forward:")
 
 st.subheader("Red flags")

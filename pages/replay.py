@@ -6,6 +6,8 @@ linked; the replay history lists them all.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pandas as pd
 import streamlit as st
 
@@ -35,7 +37,12 @@ SHOWN_APART = ("request_id", "prompt", "output_text")
 
 
 def _text(value: object) -> str:
-    return "" if value is None else str(value)
+    """A logged value as the tables show it: one timestamp format, temperature 0 not 0.0."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return ui.fmt_ts(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def show_record(record: analysis.RequestRecord) -> None:
@@ -241,11 +248,8 @@ def show_outcome(job: jobs.ReplayJob) -> None:
             "source_request_id": [r.source_request_id for r in job.results],
             "message": [r.message for r in job.results],
         })
-        st.dataframe(batch, hide_index=True, key="batch_table", column_config={
-            "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
-            "request_id": "request", "classification": "verdict", "source_request_id": "source request",
-            "similarity": st.column_config.NumberColumn("similarity", format="percent"),
-        })
+        ui.table(batch, key="batch_table", column_config={
+            "open": st.column_config.LinkColumn("replay page", display_text="open", width="small")})
         if st.toggle("Show each row's diff", key="batch_diffs"):
             for n, result in enumerate(job.results):
                 with st.expander(f"{result.request_id}: {result.classification}"):
@@ -327,10 +331,5 @@ else:
     # The verdict and the request first: on a phone they are all that fits beside the link.
     first = ["open", "classification", "request_id"]
     history = history[first + [c for c in history.columns if c not in first]]
-    st.dataframe(history, hide_index=True, key="replay_history", column_config={
-        "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
-        "classification": "verdict", "request_id": "request", "replayed_at": "replayed at",
-        "similarity": st.column_config.NumberColumn("similarity", format="percent"),
-        "first_divergent_token": "first divergent token", "source_request_id": "source request",
-        "target_model": "target model", "request_ts": "request time", "replay_id": "replay id",
-    })
+    ui.table(history, key="replay_history", column_config={
+        "open": st.column_config.LinkColumn("replay page", display_text="open", width="small")})

@@ -51,5 +51,19 @@ if not total:
                f"{' or '.join('prompt' if f == 'prompt' else 'output' for f in fields)}.")
     st.stop()
 more = f"; the first {LIMIT:,} are listed" if total > LIMIT else ""
-st.caption(f"{total:,} requests match{more} ({took:.2f} s).")
-ui.request_table(found.drop(columns="matches"), key="search_results")
+st.caption(f"{ui.plural(total, 'request')} {'matches' if total == 1 else 'match'}{more} ({took:.2f} s). Each row "
+           "shows where: the first match in its output (else its prompt), highlighted, with the text around it.")
+# Where it matched comes right after the request and its time: in view at 1440 px without scrolling. The
+# match is a cell of its own, between the text before (right-aligned, so it runs into the match) and after.
+EXCERPT = ["match_before", "match_text", "match_after"]
+shown = found[["request_id", "ts", "match_field", *EXCERPT, "deployment", "target_model", "cache_hit",
+               "max_tokens", "output_tokens"]].copy()
+for column in EXCERPT:
+    shown[column] = shown[column].fillna("").str.replace(r"\s", " ", regex=True)
+ui.request_table(shown, key="search_results", highlight=["match_text"], column_config={
+    "request_id": st.column_config.TextColumn("request", width=100),
+    "match_field": st.column_config.TextColumn("found in", width=70),
+    "match_before": st.column_config.TextColumn("…before", width=230, alignment="right"),
+    "match_text": st.column_config.TextColumn("match", width=110),
+    "match_after": st.column_config.TextColumn("after…", width=230),
+})

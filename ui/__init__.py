@@ -1,6 +1,6 @@
 """What app.py and every page share, by job: this session's state and database (`state`), what a visitor
 may open (`access`), text for the screen (`format`) and time charts (`charts`). Pages use the names
-re-exported here (`ui.cached`, `ui.fmt_ts`, ...)."""
+re-exported here (`ui.cached`, `ui.fmt_ts`, ...), and tables with the same headers and formats (`tables`)."""
 
 from ui.access import (
     confine_db_choice,
@@ -22,7 +22,6 @@ from ui.charts import (
     point_deployment,
     point_time,
     readable_layout,
-    request_table,
     show_point_rows,
     time_chart,
 )
@@ -67,6 +66,7 @@ from ui.state import (
     require_data,
     store,
 )
+from ui.tables import TIME_FORMAT, columns_for, header, request_table, table
 
 __all__ = [
     "ALARM", "ANNOTATIONS_KEY", "DB_ACCEPTED_KEY", "DB_KEY", "DB_REFUSED_KEY", "FILTERS_KEY", "GOOD", "PAGE_FILES",
@@ -76,5 +76,6 @@ __all__ = [
     "deployment_label", "empty_state", "entrypoint", "filter_slug", "filters", "fmt_duration", "fmt_int", "fmt_pct",
     "fmt_ts", "has_data", "md_escape", "operator_stores", "page_header", "page_link", "panel_spacing",
     "plot_label", "point_deployment", "point_time", "readable_layout", "replay_url", "request_table", "request_url",
-    "require_data", "short_digest", "show_point_rows", "store", "time_chart",
+    "require_data", "short_digest", "show_point_rows", "store", "time_chart", "TIME_FORMAT", "columns_for", "header",
+    "table",
 ]

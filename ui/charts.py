@@ -10,7 +10,8 @@ import streamlit as st
 
 from specdec_core.analysis import Annotation, annotations_for
 from ui.format import code_span, deployment_label, fmt_ts, plot_label, plural
-from ui.state import ANNOTATIONS_KEY, SLIDER_LIMITS, cached, filters, request_url
+from ui.state import ANNOTATIONS_KEY, SLIDER_LIMITS, cached, filters
+from ui.tables import TIME_FORMAT_D3, request_table
 
 # Colour-blind-safe (Okabe-Ito order) and without red: red is kept for what is wrong.
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#56B4E9", "#CC79A7", "#F0E442", "#7F7F7F", "#000000"]
@@ -29,8 +30,10 @@ MARK_STYLES = {"note": {"width": 1, "dash": "dash", "color": "#444444"},
 
 
 def readable_layout(figure: Any, *, height: int | None = None) -> Any:
-    """Legends under the plot, not beside it: on a phone a side legend squeezes the plot to a sliver."""
-    figure.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0, "title": None},
+    """Legends above the plot, not beside it: on a phone a side legend squeezes the plot to a sliver. Not
+    under it either: plotly places a legend a share of the plot's height below it but the axis title a
+    number of pixels below it, so on a short plot the two overlapped (Cache, issue 44)."""
+    figure.update_layout(legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0, "title": None},
                          margin={"l": 8, "r": 8, "t": 36, "b": 8}, colorway=PALETTE)
     if height:
         figure.update_layout(height=height)
@@ -182,6 +185,9 @@ def time_chart(figure: Any, key: str, deployment: str | None = None, *, bucket: 
     span = chart_span(bucket)
     if span is not None:
         figure.update_xaxes(range=list(span), autorange=False)
+    # One timestamp format (tables, the slider, the sentences); the date under the first tick and where
+    # it changes, as plotly does by default.
+    figure.update_xaxes(hoverformat=TIME_FORMAT_D3, tickformat="%H:%M\n%Y-%m-%d")
     annotate(figure, deployment, span)
     figure.update_layout(dragmode="select", selectdirection="h", meta={"specdec_click_selects": True})
     event = st.plotly_chart(figure, key=key, on_select=lambda: _set_time_filter_from(key),
@@ -227,13 +233,4 @@ def show_point_rows(figure: Any, point: dict | None, bucket: str, *, contaminate
     st.markdown(f"**{plural(len(rows), 'contaminated hit' if contaminated_only else 'request')}** from "
                 f"{fmt_ts(start.to_pydatetime())} to {fmt_ts(end.to_pydatetime())}{where}")
     request_table(rows, key=key)
-
-
-def request_table(rows: pd.DataFrame, *, key: str, **kwargs: Any) -> Any:
-    """Requests with a link to each one's replay page in the first column."""
-    shown = rows.copy()
-    shown.insert(0, "open", [request_url(r) for r in shown["request_id"]])
-    return st.dataframe(shown, hide_index=True, key=key, column_config={
-        "open": st.column_config.LinkColumn("replay", display_text="open", width="small"),
-    }, **kwargs)
 

@@ -71,7 +71,7 @@ SELECT coalesce(r.deployment, '') AS deployment, count(*) AS contaminated_hits,
        min(r.ts) AS first_contaminated, max(r.ts) AS last_contaminated
 FROM requests r JOIN hit_sources h USING (request_id)
 WHERE {where} AND h.contaminated
-GROUP BY ALL ORDER BY deployment
+GROUP BY ALL ORDER BY first_contaminated, deployment
 """
 
 
@@ -79,12 +79,12 @@ CONTAMINATION_WINDOW_MINUTE_SQL = """
 SELECT c.deployment, sum(c.contaminated)::BIGINT AS contaminated_hits,
        min(c.first_contaminated) AS first_contaminated, max(c.last_contaminated) AS last_contaminated
 FROM {source} c
-GROUP BY ALL HAVING sum(c.contaminated) > 0 ORDER BY deployment
+GROUP BY ALL HAVING sum(c.contaminated) > 0 ORDER BY first_contaminated, deployment
 """
 
 
 def contamination_window(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
-    """Where and since when the cache mixed identities."""
+    """Where and since when the cache mixed identities: a row per deployment, the earliest first."""
     return df(store, CONTAMINATION_WINDOW_SQL, filters, minute=CONTAMINATION_WINDOW_MINUTE_SQL)
 
 

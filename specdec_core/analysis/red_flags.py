@@ -16,6 +16,7 @@ from specdec_core.analysis.query import (
     draft_label,
     one,
 )
+from specdec_core.analysis.status import plural
 from specdec_core.store.connection import Store
 from specdec_core.store.summaries import output_identity_columns
 
@@ -160,7 +161,7 @@ def _biased_experiments(store: Store, filters: Filters) -> RedFlag:
 def _impossible_lengths(head: HeadlineCounts) -> RedFlag:
     return RedFlag(
         "impossible_lengths", "Output lengths impossible for max_tokens", bool(head.length_violations > 0),
-        f"{head.length_violations} requests returned more tokens than their max_tokens.",
+        f"{plural(head.length_violations, 'request')} returned more tokens than their max_tokens.",
         {"length_violations": head.length_violations},
     )
 
@@ -201,7 +202,8 @@ def _few_keys(ratios: pd.DataFrame) -> RedFlag:
     narrow = ratios[ratios["keys_per_identity"] < 1 - 1e-9]
     return RedFlag(
         "few_keys", "Few unique cache keys for many unique identities", not narrow.empty,
-        "; ".join(f"{d.deployment or '(none)'}: {d.unique_keys} keys for {d.unique_identities} identities"
+        "; ".join(f"{d.deployment or '(none)'}: {plural(d.unique_keys, 'key')} for "
+                  f"{plural(d.unique_identities, 'identity', 'identities')}"
                   for d in narrow.itertuples())
         or "Every deployment has at least one key per identity.",
         {"deployments": len(narrow)},

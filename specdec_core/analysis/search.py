@@ -6,6 +6,8 @@ parameters over the two text columns is fast enough at a million rows (bench/ben
 
 from __future__ import annotations
 
+import string
+
 import duckdb
 import pandas as pd
 
@@ -25,14 +27,47 @@ def like_pattern(text: str) -> str:
     return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-SEARCH_SQL = """
-SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.target_model, r.cache_hit,
-       r.max_tokens, r.output_tokens, left(r.prompt, 160) AS prompt_preview,
-       left(r.output_text, 160) AS output_preview, count(*) OVER () AS matches
-FROM requests r
-WHERE {where} AND ({match})
-ORDER BY r.ts, r.request_id LIMIT ?
+# Characters of context each side of a match: the excerpt reads whole in a table at 1440 px.
+EXCERPT_CHARS = 32
+# Where a match is looked for first: the output is what a contaminated hit got wrong.
+EXCERPT_ORDER = ("output_text", "prompt")
+EXCERPT_FIELD_NAMES = {"output_text": "output", "prompt": "prompt"}
+
+# The excerpt is cut only from the rows listed (the LIMIT), never over the whole log. Group 1 of the
+# locating pattern is the text before the first match and group 2 the match: a user's own groups come after.
+MATCHING_REQUESTS_WITH_EXCERPTS_SQL = """
+WITH found AS (
+    SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.target_model, r.cache_hit,
+           r.max_tokens, r.output_tokens, r.prompt, r.output_text, count(*) OVER () AS matches
+    FROM requests r
+    WHERE {where} AND ({match})
+    ORDER BY r.ts, r.request_id LIMIT ?
+), located AS (
+    SELECT *, CASE {field} END AS match_field
+    FROM found r
+), cut AS (
+    SELECT *, regexp_extract(CASE match_field {text} END, ?, ['before', 'hit'], '{flags}') AS parts,
+           CASE match_field {text} END AS matched_text
+    FROM located r
+)
+SELECT request_id, ts, deployment, target_model, cache_hit, max_tokens, output_tokens,
+       left(prompt, 160) AS prompt_preview, left(output_text, 160) AS output_preview, match_field,
+       CASE WHEN length(parts.before) > {chars} THEN '…' ELSE '' END || right(parts.before, {chars})
+           AS match_before,
+       parts.hit AS match_text,
+       left(substr(matched_text, length(parts.before) + length(parts.hit) + 1), {chars})
+           || CASE WHEN length(matched_text) - length(parts.before) - length(parts.hit) > {chars}
+                   THEN '…' ELSE '' END AS match_after,
+       matches
+FROM cut
+ORDER BY ts, request_id
 """
+
+
+def regex_literal(text: str) -> str:
+    """`text` as a regular expression (RE2, DuckDB's) that matches it literally: RE2 reads a backslash
+    before any ASCII punctuation as that character."""
+    return "".join("\\" + ch if ch in string.punctuation else ch for ch in text)
 
 
 def _condition(field: str, mode: str, case_sensitive: bool) -> str:
@@ -44,7 +79,11 @@ def _condition(field: str, mode: str, case_sensitive: bool) -> str:
 def search_requests(store: Store, text: str, *, fields: tuple[str, ...] = SEARCH_FIELDS, mode: str = "contains",
                     case_sensitive: bool = False, filters: Filters = NO_FILTERS, limit: int = 500) -> pd.DataFrame:
     """Requests whose prompt or output (as `fields` say) contains `text` (or matches it as a regular
-    expression), in time order; `matches` on each row counts every match, beyond `limit` too."""
+    expression), in time order; `matches` on each row counts every match, beyond `limit` too.
+
+    Each row says where it matched: `match_field` (output, else prompt), the first match there
+    (`match_text`, as the log has it) and up to EXCERPT_CHARS characters before and after it
+    (`match_before`, `match_after`; an ellipsis where the text goes on)."""
     if mode not in SEARCH_MODES:
         raise SearchError(f"search mode {mode!r}: one of {', '.join(SEARCH_MODES)}")
     fields = tuple(f for f in SEARCH_FIELDS if f in fields)
@@ -52,7 +91,14 @@ def search_requests(store: Store, text: str, *, fields: tuple[str, ...] = SEARCH
         raise SearchError(f"choose at least one field to search: {', '.join(SEARCH_FIELDS)}")
     needle = like_pattern(text) if mode == "contains" else text
     match = " OR ".join(_condition(f, mode, case_sensitive) for f in fields)
+    ordered = [f for f in EXCERPT_ORDER if f in fields]
+    field = " ".join(f"WHEN {_condition(f, mode, case_sensitive)} THEN '{EXCERPT_FIELD_NAMES[f]}'" for f in ordered)
+    matched_text = " ".join(f"WHEN '{EXCERPT_FIELD_NAMES[f]}' THEN r.{f}" for f in ordered)
+    locate = "(?s:(.*?))(" + (regex_literal(text) if mode == "contains" else text) + ")"
+    sql = (MATCHING_REQUESTS_WITH_EXCERPTS_SQL.replace("{match}", match).replace("{field}", field)
+           .replace("{text}", matched_text).replace("{flags}", "c" if case_sensitive else "i")
+           .replace("{chars}", str(EXCERPT_CHARS)))
     try:
-        return df(store, SEARCH_SQL.replace("{match}", match), filters, [needle] * len(fields) + [limit])
+        return df(store, sql, filters, [needle] * len(fields) + [limit] + [needle] * len(ordered) + [locate])
     except duckdb.InvalidInputException as exc:
         raise SearchError(f"not a valid regular expression ({exc}); or search for the text as it is") from exc

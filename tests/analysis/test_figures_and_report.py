@@ -149,7 +149,7 @@ def test_red_flags_fire_on_the_incident(incident):
     assert flags["hit_rate_too_good"].flagged is True
     assert flags["biased_experiments"].flagged is True
     assert flags["replay_disagrees"].flagged is None  # nothing replayed yet
-    assert "1 requests returned more tokens" in flags["impossible_lengths"].evidence
+    assert "1 request returned more tokens" in flags["impossible_lengths"].evidence
 
 
 def test_clean_log_raises_no_flag(tmp_path):

@@ -106,6 +106,22 @@ def time_charts(page: Page, path: str, url: str) -> list[dict]:
     return charts
 
 
+# Every chart's axis titles and tick labels, its legend entries, and its own box.
+AXES_AND_LEGENDS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].map(gd => {
+    const box = e => { const r = e.getBoundingClientRect();
+                       return {text: e.textContent, left: r.left, right: r.right, top: r.top, bottom: r.bottom}; };
+    const shown = b => b.right > b.left;
+    return {chart: box(gd),
+            axes: [...gd.querySelectorAll('g.g-xtitle text, g.g-ytitle text, g.xtick text, g.ytick text')]
+                .map(box).filter(shown),
+            legend: [...gd.querySelectorAll('g.legend g.traces')].map(box).filter(shown)};
+})"""
+
+
+def apart(a: dict, b: dict) -> bool:
+    return a["right"] <= b["left"] or b["right"] <= a["left"] or a["bottom"] <= b["top"] or b["bottom"] <= a["top"]
+
+
 def minutes(text: str) -> float:
     """A plotly date-axis end ('2026-11-20 07:57:30.5') as minutes after 2026-11-20 00:00."""
     clock = text.split(" ")[1].split(":")
@@ -127,11 +143,22 @@ def test_time_charts_span_the_range_and_their_labels_never_overlap(browser, demo
             boxes = chart["labels"]
             for n, a in enumerate(boxes):
                 for b in boxes[n + 1:]:
-                    apart = a["right"] <= b["left"] or b["right"] <= a["left"] or \
-                        a["bottom"] <= b["top"] or b["bottom"] <= a["top"]
-                    assert apart, (path, size, a["text"], b["text"])
+                    assert apart(a, b), (path, size, a["text"], b["text"])
             if path == "mismatches":
                 texts = [b["text"] for b in boxes]
                 assert "edge-b: key scheme changed" in texts and "edge-a: key scheme changed" in texts
+        if path == "cache":
+            # Its last charts come after the time chart: wait for the hits-on-new-identities legend.
+            expect(page.get_by_text("hits on an identity served before")).to_have_count(1, timeout=30_000)
+            legends = 0
+            for chart in page.evaluate(AXES_AND_LEGENDS_JS):
+                for entry in chart["legend"]:
+                    legends += 1
+                    # Whole (not cut at the chart's edge) and clear of every axis title and tick label.
+                    assert chart["chart"]["left"] <= entry["left"] and entry["right"] <= chart["chart"]["right"] + 1, \
+                        (size, entry["text"])
+                    for text in chart["axes"]:
+                        assert apart(entry, text), (size, entry["text"], text["text"])
+            assert legends >= 6
     assert seen >= 3
     page.context.close()

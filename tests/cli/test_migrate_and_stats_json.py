@@ -22,7 +22,7 @@ def test_stats_json_lists_the_six_red_flags_with_their_evidence(tmp_path):
     flags = json.loads(done.stdout)["red_flags"]
     assert [f["id"] for f in flags] == list(RED_FLAG_IDS)
     by_id = {f["id"]: f for f in flags}
-    assert by_id["impossible_lengths"]["flagged"] is True and "1 requests" in by_id["impossible_lengths"]["evidence"]
+    assert by_id["impossible_lengths"]["flagged"] is True and "1 request returned" in by_id["impossible_lengths"]["evidence"]
     assert by_id["replay_disagrees"]["flagged"] is None
 
 

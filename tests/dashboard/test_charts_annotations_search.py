@@ -48,7 +48,7 @@ def figure(at, key: str) -> dict:
 def test_hit_rate_too_good_shows_first_sight_hits_as_the_chart(monkeypatch, incident_db):
     at = open_app(monkeypatch, incident_db, "cache")
     spec = figure(at, "first_sight_hits")
-    bars = {t["name"].split(" (")[0]: dict(zip(t["y"], t["x"], strict=True)) for t in spec["data"]}
+    bars = {t["name"].split("<br>")[0]: dict(zip(t["y"], t["x"], strict=True)) for t in spec["data"]}
     # prod: r3 and r4 hit identities prod had never served; r2 hit r1's own identity.
     assert bars["hits on an identity never served before"] == {"prod": 2, "staging": 0}
     assert bars["hits on an identity served before"] == {"prod": 1, "staging": 0}

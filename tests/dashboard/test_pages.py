@@ -173,7 +173,7 @@ def test_overview_lists_the_six_red_flags_with_links_to_their_pages(monkeypatch,
         ":red[**Yes**] · **Hit rate too good for this workload**",
         ":red[**Yes**] · **Few unique cache keys for many unique identities**",
     ]
-    assert any("1 requests returned more tokens than their max" in c for c in texts(at, "caption"))
+    assert any("1 request returned more tokens than their max" in c for c in texts(at, "caption"))
     links = [(e.proto.label, e.proto.page) for e in at.get("page_link")]
     for title in ("Mismatches", "Replay", "Output length", "Cache", "Keys"):
         assert (f"Open {title}", title.lower().replace(" ", "_")) in links
@@ -353,7 +353,7 @@ def test_output_length_page_lists_the_violation(monkeypatch, incident_db):
     boxes, violations = (d.value for d in at.dataframe)
     assert list(boxes.max_tokens) == [2, 16, 64] and list(boxes.violations) == [1, 0, 0]
     assert list(violations.request_id) == ["r4"]
-    assert texts(at, "error") == ["1 requests returned more tokens than their max_tokens allows."]
+    assert texts(at, "error") == ["1 request returned more tokens than their max_tokens allows."]
 
 
 def test_mismatches_page_lists_contaminated_hits_with_their_source(monkeypatch, incident_db):

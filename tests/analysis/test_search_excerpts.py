@@ -1,0 +1,44 @@
+"""Issue 44 item 9: each search result says where it matched, the match with the text around it."""
+
+from __future__ import annotations
+
+from helpers import rec, write_jsonl
+
+from specdec_core import analysis
+from specdec_core.analysis.search import EXCERPT_CHARS
+from specdec_core.store.connection import Store
+from specdec_core.store.ingest import ingest
+
+
+def store_of(tmp_path, records) -> Store:
+    store = Store(tmp_path / "search.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "search.jsonl", records))])
+    return store
+
+
+def test_the_first_match_comes_with_the_text_around_it_even_far_into_a_long_output(tmp_path):
+    store = store_of(tmp_path, [
+        rec("far", output_text="x" * 500 + " the <b>INVOICE</b> total is 42 " + "y" * 500),
+        rec("prompt-only", cache_key="k-2", prompt="Find the invoice, please.", output_text="Nothing here."),
+        rec("none", cache_key="k-3"),
+    ])
+    found = analysis.search_requests(store, "invoice").set_index("request_id")
+    assert list(found.index) == ["far", "prompt-only"]
+    far = found.loc["far"]
+    assert (far.match_field, far.match_text) == ("output", "INVOICE"), "as the log has it, case and all"
+    assert far.match_before == "…" + ("x" * 500 + " the <b>")[-EXCERPT_CHARS:]
+    assert far.match_after == ("</b> total is 42 " + "y" * 500)[:EXCERPT_CHARS] + "…"
+    prompt = found.loc["prompt-only"]
+    assert (prompt.match_field, prompt.match_before, prompt.match_text, prompt.match_after) == \
+        ("prompt", "Find the ", "invoice", ", please.")
+
+
+def test_punctuation_is_literal_and_a_regex_with_its_own_groups_is_located_whole(tmp_path):
+    store = store_of(tmp_path, [rec("a", output_text="Is 100% of_it (really) 42? Yes: 100% of_it.")])
+    [row] = analysis.search_requests(store, "100% of_it (really)").itertuples()
+    assert (row.match_before, row.match_text, row.match_after) == ("Is ", "100% of_it (really)", " 42? Yes: 100% of_it.")
+    [row] = analysis.search_requests(store, r"(re)(a)l+y", mode="regex").itertuples()
+    assert (row.match_before, row.match_text) == ("Is 100% of_it (", "really")
+    assert analysis.search_requests(store, "REALLY", case_sensitive=True).empty
+    [row] = analysis.search_requests(store, "REALLY").itertuples()
+    assert row.match_text == "really"
