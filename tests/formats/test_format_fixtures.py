@@ -27,6 +27,19 @@ def ingest(tmp_path: Path, name: str, *options: str) -> tuple[dict, Path]:
     return json.loads(done.stdout), db
 
 
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """ingest() of a fixture, once per module for each set of options: the tests that only read it share it."""
+    done: dict[tuple[str, ...], tuple[dict, Path]] = {}
+
+    def load(name: str, *options: str) -> tuple[dict, Path]:
+        if (name, *options) not in done:
+            done[(name, *options)] = ingest(tmp_path_factory.mktemp("fixture"), name, *options)
+        return done[(name, *options)]
+
+    return load
+
+
 def report_rows(db: Path, tmp_path: Path) -> list[dict]:
     out = tmp_path / "report.csv"
     done = run_cli("report", "--db", str(db), "--out", str(out))
@@ -45,9 +58,9 @@ def expected_contaminated(truth: dict) -> dict[str, tuple[str, str]]:
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("otel_spans.jsonl", "otel"), ("litellm_payloads.jsonl", "litellm")])
-def test_counts_contamination_and_length_violations_match_the_known_answers(name, fmt, tmp_path):
+def test_counts_contamination_and_length_violations_match_the_known_answers(name, fmt, tmp_path, loaded):
     truth = TRUTH[name]
-    counts, db = ingest(tmp_path, name, "--format", fmt)
+    counts, db = loaded(name, "--format", fmt)
     assert {k: counts[k] for k in COUNTS} == truth["counts"]
     rows = report_rows(db, tmp_path)
     assert contaminated(rows) == expected_contaminated(truth)
@@ -92,15 +105,15 @@ def _assert_stored_as(db: Path, expected: dict, unknown: list[str] | None = None
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("otel_spans.jsonl", "otel"), ("litellm_payloads.jsonl", "litellm")])
-def test_records_are_mapped_field_by_field_as_the_contract_says(name, fmt, tmp_path):
-    _, db = ingest(tmp_path, name, "--format", fmt)
+def test_records_are_mapped_field_by_field_as_the_contract_says(name, fmt, loaded):
+    _, db = loaded(name, "--format", fmt)
     for case in TRUTH[name]["expected_records"].values():
         _assert_stored_as(db, case["record"], case.get("unknown_fields"))
 
 
-def test_a_litellm_hit_differing_only_in_unknown_fields_is_not_contaminated_and_the_gap_is_said(tmp_path):
+def test_a_litellm_hit_differing_only_in_unknown_fields_is_not_contaminated_and_the_gap_is_said(tmp_path, loaded):
     truth = TRUTH["litellm_payloads.jsonl"]
-    _, db = ingest(tmp_path, "litellm_payloads.jsonl", "--format", "litellm")
+    _, db = loaded("litellm_payloads.jsonl", "--format", "litellm")
     found = contaminated(report_rows(db, tmp_path))
     for case in truth["invisible_contamination"]:
         assert case["request_id"] not in found
@@ -112,24 +125,24 @@ def test_a_litellm_hit_differing_only_in_unknown_fields_is_not_contaminated_and_
     assert f"max_tokens unknown on {hits} of {hits} hits" in run_cli("stats", "--db", str(db)).stdout
 
 
-def test_a_litellm_miss_takes_the_cache_key_of_the_hits_it_sourced(tmp_path):
+def test_a_litellm_miss_takes_the_cache_key_of_the_hits_it_sourced(loaded):
     truth = TRUTH["litellm_payloads.jsonl"]
-    _, db = ingest(tmp_path, "litellm_payloads.jsonl", "--format", "litellm")
+    _, db = loaded("litellm_payloads.jsonl", "--format", "litellm")
     for label, key in truth["miss_cache_keys"].items():
         assert analysis.request_record(Store(db), truth["labels"][label])["cache_key"] == key
 
 
-def test_a_logged_source_link_wins_over_deployment_and_time(tmp_path):
+def test_a_logged_source_link_wins_over_deployment_and_time(loaded):
     truth = TRUTH["litellm_payloads.jsonl"]
-    _, db = ingest(tmp_path, "litellm_payloads.jsonl", "--format", "litellm")
+    _, db = loaded("litellm_payloads.jsonl", "--format", "litellm")
     h14 = analysis.request_record(Store(db), truth["labels"]["H14"])
     assert h14["source_request_id"] == truth["labels"]["M1"] and h14["deployment"] != "dep-a"
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("otel_bad.jsonl", "otel"), ("litellm_bad.jsonl", "litellm")])
-def test_bad_lines_are_quarantined_with_their_line_and_the_rest_loads(name, fmt, tmp_path):
+def test_bad_lines_are_quarantined_with_their_line_and_the_rest_loads(name, fmt, loaded):
     truth = TRUTH[name]
-    counts, db = ingest(tmp_path, name, "--format", fmt)
+    counts, db = loaded(name, "--format", fmt)
     assert {k: counts[k] for k in COUNTS} == truth["counts"]
     quarantined = analysis.quarantined_records(Store(db))
     assert sorted(quarantined["source_line"]) == sorted(q["line"] for q in truth["quarantine"])
@@ -194,7 +207,7 @@ def test_a_line_past_the_size_limit_is_cut_and_quarantined_before_the_format_rea
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("otel_spans.jsonl", "otel"), ("litellm_payloads.jsonl", "litellm")])
-def test_a_line_nested_past_what_python_reads_is_quarantined_and_the_rest_loads(name, fmt, tmp_path):
+def test_a_line_nested_past_what_python_reads_is_quarantined_and_the_rest_loads(name, fmt, tmp_path, loaded):
     # Python's JSON reader recurses once a level: 100,000 levels raised RecursionError out of the ingest.
     lines = (FIXTURES / name).read_text(encoding="utf-8").splitlines()
     key = "resourceSpans" if fmt == "otel" else "messages"
@@ -204,8 +217,7 @@ def test_a_line_nested_past_what_python_reads_is_quarantined_and_the_rest_loads(
     db = tmp_path / "store.duckdb"
     done = run_cli("ingest", str(log), "--db", str(db), "--json", "--format", fmt)
     assert done.returncode == 0, done.stderr
-    (tmp_path / "whole").mkdir()
-    whole, _ = ingest(tmp_path / "whole", name, "--format", fmt)  # the fixture alone
+    whole, _ = loaded(name, "--format", fmt)  # the fixture alone
     counts = json.loads(done.stdout)
     assert counts["quarantined"] == whole["quarantined"] + 1 and counts["accepted"] == whole["accepted"]
     with Store(db).read() as con:
