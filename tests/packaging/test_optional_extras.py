@@ -142,7 +142,8 @@ def test_help_works_without_the_extras(command: str) -> None:
 def test_a_command_needing_the_replay_extra_says_so_in_one_line(args: tuple[str, ...], small_log: Path,
                                                                   tmp_path: Path) -> None:
     db = tmp_path / "s.duckdb"
-    assert bare_cli("ingest", str(small_log), "--db", str(db)).returncode == 0
+    if args[0] == "replay":  # a store to replay from: the one command that reads one
+        assert bare_cli("ingest", str(small_log), "--db", str(db)).returncode == 0
     extra = {"replay": ["--db", str(db)], "demo": ["--out", str(tmp_path / "demo.jsonl")],
              "models": ["--models-dir", str(tmp_path / "models")]}[args[0]]
     done = bare_cli(*args, *extra)
