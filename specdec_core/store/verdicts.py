@@ -6,6 +6,8 @@ current verdicts. A Prometheus counter must never go down, so `specdec_contamina
 counts this table instead: a hit is added the first time any ingest (or migrate) judges it
 contaminated, and never removed. Rows only ever join it, so its count is monotone while the store
 grows, and the same whichever process reads it (an exporter or follower restart changes nothing).
+`summary_first_verdicts` counts its rows per labels and field list, so a scrape reads a few rows, not one per
+hit ever judged: each write adds its new verdicts' counts, `build_summaries` counts the whole table again.
 """
 
 from __future__ import annotations
@@ -25,16 +27,39 @@ CREATE TABLE IF NOT EXISTS contaminated_first_verdicts (
 )
 """
 
-RECORD_NEW_VERDICTS_SQL = """
-INSERT INTO contaminated_first_verdicts
-SELECT c.request_id, c.deployment, c.target_model, c.draft_model, c.differing_fields, ?
+# The hits judged contaminated for the first time by this write (the ingest's id as a parameter).
+NEW_VERDICTS_SQL = """
+SELECT c.request_id, c.deployment, c.target_model, c.draft_model, c.differing_fields, ?::BIGINT AS ingest_id
 FROM summary_contaminated c
 WHERE c.request_id NOT IN (SELECT request_id FROM contaminated_first_verdicts)
 """
 
+# First verdicts counted per labels and field list (a summary: `build_summaries` rebuilds it from the record,
+# each write adds its new verdicts' counts): what the monitoring counters read, a few rows however many hits.
+FIRST_VERDICT_COUNTS_SQL = """SELECT deployment, target_model, draft_model, differing_fields, count(*)::BIGINT AS hits
+FROM {verdicts} GROUP BY ALL"""
+_COUNT_KEYS = ("deployment", "target_model", "draft_model", "differing_fields")
+
+
+def build_first_verdict_counts(con: duckdb.DuckDBPyConnection) -> None:
+    """Within a write: count the recorded first verdicts into `summary_first_verdicts` anew."""
+    create_tables(con, FIRST_VERDICTS_DDL)
+    con.execute("CREATE OR REPLACE TABLE summary_first_verdicts AS "
+                + FIRST_VERDICT_COUNTS_SQL.format(verdicts="contaminated_first_verdicts"))
+
 
 def record_first_verdicts(con: duckdb.DuckDBPyConnection, ingest_id: int | None) -> None:
-    """Within a write, after the summaries are current: add the hits judged contaminated for the first time."""
+    """Within a write, after the summaries are current: add the hits judged contaminated for the first time,
+    and their counts to `summary_first_verdicts`."""
     create_tables(con, FIRST_VERDICTS_DDL)
-    if con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'summary_contaminated'").fetchall()[0][0]:
-        con.execute(RECORD_NEW_VERDICTS_SQL, [ingest_id])  # none before the first accepted row
+    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'summary_contaminated'").fetchall()[0][0]:
+        return  # none before the first accepted row
+    con.execute(f"CREATE OR REPLACE TEMP TABLE new_first_verdicts AS {NEW_VERDICTS_SQL}", [ingest_id])
+    con.execute("INSERT INTO contaminated_first_verdicts SELECT * FROM new_first_verdicts")
+    # One row per combination, as a rebuild leaves it: combinations it has count up, new ones are added.
+    same = " AND ".join(f"t.{k} IS NOT DISTINCT FROM d.{k}" for k in _COUNT_KEYS)
+    con.execute("CREATE OR REPLACE TEMP TABLE new_first_counts AS "
+                + FIRST_VERDICT_COUNTS_SQL.format(verdicts="new_first_verdicts"))
+    con.execute(f"UPDATE summary_first_verdicts t SET hits = t.hits + d.hits FROM new_first_counts d WHERE {same}")
+    con.execute(f"INSERT INTO summary_first_verdicts BY NAME SELECT d.* FROM new_first_counts d "
+                f"ANTI JOIN summary_first_verdicts t ON {same}")

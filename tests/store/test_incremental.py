@@ -41,6 +41,8 @@ _TABLES = {
     # Appended per batch: equal once summed.
     "summary_outputs": "SELECT * EXCLUDE (requests, hits), sum(requests)::BIGINT, sum(hits)::BIGINT "
                        "FROM summary_outputs GROUP BY ALL",
+    # Each batch adds its first verdicts' counts; a rebuild counts the whole record again.
+    "summary_first_verdicts": "SELECT * FROM summary_first_verdicts",
 }
 
 
