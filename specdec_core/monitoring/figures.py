@@ -17,6 +17,7 @@ import duckdb
 from specdec_core.contract import fields as contract
 from specdec_core.store import summaries as summary
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import literal
 from specdec_core.store.verdicts import FIRST_VERDICT_COUNTS_SQL
 
 OTHER = "other"
@@ -47,13 +48,20 @@ def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
 
 
-def _fold(column: str, param: str) -> str:
-    return f"CASE WHEN list_contains(${param}, {column}) THEN {column} ELSE '{OTHER}' END"
+def _text_list(values: list[str]) -> str:
+    """`values` as a SQL list of texts. Written into the SQL rather than bound: DuckDB's Python client imports
+    pandas at the first value a process binds (0.5-0.9 s), which was most of a restarted exporter's first
+    scrape. A log's NUL (which ends a literal for DuckDB's parser) is spelled chr(0)."""
+    return "[" + ", ".join(" || chr(0) || ".join(literal(part) for part in v.split("\0")) for v in values) + "]::VARCHAR[]"
+
+
+def _fold(column: str, values: list[str]) -> str:
+    return f"CASE WHEN list_contains({_text_list(values)}, {column}) THEN {column} ELSE '{OTHER}' END"
 
 
 # The three labels' values with the most requests; ties go to the name that sorts first, so every reader of
 # one store keeps the same ones (a restarted exporter exports the same series).
-TOP_VALUES_SQL = "SELECT {column} FROM {minute} GROUP BY 1 ORDER BY sum(requests) DESC, 1 LIMIT ?"
+TOP_VALUES_SQL = "SELECT {column} FROM {minute} GROUP BY 1 ORDER BY sum(requests) DESC, 1 LIMIT {top}"
 DISTINCT_VALUES_SQL = "SELECT count(DISTINCT {column}) FROM {minute}"
 
 # The contract's token sums (every accepted record's draft_tokens and accepted_tokens) are the minute
@@ -124,19 +132,19 @@ def _read(con: duckdb.DuckDBPyConnection, top: int) -> Figures:
         return Figures((), (), (), (), (), (), (), (), replays, quarantined, ())
     minute = "summary_minute" if ready else f"({summary.over(summary.MINUTE_SQL, 'TRUE')})"
 
-    params: dict[str, Any] = {}
+    tops: dict[str, list[str]] = {}
     folded = []
     for label in ("deployment", "target_model", "draft_model"):
-        params[label] = [r[0] for r in con.execute(TOP_VALUES_SQL.format(column=label, minute=minute),
-                                                    [top]).fetchall()]
+        tops[label] = [r[0] for r in con.execute(TOP_VALUES_SQL.format(column=label, minute=minute,
+                                                                       top=int(top))).fetchall()]
         distinct = con.execute(DISTINCT_VALUES_SQL.format(column=label, minute=minute)).fetchall()[0][0]
-        folded.append((label, max(0, distinct - len(params[label]))))
-    names = {"dep": _fold("deployment", "deployment"), "target": _fold("target_model", "target_model"),
-             "draft": _fold("draft_model", "draft_model"), "minute": minute,
+        folded.append((label, max(0, distinct - len(tops[label]))))
+    names = {"dep": _fold("deployment", tops["deployment"]), "target": _fold("target_model", tops["target_model"]),
+             "draft": _fold("draft_model", tops["draft_model"]), "minute": minute,
              "verdicts": _verdicts(_tables(con), ready)}
 
-    def rows(sql: str, used: tuple[str, ...] = ("deployment", "target_model", "draft_model")) -> list[Row]:
-        return con.execute(sql.format(**names), {k: params[k] for k in used}).fetchall()
+    def rows(sql: str) -> list[Row]:
+        return con.execute(sql.format(**names)).fetchall()
 
     per_labels = rows(REQUESTS_SQL)
     requests = tuple(r[:5] for r in per_labels)
@@ -156,10 +164,10 @@ def _read(con: duckdb.DuckDBPyConnection, top: int) -> Figures:
         requests=requests,
         contaminated_first=tuple(rows(CONTAMINATED_SQL)),
         contaminated_now=tuple((*k, n) for k, n in contaminated_now.items() if n),
-        contaminated_fields=tuple(rows(CONTAMINATED_FIELDS_SQL, ("deployment",))),
+        contaminated_fields=tuple(rows(CONTAMINATED_FIELDS_SQL)),
         length_violations=tuple((d, t, n) for (d, t), n in sorted(violations.items())),
         tokens=tuple((*k, *sums) for k, sums in sorted(tokens.items())),
-        keys=tuple(rows(keys_sql, ("deployment",))),
+        keys=tuple(rows(keys_sql)),
         newest=tuple((d, ts.timestamp()) for d, ts in sorted(newest.items())),
         replays=replays,
         quarantined=quarantined,

@@ -264,3 +264,25 @@ def test_a_store_of_the_previous_summaries_is_migrated_to_the_same_figures(tmp_p
     # The first verdicts kept their ingests: a migrate counts none of them again.
     with store.read() as con:
         assert con.execute("SELECT sum(hits) FROM summary_first_verdicts").fetchall() == [(2,)]
+
+
+def test_label_values_with_quotes_braces_and_nul_are_folded_and_kept_as_logged(tmp_path):
+    names = ["it's", "{dep}", "a\x00b", "$1"]
+    records = [rec(f"r{i}-{n}", deployment=name, cache_key=f"k{i}") for n, name in enumerate(names) for i in range(n + 1)]
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "odd.jsonl", records))])
+    figures = read_figures(store, top=3)
+    assert sorted((r[0], r[4]) for r in figures.requests if r[3] == "false") == [
+        ("$1", 4), ("a\x00b", 3), ("other", 1), ("{dep}", 2)]
+
+
+def test_a_fresh_process_reads_the_figures_without_importing_pandas(tmp_path):
+    """A restarted exporter's first scrape: binding a value would make DuckDB's client import pandas (0.5 s+)."""
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(incident_log(tmp_path / "log.jsonl"))])
+    code = ("import sys; from specdec_core.monitoring.figures import read_figures; from specdec_core.store import "
+            "Store; f = read_figures(Store(sys.argv[1])); print(len(f.requests), 'pandas' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code, str(store.path)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.stdout.split() == ["7", "False"], done.stderr
