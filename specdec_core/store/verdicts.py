@@ -7,7 +7,7 @@ counts this table instead: a hit is added the first time any ingest (or migrate)
 contaminated, and never removed. Rows only ever join it, so its count is monotone while the store
 grows, and the same whichever process reads it (an exporter or follower restart changes nothing).
 `summary_first_verdicts` counts its rows per labels and field list, so a scrape reads a few rows, not one per
-hit ever judged: each write adds its new verdicts' counts, `build_summaries` counts the whole table again.
+hit ever judged: each write appends its new verdicts' counts, `build_summaries` counts the whole table again.
 """
 
 from __future__ import annotations
@@ -34,11 +34,18 @@ FROM summary_contaminated c
 WHERE c.request_id NOT IN (SELECT request_id FROM contaminated_first_verdicts)
 """
 
-# First verdicts counted per labels and field list (a summary: `build_summaries` rebuilds it from the record,
-# each write adds its new verdicts' counts): what the monitoring counters read, a few rows however many hits.
+# First verdicts counted per labels and field list (a summary: `build_summaries` counts it anew from the record,
+# each write appends its new verdicts' counts, so a combination may have several rows: read it summed). What the
+# monitoring counters read: a few rows however many hits.
 FIRST_VERDICT_COUNTS_SQL = """SELECT deployment, target_model, draft_model, differing_fields, count(*)::BIGINT AS hits
 FROM {verdicts} GROUP BY ALL"""
-_COUNT_KEYS = ("deployment", "target_model", "draft_model", "differing_fields")
+# Appended rows beyond twice one row per combination, plus this many, fold the table into one row per combination
+# again: each row is folded a bounded number of times, and a write only appends (one file in a lake, no update).
+FOLD_SLACK = 10_000
+FOLD_SQL = """CREATE OR REPLACE TABLE summary_first_verdicts AS
+SELECT * EXCLUDE (hits), sum(hits)::BIGINT AS hits FROM summary_first_verdicts GROUP BY ALL"""
+ROWS_AND_COMBINATIONS_SQL = """SELECT count(*), count(DISTINCT (deployment, target_model, draft_model, differing_fields))
+FROM summary_first_verdicts"""
 
 
 def build_first_verdict_counts(con: duckdb.DuckDBPyConnection) -> None:
@@ -50,16 +57,16 @@ def build_first_verdict_counts(con: duckdb.DuckDBPyConnection) -> None:
 
 def record_first_verdicts(con: duckdb.DuckDBPyConnection, ingest_id: int | None) -> None:
     """Within a write, after the summaries are current: add the hits judged contaminated for the first time,
-    and their counts to `summary_first_verdicts`."""
+    and their counts to `summary_first_verdicts`. A batch with none (healthy traffic) writes nothing."""
     create_tables(con, FIRST_VERDICTS_DDL)
     if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'summary_contaminated'").fetchall()[0][0]:
         return  # none before the first accepted row
     con.execute(f"CREATE OR REPLACE TEMP TABLE new_first_verdicts AS {NEW_VERDICTS_SQL}", [ingest_id])
+    if not con.execute("SELECT count(*) FROM new_first_verdicts").fetchall()[0][0]:
+        return
     con.execute("INSERT INTO contaminated_first_verdicts SELECT * FROM new_first_verdicts")
-    # One row per combination, as a rebuild leaves it: combinations it has count up, new ones are added.
-    same = " AND ".join(f"t.{k} IS NOT DISTINCT FROM d.{k}" for k in _COUNT_KEYS)
-    con.execute("CREATE OR REPLACE TEMP TABLE new_first_counts AS "
+    con.execute("INSERT INTO summary_first_verdicts BY NAME "
                 + FIRST_VERDICT_COUNTS_SQL.format(verdicts="new_first_verdicts"))
-    con.execute(f"UPDATE summary_first_verdicts t SET hits = t.hits + d.hits FROM new_first_counts d WHERE {same}")
-    con.execute(f"INSERT INTO summary_first_verdicts BY NAME SELECT d.* FROM new_first_counts d "
-                f"ANTI JOIN summary_first_verdicts t ON {same}")
+    rows, combinations = con.execute(ROWS_AND_COMBINATIONS_SQL).fetchall()[0]
+    if rows > 2 * combinations + FOLD_SLACK:
+        con.execute(FOLD_SQL)
