@@ -50,8 +50,7 @@ class StoreCollector:
             version = self.store.version()
             if self._cached is None or self._cached[0] != version:
                 started = time.perf_counter()
-                since = self._cached[1] if self._cached is not None else None
-                self._cached = (version, self._reader.submit(read_figures, self.store, self.top, since).result())
+                self._cached = (version, self._reader.submit(read_figures, self.store, self.top).result())
                 self.last_read_seconds = time.perf_counter() - started
             return self._cached[1]
 

@@ -17,6 +17,8 @@ import duckdb
 from specdec_core.contract import fields as contract
 from specdec_core.store import summaries as summary
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import literal
+from specdec_core.store.verdicts import FIRST_VERDICT_COUNTS_SQL
 
 OTHER = "other"
 DEFAULT_TOP = 50
@@ -40,57 +42,42 @@ class Figures:
     replays: tuple[Row, ...]  # classification, count
     quarantined: int
     folded: tuple[Row, ...]  # label, how many distinct values were folded into "other"
-    sums: tuple[Sums, ...] = ()  # tokens, contaminated_first, contaminated_fields: where a next read continues
-
-
-@dataclass(frozen=True)
-class Sums:
-    """A figure summed over a table's rows up to one ingest, folded by one choice of top values.
-
-    Three figures are read from large tables rather than the summaries: the token sums (every request) and the
-    first verdicts (every contaminated hit ever judged). A reader that keeps these adds only the rows of later
-    ingests (stored in ingest order, so DuckDB skips the older row groups), and sums everything again when the
-    top values changed or the table holds rows no ingest id accounts for (rows `specdec migrate` recorded).
-    """
-
-    tops: tuple[tuple[str, ...], ...]
-    upto_ingest: int
-    rows_seen: int
-    labels: int  # how many leading columns of `sums` are labels
-    sums: tuple[Row, ...]
 
 
 def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
 
 
-def _fold(column: str, param: str) -> str:
-    return f"CASE WHEN list_contains(${param}, {column}) THEN {column} ELSE '{OTHER}' END"
+def _text_list(values: list[str]) -> str:
+    """`values` as a SQL list of texts. Written into the SQL rather than bound: DuckDB's Python client imports
+    pandas at the first value a process binds (0.5-0.9 s), which was most of a restarted exporter's first
+    scrape. A log's NUL (which ends a literal for DuckDB's parser) is spelled chr(0)."""
+    return "[" + ", ".join(" || chr(0) || ".join(literal(part) for part in v.split("\0")) for v in values) + "]::VARCHAR[]"
+
+
+def _fold(column: str, values: list[str]) -> str:
+    return f"CASE WHEN list_contains({_text_list(values)}, {column}) THEN {column} ELSE '{OTHER}' END"
 
 
 # The three labels' values with the most requests; ties go to the name that sorts first, so every reader of
 # one store keeps the same ones (a restarted exporter exports the same series).
-TOP_VALUES_SQL = "SELECT {column} FROM {minute} GROUP BY 1 ORDER BY sum(requests) DESC, 1 LIMIT ?"
+TOP_VALUES_SQL = "SELECT {column} FROM {minute} GROUP BY 1 ORDER BY sum(requests) DESC, 1 LIMIT {top}"
 DISTINCT_VALUES_SQL = "SELECT count(DISTINCT {column}) FROM {minute}"
 
+# The contract's token sums (every accepted record's draft_tokens and accepted_tokens) are the minute
+# summary's logged sums, not its speculative ones (those are the Overview's acceptance rate).
 REQUESTS_SQL = """SELECT {dep}, {target}, {draft}, CASE WHEN cache_hit THEN 'true' ELSE 'false' END,
-       sum(requests)::BIGINT, sum(violations)::BIGINT, max(last_ts), sum(contaminated)::BIGINT
+       sum(requests)::BIGINT, sum(violations)::BIGINT, max(last_ts), sum(contaminated)::BIGINT,
+       coalesce(sum(logged_draft_tokens), 0)::BIGINT, coalesce(sum(logged_accepted_tokens), 0)::BIGINT
 FROM {minute} GROUP BY ALL"""
 
-# Hits as first judged contaminated (store/verdicts.py), per label set; a store none of whose ingests has
-# recorded them yet counts its current verdicts, which its next ingest records as first verdicts.
-CONTAMINATED_SQL = "SELECT {{dep}}, {{target}}, {{draft}}, count(*) FROM {{verdicts}} {after} GROUP BY ALL"
-# Grouped before the split: a few distinct field lists, however many hits share them.
-CONTAMINATED_FIELDS_SQL = """SELECT {{dep}}, field, sum(n)::BIGINT FROM (
-    SELECT deployment, unnest(string_split(differing_fields, ';')) AS field, n
-    FROM (SELECT deployment, differing_fields, count(*) AS n FROM {{verdicts}} {after} GROUP BY ALL))
+# Hits as first judged contaminated (store/verdicts.py), per label set, from {verdicts}: their counts per
+# labels and field list (summary_first_verdicts, or the same counted over the rows).
+CONTAMINATED_SQL = "SELECT {dep}, {target}, {draft}, sum(hits)::BIGINT FROM {verdicts} GROUP BY ALL"
+# Split after counting: a few distinct field lists, however many hits share them.
+CONTAMINATED_FIELDS_SQL = """SELECT {dep}, field, sum(hits)::BIGINT FROM (
+    SELECT deployment, unnest(string_split(differing_fields, ';')) AS field, hits FROM {verdicts})
 WHERE field <> '' GROUP BY ALL"""
-
-# The contract's token sums: every accepted record's draft_tokens and accepted_tokens.
-TOKENS_SQL = """SELECT {dep}, {target}, {draft}, coalesce(sum(draft_tokens), 0)::BIGINT,
-       coalesce(sum(accepted_tokens), 0)::BIGINT
-FROM (SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {label} AS draft_model, r.draft_tokens,
-             r.accepted_tokens FROM requests r WHERE r.ingest_id > $after) GROUP BY ALL"""
 
 # Keys, identities and collisions per deployment, as the Overview's headline counts them for one deployment
 # (analysis/overview.py KEY_COUNTS_WHOLE_SQL); a folded deployment's counts add up, keys being per deployment.
@@ -114,97 +101,75 @@ SELECT {dep}, sum(keys)::BIGINT, sum(identities)::BIGINT, sum(collisions)::BIGIN
 FROM k JOIN i USING (deployment) GROUP BY ALL"""
 
 
-def read_figures(store: Store, top: int = DEFAULT_TOP, since: Figures | None = None) -> Figures:
+def read_figures(store: Store, top: int = DEFAULT_TOP) -> Figures:
     """Every metric's figures for `store` as it is now, each label folded to its `top` values plus "other".
 
-    `since`: an earlier read of the same store with the same `top`, whose running sums this one continues.
+    Read from the summaries alone (a few rows per minute and label set, per key, per first-verdict label
+    set), so a first read costs about what a later one does, whatever the number of requests stored.
     """
     if top < 1:
         raise ValueError(f"top: expected a number >= 1, got {top}")
     with store.read() as con:
-        return _read(con, top, since.sums if since is not None else ())
+        return _read(con, top)
 
 
-def _continue(con: duckdb.DuckDBPyConnection, table: str | None, labels: int, delta: Any,
-              tops: tuple[tuple[str, ...], ...], upto: int, before: Sums | None) -> Sums:
-    """`delta(after)`: the figure's rows over the table's rows of ingests after `after` (-1: every row)."""
-    if table is None:  # no table of first verdicts yet: nothing to continue
-        return Sums(tops, upto, 0, labels, tuple(delta(-1)))
-    count = con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
-    if before is not None and before.tops == tops and before.upto_ingest <= upto and before.rows_seen + (
-            con.execute(f"SELECT count(*) FROM {table} WHERE ingest_id > ?", [before.upto_ingest]
-                        ).fetchall()[0][0]) == count:
-        if before.upto_ingest == upto:
-            return before
-        sums = {r[:labels]: r[labels:] for r in before.sums}
-        for r in delta(before.upto_ingest):
-            old = sums.get(r[:labels])
-            sums[r[:labels]] = r[labels:] if old is None else tuple(a + b for a, b in zip(old, r[labels:], strict=True))
-        return Sums(tops, upto, count, labels, tuple((*k, *v) for k, v in sums.items()))
-    return Sums(tops, upto, count, labels, tuple(delta(-1)))
+def _verdicts(tables: set[str], ready: bool) -> str:
+    """The first verdicts counted per labels and field list: the summary, or (no summaries: the row path) the
+    same counted over their record; a store none of whose ingests has recorded them yet counts its current
+    verdicts, which its next ingest records as first verdicts."""
+    if ready:
+        return "summary_first_verdicts"
+    source = "contaminated_first_verdicts" if "contaminated_first_verdicts" in tables else (
+        f"({summary.over(summary.CONTAMINATED_SQL, 'TRUE')})")
+    return f"({FIRST_VERDICT_COUNTS_SQL.format(verdicts=source)})"
 
 
-def _read(con: duckdb.DuckDBPyConnection, top: int, before: tuple[Sums, ...] = ()) -> Figures:
-    tables = _tables(con)
+def _read(con: duckdb.DuckDBPyConnection, top: int) -> Figures:
     quarantined = con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
     replays = tuple(con.execute("SELECT classification, count(*) FROM replays GROUP BY 1 ORDER BY 1").fetchall())
     ready = summary.ready(con)
     if not ready and not con.execute("SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)").fetchall()[0][0]:
         return Figures((), (), (), (), (), (), (), (), replays, quarantined, ())
     minute = "summary_minute" if ready else f"({summary.over(summary.MINUTE_SQL, 'TRUE')})"
-    first_verdicts = "contaminated_first_verdicts" in tables
-    verdicts = "contaminated_first_verdicts" if first_verdicts else (
-        "summary_contaminated" if ready else f"({summary.over(summary.CONTAMINATED_SQL, 'TRUE')})")
 
-    params: dict[str, Any] = {}
+    tops: dict[str, list[str]] = {}
     folded = []
     for label in ("deployment", "target_model", "draft_model"):
-        params[label] = [r[0] for r in con.execute(TOP_VALUES_SQL.format(column=label, minute=minute),
-                                                    [top]).fetchall()]
+        tops[label] = [r[0] for r in con.execute(TOP_VALUES_SQL.format(column=label, minute=minute,
+                                                                       top=int(top))).fetchall()]
         distinct = con.execute(DISTINCT_VALUES_SQL.format(column=label, minute=minute)).fetchall()[0][0]
-        folded.append((label, max(0, distinct - len(params[label]))))
-    names = {"dep": _fold("deployment", "deployment"), "target": _fold("target_model", "target_model"),
-             "draft": _fold("draft_model", "draft_model"), "minute": minute, "verdicts": verdicts,
-             "label": summary.draft_label()}
+        folded.append((label, max(0, distinct - len(tops[label]))))
+    names = {"dep": _fold("deployment", tops["deployment"]), "target": _fold("target_model", tops["target_model"]),
+             "draft": _fold("draft_model", tops["draft_model"]), "minute": minute,
+             "verdicts": _verdicts(_tables(con), ready)}
 
-    def rows(sql: str, used: tuple[str, ...] = ("deployment", "target_model", "draft_model"),
-             **more: Any) -> list[Row]:
-        return con.execute(sql.format(**names), {**{k: params[k] for k in used}, **more}).fetchall()
-
-    upto = con.execute("SELECT coalesce(max(ingest_id), 0) FROM ingests").fetchall()[0][0]
-    tops = tuple(tuple(params[label]) for label in ("deployment", "target_model", "draft_model"))
-    first_table = "contaminated_first_verdicts" if first_verdicts else None
-    after = {"after": "WHERE coalesce(ingest_id, 0) > $after" if first_verdicts else ""}
-    tokens, contaminated, fields = (
-        _continue(con, table, labels, delta, tops, upto, before[n] if len(before) == 3 else None)
-        for n, (table, labels, delta) in enumerate((
-            ("requests", 3, lambda a: rows(TOKENS_SQL, after=a)),
-            (first_table, 3, lambda a: rows(CONTAMINATED_SQL.format(**after), **({"after": a} if first_verdicts
-                                                                                  else {}))),
-            (first_table, 2, lambda a: rows(CONTAMINATED_FIELDS_SQL.format(**after), ("deployment",),
-                                            **({"after": a} if first_verdicts else {}))))))
+    def rows(sql: str) -> list[Row]:
+        return con.execute(sql.format(**names)).fetchall()
 
     per_labels = rows(REQUESTS_SQL)
     requests = tuple(r[:5] for r in per_labels)
     violations: dict[tuple[str, str], int] = {}
     newest: dict[str, Any] = {}
     contaminated_now: dict[Row, int] = {}  # as the headline counts them: the minute summary's
-    for dep, target, draft, _hit, _n, v, last, c in per_labels:
-        contaminated_now[(dep, target, draft)] = contaminated_now.get((dep, target, draft), 0) + c
+    tokens: dict[Row, tuple[int, int]] = {}
+    for dep, target, draft, _hit, _n, v, last, c, drafted, accepted in per_labels:
+        combo = (dep, target, draft)
+        contaminated_now[combo] = contaminated_now.get(combo, 0) + c
+        before = tokens.get(combo, (0, 0))
+        tokens[combo] = (before[0] + drafted, before[1] + accepted)
         violations[(dep, target)] = violations.get((dep, target), 0) + v
         newest[dep] = last if dep not in newest or last > newest[dep] else newest[dep]
     keys_sql = KEYS_SUMMARY_SQL if ready else KEYS_ROWS_SQL
     return Figures(
         requests=requests,
-        contaminated_first=contaminated.sums,
+        contaminated_first=tuple(rows(CONTAMINATED_SQL)),
         contaminated_now=tuple((*k, n) for k, n in contaminated_now.items() if n),
-        contaminated_fields=fields.sums,
+        contaminated_fields=tuple(rows(CONTAMINATED_FIELDS_SQL)),
         length_violations=tuple((d, t, n) for (d, t), n in sorted(violations.items())),
-        tokens=tokens.sums,
-        keys=tuple(rows(keys_sql, ("deployment",))),
+        tokens=tuple((*k, *sums) for k, sums in sorted(tokens.items())),
+        keys=tuple(rows(keys_sql)),
         newest=tuple((d, ts.timestamp()) for d, ts in sorted(newest.items())),
         replays=replays,
         quarantined=quarantined,
         folded=tuple(folded),
-        sums=(tokens, contaminated, fields),
     )

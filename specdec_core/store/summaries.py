@@ -2,7 +2,8 @@
 thousands of rows instead of millions.
 
 - `summary_minute`: additive counts per UTC minute and (deployment, target, draft,
-  temperature, cache_hit). Any filter is exact: whole minutes come from here, and
+  temperature, cache_hit), with the token sums of every request (the metrics' counters) beside
+  those of speculative misses (the acceptance rate). Any filter is exact: whole minutes come from here, and
   the rows of the (at most two) minutes a time range cuts through come from
   `requests`, aggregated the same way (`minute_source`).
 - `summary_keys`: one row per (deployment, cache_key, fingerprint); distinct counts
@@ -18,6 +19,8 @@ thousands of rows instead of millions.
 - `summary_request_outputs`: one narrow row per request: its time, labels, hit flag, and DuckDB's 64-bit
   hashes of its output text and of the identity fields that decide an output. A time range's red flag of
   identical outputs is counted over these instead of hashing the rows' output texts.
+- `summary_first_verdicts`: the hits first judged contaminated (store/verdicts.py), counted per labels and
+  differing fields: the monitoring counters read these few rows, not one row per hit ever judged.
 
 A question with a time range that the histograms or distinct counts can't answer
 goes to `requests`, as it would without summaries. `from_rows()` forces that path:
@@ -37,12 +40,14 @@ import duckdb
 import numpy as np
 
 from specdec_core.contract import fields as contract
+from specdec_core.store.verdicts import build_first_verdict_counts
 
 # Bump when a summary table, or how hits are judged, changes: an older store is rejudged and rebuilt
 # by `specdec migrate` or the next ingest (a read asks for the migrate). 4: ties among misses at one instant go to the one logged last.
 # 5: summary_outputs. 6: identity_first_seen (built by the judging, hit_sources.py). 7: summary_request_keys.
 # 8: key_last_miss (built by the judging). 9: summary_request_outputs.
-SUMMARY_VERSION = "9"
+# 10: summary_minute's logged token sums; summary_first_verdicts (store/verdicts.py).
+SUMMARY_VERSION = "10"
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)
 _ROWS_ONLY: ContextVar[bool] = ContextVar("specdec_rows_only", default=False)
@@ -69,13 +74,15 @@ max(r.ts) FILTER (WHERE h.contaminated) AS last_contaminated,
 count(*) FILTER (WHERE {_SPECULATIVE}) AS decoded_requests,
 sum(r.draft_tokens) FILTER (WHERE {_SPECULATIVE}) AS draft_tokens,
 sum(r.accepted_tokens) FILTER (WHERE {_SPECULATIVE}) AS accepted_tokens,
-sum(r.draft_tokens / nullif(r.num_speculative_tokens, 0)) FILTER (WHERE {_SPECULATIVE}) AS steps"""
+sum(r.draft_tokens / nullif(r.num_speculative_tokens, 0)) FILTER (WHERE {_SPECULATIVE}) AS steps,
+sum(r.draft_tokens) AS logged_draft_tokens, sum(r.accepted_tokens) AS logged_accepted_tokens"""
 
 # How two rows of one minute and dimensions combine into one (store/incremental.py adds a batch's rows to a
 # minute's this way): every measure above, by the aggregate that merges it.
 MINUTE_MERGE = {"requests": "sum", "contaminated": "sum", "first_sight": "sum", "violations": "sum",
                 "first_ts": "min", "last_ts": "max", "first_contaminated": "min", "last_contaminated": "max",
-                "decoded_requests": "sum", "draft_tokens": "sum", "accepted_tokens": "sum", "steps": "sum"}
+                "decoded_requests": "sum", "draft_tokens": "sum", "accepted_tokens": "sum", "steps": "sum",
+                "logged_draft_tokens": "sum", "logged_accepted_tokens": "sum"}
 
 # Each summary's rows over the requests that `{where}` picks (over `requests r`, `hit_sources h`): all of them
 # for a full build, those a batch touched for an update (store/incremental.py).
@@ -208,8 +215,10 @@ CREATE OR REPLACE TABLE summary_request_outputs AS {over(REQUEST_OUTPUTS_SQL, "T
 
 
 def build_summaries(con: duckdb.DuckDBPyConnection) -> None:
-    """Rebuild every summary table from `requests` and `hit_sources` (inside the ingest's write)."""
+    """Rebuild every summary table from `requests` and `hit_sources` (inside the ingest's write), and the
+    counts of the first verdicts from their record, which a rebuild keeps (store/verdicts.py)."""
     con.execute(BUILD_SQL)
+    build_first_verdict_counts(con)
 
 
 @contextmanager

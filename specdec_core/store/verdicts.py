@@ -6,6 +6,8 @@ current verdicts. A Prometheus counter must never go down, so `specdec_contamina
 counts this table instead: a hit is added the first time any ingest (or migrate) judges it
 contaminated, and never removed. Rows only ever join it, so its count is monotone while the store
 grows, and the same whichever process reads it (an exporter or follower restart changes nothing).
+`summary_first_verdicts` counts its rows per labels and field list, so a scrape reads a few rows, not one per
+hit ever judged: each write appends its new verdicts' counts, `build_summaries` counts the whole table again.
 """
 
 from __future__ import annotations
@@ -25,16 +27,46 @@ CREATE TABLE IF NOT EXISTS contaminated_first_verdicts (
 )
 """
 
-RECORD_NEW_VERDICTS_SQL = """
-INSERT INTO contaminated_first_verdicts
-SELECT c.request_id, c.deployment, c.target_model, c.draft_model, c.differing_fields, ?
+# The hits judged contaminated for the first time by this write (the ingest's id as a parameter).
+NEW_VERDICTS_SQL = """
+SELECT c.request_id, c.deployment, c.target_model, c.draft_model, c.differing_fields, ?::BIGINT AS ingest_id
 FROM summary_contaminated c
 WHERE c.request_id NOT IN (SELECT request_id FROM contaminated_first_verdicts)
 """
 
+# First verdicts counted per labels and field list (a summary: `build_summaries` counts it anew from the record,
+# each write appends its new verdicts' counts, so a combination may have several rows: read it summed). What the
+# monitoring counters read: a few rows however many hits.
+FIRST_VERDICT_COUNTS_SQL = """SELECT deployment, target_model, draft_model, differing_fields, count(*)::BIGINT AS hits
+FROM {verdicts} GROUP BY ALL"""
+# Appended rows beyond twice one row per combination, plus this many, fold the table into one row per combination
+# again: each row is folded a bounded number of times, and a write only appends (one file in a lake, no update).
+FOLD_SLACK = 10_000
+FOLD_SQL = """CREATE OR REPLACE TABLE summary_first_verdicts AS
+SELECT * EXCLUDE (hits), sum(hits)::BIGINT AS hits FROM summary_first_verdicts GROUP BY ALL"""
+ROWS_AND_COMBINATIONS_SQL = """SELECT count(*), count(DISTINCT (deployment, target_model, draft_model, differing_fields))
+FROM summary_first_verdicts"""
+
+
+def build_first_verdict_counts(con: duckdb.DuckDBPyConnection) -> None:
+    """Within a write: count the recorded first verdicts into `summary_first_verdicts` anew."""
+    create_tables(con, FIRST_VERDICTS_DDL)
+    con.execute("CREATE OR REPLACE TABLE summary_first_verdicts AS "
+                + FIRST_VERDICT_COUNTS_SQL.format(verdicts="contaminated_first_verdicts"))
+
 
 def record_first_verdicts(con: duckdb.DuckDBPyConnection, ingest_id: int | None) -> None:
-    """Within a write, after the summaries are current: add the hits judged contaminated for the first time."""
+    """Within a write, after the summaries are current: add the hits judged contaminated for the first time,
+    and their counts to `summary_first_verdicts`. A batch with none (healthy traffic) writes nothing."""
     create_tables(con, FIRST_VERDICTS_DDL)
-    if con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'summary_contaminated'").fetchall()[0][0]:
-        con.execute(RECORD_NEW_VERDICTS_SQL, [ingest_id])  # none before the first accepted row
+    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'summary_contaminated'").fetchall()[0][0]:
+        return  # none before the first accepted row
+    con.execute(f"CREATE OR REPLACE TEMP TABLE new_first_verdicts AS {NEW_VERDICTS_SQL}", [ingest_id])
+    if not con.execute("SELECT count(*) FROM new_first_verdicts").fetchall()[0][0]:
+        return
+    con.execute("INSERT INTO contaminated_first_verdicts SELECT * FROM new_first_verdicts")
+    con.execute("INSERT INTO summary_first_verdicts BY NAME "
+                + FIRST_VERDICT_COUNTS_SQL.format(verdicts="new_first_verdicts"))
+    rows, combinations = con.execute(ROWS_AND_COMBINATIONS_SQL).fetchall()[0]
+    if rows > 2 * combinations + FOLD_SLACK:
+        con.execute(FOLD_SQL)

@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import fields
 from pathlib import Path
 
+import duckdb
 import pytest
 from helpers import free_port, rec, run_cli, write_jsonl
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,8 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from specdec_core.analysis import headline
 from specdec_core.analysis.query import Filters
 from specdec_core.monitoring.exporter import Listen, serve
-from specdec_core.monitoring.figures import read_figures
-from specdec_core.store import Store, ingest
+from specdec_core.monitoring.figures import Figures, read_figures
+from specdec_core.store import Store, StoreError, ingest
+from specdec_core.store.connection import release_snapshots
 from specdec_core.store.summaries import from_rows
 
 CONTRACT = {
@@ -212,20 +215,74 @@ def test_serve_scrapes_over_http_and_stops_cleanly(tmp_path):
     assert err.strip() == f"serving {store.path} at http://127.0.0.1:{port}/metrics"
 
 
-def test_sums_continued_from_an_earlier_read_equal_a_full_read(tmp_path):
-    store = Store(tmp_path / "s.duckdb")
+def _rows(figures: Figures) -> dict[str, object]:
+    """Each figure's rows in one order (a read returns them in the order DuckDB's threads finish)."""
+    return {f.name: sorted(v) if isinstance(v := getattr(figures, f.name), tuple) else v for f in fields(figures)}
+
+
+def _two_deployments(tmp_path: Path, store: Store) -> dict[str, object]:
+    """Ingest batches for `a`, then enough for `b` to take its top place (top=1), each with a contaminated
+    hit; after each, the figures read from the summaries equal those read from the rows."""
     ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec(f"a{i}", deployment="a", draft_tokens=i,
                                                               accepted_tokens=1) for i in range(3)]))])
-    first = read_figures(store, top=1)
-    # More requests for `a` (the same top value) with a contaminated hit, then enough for `b` to take the top
-    # place from it.
     for name, dep, n in (("b.jsonl", "a", 2), ("c.jsonl", "b", 6)):
         records = [rec(f"{name}{i}", deployment=dep, draft_tokens=10, accepted_tokens=2) for i in range(n)]
         records.append(rec(f"{name}-hit", deployment=dep, prompt="another", cache_hit=True, ts="2026-03-01T11:00:00Z"))
         ingest(store, [str(write_jsonl(tmp_path / name, records))])
-        continued, full = read_figures(store, top=1, since=first), read_figures(store, top=1)
-        for figure in ("tokens", "contaminated_first", "contaminated_fields"):
-            assert sorted(getattr(continued, figure)) == sorted(getattr(full, figure)), figure
-        first = continued
-    assert sorted(first.tokens) == [("b", "llama-8b", "llama-1b", 68, 18), ("other", "llama-8b", "llama-1b", 31, 13)]
-    assert sorted(first.contaminated_first) == [("b", "llama-8b", "llama-1b", 1), ("other", "llama-8b", "llama-1b", 1)]
+        summarised = _rows(read_figures(store, top=1))
+        with from_rows():
+            assert _rows(read_figures(store, top=1)) == summarised
+    return summarised
+
+
+def test_a_read_of_the_figures_reads_the_summaries_alone(tmp_path):
+    store = Store(tmp_path / "s.duckdb")
+    figures = _two_deployments(tmp_path, store)
+    assert figures["tokens"] == [("b", "llama-8b", "llama-1b", 68, 18), ("other", "llama-8b", "llama-1b", 31, 13)]
+    assert figures["contaminated_first"] == [("b", "llama-8b", "llama-1b", 1), ("other", "llama-8b", "llama-1b", 1)]
+    # Without a request or a first verdict left, the summaries still give every figure: a scrape's cost follows
+    # them (a few rows per minute and label set), not the requests or the hits ever judged.
+    release_snapshots()
+    with duckdb.connect(str(store.path)) as con:
+        con.execute("DELETE FROM requests; DELETE FROM contaminated_first_verdicts; DELETE FROM hit_sources")
+    assert _rows(read_figures(store, top=1)) == figures
+
+
+def test_a_store_of_the_previous_summaries_is_migrated_to_the_same_figures(tmp_path):
+    store = Store(tmp_path / "s.duckdb")
+    figures = _two_deployments(tmp_path, store)
+    release_snapshots()
+    with duckdb.connect(str(store.path)) as con:  # as version 9 left it: no token sums of every request, no counts
+        con.execute("ALTER TABLE summary_minute DROP COLUMN logged_draft_tokens; "
+                    "ALTER TABLE summary_minute DROP COLUMN logged_accepted_tokens; DROP TABLE summary_first_verdicts; "
+                    "UPDATE meta SET value = '9' || value[3:] WHERE key = 'summary_version'")
+    with pytest.raises(StoreError, match="specdec migrate"):
+        read_figures(store)
+    done = run_cli("migrate", "--db", str(store.path))
+    assert done.returncode == 0 and "rebuilt" in done.stdout, done.stderr
+    assert _rows(read_figures(store, top=1)) == figures
+    # The first verdicts kept their ingests: a migrate counts none of them again.
+    with store.read() as con:
+        assert con.execute("SELECT sum(hits) FROM summary_first_verdicts").fetchall() == [(2,)]
+
+
+def test_label_values_with_quotes_braces_and_nul_are_folded_and_kept_as_logged(tmp_path):
+    names = ["it's", "{dep}", "a\x00b", "$1"]
+    records = [rec(f"r{i}-{n}", deployment=name, cache_key=f"k{i}") for n, name in enumerate(names) for i in range(n + 1)]
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "odd.jsonl", records))])
+    figures = read_figures(store, top=3)
+    assert sorted((r[0], r[4]) for r in figures.requests if r[3] == "false") == [
+        ("$1", 4), ("a\x00b", 3), ("other", 1), ("{dep}", 2)]
+
+
+def test_a_fresh_process_reads_the_figures_without_importing_pandas(tmp_path):
+    """A restarted exporter's first scrape: binding a value would make DuckDB's client import pandas (0.5 s+)."""
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(incident_log(tmp_path / "log.jsonl"))])
+    code = ("import sys; from specdec_core.monitoring.figures import read_figures; from specdec_core.store import "
+            "Store; f = read_figures(Store(sys.argv[1])); print(len(f.requests), 'pandas' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code, str(store.path)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.stdout.split() == ["7", "False"], done.stderr

@@ -18,7 +18,7 @@ import pytest
 from helpers import DROP, rec, write_jsonl
 from test_contamination_reference import _spell_ts, random_log
 
-from specdec_core.store import incremental, summaries
+from specdec_core.store import incremental, summaries, verdicts
 from specdec_core.store.connection import Store, release_snapshots
 from specdec_core.store.hit_sources import judge_hits, last_miss_sql
 from specdec_core.store.ingest import ingest
@@ -41,6 +41,8 @@ _TABLES = {
     # Appended per batch: equal once summed.
     "summary_outputs": "SELECT * EXCLUDE (requests, hits), sum(requests)::BIGINT, sum(hits)::BIGINT "
                        "FROM summary_outputs GROUP BY ALL",
+    # Each batch appends its first verdicts' counts; a rebuild counts the whole record again: equal once summed.
+    "summary_first_verdicts": "SELECT * EXCLUDE (hits), sum(hits)::BIGINT FROM summary_first_verdicts GROUP BY ALL",
 }
 
 
@@ -209,3 +211,24 @@ def test_the_outputs_summary_is_folded_once_it_has_doubled(tmp_path, monkeypatch
         _assert_equals_full_rebuild(db, tmp_path)
     assert any(rows_now == groups for rows_now, groups in sizes[1:])  # a fold happened after the first batch
     assert sizes[-1][1] == 10 + 2 * 6
+
+
+def test_the_first_verdict_counts_are_folded_once_they_have_doubled(tmp_path, monkeypatch):
+    """Batches append their first verdicts' counts; a long --follow must not grow the table with every batch."""
+    monkeypatch.setattr(verdicts, "FOLD_SLACK", 0)
+    db = tmp_path / "store.duckdb"
+    sizes = []
+    for batch in range(6):
+        # Each batch: a miss and a hit of another identity on a fresh key, in the same two deployments.
+        rows = [rec(f"b{batch}-{d}-{kind}", ts=f"2026-03-01T10:{batch:02d}:{n}0Z", deployment=d,
+                    cache_key=f"K{batch}", prompt=f"{kind} {batch}", cache_hit=kind == "hit")
+                for d in ("a", "b") for n, kind in enumerate(("miss", "hit"))]
+        ingest(Store(db), [str(write_jsonl(tmp_path / f"b{batch}.jsonl", rows))])
+        release_snapshots()
+        with duckdb.connect(str(db), read_only=True) as con:
+            sizes.append(con.execute(verdicts.ROWS_AND_COMBINATIONS_SQL).fetchall()[0])
+            hits = con.execute("SELECT sum(hits) FROM summary_first_verdicts").fetchall()[0][0]
+        assert hits == 2 * (batch + 1)
+        _assert_equals_full_rebuild(db, tmp_path)
+    assert all(rows <= 2 * combinations for rows, combinations in sizes)
+    assert sizes[0] == (2, 2) and (4, 2) in sizes and any(rows == 2 for rows, _ in sizes[2:])
