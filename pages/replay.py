@@ -229,6 +229,8 @@ def show_outcome(job: jobs.ReplayJob) -> None:
         st.warning(f"Cancelled: {len(job.results)} of {job.total} replayed before; those are stored.")
     for failed, why in job.errors.items():
         st.error(f"Replay of {ui.code_span(failed)} failed: {ui.md_escape(why)}")
+    for failure in job.engine_failures:
+        st.error(ui.md_escape(failure.summary()))
     if job.total == 1 and job.results:
         result = job.results[0]
         # The address bar holds the replay's permanent link: a reload or a copied URL opens this replay.

@@ -21,6 +21,35 @@ DEAD = (UNREACHABLE, TIMEOUT, NO_KEY)
 NAMED_IDS = 5
 
 
+@dataclass(frozen=True)
+class EngineFailure:
+    """One kind of failure on one engine in a batch: what it said, and the requests it left without a replay."""
+
+    engine: str
+    url: str
+    reason: str
+    failed: tuple[str, ...]
+    sent: int
+    not_sent: int = 0
+
+    @property
+    def not_replayed(self) -> int:
+        return len(self.failed) + self.not_sent
+
+    def line(self) -> str:
+        """For a log or a terminal: the engine, its URL, the reason and the requests it hit, by id."""
+        ids = self.failed
+        named = ", ".join(ids[:NAMED_IDS]) + (f" and {len(ids) - NAMED_IDS} more" if len(ids) > NAMED_IDS else "")
+        line = (f"engine {self.engine} ({self.url}): {self.reason} (on {len(ids)} of {self.sent} replays sent: "
+                f"{named}); nothing stored for them")
+        return line + (f"; {self.not_sent} more not sent to a dead engine" if self.not_sent else "")
+
+    def summary(self) -> str:
+        """For a page: what failed and what it cost, in a sentence."""
+        n = self.not_replayed
+        return f"engine {self.engine} failed: {self.reason} ({n} request{'' if n == 1 else 's'} not replayed)"
+
+
 @dataclass
 class _Failures:
     by_kind: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
@@ -38,24 +67,22 @@ class _Failures:
             if exc.kind in DEAD:
                 self.dead.setdefault(exc.engine.name, exc)
 
-    def lines(self) -> list[str]:
+    def summaries(self) -> list[EngineFailure]:
         out = []
         for key, ids in self.by_kind.items():
-            engine = key[0]
-            named = ", ".join(ids[:NAMED_IDS]) + (f" and {len(ids) - NAMED_IDS} more" if len(ids) > NAMED_IDS else "")
-            line = (f"{self.first[key]} (on {len(ids)} of {self.sent.get(engine, len(ids))} replays sent: {named}); "
-                    "nothing stored for them")
-            if engine in self.dead and self.dead[engine] is self.first[key] and self.not_sent.get(engine):
-                line += f"; {self.not_sent[engine]} more not sent to a dead engine"
-            out.append(line)
+            exc, engine = self.first[key], key[0]
+            # The requests not sent after an engine died count against the failure that killed it.
+            not_sent = self.not_sent.get(engine, 0) if self.dead.get(engine) is exc else 0
+            out.append(EngineFailure(engine, exc.engine.url, exc.detail, tuple(ids), self.sent.get(engine, len(ids)),
+                                     not_sent))
         return out
 
 
 def run_batch(ids: Sequence[str], engine_of: Callable[[str], EngineSpec | None],
               replay_one: Callable[[str], Any], on_result: Callable[[Any], None],
               on_error: Callable[[str, BaseException], None] | None = None,
-              cancelled: Callable[[], bool] = lambda: False) -> list[str]:
-    """Replay `ids`; `on_result` sees each result in this thread as it comes. Returns the failure lines.
+              cancelled: Callable[[], bool] = lambda: False) -> list[EngineFailure]:
+    """Replay `ids`; `on_result` sees each result in this thread as it comes. Returns the engine failures.
 
     `on_error` takes any other exception of one replay (raising from it stops the batch); without it, it is raised.
     """
@@ -76,7 +103,7 @@ def run_batch(ids: Sequence[str], engine_of: Callable[[str], EngineSpec | None],
         if cancelled():
             break
         _on_engine(spec, members, replay_one, on_result, on_error, cancelled, failures)
-    return failures.lines()
+    return failures.summaries()
 
 
 def _other(request_id: str, exc: BaseException, on_error: Callable[[str, BaseException], None] | None) -> None:

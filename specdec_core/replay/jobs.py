@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec_core.replay import run as replay_run
+from specdec_core.replay.engine_batch import EngineFailure
 from specdec_core.replay.run import ReplayResult
 from specdec_core.store.connection import Store
 
@@ -33,6 +34,8 @@ class ReplayJob:
     current: str | None = None
     results: list[ReplayResult] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    # A failed engine call is said once per engine and kind of failure, however many requests it cost.
+    engine_failures: list[EngineFailure] = field(default_factory=list)
     cancelled: bool = False
     finished: bool = False
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -44,7 +47,7 @@ class ReplayJob:
 
     @property
     def done(self) -> int:
-        return len(self.results) + len(self.errors)
+        return len(self.results) + len(self.errors) + sum(f.not_replayed for f in self.engine_failures)
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -177,9 +180,8 @@ def _work(job: ReplayJob, store: Store, decoder_factory: Callable[[], Any], prom
     try:
         job.stage = "loading models"
         decoder = ProgressDecoder(decoder_factory(), job)
-        lines = run_batch(job.request_ids, engine_of, one, job.results.append, on_error, job._cancel.is_set)
-        for n, line in enumerate(lines):
-            job.errors[f"(engine failure {n + 1})"] = line
+        job.engine_failures = run_batch(job.request_ids, engine_of, one, job.results.append, on_error,
+                                        job._cancel.is_set)
         job.cancelled = job._cancel.is_set() and job.done < job.total
     except ReplayCancelled:
         job.cancelled = True

@@ -306,8 +306,9 @@ def replay_many(store: Store, request_ids: Iterable[str], decoder: Any | None = 
         if progress:
             progress(len(done), len(ids), result)
 
-    lines = run_batch(ids, lambda rid: registry.engine_of(records[rid]["target_model"]) if registry else None,
-                      lambda rid: replay_record(store, records[rid], decoder), on_result)
+    failed = run_batch(ids, lambda rid: registry.engine_of(records[rid]["target_model"]) if registry else None,
+                       lambda rid: replay_record(store, records[rid], decoder), on_result)
+    lines = [f.line() for f in failed]
     results = [done[rid] for rid in ids if rid in done]
     _save(store, results)
     if lines and failures is None:

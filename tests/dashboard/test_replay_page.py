@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import rec
-from test_pages import build_db, metrics_of, no_legacy_pages_folder, open_app, texts  # noqa: F401
+from helpers import free_port, rec
+from test_pages import build_db, metrics_of, no_legacy_pages_folder, open_app, texts, ui  # noqa: F401
 
 import specdec_core.replay.run as replay_module
 from specdec_core.contract.identity import DecodeRequest
 from specdec_core.decoding.engine import SpecDecoder
+from specdec_core.decoding.registry import EngineSpec, ModelSpec, Registry
 from specdec_core.replay import jobs
 
 PROMPT = "The cache key"
@@ -72,3 +73,20 @@ def test_replaying_a_contaminated_hit_proves_its_foreign_source(monkeypatch, for
     assert metrics_of(at.main)["replay_mismatch"] == "1"
     replays = at.dataframe[-1].value
     assert list(replays.classification) == ["foreign"] and list(replays.source_request_id) == ["m1"]
+
+
+def test_a_dead_engine_is_one_line_saying_what_it_cost(monkeypatch, foreign, tiny_registry):
+    """Nothing listens at the engine's port: the batch says so once, with how many requests went unreplayed."""
+    foreign_db, _ = foreign
+    spec = EngineSpec("staging", f"http://127.0.0.1:{free_port()}/v1", timeout_s=5.0)
+    models = {**tiny_registry.models, "tiny-target": ModelSpec("tiny-target", engine="staging", served_name="big")}
+    decoder = SpecDecoder(Registry(models, tiny_registry.tokenizers, engines={"staging": spec}), device="cpu")
+    monkeypatch.setattr(replay_module, "default_decoder", lambda: decoder)
+    at = open_app(monkeypatch, foreign_db, "replay")
+    at.session_state[ui.REPLAY_START_KEY] = ["m1", "h1"]  # as Mismatches queues a batch
+    at.run()
+    jobs.wait_all(60)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = [e.value.replace("\\", "") for e in at.main.error]
+    assert shown == ["engine staging failed: unreachable: Connection refused (2 requests not replayed)"]

@@ -195,11 +195,18 @@ def test_a_429_with_retry_after_is_waited_out_and_then_replays(tiny_registry, fa
     assert stored(batch) == 1
 
 
-def test_a_failed_call_in_a_job_is_one_error_line(tiny_registry, faults, batch):
-    decoder = SpecDecoder(on_engine(tiny_registry, f"{faults.url}/500/v1", "served-x"), device="cpu")
+@pytest.mark.parametrize("fault, reason", [
+    ("500", "HTTP 500: CUDA error: device-side assert\\x07"),
+    ("hang", "no answer within timeout_s = 0.5 s"),  # dead after the first call: the other two are not sent
+])
+def test_a_failed_engine_in_a_job_is_one_sentence_of_what_it_cost(tiny_registry, faults, batch, fault, reason):
+    decoder = SpecDecoder(on_engine(tiny_registry, f"{faults.url}/{fault}/v1", "served-x", timeout_s=0.5,
+                                    max_concurrency=1), device="cpu")
     job = jobs.start_job(batch, ["f0", "f1", "f2"], lambda: decoder)
     assert job.wait(30)
-    assert not job.results and list(job.errors.values()) == [job.errors["(engine failure 1)"]]
+    assert not job.results and not job.errors and job.done == job.total == 3 and not job.cancelled
+    [failure] = job.engine_failures
+    assert failure.summary() == f"engine serve failed: {reason} (3 requests not replayed)"
     assert stored(batch) == 0
 
 
