@@ -298,10 +298,10 @@ def overhead(remote: SpecDecoder, req: DecodeRequest, url: str, models_dir: Path
     print(f"\none replay's engine call: {req.max_tokens} max tokens, {'greedy' if req.is_greedy else 'sampled'}, "
           f"{path}, {runs} rounds after {warmup} warm-up, a fresh connection per call on both sides, the same body "
           "and headers, order alternating; median (quartiles)")
-    print(f"{'':34}{'bare http.client':>30}{'client (generate)':>30}{'client - bare, per round':>34}")
+    print(f"{'':34}{'bare http.client':>34}{'client (generate)':>34}{'client - bare, per round':>34}")
     for label, (bares, clients, _) in (("transformers serve", real), ("its answer, from a stand-in", fake)):
         diffs = [c - b for c, b in zip(clients, bares, strict=True)]
-        print(f"{label:34}{ms(bares):>30}{ms(clients):>30}{ms(diffs, '+'):>34}")
+        print(f"{label:34}{ms(bares):>34}{ms(clients):>34}{ms(diffs, '+'):>34}")
     base = statistics.median(real[0])
     diffs = [c - b for c, b in zip(fake[1], fake[0], strict=True)]
     q1, q2, q3 = quartiles(diffs)
