@@ -102,31 +102,31 @@ def tick(page: Page, row: int) -> None:
 
 
 def selected_caption(page: Page):
-    return page.get_by_text(re.compile(r"^\d+ selected for replay"))
+    return page.get_by_text(re.compile(r"^\d+ requests? selected for replay"))
 
 
 def test_ticks_follow_requests_and_replay_selected_replays_them(browser, server):
     page = new_page(browser)
     page.goto(f"{server}/mismatches")
     heading(page, "Mismatches")
-    expect(page.get_by_text(f"{HITS} of {HITS} contaminated hits", exact=False)).to_be_visible(timeout=30_000)
+    expect(page.get_by_text(f"{HITS} contaminated hits. Tick rows", exact=False)).to_be_visible(timeout=30_000)
     tick(page, 0)
-    expect(selected_caption(page)).to_have_text("1 selected for replay.", timeout=15_000)
+    expect(selected_caption(page)).to_have_text("1 request selected for replay.", timeout=15_000)
     tick(page, 1)
-    expect(selected_caption(page)).to_have_text("2 selected for replay.", timeout=15_000)  # h01, h02
+    expect(selected_caption(page)).to_have_text("2 requests selected for replay.", timeout=15_000)  # h01, h02
 
     # Filter to staging (h02, h04, ...): the first row is h02, still ticked; tick the second, h04.
     page.get_by_role("textbox", name="Filter rows").fill("staging")
     page.keyboard.press("Enter")
     expect(page.get_by_text(f"{HITS // 2} of {HITS} contaminated hits", exact=False)).to_be_visible(timeout=15_000)
-    expect(selected_caption(page)).to_have_text("2 selected for replay (1 not shown by this filter).")
+    expect(selected_caption(page)).to_have_text("2 requests selected for replay (1 not shown by this filter).")
     tick(page, 1)
-    expect(selected_caption(page)).to_have_text("3 selected for replay (1 not shown by this filter).",
+    expect(selected_caption(page)).to_have_text("3 requests selected for replay (1 not shown by this filter).",
                                                 timeout=15_000)
     # Positions 0 and 1 of the unfiltered table are h01 and h02; by position, the third tick would be h03.
     page.get_by_role("textbox", name="Filter rows").fill("")
     page.keyboard.press("Enter")
-    expect(selected_caption(page)).to_have_text("3 selected for replay.", timeout=15_000)
+    expect(selected_caption(page)).to_have_text("3 requests selected for replay.", timeout=15_000)
 
     page.get_by_role("button", name="Replay 3 selected").click()
     heading(page, "Replay")
@@ -198,7 +198,7 @@ def test_clicking_a_bar_lists_its_rows_and_dragging_sets_the_time_range(browser,
     page = new_page(browser)
     page.goto(f"{server}/mismatches")
     heading(page, "Mismatches")
-    expect(page.get_by_text(f"{HITS} of {HITS} contaminated hits", exact=False)).to_be_visible(timeout=30_000)
+    expect(page.get_by_text(f"{HITS} contaminated hits. Tick rows", exact=False)).to_be_visible(timeout=30_000)
 
     # Bars are drawn per deployment trace; the fifth minute (10:04) belongs to prod (h05).
     # As a person does: the pointer rests on the bar (plotly shows its hover label, and the page's click
@@ -228,11 +228,12 @@ def test_clicking_a_bar_lists_its_rows_and_dragging_sets_the_time_range(browser,
     page.mouse.up()
     expect(sidebar.get_by_text(re.compile(r"UTC to .* UTC$"))).not_to_have_text(before, timeout=30_000)
     # While the page reruns, the old caption lingers beside the new one: wait for it to go.
-    expect(page.get_by_text(re.compile(rf"^{HITS} of {HITS} contaminated hits"))).to_have_count(0, timeout=30_000)
-    shown = page.get_by_text(re.compile(r"^\d+ of \d+ contaminated hits"))
+    expect(page.get_by_text(re.compile(rf"^{HITS} contaminated hits\."))).to_have_count(0, timeout=30_000)
+    # Every hit of the new range is listed: the caption counts them, with no "N of M".
+    shown = page.get_by_text(re.compile(r"^\d+ contaminated hits?\. Tick rows"))
     expect(shown).to_have_count(1, timeout=30_000)
-    n, total = map(int, re.match(r"(\d+) of (\d+)", shown.inner_text()).groups())
-    assert 0 < n == total < HITS, shown.inner_text()
+    n = int(re.match(r"(\d+)", shown.inner_text()).group(1))
+    assert 0 < n < HITS, shown.inner_text()
     # The range is a filter like any other: it is in the address, so the view can be shared.
     assert "start=" in page.url and "end=" in page.url, page.url
     assert page.dialogs == []
