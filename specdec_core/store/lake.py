@@ -366,8 +366,11 @@ def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
             if live_files(con, below=MERGE_TIERS[0]) > MAINTAIN_ABOVE_FILES:
                 if held.writes == 1:
                     maintain(con)  # a one-off write (`specdec ingest`): all of it now
+                elif held.maintained % CHORES_EVERY == CHORES_EVERY - 1:
+                    con = _renew(held, location, setup)
+                    maintain(con, spread=True, chores=True)
                 else:
-                    maintain(con, spread=True, chores=held.maintained % CHORES_EVERY == CHORES_EVERY - 1)
+                    maintain(con, spread=True, chores=False)
                 held.maintained += 1
             _keep_data_private(location)
         except BaseException:
@@ -430,6 +433,22 @@ def _writer(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
         held[key] = _Writer(con, spill, _catalog_file(location))  # a new catalog exists only now
         _spills.append(spill)
     return held[key]
+
+
+def _renew(held: _Writer, location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection], None]
+           ) -> duckdb.DuckDBPyConnection:
+    """A fresh instance for a kept writer's chores: DuckLake 1.5.5's flush of inlined rows, run by an instance
+    kept over many writes and expiries, now and then aborted the process ("corrupted double-linked list")."""
+    held.con.close()
+    con = open_lake(location, setup=setup)
+    try:
+        con.execute(f"USE {ALIAS}")
+        con.execute(f"SET temp_directory = {literal(held.spill)}")
+    except BaseException:
+        con.close()
+        raise
+    held.con = con
+    return con
 
 
 def _forget_writer(location: LakeLocation | str) -> None:
