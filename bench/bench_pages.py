@@ -55,8 +55,8 @@ def render(page: str) -> tuple[float, float]:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
     if page != "overview":
         at.switch_page(f"pages/{page}.py")
-    if page == "search":
-        at.session_state["search_text"] = SEARCH_TEXT
+    if page == "search":  # the page takes its query from the address (?q=), as a link or Back gives it
+        at.query_params["q"] = SEARCH_TEXT
     st.cache_data.clear()
     t0 = time.perf_counter()
     at.run()
