@@ -1,6 +1,6 @@
 """Full-text search over prompts and outputs: "every request whose output mentions X".
 
-DuckDB's FTS extension would need a download; a scan with bound ILIKE / regular-expression
+DuckDB's FTS extension would need a download; a scan with bound contains() / regular-expression
 parameters over the two text columns is fast enough at a million rows (bench/bench_pages.py).
 """
 
@@ -20,11 +20,6 @@ SEARCH_MODES = ("contains", "regex")
 
 class SearchError(ValueError):
     """A search that can't run (an invalid regular expression, no field to search)."""
-
-
-def like_pattern(text: str) -> str:
-    """`text` as an ILIKE pattern that matches it anywhere, its own % _ and \\ taken literally."""
-    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 # Characters of context each side of a match: the excerpt reads whole in a table at 1440 px.
@@ -72,7 +67,9 @@ def regex_literal(text: str) -> str:
 
 def _condition(field: str, mode: str, case_sensitive: bool) -> str:
     if mode == "contains":
-        return f"r.{field} {'LIKE' if case_sensitive else 'ILIKE'} ? ESCAPE '\\'"
+        # contains(), not ILIKE: with the pattern a bound value DuckDB scans it as a general pattern, 10x
+        # slower over a 1M-row log (1.15 s against 0.09 s for no match); with text, % and _ are no wildcards.
+        return f"contains(r.{field}, ?)" if case_sensitive else f"contains(lower(r.{field}), lower(?))"
     return f"regexp_matches(r.{field}, ?, '{'c' if case_sensitive else 'i'}')"
 
 
@@ -89,7 +86,7 @@ def search_requests(store: Store, text: str, *, fields: tuple[str, ...] = SEARCH
     fields = tuple(f for f in SEARCH_FIELDS if f in fields)
     if not fields:
         raise SearchError(f"choose at least one field to search: {', '.join(SEARCH_FIELDS)}")
-    needle = like_pattern(text) if mode == "contains" else text
+    needle = text
     match = " OR ".join(_condition(f, mode, case_sensitive) for f in fields)
     ordered = [f for f in EXCERPT_ORDER if f in fields]
     field = " ".join(f"WHEN {_condition(f, mode, case_sensitive)} THEN '{EXCERPT_FIELD_NAMES[f]}'" for f in ordered)
