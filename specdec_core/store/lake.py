@@ -367,7 +367,10 @@ def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
                 if held.writes == 1:
                     maintain(con)  # a one-off write (`specdec ingest`): all of it now
                 elif held.maintained % CHORES_EVERY == CHORES_EVERY - 1:
-                    con = _renew(held, location, setup)
+                    # Chores on a fresh instance: DuckLake 1.5.5's flush of inlined rows, run by one kept over
+                    # many writes and expiries, now and then aborted the process ("corrupted double-linked list").
+                    held.con.close()
+                    con = held.con = _writing_instance(location, setup, held.spill)
                     maintain(con, spread=True, chores=True)
                 else:
                     maintain(con, spread=True, chores=False)
@@ -424,9 +427,7 @@ def _writer(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
     if key not in held:
         spill = tempfile.mkdtemp(prefix="specdec-spill-")
         try:
-            con = open_lake(location, setup=setup)
-            con.execute(f"USE {ALIAS}")
-            con.execute(f"SET temp_directory = {literal(spill)}")
+            con = _writing_instance(location, setup, spill)
         except BaseException:
             shutil.rmtree(spill, ignore_errors=True)
             raise
@@ -435,19 +436,15 @@ def _writer(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
     return held[key]
 
 
-def _renew(held: _Writer, location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection], None]
-           ) -> duckdb.DuckDBPyConnection:
-    """A fresh instance for a kept writer's chores: DuckLake 1.5.5's flush of inlined rows, run by an instance
-    kept over many writes and expiries, now and then aborted the process ("corrupted double-linked list")."""
-    held.con.close()
+def _writing_instance(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection], None],
+                      spill: str) -> duckdb.DuckDBPyConnection:
     con = open_lake(location, setup=setup)
     try:
         con.execute(f"USE {ALIAS}")
-        con.execute(f"SET temp_directory = {literal(held.spill)}")
+        con.execute(f"SET temp_directory = {literal(spill)}")
     except BaseException:
         con.close()
         raise
-    held.con = con
     return con
 
 
