@@ -40,10 +40,12 @@ WITH found AS (
 ), located AS (
     SELECT *, CASE {field} END AS match_field
     FROM found r
-), cut AS (
-    SELECT *, regexp_extract(CASE match_field {text} END, ?, ['before', 'hit'], '{flags}') AS parts,
-           CASE match_field {text} END AS matched_text
+), matched AS (
+    SELECT *, CASE match_field {text} END AS matched_text
     FROM located r
+), cut AS (
+    SELECT *, regexp_extract(matched_text, ?, ['before', 'hit'], '{flags}') AS parts
+    FROM matched
 )
 SELECT request_id, ts, deployment, target_model, cache_hit, max_tokens, output_tokens,
        left(prompt, 160) AS prompt_preview, left(output_text, 160) AS output_preview, match_field,
@@ -86,7 +88,6 @@ def search_requests(store: Store, text: str, *, fields: tuple[str, ...] = SEARCH
     fields = tuple(f for f in SEARCH_FIELDS if f in fields)
     if not fields:
         raise SearchError(f"choose at least one field to search: {', '.join(SEARCH_FIELDS)}")
-    needle = text
     match = " OR ".join(_condition(f, mode, case_sensitive) for f in fields)
     ordered = [f for f in EXCERPT_ORDER if f in fields]
     field = " ".join(f"WHEN {_condition(f, mode, case_sensitive)} THEN '{EXCERPT_FIELD_NAMES[f]}'" for f in ordered)
@@ -96,6 +97,6 @@ def search_requests(store: Store, text: str, *, fields: tuple[str, ...] = SEARCH
            .replace("{text}", matched_text).replace("{flags}", "c" if case_sensitive else "i")
            .replace("{chars}", str(EXCERPT_CHARS)))
     try:
-        return df(store, sql, filters, [needle] * len(fields) + [limit] + [needle] * len(ordered) + [locate])
+        return df(store, sql, filters, [text] * len(fields) + [limit] + [text] * len(ordered) + [locate])
     except duckdb.InvalidInputException as exc:
         raise SearchError(f"not a valid regular expression ({exc}); or search for the text as it is") from exc
