@@ -23,7 +23,9 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -299,6 +301,22 @@ def _smollm2_gguf(tmp: Path, previous: Path) -> Path:
     return gguf
 
 
+@contextmanager
+def _gguf_read_once() -> Iterator[None]:
+    """transformers reads the GGUF file anew for the tokenizer, the config and the weights (4 s of Python each,
+    mostly the 49k-token vocabulary), and builds a tensor-name map per module (397 of them, 6 s): while the
+    family is built, one reader per file and one map per architecture serve every call. Both are read-only."""
+    import gguf
+
+    kept = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = cache(lambda path, mode="r": kept[0](path, mode))
+    gguf.get_tensor_name_map = cache(kept[1])
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = kept
+
+
 def build_smollm2_family(out_dir: Path | str) -> dict[str, Path]:
     """Build (or reuse) the smollm2 family in out_dir; return logical name -> folder or file."""
     out = Path(out_dir)
@@ -316,8 +334,9 @@ def build_smollm2_family(out_dir: Path | str) -> dict[str, Path]:
         from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
         _smollm2_gguf(tmp, out / SMOLLM2_GGUF)
-        tok = AutoTokenizer.from_pretrained(str(tmp), gguf_file=SMOLLM2_GGUF)
-        quantized = AutoModelForCausalLM.from_pretrained(str(tmp), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+        with _gguf_read_once():
+            tok = AutoTokenizer.from_pretrained(str(tmp), gguf_file=SMOLLM2_GGUF)
+            quantized = AutoModelForCausalLM.from_pretrained(str(tmp), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
         # A GGUF-loaded model refuses save_pretrained; copy its dequantised weights into a plain one.
         cfg = {k: v for k, v in quantized.config.to_dict().items() if k not in ("quantization_config", "_name_or_path")}
         target = LlamaForCausalLM(LlamaConfig.from_dict(cfg))
