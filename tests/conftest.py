@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 import pytest
@@ -15,11 +16,20 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 
 
 @pytest.fixture(scope="session")
-def tiny_registry(tmp_path_factory):
-    """A registry of the tiny demo family (target, two drafts, two tokenizer versions), built once per session."""
+def tiny_registry(tmp_path_factory, worker_id):
+    """A registry of the tiny demo family (target, two drafts, two tokenizer versions), built once per run.
+
+    Under xdist the workers share one build (12 s of CPU each otherwise) in the run's common temporary
+    folder: the first to take the lock builds, the others find it complete (the build's stamp).
+    """
     from specdec_core.demo.models import tiny_registry
 
-    return tiny_registry(tmp_path_factory.mktemp("models"))
+    if worker_id == "master":
+        return tiny_registry(tmp_path_factory.mktemp("models"))
+    shared = tmp_path_factory.getbasetemp().parent / "models"
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return tiny_registry(shared)
 
 
 @pytest.fixture(scope="session")
