@@ -11,8 +11,10 @@ import pytest
 # while they wait, so two workers' two threads each on two cores burned 2.5x the CPU for the same demo
 # replays (16 s against 40 s of user time), CPU the other worker's tests then lacked. Set before torch is
 # imported, and inherited by the CLIs and servers the tests start.
+# DuckDB alike ($SPECDEC_THREADS): on the tests' small batches a second thread mostly waits and wakes.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("SPECDEC_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ from typing import TypeVar
 import duckdb
 
 from specdec_core.extras import MissingExtra, require
+from specdec_core.store.instance import instance_config
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LakeLocation
 from specdec_core.store.sql import literal
@@ -145,7 +146,7 @@ def open_lake(location: LakeLocation, read_only: bool = False,
 
 
 def _attach(location: LakeLocation, read_only: bool) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
+    con = duckdb.connect(":memory:", config={**instance_config(), "autoinstall_known_extensions": False,
                                               "autoload_known_extensions": False})
     try:
         _load_extensions(con, location)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
+from specdec_core.store.instance import instance_config
 from specdec_core.store.sql import literal
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def _open_working_copy(tmp: Path, appending: bool) -> duckdb.DuckDBPyConnection:
 
 def attached(path: str, options: str) -> duckdb.DuckDBPyConnection:
     """A private in-memory database with the file at `path` attached as `store` (`options`: ATTACH's)."""
-    con = duckdb.connect(":memory:")
+    con = duckdb.connect(":memory:", config=instance_config())
     try:
         con.execute(f"ATTACH {literal(path)} AS {STORE_ALIAS}{f' ({options})' if options else ''}")
     except BaseException:
