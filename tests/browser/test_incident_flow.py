@@ -14,7 +14,6 @@ from test_pages import build_incident_db
 from test_replay_page import build_foreign_db
 from test_served_dashboard import ROOT, browser, dashboard, metric, registry_toml  # noqa: F401
 
-from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.replay import run as replay
 from specdec_core.store.connection import Store
 from specdec_core.store.ingest import ingest
@@ -23,8 +22,9 @@ pytestmark = pytest.mark.browser
 # Where the screenshots go: test-output/ by default, so a test run leaves the tree clean; `make screenshots`
 # points this at data/screenshots/ (committed, shown in the README).
 SCREENSHOTS = Path(os.environ.get("SPECDEC_SCREENSHOTS", ROOT / "test-output" / "screenshots"))
-PAGES = {"overview": "", "cache": "cache", "output_length": "output_length", "mismatches": "mismatches",
-         "keys": "keys", "replay": "replay", "search": "search", "export": "export"}
+PAGES = {"overview": ("", "Overview"), "cache": ("cache", "Cache"), "output_length": ("output_length", "Output length"),
+         "mismatches": ("mismatches", "Mismatches"), "keys": ("keys", "Keys"), "replay": ("replay", "Replay"),
+         "search": ("search", "Search"), "export": ("export", "Export")}
 
 
 def new_page(browser, width: int = 1440, height: int = 900) -> Page:
@@ -39,9 +39,8 @@ def heading(page: Page, title: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def foreign_server(tmp_path_factory, tiny_registry, browser):
+def foreign_server(tmp_path_factory, tiny_registry, engine, browser):
     folder = tmp_path_factory.mktemp("foreign-browser")
-    engine = SpecDecoder(tiny_registry, device="cpu")
     db, outputs = build_foreign_db(folder, engine)
     # A replay run outside the dashboard (as `specdec replay` does): its page must open without decoding.
     stored = replay.replay(Store(db), "h1", engine)
@@ -67,31 +66,39 @@ def test_a_stored_replay_has_a_permanent_page_in_any_tab(browser, foreign_server
     page.context.close()
 
 
-def test_filters_live_in_the_url_reload_keeps_them_and_back_goes_back(browser, tmp_path):
-    db = build_incident_db(tmp_path)
-    with dashboard(db, tmp_path / "streamlit.log") as url:
-        page = new_page(browser)
-        page.goto(url)
-        expect(metric(page, "Requests")).to_have_text("6", timeout=30_000)
-        page.goto(f"{url}/?deployment=staging")
-        expect(metric(page, "Requests")).to_have_text("2", timeout=30_000)
-        page.goto(f"{url}/cache?deployment=prod")
-        heading(page, "Cache")
-        page.goto(f"{url}/?deployment=prod")
-        expect(metric(page, "Requests")).to_have_text("4", timeout=30_000)
-        sidebar = page.get_by_test_id("stSidebar")
-        sidebar.get_by_text("prod", exact=True).locator("xpath=..").get_by_role("button").first.click()
-        expect(metric(page, "Requests")).to_have_text("6", timeout=30_000)
-        page.go_back()
-        expect(metric(page, "Requests")).to_have_text("4", timeout=30_000)
-        pasted = new_page(browser)
-        pasted.goto(f"{url}/?deployment=staging&db={db}")
-        expect(metric(pasted, "Requests")).to_have_text("2", timeout=30_000)
-        pasted.reload()
-        expect(metric(pasted, "Requests")).to_have_text("2", timeout=30_000)
-        expect(pasted.get_by_test_id("stSidebar").get_by_role("textbox", name="Database")).to_have_value(str(db))
-        pasted.context.close()
-        page.context.close()
+@pytest.fixture(scope="module")
+def incident_server(tmp_path_factory, browser):
+    """One dashboard on the incident database for the tests that only read it, each in its own session."""
+    folder = tmp_path_factory.mktemp("incident-browser")
+    db = build_incident_db(folder)
+    with dashboard(db, folder / "streamlit.log") as url:
+        yield url, db
+
+
+def test_filters_live_in_the_url_reload_keeps_them_and_back_goes_back(browser, incident_server):
+    url, db = incident_server
+    page = new_page(browser)
+    page.goto(url)
+    expect(metric(page, "Requests")).to_have_text("6", timeout=30_000)
+    page.goto(f"{url}/?deployment=staging")
+    expect(metric(page, "Requests")).to_have_text("2", timeout=30_000)
+    page.goto(f"{url}/cache?deployment=prod")
+    heading(page, "Cache")
+    page.goto(f"{url}/?deployment=prod")
+    expect(metric(page, "Requests")).to_have_text("4", timeout=30_000)
+    sidebar = page.get_by_test_id("stSidebar")
+    sidebar.get_by_text("prod", exact=True).locator("xpath=..").get_by_role("button").first.click()
+    expect(metric(page, "Requests")).to_have_text("6", timeout=30_000)
+    page.go_back()
+    expect(metric(page, "Requests")).to_have_text("4", timeout=30_000)
+    pasted = new_page(browser)
+    pasted.goto(f"{url}/?deployment=staging&db={db}")
+    expect(metric(pasted, "Requests")).to_have_text("2", timeout=30_000)
+    pasted.reload()
+    expect(metric(pasted, "Requests")).to_have_text("2", timeout=30_000)
+    expect(pasted.get_by_test_id("stSidebar").get_by_role("textbox", name="Database")).to_have_value(str(db))
+    pasted.context.close()
+    page.context.close()
 
 
 def _cut(page: Page) -> list[str]:
@@ -99,29 +106,60 @@ def _cut(page: Page) -> list[str]:
         .filter(e => e.scrollWidth > e.clientWidth + 1 || e.innerText.includes('…')).map(e => e.innerText)""")
 
 
-def test_metrics_and_plots_are_readable_at_1024_and_on_a_phone(browser, tmp_path):
-    db = build_incident_db(tmp_path)
-    with dashboard(db, tmp_path / "streamlit.log") as url:
-        page = new_page(browser, 1024, 768)
-        page.goto(url)
-        expect(metric(page, "Requests")).to_have_text("6", timeout=30_000)
-        assert _cut(page) == []
-        page.context.close()
-        phone = new_page(browser, 390, 844)
-        phone.goto(f"{url}/cache")
-        heading(phone, "Cache")
-        plot = phone.locator(".js-plotly-plot").nth(1).locator(".nsewdrag").first
-        expect(plot).to_be_visible(timeout=30_000)
-        assert plot.bounding_box()["width"] > 250, "the hit-rate plot is not squeezed by its legend"
-        phone.context.close()
+def test_metrics_and_plots_are_readable_at_1024_and_on_a_phone(browser, incident_server):
+    url, _ = incident_server
+    page = new_page(browser, 1024, 768)
+    page.goto(url)
+    expect(metric(page, "Requests")).to_have_text("6", timeout=30_000)
+    assert _cut(page) == []
+    page.context.close()
+    phone = new_page(browser, 390, 844)
+    phone.goto(f"{url}/cache")
+    heading(phone, "Cache")
+    plot = phone.locator(".js-plotly-plot").nth(1).locator(".nsewdrag").first
+    expect(plot).to_be_visible(timeout=30_000)
+    assert plot.bounding_box()["width"] > 250, "the hit-rate plot is not squeezed by its legend"
+    phone.context.close()
+
+
+# Drawn: the script run is over with nothing of the last one left (stale) or still loading (skeleton), the
+# fonts are in, every plotly chart has laid itself out, no transition is under way, and the layout held
+# still over two animation frames (the check runs once a frame). Waited for, not slept on: a fixed second
+# per page cost the browser tests about 25 s a run and was still a guess on a busy machine.
+SETTLED_JS = """() => {
+    const app = document.querySelector('[data-testid="stApp"]');
+    const main = document.querySelector('[data-testid="stMain"]');
+    const plots = [...document.querySelectorAll('.js-plotly-plot')];
+    const drawn = app && main && app.dataset.testScriptState === 'notRunning'
+        && app.dataset.testConnectionState === 'CONNECTED'
+        && !document.querySelector('[data-testid="stSkeleton"], [data-stale="true"]')
+        && !document.querySelector('[data-testid="stStatusWidget"] img, [data-testid="stStatusWidget"] svg')
+        && document.fonts.status === 'loaded'
+        && plots.every(gd => gd._fullLayout && gd.querySelector('.main-svg'))
+        && !document.getAnimations().some(a => a.playState === 'running' && a.effect
+                                          && a.effect.getComputedTiming().iterations !== Infinity);
+    const layout = drawn && JSON.stringify([main.scrollHeight, main.scrollWidth,
+        document.querySelectorAll('[data-testid="stElementContainer"]').length,
+        plots.map(gd => { const r = gd.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; })]);
+    window.__settledFrames = layout && layout === window.__settledLayout ? (window.__settledFrames || 0) + 1 : 0;
+    window.__settledLayout = layout;
+    return window.__settledFrames >= 2;
+}"""
 
 
 def settle(page: Page) -> None:
-    """Wait until the page has drawn its content: no script running, no loading skeleton, charts laid out."""
-    page.wait_for_function("""() => !document.querySelector('[data-testid="stSkeleton"]')
-        && !document.querySelector('[data-testid="stStatusWidget"] img, [data-testid="stStatusWidget"] svg')""",
-                           timeout=60_000)
-    page.wait_for_timeout(1000)
+    """Wait until the page has drawn its content (SETTLED_JS): no script running, nothing stale or loading,
+    charts laid out, nothing moving."""
+    page.evaluate("() => { window.__settledFrames = 0; window.__settledLayout = null; }")
+    page.wait_for_function(SETTLED_JS, timeout=60_000, polling="raf")
+
+
+def open_by_link(page: Page, title: str) -> None:
+    """Switch pages by the sidebar's link, in the page (no reload: the same session reruns the script).
+    Clicked where it is: on a phone the sidebar is folded away, and a pointer left on a link would show as
+    hovered in a screenshot."""
+    page.get_by_test_id("stSidebar").get_by_role("link", name=title, exact=True).dispatch_event("click")
+    heading(page, title)
 
 
 @pytest.fixture(scope="module")
@@ -132,22 +170,31 @@ def demo_db(tmp_path_factory) -> Path:
     return db
 
 
+@pytest.fixture(scope="module")
+def demo_server(demo_db, tmp_path_factory):
+    with dashboard(demo_db, tmp_path_factory.mktemp("demo-browser") / "streamlit.log") as url:
+        yield url
+
+
 @pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)])
-def test_screenshots_of_every_page(browser, demo_db, tmp_path, width, height):
+def test_screenshots_of_every_page(browser, demo_server, width, height):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with dashboard(demo_db, tmp_path / "streamlit.log") as url:
-        page = new_page(browser, width, height)
-        for name, path in PAGES.items():
-            page.goto(f"{url}/{path}")
-            expect(page.get_by_role("heading", level=1)).to_be_visible(timeout=30_000)
-            settle(page)
-            expect(page.get_by_test_id("stException")).to_have_count(0)
-            if name not in ("replay", "search", "export"):
-                # The pages with charts drew them, not their placeholders.
-                expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible(timeout=30_000)
-            page.screenshot(path=SCREENSHOTS / f"{name}-{width}x{height}.png")
-        assert page.dialogs == []
-        page.context.close()
+    page = new_page(browser, width, height)
+    # The first page is loaded, the others opened by their links: what a screenshot shows is the same.
+    page.goto(demo_server)
+    for name, (path, title) in PAGES.items():
+        if path:
+            open_by_link(page, title)
+        heading(page, title)
+        expect(page).to_have_url(re.compile(rf"^{re.escape(demo_server)}/{path}(\?|$)"))
+        settle(page)
+        expect(page.get_by_test_id("stException")).to_have_count(0)
+        if name not in ("replay", "search", "export"):
+            # The pages with charts drew them, not their placeholders.
+            expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible(timeout=30_000)
+        page.screenshot(path=SCREENSHOTS / f"{name}-{width}x{height}.png")
+    assert page.dialogs == []
+    page.context.close()
 
 
 def test_a_replay_puts_its_permanent_link_in_the_address_bar_and_a_batch_shows_first(browser, foreign_server):

@@ -24,7 +24,6 @@ from test_replay_page import TINY
 from test_served_dashboard import browser, dashboard, metric, registry_toml  # noqa: F401
 
 from specdec_core.contract.identity import DecodeRequest
-from specdec_core.decoding.engine import SpecDecoder
 
 pytestmark = pytest.mark.browser
 HITS = 40
@@ -36,10 +35,15 @@ def hit_id(n: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def incident(tmp_path_factory, tiny_registry, browser):
+def served(engine) -> dict:
+    """What the tiny models answer for max_tokens 24, as the cache stored it under key k."""
+    long = engine.generate(DecodeRequest(max_tokens=24, **TINY))
+    return {"output_text": long.text, "output_tokens": len(long.token_ids), "cache_key": "k"}
+
+
+@pytest.fixture(scope="module")
+def incident(tmp_path_factory, tiny_registry, served, browser):
     folder = tmp_path_factory.mktemp("replay-flow")
-    long = SpecDecoder(tiny_registry, device="cpu").generate(DecodeRequest(max_tokens=24, **TINY))
-    served = {"output_text": long.text, "output_tokens": len(long.token_ids), "cache_key": "k"}
     records = [rec(f"m-{d}", ts="2026-03-01T09:59:00Z", max_tokens=24, deployment=d, **served, **TINY)
                for d in DEPLOYMENTS]
     for n in range(1, HITS + 1):
@@ -56,12 +60,10 @@ LONG = 1000  # the number box's maximum: the batch lasts long on any machine (ea
 
 
 @pytest.fixture(scope="module")
-def long_incident(tmp_path_factory, tiny_registry, incident):
+def long_incident(tmp_path_factory, served, incident):
     """The same served output under key k, hit by LONG requests, one a second."""
     _, config, _ = incident
     folder = tmp_path_factory.mktemp("replay-long")
-    long = SpecDecoder(tiny_registry, device="cpu").generate(DecodeRequest(max_tokens=24, **TINY))
-    served = {"output_text": long.text, "output_tokens": len(long.token_ids), "cache_key": "k"}
     records = [rec("m-prod", ts="2026-03-01T09:59:00Z", max_tokens=24, deployment="prod", **served, **TINY)]
     start = datetime(2026, 3, 1, 10, tzinfo=timezone.utc)
     for n in range(1, LONG + 1):
@@ -71,11 +73,13 @@ def long_incident(tmp_path_factory, tiny_registry, incident):
     return build_db(folder, records, "long"), config
 
 
-@pytest.fixture
-def server(incident, tmp_path):
-    """A fresh dashboard per test: replay jobs live in the server process."""
-    db, config, _ = incident
-    with dashboard(db, tmp_path / "streamlit.log", env={"SPECDEC_CONFIG": str(config)}) as url:
+@pytest.fixture(scope="module")
+def server(incident):
+    """One dashboard for the tests on this incident. Replay jobs live in the server process, but each is
+    found through the session that started it (a fresh page is a fresh session), and a test waits for its
+    replays to end; what they store changes nothing the other test reads (Mismatches counts the log)."""
+    db, config, folder = incident
+    with dashboard(db, folder / "streamlit.log", env={"SPECDEC_CONFIG": str(config)}) as url:
         yield url
 
 
