@@ -390,6 +390,7 @@ def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
             con.close()
             held.writes += 1
             if live_files(held.con, below=MERGE_TIERS[0]) > MAINTAIN_ABOVE_FILES:
+                held.con.execute("RESET threads")  # a merge may rewrite large files, however small the batch
                 if held.writes == 1:
                     maintain(held.con)  # a one-off write (`specdec ingest`): all of it now
                 elif held.maintained % CHORES_EVERY == CHORES_EVERY - 1:
