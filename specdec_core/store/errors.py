@@ -9,3 +9,7 @@ class StoreError(RuntimeError):
 
 class ForeignDatabaseError(StoreError):
     """A database that holds tables but is no specdec store: no write may change it."""
+
+
+class LakeError(RuntimeError):
+    """The store's catalog or data path can't be used; the message is one line."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import duckdb
+
 from specdec_core.store.errors import StoreError
 
 
@@ -20,3 +22,10 @@ def instance_config() -> dict[str, int]:
     if not text.isdigit() or int(text) < 1:
         raise StoreError(f"$SPECDEC_THREADS: expected a whole number >= 1, got {text!r}")
     return {"threads": int(text)}
+
+
+def restore_threads(con: duckdb.DuckDBPyConnection) -> None:
+    """Back to the instance's threads after a write that asked for fewer: $SPECDEC_THREADS where it is
+    set (RESET alone would give every core), else DuckDB's default."""
+    threads = instance_config().get("threads")
+    con.execute(f"SET threads = {threads}" if threads else "RESET threads")

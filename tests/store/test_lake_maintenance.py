@@ -4,10 +4,18 @@ suite's workers take a module each."""
 
 from __future__ import annotations
 
+import hashlib
+
 from helpers import rec, write_jsonl
 from test_lake import contents
 
 from specdec_core.store import Store, ingest, migrate
+
+
+def _incompressible(b: int, i: int) -> str:
+    """Text a merge can't shrink: merged files grow by each batch's size (repeated words shrank to a
+    fraction, and filling a tier took three times the batches)."""
+    return " ".join(hashlib.sha256(f"{b} {i} {k}".encode()).hexdigest()[:8] for k in range(10))
 
 
 def test_small_batches_are_merged_into_few_files_and_the_lake_still_equals_a_file(tmp_path, monkeypatch):
@@ -16,7 +24,9 @@ def test_small_batches_are_merged_into_few_files_and_the_lake_still_equals_a_fil
     monkeypatch.setattr(lakes, "MAINTAIN_ABOVE_FILES", 40)
     monkeypatch.setattr(lakes, "KEEP_REPLACED", "0 seconds")
     file_store, lake = str(tmp_path / "s.duckdb"), f"ducklake:{tmp_path / 's.sqlite'}"
-    for b in range(12):  # a follow's small batches: each adds files to every table it touches
+    # A follow's small batches: each adds files to every table it touches (8 a batch: never merged, the eighth
+    # batch leaves 66, over the bound below).
+    for b in range(8):
         batch = write_jsonl(tmp_path / f"b{b}.jsonl", [
             rec(f"b{b}-{i}", ts=f"2026-03-01T10:{b:02d}:{i:02d}Z", cache_key=f"K{i % 7}", cache_hit=i % 2 == 1,
                 max_tokens=(16, 64)[(b + i) % 2], output_text=f"out {b} {i}" * 40) for i in range(300)])
@@ -57,7 +67,7 @@ def test_a_kept_writer_spreads_its_merges_over_its_writes_and_does_the_chores_in
             assert on_disk == lakes.live_files(con) + deletes
 
     monkeypatch.setattr(lakes, "maintain", watched)
-    for b in range(14):
+    for b in range(10):  # maintained from the fourth batch on: seven times
         batch = write_jsonl(tmp_path / f"b{b}.jsonl", [
             rec(f"b{b}-{i}", ts=f"2026-03-01T10:{b:02d}:{i:02d}Z", cache_key=f"K{i % 7}", cache_hit=i % 2 == 1,
                 max_tokens=(16, 64)[(b + i) % 2]) for i in range(40)])
@@ -90,19 +100,20 @@ def test_a_writes_merges_leave_large_files_alone_and_merge_a_tier_once_it_holds_
     tiers = (big_size // 8, big_size // 4, big_size)
     monkeypatch.setattr(lakes, "MERGE_TIERS", tiers)
     monkeypatch.setattr(lakes, "MERGE_AT", 3)
-    monkeypatch.setattr(lakes, "MAINTAIN_ABOVE_FILES", 30)
+    # Merged often (a low threshold), each small merge lands in the middle tier; the third one merges it up.
+    monkeypatch.setattr(lakes, "MAINTAIN_ABOVE_FILES", 12)
     monkeypatch.setattr(lakes, "KEEP_REPLACED", "0 seconds")
     counts, merged_up = [], set()
-    for b in range(30):
+    for b in range(12):
         batch = write_jsonl(tmp_path / f"b{b}.jsonl", [
             rec(f"b{b}-{i}", ts=f"2026-03-01T10:{b:02d}:{i:02d}Z", cache_key=f"K{i % 7}", cache_hit=i % 2 == 1,
-                output_text=f"out {b} {i} " * 30) for i in range(40)])
+                output_text=_incompressible(b, i)) for i in range(40)])
         for name in (file_store, lake):
             ingest(Store(name), [str(batch)])
         with Store(lake).read() as con:
             files = dict(con.execute(requests_files).fetchall())
             assert files.get(big_path) == big_size, f"batch {b}: the large file was rewritten"
-            assert lakes.live_files(con, below=tiers[0]) <= 30 + 20, "small files merged past the threshold"
+            assert lakes.live_files(con, below=tiers[0]) <= 12 + 20, "small files merged past the threshold"
             middle = [size for size in files.values() if tiers[0] <= size < tiers[1]]
             assert len(middle) < 3, f"batch {b}: a tier holding {len(middle)} files was not merged"
             merged_up |= {path for path, size in files.items() if size >= tiers[1] and path != big_path}
