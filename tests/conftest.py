@@ -53,28 +53,30 @@ def store(tmp_path):
 # The longest modules first. The suite's workers each take a whole module at a time (--dist loadfile), and
 # xdist would otherwise hand them out by test count, so a module of three long tests came last and one
 # worker ran it alone for minutes. Rough order from `pytest --durations=0`; modules not named follow in
-# their usual order.
+# their usual order. The first two need no models: the other worker builds the tiny ones meanwhile.
 LONGEST_FIRST = (
-    "tests/store/test_lake_maintenance.py",
-    "tests/demo/test_demo_incident.py",
     "tests/browser/test_incident_flow.py",
+    "tests/store/test_incremental.py",
+    "tests/store/test_lake_maintenance.py",
+    "tests/browser/test_replay_flow.py",
+    "tests/demo/test_demo_incident.py",
     "tests/store/test_lake.py",
     "tests/replay/test_replay_verdicts.py",
-    "tests/browser/test_replay_flow.py",
-    "tests/formats/test_format_fixtures.py",
-    "tests/store/test_follow.py",
-    "tests/replay/test_engine_replay.py",
-    "tests/store/test_incremental.py",
-    "tests/browser/test_served_dashboard.py",
     "tests/browser/test_glance_and_back.py",
+    "tests/browser/test_served_dashboard.py",
+    "tests/store/test_follow.py",
     "tests/store/test_shared_store.py",
-    "tests/monitoring/test_metric_figures.py",
-    "tests/packaging/test_optional_extras.py",
-    "tests/dashboard/test_charts_annotations_search.py",
-    "tests/cli/test_migrate_and_stats_json.py",
-    "tests/store/test_concurrency.py",
-    "tests/decoding/test_spec_decoder.py",
+    "tests/replay/test_engine_replay.py",
+    "tests/formats/test_format_fixtures.py",
     "tests/dashboard/test_pages.py",
+    "tests/dashboard/test_charts_annotations_search.py",
+    "tests/monitoring/test_metric_figures.py",
+    "tests/keys/test_audit.py",
+    "tests/cli/test_migrate_and_stats_json.py",
+    "tests/packaging/test_optional_extras.py",
+    "tests/monitoring/test_alerting_end_to_end.py",
+    "tests/store/test_concurrency.py",
+    "tests/store/test_ingest_hostile_inputs.py",
 )
 
 
