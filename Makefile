@@ -20,18 +20,12 @@ FIND_LINKS = $(sort $(PIP_FIND_LINKS) $(shell python3 -m pip config get global.f
 UV_PIP = $(VENV)/bin/uv pip install -q --python $(PY) $(addprefix --find-links ,$(FIND_LINKS))
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
-	@if $(PY) -m pip install -q uv 2>/dev/null; then \
-	  set -ex; \
-	  $(UV_PIP) "$(TORCH_SPEC)"; \
-	  $(UV_PIP) -e ".[all,test]"; \
-	  $(UV_PIP) --no-deps --target $(VENV)/duckdb-2.0.1 duckdb==2.0.1; \
-	else \
-	  set -ex; \
-	  $(PY) -m pip install -q --upgrade pip; \
-	  $(PY) -m pip install -q "$(TORCH_SPEC)"; \
-	  $(PY) -m pip install -q -e ".[all,test]"; \
-	  $(PY) -m pip install -q --upgrade --no-deps --target $(VENV)/duckdb-2.0.1 duckdb==2.0.1; \
-	fi
+	@if $(PY) -m pip install -q uv 2>/dev/null; then pip="$(UV_PIP)"; \
+	else set -e; $(PY) -m pip install -q --upgrade pip; pip="$(PY) -m pip install -q"; fi; \
+	set -ex; \
+	$$pip "$(TORCH_SPEC)"; \
+	$$pip -e ".[all,test]"; \
+	$$pip --upgrade --no-deps --target $(VENV)/duckdb-2.0.1 duckdb==2.0.1
 	@touch $(STAMP)
 
 # Redis, Chromium, PostgreSQL (the shared store's tests), Prometheus and Alertmanager (the monitoring tests) come from Debian's packages; installed only when missing.
