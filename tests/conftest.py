@@ -53,7 +53,7 @@ def store(tmp_path):
 # The longest modules first. The suite's workers each take a whole module at a time (--dist loadfile), and
 # xdist would otherwise hand them out by test count, so a module of three long tests came last and one
 # worker ran it alone for minutes. Rough order from `pytest --durations=0`; modules not named follow in
-# their usual order. The first two need no models: the other worker builds the tiny ones meanwhile.
+# their usual order. The second needs no models: its worker works while the first's builds the tiny ones.
 LONGEST_FIRST = (
     "tests/browser/test_incident_flow.py",
     "tests/store/test_incremental.py",

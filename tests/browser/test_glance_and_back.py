@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from playwright.sync_api import Page, expect
-from test_incident_flow import new_page, open_by_link, settle
+from test_incident_flow import heading, new_page, open_by_link, settle
 from test_served_dashboard import ROOT, browser, dashboard  # noqa: F401
 
 from specdec_core.store.connection import Store
@@ -131,7 +131,7 @@ def test_time_charts_span_the_range_and_their_labels_never_overlap(browser, demo
     for path, title in (("", "Overview"), ("mismatches", "Mismatches"), ("cache", "Cache")):
         if path:
             open_by_link(page, title)
-        expect(page.get_by_role("heading", level=1, name=title)).to_be_visible(timeout=30_000)
+        heading(page, title)
         for chart in time_charts(page):
             seen += 1
             for low, high in chart["ranges"]:
