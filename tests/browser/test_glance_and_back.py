@@ -3,6 +3,8 @@ it, time charts spanning the filtered range, chart labels that don't overlap. On
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import Page, expect
 from test_incident_flow import heading, new_page, open_by_link, settle
@@ -71,6 +73,9 @@ def test_back_restores_the_search_query_and_the_annotations(desk, demo_url):
     notes = sidebar.get_by_role("textbox", name="One per line: time, deployment, label")
     notes.fill("2026-11-20T09:30:00Z, , rollback")
     notes.press("Control+Enter")
+    # The annotations reach the address bar in the rerun their submission starts: until then the sidebar's
+    # links lack them, and a click on one would race that rerun's own history entry.
+    expect(desk).to_have_url(re.compile(r"[?&]notes="), timeout=30_000)
     settle(desk)
     open_view(desk, "Overview")
     desk.go_back()
