@@ -232,3 +232,29 @@ def test_the_first_verdict_counts_are_folded_once_they_have_doubled(tmp_path, mo
         _assert_equals_full_rebuild(db, tmp_path)
     assert all(rows <= 2 * combinations for rows, combinations in sizes)
     assert sizes[0] == (2, 2) and (4, 2) in sizes and any(rows == 2 for rows, _ in sizes[2:])
+
+
+def test_a_keyed_first_verdict_record_of_an_older_store_loses_its_key_and_keeps_its_rows(tmp_path):
+    """The record had a PRIMARY KEY (an index every first verdict paid for); a store written then is rebuilt
+    without it by its next write, its verdicts kept, and the next batch's added."""
+    db = tmp_path / "store.duckdb"
+
+    def batch(n: int) -> str:
+        rows = [rec(f"b{n}-{kind}", ts=f"2026-03-01T10:0{n}:{i}0Z", cache_key=f"K{n}", prompt=f"{kind} {n}",
+                    cache_hit=kind == "hit") for i, kind in enumerate(("miss", "hit"))]
+        return str(write_jsonl(tmp_path / f"b{n}.jsonl", rows))
+
+    ingest(Store(db), [batch(0)])
+    release_snapshots()
+    with duckdb.connect(str(db)) as con:  # as a store of that version holds it
+        con.execute(verdicts.DROP_FIRST_VERDICTS_KEY_SQL.replace(
+            "request_id VARCHAR NOT NULL", "request_id VARCHAR PRIMARY KEY"))
+        keys = "SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'contaminated_first_verdicts' " \
+               "AND constraint_type = 'PRIMARY KEY'"
+        assert con.execute(keys).fetchall() == [(1,)]
+    ingest(Store(db), [batch(1)])
+    release_snapshots()
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute(keys).fetchall() == [(0,)]
+        assert con.execute("SELECT request_id, ingest_id FROM contaminated_first_verdicts ORDER BY 1").fetchall() \
+            == [("b0-hit", 1), ("b1-hit", 2)]
