@@ -59,12 +59,12 @@ run: models $(DB)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# On every core: each test module stays on one worker (--dist loadfile), so a module's servers and
-# models start once; the longest modules go first (tests/conftest.py), not the ones with most tests.
+# On every core: each test module stays on one worker (--dist loadfile, in pyproject.toml), so a module's
+# servers and models start once; the longest modules go first (tests/conftest.py), not the ones with most tests.
 # TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= auto
 test: $(STAMP) system-deps lint
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS)
 
 # The README's screenshots: every page of the demo at 1440x900 and 390x844, taken by the browser test.
 screenshots: $(STAMP) system-deps
