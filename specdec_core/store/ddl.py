@@ -11,9 +11,10 @@ import duckdb
 
 from specdec_core.store.errors import ForeignDatabaseError
 from specdec_core.store.schema import (
-    DROP_IDENTITIES_KEY_SQL,
+    UNKEYED_TABLES,
     column_migrations_sql,
     columns_to_relax,
+    drop_key_sql,
     is_specdec_store,
     relax_not_null_sql,
     schema_sql,
@@ -70,13 +71,14 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(column_migrations_sql())
     constraints = con.execute("SELECT table_name, constraint_type, unnest(constraint_column_names) "
                               "FROM duckdb_constraints() WHERE database_name = current_database() "
-                              "AND table_name IN ('requests', 'identities')").fetchall()
+                              "AND table_name IN ('requests', 'identities', 'contaminated_first_verdicts')"
+                              ).fetchall()
     relaxed = columns_to_relax({c for t, kind, c in constraints if t == "requests" and kind == "NOT NULL"})
-    keyed = ("identities", "PRIMARY KEY", "fingerprint") in constraints
+    keyed = [t for t, (column, _) in UNKEYED_TABLES.items() if (t, "PRIMARY KEY", column) in constraints]
     if relaxed:
         con.execute(relax_not_null_sql(relaxed))
-    if keyed:
-        con.execute(DROP_IDENTITIES_KEY_SQL)
+    for table in keyed:
+        con.execute(drop_key_sql(table))
     # A file's writers take turns (its lock): the row is only written when it changes.
     if is_lake(con) or scalar(con, "SELECT max(value) FROM meta WHERE key = 'schema_version'") != str(SCHEMA_VERSION):
         con.execute("DELETE FROM meta WHERE key = 'schema_version'")
@@ -86,7 +88,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         said = [f"added table {t}" for t in sorted(set(after) - set(before))]
         said += [f"added column {t}.{c}" for t in sorted(before) for c in sorted(after.get(t, set()) - before[t])]
         said += [f"let requests.{c} be unknown (NULL)" for c in relaxed]
-        said += ["dropped the key of identities (kept unique by every ingest)"] if keyed else []
+        said += [f"dropped the key of {table} (kept unique by every ingest)" for table in keyed]
         report.extend(x for x in said if x not in report)
 
 

@@ -15,25 +15,7 @@ from __future__ import annotations
 import duckdb
 
 from specdec_core.store.ddl import create_tables
-
-# No PRIMARY KEY: NEW_VERDICTS_SQL adds only ids not there yet, and a store's writers take turns (a lake has
-# no keys anyway). Its index cost a first ingest of 300,000 contaminated hits 0.3 s on one thread.
-FIRST_VERDICTS_COLUMNS = """
-    request_id VARCHAR NOT NULL,
-    deployment VARCHAR,        -- '' for none, as the summaries hold it
-    target_model VARCHAR,
-    draft_model VARCHAR,       -- 'none' for no speculation
-    differing_fields VARCHAR,  -- as first judged: sorted log names joined with ';'
-    ingest_id BIGINT           -- the ingest that first judged it contaminated (NULL: by `specdec migrate`)
-"""
-FIRST_VERDICTS_DDL = f"CREATE TABLE IF NOT EXISTS contaminated_first_verdicts ({FIRST_VERDICTS_COLUMNS})"
-# A store written while the table had the key: the table again, without it.
-DROP_FIRST_VERDICTS_KEY_SQL = f"""
-ALTER TABLE contaminated_first_verdicts RENAME TO contaminated_first_verdicts_keyed;
-CREATE TABLE contaminated_first_verdicts ({FIRST_VERDICTS_COLUMNS});
-INSERT INTO contaminated_first_verdicts BY NAME SELECT * FROM contaminated_first_verdicts_keyed;
-DROP TABLE contaminated_first_verdicts_keyed;
-"""
+from specdec_core.store.schema import FIRST_VERDICTS_DDL
 
 # The hits judged contaminated for the first time by this write (the ingest's id as a parameter).
 NEW_VERDICTS_SQL = """
@@ -56,18 +38,9 @@ ROWS_AND_COMBINATIONS_SQL = """SELECT count(*), count(DISTINCT (deployment, targ
 FROM summary_first_verdicts"""
 
 
-def _ensure_record(con: duckdb.DuckDBPyConnection) -> None:
-    """Within a write: `contaminated_first_verdicts` as this version makes it."""
-    create_tables(con, FIRST_VERDICTS_DDL)
-    if con.execute("SELECT count(*) FROM duckdb_constraints() WHERE database_name = current_database() "
-                   "AND table_name = 'contaminated_first_verdicts' AND constraint_type = 'PRIMARY KEY'"
-                   ).fetchall()[0][0]:
-        con.execute(DROP_FIRST_VERDICTS_KEY_SQL)
-
-
 def build_first_verdict_counts(con: duckdb.DuckDBPyConnection) -> None:
     """Within a write: count the recorded first verdicts into `summary_first_verdicts` anew."""
-    _ensure_record(con)
+    create_tables(con, FIRST_VERDICTS_DDL)
     con.execute("CREATE OR REPLACE TABLE summary_first_verdicts AS "
                 + FIRST_VERDICT_COUNTS_SQL.format(verdicts="contaminated_first_verdicts"))
 
@@ -75,7 +48,7 @@ def build_first_verdict_counts(con: duckdb.DuckDBPyConnection) -> None:
 def record_first_verdicts(con: duckdb.DuckDBPyConnection, ingest_id: int | None) -> None:
     """Within a write, after the summaries are current: add the hits judged contaminated for the first time,
     and their counts to `summary_first_verdicts`. A batch with none (healthy traffic) writes nothing."""
-    _ensure_record(con)
+    create_tables(con, FIRST_VERDICTS_DDL)
     if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'summary_contaminated'").fetchall()[0][0]:
         return  # none before the first accepted row
     con.execute(f"CREATE OR REPLACE TEMP TABLE new_first_verdicts AS {NEW_VERDICTS_SQL}", [ingest_id])

@@ -22,6 +22,7 @@ from specdec_core.store import incremental, summaries, verdicts
 from specdec_core.store.connection import Store, release_snapshots
 from specdec_core.store.hit_sources import judge_hits, last_miss_sql
 from specdec_core.store.ingest import ingest
+from specdec_core.store.schema import FIRST_VERDICTS_DDL
 from specdec_core.store.summaries import build_summaries
 
 # Each derived table as rows whose order and numbering don't matter: key_id and fp_id are checked apart.
@@ -247,8 +248,10 @@ def test_a_keyed_first_verdict_record_of_an_older_store_loses_its_key_and_keeps_
     ingest(Store(db), [batch(0)])
     release_snapshots()
     with duckdb.connect(str(db)) as con:  # as a store of that version holds it
-        con.execute(verdicts.DROP_FIRST_VERDICTS_KEY_SQL.replace(
-            "request_id VARCHAR NOT NULL", "request_id VARCHAR PRIMARY KEY"))
+        con.execute("CREATE TABLE kept AS SELECT * FROM contaminated_first_verdicts; "
+                    "DROP TABLE contaminated_first_verdicts")
+        con.execute(FIRST_VERDICTS_DDL.replace("request_id VARCHAR NOT NULL", "request_id VARCHAR PRIMARY KEY"))
+        con.execute("INSERT INTO contaminated_first_verdicts SELECT * FROM kept; DROP TABLE kept")
         keys = "SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'contaminated_first_verdicts' " \
                "AND constraint_type = 'PRIMARY KEY'"
         assert con.execute(keys).fetchall() == [(1,)]
