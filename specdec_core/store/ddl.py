@@ -19,7 +19,7 @@ from specdec_core.store.schema import (
     relax_not_null_sql,
     schema_sql,
 )
-from specdec_core.store.sql import scalar
+from specdec_core.store.sql import list_literal, scalar
 
 SCHEMA_VERSION = 1
 
@@ -71,7 +71,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(column_migrations_sql())
     constraints = con.execute("SELECT table_name, constraint_type, unnest(constraint_column_names) "
                               "FROM duckdb_constraints() WHERE database_name = current_database() "
-                              "AND table_name IN ('requests', 'identities', 'contaminated_first_verdicts')"
+                              f"AND list_contains({list_literal(['requests', *UNKEYED_TABLES])}, table_name)"
                               ).fetchall()
     relaxed = columns_to_relax({c for t, kind, c in constraints if t == "requests" and kind == "NOT NULL"})
     keyed = [t for t, (column, _) in UNKEYED_TABLES.items() if (t, "PRIMARY KEY", column) in constraints]
