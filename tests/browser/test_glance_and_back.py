@@ -36,7 +36,7 @@ def desk(browser, demo_url) -> Page:
 
 def open_view(page: Page, title: str) -> None:
     page.get_by_test_id("stSidebar").get_by_role("link", name=title, exact=True).click()
-    expect(page.get_by_role("heading", level=1, name=title)).to_be_visible(timeout=30_000)
+    expect(page.get_by_role("heading", level=1, name=title)).to_be_visible()
     settle(page)
 
 
@@ -46,28 +46,28 @@ def time_caption(page: Page):
 
 def test_each_view_is_one_history_entry_and_back_restores_page_and_filters(desk, demo_url):
     desk.goto(f"{demo_url}/?{HOUR}")
-    expect(desk.get_by_role("heading", level=1, name="Overview")).to_be_visible(timeout=30_000)
+    expect(desk.get_by_role("heading", level=1, name="Overview")).to_be_visible()
     settle(desk)
     before = desk.evaluate("history.length")
     open_view(desk, "Cache")
     open_view(desk, "Keys")
     assert desk.evaluate("history.length") == before + 2
     desk.go_back()
-    expect(desk.get_by_role("heading", level=1, name="Cache")).to_be_visible(timeout=30_000)
-    expect(time_caption(desk)).to_have_text(HOUR_CAPTION, timeout=30_000)
+    expect(desk.get_by_role("heading", level=1, name="Cache")).to_be_visible()
+    expect(time_caption(desk)).to_have_text(HOUR_CAPTION)
     assert "start=" in desk.url and "end=" in desk.url
     desk.go_back()
-    expect(desk.get_by_role("heading", level=1, name="Overview")).to_be_visible(timeout=30_000)
-    expect(time_caption(desk)).to_have_text(HOUR_CAPTION, timeout=30_000)
+    expect(desk.get_by_role("heading", level=1, name="Overview")).to_be_visible()
+    expect(time_caption(desk)).to_have_text(HOUR_CAPTION)
 
 
 def test_back_restores_the_search_query_and_the_annotations(desk, demo_url):
     desk.goto(f"{demo_url}/search?{HOUR}")
-    expect(desk.get_by_role("heading", level=1, name="Search")).to_be_visible(timeout=30_000)
+    expect(desk.get_by_role("heading", level=1, name="Search")).to_be_visible()
     box = desk.get_by_role("textbox", name="Find requests whose prompt or output contains")
     box.fill("engineer")
     box.press("Enter")
-    expect(desk.get_by_text("requests match")).to_be_visible(timeout=30_000)
+    expect(desk.get_by_text("requests match")).to_be_visible()
     sidebar = desk.get_by_test_id("stSidebar")
     sidebar.get_by_text("Annotations").click()
     notes = sidebar.get_by_role("textbox", name="One per line: time, deployment, label")
@@ -75,12 +75,12 @@ def test_back_restores_the_search_query_and_the_annotations(desk, demo_url):
     notes.press("Control+Enter")
     # The annotations reach the address bar in the rerun their submission starts: until then the sidebar's
     # links lack them, and a click on one would race that rerun's own history entry.
-    expect(desk).to_have_url(re.compile(r"[?&]notes="), timeout=30_000)
+    expect(desk).to_have_url(re.compile(r"[?&]notes="))
     settle(desk)
     open_view(desk, "Overview")
     desk.go_back()
-    expect(desk.get_by_role("heading", level=1, name="Search")).to_be_visible(timeout=30_000)
-    expect(box).to_have_value("engineer", timeout=30_000)
+    expect(desk.get_by_role("heading", level=1, name="Search")).to_be_visible()
+    expect(box).to_have_value("engineer")
     expect(notes).to_have_value("2026-11-20T09:30:00Z, , rollback")
     expect(time_caption(desk)).to_have_text(HOUR_CAPTION)
 
@@ -99,7 +99,7 @@ TIME_CHARTS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')]
 
 def time_charts(page: Page) -> list[dict]:
     settle(page)
-    expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible(timeout=30_000)
+    expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible()
     # Every page drawn here has a time chart; on a loaded machine it may come after the first plot.
     page.wait_for_function(f"() => ({TIME_CHARTS_JS})().length > 0", timeout=30_000)
     return page.evaluate(TIME_CHARTS_JS)
@@ -153,7 +153,7 @@ def test_time_charts_span_the_range_and_their_labels_never_overlap(browser, demo
                 assert "edge-b: key scheme changed" in texts and "edge-a: key scheme changed" in texts
         if path == "cache":
             # Its last charts come after the time chart: wait for the hits-on-new-identities legend.
-            expect(page.get_by_text("hits on an identity served before")).to_have_count(1, timeout=30_000)
+            expect(page.get_by_text("hits on an identity served before")).to_have_count(1)
             legends = 0
             for chart in page.evaluate(AXES_AND_LEGENDS_JS):
                 for entry in chart["legend"]:

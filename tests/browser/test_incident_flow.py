@@ -35,7 +35,7 @@ def new_page(browser, width: int = 1440, height: int = 900) -> Page:
 
 
 def heading(page: Page, title: str) -> None:
-    expect(page.get_by_role("heading", level=1, name=title)).to_be_visible(timeout=30_000)
+    expect(page.get_by_role("heading", level=1, name=title)).to_be_visible()
 
 
 @pytest.fixture(scope="module")
@@ -55,14 +55,14 @@ def test_a_stored_replay_has_a_permanent_page_in_any_tab(browser, foreign_server
     page = new_page(browser)
     page.goto(f"{url}/replay?replay_id={stored.replay_id}")
     heading(page, "Replay")
-    expect(metric(page, "Classification")).to_have_text("foreign", timeout=30_000)
+    expect(metric(page, "Classification")).to_have_text("foreign")
     expect(page.get_by_text("Replay of the source request m1", exact=True)).to_be_visible()
     expect(page.get_by_text(re.compile(r"^Word diff: production against the replay of the source"))).to_be_visible()
     expect(page.get_by_text("Why:")).to_be_visible()
     # The evidence reads as words and short numbers, not JSON with 17-digit floats.
     assert not re.search(r"\d\.\d{10,}", page.get_by_test_id("stMain").inner_text())
     page.reload()
-    expect(metric(page, "Classification")).to_have_text("foreign", timeout=30_000)
+    expect(metric(page, "Classification")).to_have_text("foreign")
     page.context.close()
 
 
@@ -79,23 +79,23 @@ def test_filters_live_in_the_url_reload_keeps_them_and_back_goes_back(browser, i
     url, db = incident_server
     page = new_page(browser)
     page.goto(url)
-    expect(metric(page, "Requests")).to_have_text("6", timeout=30_000)
+    expect(metric(page, "Requests")).to_have_text("6")
     page.goto(f"{url}/?deployment=staging")
-    expect(metric(page, "Requests")).to_have_text("2", timeout=30_000)
+    expect(metric(page, "Requests")).to_have_text("2")
     page.goto(f"{url}/cache?deployment=prod")
     heading(page, "Cache")
     page.goto(f"{url}/?deployment=prod")
-    expect(metric(page, "Requests")).to_have_text("4", timeout=30_000)
+    expect(metric(page, "Requests")).to_have_text("4")
     sidebar = page.get_by_test_id("stSidebar")
     sidebar.get_by_text("prod", exact=True).locator("xpath=..").get_by_role("button").first.click()
-    expect(metric(page, "Requests")).to_have_text("6", timeout=30_000)
+    expect(metric(page, "Requests")).to_have_text("6")
     page.go_back()
-    expect(metric(page, "Requests")).to_have_text("4", timeout=30_000)
+    expect(metric(page, "Requests")).to_have_text("4")
     pasted = new_page(browser)
     pasted.goto(f"{url}/?deployment=staging&db={db}")
-    expect(metric(pasted, "Requests")).to_have_text("2", timeout=30_000)
+    expect(metric(pasted, "Requests")).to_have_text("2")
     pasted.reload()
-    expect(metric(pasted, "Requests")).to_have_text("2", timeout=30_000)
+    expect(metric(pasted, "Requests")).to_have_text("2")
     expect(pasted.get_by_test_id("stSidebar").get_by_role("textbox", name="Database")).to_have_value(str(db))
     pasted.context.close()
     page.context.close()
@@ -110,14 +110,14 @@ def test_metrics_and_plots_are_readable_at_1024_and_on_a_phone(browser, incident
     url, _ = incident_server
     page = new_page(browser, 1024, 768)
     page.goto(url)
-    expect(metric(page, "Requests")).to_have_text("6", timeout=30_000)
+    expect(metric(page, "Requests")).to_have_text("6")
     assert _cut(page) == []
     page.context.close()
     phone = new_page(browser, 390, 844)
     phone.goto(f"{url}/cache")
     heading(phone, "Cache")
     plot = phone.locator(".js-plotly-plot").nth(1).locator(".nsewdrag").first
-    expect(plot).to_be_visible(timeout=30_000)
+    expect(plot).to_be_visible()
     assert plot.bounding_box()["width"] > 250, "the hit-rate plot is not squeezed by its legend"
     phone.context.close()
 
@@ -191,7 +191,7 @@ def test_screenshots_of_every_page(browser, demo_server, width, height):
         expect(page.get_by_test_id("stException")).to_have_count(0)
         if name not in ("replay", "search", "export"):
             # The pages with charts drew them, not their placeholders.
-            expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible(timeout=30_000)
+            expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible()
         page.screenshot(path=SCREENSHOTS / f"{name}-{width}x{height}.png")
     assert page.dialogs == []
     page.context.close()
@@ -205,10 +205,10 @@ def test_a_replay_puts_its_permanent_link_in_the_address_bar_and_a_batch_shows_f
     button = page.get_by_role("button", name="Replay with the full identity")
     button.click()
     expect(metric(page, "Classification")).to_have_text("foreign", timeout=60_000)
-    expect(page).to_have_url(re.compile(r"replay_id=[0-9a-f]{32}"), timeout=30_000)
+    expect(page).to_have_url(re.compile(r"replay_id=[0-9a-f]{32}"))
     replay_id = re.search(r"replay_id=([0-9a-f]{32})", page.url).group(1)
     page.reload()
-    expect(metric(page, "Classification")).to_have_text("foreign", timeout=30_000)
+    expect(metric(page, "Classification")).to_have_text("foreign")
     expect(page.get_by_text(f"replay id {replay_id}")).to_be_visible()
 
     page.goto(f"{url}/replay?request_id=h1")

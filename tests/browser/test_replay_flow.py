@@ -113,7 +113,7 @@ def test_ticks_follow_requests_and_replay_selected_replays_them(browser, server)
     page = new_page(browser)
     page.goto(f"{server}/mismatches")
     heading(page, "Mismatches")
-    expect(page.get_by_text(f"{HITS} contaminated hits. Tick rows", exact=False)).to_be_visible(timeout=30_000)
+    expect(page.get_by_text(f"{HITS} contaminated hits. Tick rows", exact=False)).to_be_visible()
     tick(page, 0)
     expect(selected_caption(page)).to_have_text("1 request selected for replay.", timeout=15_000)
     tick(page, 1)
@@ -151,7 +151,7 @@ def test_ticks_follow_requests_and_replay_selected_replays_them(browser, server)
     assert "replay_id=" in href
     other = new_page(browser)
     other.goto(href if href.startswith("http") else f"{server}/{href.lstrip('/')}")
-    expect(metric(other, "Classification")).to_have_text("foreign", timeout=30_000)
+    expect(metric(other, "Classification")).to_have_text("foreign")
     expect(other.get_by_text(f"Replay of request {hit_id(4)}")).to_be_visible()
     other.context.close()
     assert page.dialogs == []
@@ -168,14 +168,14 @@ def test_a_long_batch_shows_its_stage_disables_the_button_and_cancels(browser, l
         count.fill(str(LONG))
         count.press("Enter")
         button = page.get_by_role("button", name="Replay batch")
-        expect(button).to_be_enabled(timeout=30_000)
+        expect(button).to_be_enabled()
         button.click()
         progress = page.get_by_text(re.compile(rf"^\d+ of {LONG} replayed · "))
         expect(progress).to_be_visible(timeout=60_000)
         expect(button).to_be_disabled()
         # A stage in words: loading the models, or which request and token it is at.
         expect(progress).to_have_text(
-            re.compile(rf"(loading|request l\d{{4}} \(\d+ of {LONG}\): (decoding token|scoring))"), timeout=30_000)
+            re.compile(rf"(loading|request l\d{{4}} \(\d+ of {LONG}\): (decoding token|scoring))"))
         page.get_by_role("button", name="Cancel").click()
         cancelled = page.get_by_text(re.compile(rf"^Cancelled: \d+ of {LONG} replayed before; those are stored\."))
         expect(cancelled).to_be_visible(timeout=60_000)
@@ -189,7 +189,7 @@ def test_a_long_batch_shows_its_stage_disables_the_button_and_cancels(browser, l
 def bars(page: Page):
     chart = page.locator(".js-plotly-plot").first
     chart.scroll_into_view_if_needed()
-    expect(chart.locator(".barlayer .point").first).to_be_visible(timeout=30_000)
+    expect(chart.locator(".barlayer .point").first).to_be_visible()
     return chart.locator(".barlayer .point")
 
 
@@ -202,7 +202,7 @@ def test_clicking_a_bar_lists_its_rows_and_dragging_sets_the_time_range(browser,
     page = new_page(browser)
     page.goto(f"{server}/mismatches")
     heading(page, "Mismatches")
-    expect(page.get_by_text(f"{HITS} contaminated hits. Tick rows", exact=False)).to_be_visible(timeout=30_000)
+    expect(page.get_by_text(f"{HITS} contaminated hits. Tick rows", exact=False)).to_be_visible()
 
     # Bars are drawn per deployment trace; the fifth minute (10:04) belongs to prod (h05).
     # As a person does: the pointer rests on the bar (plotly shows its hover label, and the page's click
@@ -211,10 +211,10 @@ def test_clicking_a_bar_lists_its_rows_and_dragging_sets_the_time_range(browser,
                            timeout=30_000)
     x, y = centre(bars(page).nth(2))
     page.mouse.move(x, y)
-    expect(page.locator(".js-plotly-plot .hoverlayer .hovertext").first).to_be_visible(timeout=30_000)
+    expect(page.locator(".js-plotly-plot .hoverlayer .hovertext").first).to_be_visible()
     page.mouse.click(x, y)
     listed = page.get_by_text(re.compile(r"^1 contaminated hit from 2026-03-01 10:0\d:00 UTC"))
-    expect(listed).to_be_visible(timeout=30_000)
+    expect(listed).to_be_visible()
     # Its rows: a table above the editor (the grid's accessible cells hold the text), linked to replay pages.
     tables = page.get_by_test_id("stDataFrame")
     expect(tables).to_have_count(2)
@@ -230,12 +230,12 @@ def test_clicking_a_bar_lists_its_rows_and_dragging_sets_the_time_range(browser,
     for step in range(1, 11):
         page.mouse.move(start_x + (end_x - start_x) * step / 10, mid_y)
     page.mouse.up()
-    expect(sidebar.get_by_text(re.compile(r"UTC to .* UTC$"))).not_to_have_text(before, timeout=30_000)
+    expect(sidebar.get_by_text(re.compile(r"UTC to .* UTC$"))).not_to_have_text(before)
     # While the page reruns, the old caption lingers beside the new one: wait for it to go.
-    expect(page.get_by_text(re.compile(rf"^{HITS} contaminated hits\."))).to_have_count(0, timeout=30_000)
+    expect(page.get_by_text(re.compile(rf"^{HITS} contaminated hits\."))).to_have_count(0)
     # Every hit of the new range is listed: the caption counts them, with no "N of M".
     shown = page.get_by_text(re.compile(r"^\d+ contaminated hits?\. Tick rows"))
-    expect(shown).to_have_count(1, timeout=30_000)
+    expect(shown).to_have_count(1)
     n = int(re.match(r"(\d+)", shown.inner_text()).group(1))
     assert 0 < n < HITS, shown.inner_text()
     # The range is a filter like any other: it is in the address, so the view can be shared.
