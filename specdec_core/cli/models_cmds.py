@@ -6,7 +6,9 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,6 +52,7 @@ def _quiet_transformers() -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from specdec_core.decoding.engine_client import escape_controls
     from specdec_core.decoding.registry import Registry, RegistryError
 
     try:
@@ -62,8 +65,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name in registry.model_names:
         spec = registry.models[name]
         if spec.engine is not None:
-            state = "engine" if answers[spec.engine][0] else "engine-down"
-            print(f"model\t{name}\t{state}\treplays on {spec.source}")
+            answer = answers[spec.engine]
+            unserved = served_name_problem(name, spec.model_on_engine, spec.engine, answer.names,
+                                           answer.answers)
+            state = "engine-unserved" if unserved else "engine" if answer.answers else "engine-down"
+            print(f"model\t{name}\t{state}\treplays on {escape_controls(spec.source)}"
+                  + (f": {unserved}" if unserved else ""))
             continue
         state = "ready" if spec.is_available() else "missing"
         print(f"model\t{name}\t{state}\tin-process, {spec.source}")
@@ -74,14 +81,29 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"tokenizer\t{name}\t{state}\tchat_template={str(spec.chat_template).lower()} normalize={norm}")
     print("draft\tngram-N\tready\tprompt lookup, n-grams up to N")
     for name, spec in sorted(registry.engines.items()):
-        ok, said = answers[name]
+        answer = answers[name]
         key = f", key from ${spec.api_key_env}" if spec.api_key_env else ""
-        print(f"engine\t{name}\t{'answers' if ok else 'down'}\t{spec.url} (max_concurrency {spec.max_concurrency}, "
-              f"timeout {spec.timeout_s:g} s{key}): {said}")
+        print(f"engine\t{name}\t{'answers' if answer.answers else 'down'}\t{spec.url} (max_concurrency "
+              f"{spec.max_concurrency}, timeout {spec.timeout_s:g} s{key}): {answer.said}")
     return 0
 
 
-def _probe_engines(registry: object) -> dict[str, tuple[bool, str]]:
+def served_name_problem(model: str, served_name: str, engine: str, names: Sequence[str], answers: bool) -> str | None:
+    """Why every replay of `model` would fail on an engine that serves other names, with the served_name to set."""
+    if not answers or served_name in names:
+        return None
+    from specdec_core.decoding.engine_client import shown
+
+    if not names:
+        return f"engine {engine} lists no model, and every replay asks for {shown(served_name, 80)!r}"
+    if len(names) == 1:
+        fix = f'set served_name = "{shown(names[0], 200)}" in [models.{model}]'
+    else:
+        fix = f"set served_name in [models.{model}] to one of {', '.join(repr(shown(n, 80)) for n in names[:8])}"
+    return (f"engine {engine} does not serve {shown(served_name, 80)!r}, so every replay of it would fail; {fix}")
+
+
+def _probe_engines(registry: object) -> dict[str, Any]:
     """Whether each engine answers GET /models, asked side by side with a short timeout."""
     from concurrent.futures import ThreadPoolExecutor
 

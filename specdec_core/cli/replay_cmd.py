@@ -7,7 +7,7 @@ import json
 import sys
 
 from specdec_core.analysis import suspicious_requests
-from specdec_core.decoding.engine_client import EngineError
+from specdec_core.decoding.engine_client import EngineError, escape_controls
 from specdec_core.decoding.registry import RegistryError
 from specdec_core.replay.run import ReplayError, ReplayResult, replay, replay_many
 
@@ -15,25 +15,28 @@ from .store_cmds import existing_store
 
 
 def _print_result(r: ReplayResult) -> None:
-    print(f"{r.request_id}: {r.classification}")
-    print(f"  {r.message}")
+    # Logged text and engine answers reach the terminal with every control character escaped: a log could
+    # otherwise clear the screen, retitle the window, hide a link or overwrite a line with a forged verdict.
+    say = escape_controls
+    print(f"{say(r.request_id)}: {r.classification}")
+    print(f"  {say(r.message)}")
     for key, value in r.evidence.items():
-        print(f"  {key}: {value}")
+        print(f"  {say(key)}: {say(value)}")
     if r.draft_tokens is not None:
         print(f"  draft tokens {r.draft_tokens}, accepted {r.accepted_tokens}")
     if r.diff is not None and not r.diff.identical:
         print(f"  similarity {r.diff.similarity:.3f}, common prefix {r.diff.common_prefix_tokens} tokens, "
               f"first divergent token {r.diff.first_divergent_token}")
         print("  diff ([-production-]{+replay+}):")
-        for line in r.diff.render().splitlines() or [""]:
-            print(f"    {line}")
+        for line in r.diff.render().split("\n"):
+            print(f"    {say(line)}")
 
 
 def _progress(n: int, total: int, result: ReplayResult) -> None:
     width = 30
     filled = width * n // max(total, 1)
-    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {n}/{total} {result.request_id}: {result.classification}",
-          end="\n" if n == total else "", file=sys.stderr, flush=True)
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {n}/{total} {escape_controls(result.request_id)}: "
+          f"{result.classification}", end="\n" if n == total else "", file=sys.stderr, flush=True)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -55,16 +58,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
             results = replay_many(store, ids, decoder, progress=_progress if sys.stderr.isatty() else None,
                                   failures=failures)
     except (ReplayError, RegistryError, EngineError) as exc:
-        print(f"specdec replay: {exc}", file=sys.stderr)
+        print(f"specdec replay: {escape_controls(exc)}", file=sys.stderr)
         return 1
-    if args.json:
+    if args.json:  # strict JSON: to_json makes a non-finite score null
         payload = [r.to_json() for r in results]
-        print(json.dumps(payload[0] if args.request_id is not None else payload, default=str))
+        print(json.dumps(payload[0] if args.request_id is not None else payload, default=str, allow_nan=False))
     else:
         for r in results:
             _print_result(r)
     for line in failures:  # one line per kind of failure and engine, however many rows it hit
-        print(f"specdec replay: {line}", file=sys.stderr)
+        print(f"specdec replay: {escape_controls(line)}", file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -5,11 +5,18 @@ The request goes with its identity, exactly:
 - the prompt after its tokenizer version's preprocessing when that tokenizer is on this machine: as token ids
   (vLLM and SGLang take them), else, for a server that refuses ids, as the preprocessed text; otherwise the
   chat endpoint with the messages (the server's own template, and no normalisation);
-- temperature, and for a sampled request top_p, top_k, seed (the request's, else the one the in-process
-  decoder derives from the fingerprint), max_tokens, stop, n=1.
+- every sampling field, "off" values included, since an engine fills any field left out with its own default
+  (llama.cpp: top_k 40, min_p 0.05; vLLM: the model's generation_config.json): temperature, top_p, top_k (the
+  request's, else -1, which vLLM, SGLang and llama.cpp read as off), min_p 0, neutral penalties under each
+  engine's spelling, seed for a sampled request (the request's, else the one the in-process decoder derives from
+  the fingerprint), max_tokens, stop, n=1.
 
-A field the server refuses is dropped and said in the evidence; a server's speculative config can't be set per
-request, so the evidence says that the logged draft_model and num_speculative_tokens were not applied. Scores
+A field the server refuses is dropped and said in the evidence (an "off" value it refuses is a sampler it does
+not have: dropped silently). Where the server reports the settings it applied (llama.cpp's
+`generation_settings`), they are compared with what was sent: a difference is `parameters_ignored`. The output's
+length is the server's own tokens where it returns them (llama.cpp's `tokens` with `return_tokens`), else this
+tokenizer's count, else the server's count; the evidence says which. A server's speculative config can't be set
+per request, so the evidence says that the logged draft_model and num_speculative_tokens were not applied. Scores
 come from vLLM-style `prompt_logprobs` over prompt + output: where a server gives none, `can_score` is False and
 replay decides only what needs no scores.
 """
@@ -38,8 +45,32 @@ from specdec_core.decoding.scoring import TokenScores
 
 # vLLM caps prompt_logprobs at --max-logprobs, 20 by default.
 PROMPT_LOGPROBS = 20
+# top_k's "off": vLLM and SGLang take -1 (SGLang refuses 0), llama.cpp reads any value <= 0 as off.
+TOP_K_OFF = -1
+# Samplers switched off explicitly, each under the names the engines that have it use: vLLM and SGLang
+# (repetition_penalty, min_p), llama.cpp (repeat_penalty, typical_p, mirostat, xtc, dry, top_n_sigma). An engine
+# ignores the names it does not know, or refuses them (then it has no such sampler and they are dropped).
+NEUTRAL = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+           "repeat_penalty": 1.0, "typical_p": 1.0, "mirostat": 0, "xtc_probability": 0.0, "dry_multiplier": 0.0,
+           "top_n_sigma": -1.0}
 # Fields a server may refuse one by one (transformers serve answers 422 naming them); the rest are the request.
-DROPPABLE = ("top_k", "seed", "n", "stop", "generation_config")
+DROPPABLE = ("top_k", "top_p", "seed", "n", "stop", "generation_config", "return_tokens", *NEUTRAL)
+# Said when refused: they carry the request's identity. Other refused fields were "off" values or plumbing.
+IDENTITY_FIELDS = ("top_k", "top_p", "seed", "stop")
+# No tokenizer's token is longer than this many characters: an answer longer than max_tokens of them is cut
+# before it is tokenized (a server that ignores max_tokens must not cost minutes and gigabytes here).
+MAX_TOKEN_CHARS = 1024
+# Where an engine reports the settings it applied, and their names in what was sent.
+APPLIED_KEYS = ("generation_settings", "sampling_params")
+APPLIED_NAMES = {"n_predict": "max_tokens", "max_tokens": "max_tokens", "temperature": "temperature",
+                 "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "typical_p": "typical_p",
+                 "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                 "repeat_penalty": "repeat_penalty", "repetition_penalty": "repetition_penalty",
+                 "mirostat": "mirostat", "xtc_probability": "xtc_probability", "dry_multiplier": "dry_multiplier",
+                 "top_n_sigma": "top_n_sigma"}
+NO_PROMPT_LOGPROBS = "no prompt_logprobs"
+# Log-probabilities come in float32: an exact 0 may arrive as a hair above it.
+LOGPROB_SLACK = 1e-4
 SPECULATION_NOTE = ("the server's own speculative config: the logged draft_model {draft!r} and "
                     "num_speculative_tokens {n!r} can't be set per request")
 
@@ -111,20 +142,24 @@ class EngineDecoder:
     def _body(self, req: DecodeRequest) -> tuple[str, dict[str, Any], dict[str, Any]]:
         """(endpoint, body, notes) for the request's identity."""
         notes: dict[str, Any] = {}
+        sampled = not req.is_greedy
         body: dict[str, Any] = {"model": self.served_name(req), "max_tokens": req.max_tokens,
-                                "temperature": float(req.temperature), "n": 1, "stream": False}
-        if not req.is_greedy:
+                                "temperature": float(req.temperature), "n": 1, "stream": False,
+                                "top_p": float(req.top_p) if sampled else 1.0,
+                                "top_k": int(req.top_k) if sampled and req.top_k else TOP_K_OFF,
+                                **NEUTRAL, "return_tokens": True}
+        if sampled:
             from specdec_core.decoding.engine import request_seed
 
-            body["top_p"] = float(req.top_p)
-            if req.top_k:
-                body["top_k"] = int(req.top_k)
             body["seed"] = request_seed(req) % 2**63
-            # transformers serve samples only when told (its models' default is greedy) and takes top_k only
-            # here; vLLM ignores the field, a server that refuses it gets the request without it.
-            body["generation_config"] = json.dumps({"do_sample": True, "top_k": int(req.top_k or 0)})
             if req.seed is None:
                 notes["seed"] = f"the log has none; sent {body['seed']}, derived from the fingerprint as in-process"
+        # transformers serve samples only when told (its models' default is greedy) and takes top_k, min_p and
+        # repetition_penalty only here, over the model's generation_config; vLLM ignores the field, a server that
+        # refuses it goes without.
+        body["generation_config"] = json.dumps({"do_sample": True, "top_k": int(req.top_k or 0), "min_p": 0.0,
+                                                "repetition_penalty": 1.0} if sampled else
+                                               {"repetition_penalty": 1.0})
         if req.stop:
             body["stop"] = list(req.stop)
         assert req.prompt is not None
@@ -194,7 +229,7 @@ class EngineDecoder:
                               f"{shown(model, 80)!r}", response.status)
         evidence: dict[str, Any] = {"name": self.spec.name, "model": shown(model if model is not None else "–", 120)}
         for key in ("system_fingerprint", "version"):
-            if answer.get(key) is not None:
+            if isinstance(answer.get(key), (str, int, float)):
                 evidence[key] = shown(answer[key], 120)
         server = response.headers.get("Server")
         if server:
@@ -203,22 +238,29 @@ class EngineDecoder:
         evidence.update(notes)
         if "top_k" in refused and "generation_config" in body:
             refused.remove("top_k")  # it went in generation_config, which the server took
-        refused = [n for n in refused if n not in ("n", "generation_config")]
-        if refused:
-            evidence["parameters_refused"] = ", ".join(f"{n}={req_value(req, n)!r}" for n in refused)
+        said = [n for n in refused if n in IDENTITY_FIELDS and _carries_identity(req, n)]
+        if said:
+            evidence["parameters_refused"] = ", ".join(f"{n}={req_value(req, n)!r}" for n in said)
+        ignored = _applied_differences(answer, body)
         cut = _cut_at_stop(text, req.stop)
         if cut is not None:
             text, finish = text[:cut], "stop"
             evidence["stop_applied_here"] = "the server's text went past a stop sequence: cut here"
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
-        if self.local_tokenizer(req) and isinstance(usage.get("prompt_tokens"), int):
+        if self.local_tokenizer(req) and _count(usage.get("prompt_tokens")) is not None:
             here = len(self.local.prompt_ids(req))
             if usage["prompt_tokens"] != here:
                 evidence["prompt_tokens"] = f"the server counted {usage['prompt_tokens']}, this tokenizer {here}"
-        token_ids = self.encode_output(req, text)
-        completion = usage.get("completion_tokens")
-        if isinstance(completion, int) and completion > req.max_tokens:
-            evidence["parameters_ignored"] = f"max_tokens={req.max_tokens} (the server returned {completion} tokens)"
+        counted = _server_count(answer)
+        text, token_ids, output_tokens, how, over = self._output_tokens(req, text, _server_ids(answer),
+                                                                        counted, cut is None)
+        evidence["output_length"] = how
+        if over is not None:
+            ignored.insert(0, over)
+            if len(token_ids) == req.max_tokens:
+                finish = "length"
+        if ignored:
+            evidence["parameters_ignored"] = "; ".join(ignored)
         evidence["speculation"] = (SPECULATION_NOTE.format(draft=req.speculation, n=req.num_speculative_tokens)
                                    if req.speculation is not None else
                                    "the server's own speculative config (the log names no draft); it can't be set "
@@ -229,16 +271,60 @@ class EngineDecoder:
                        "speculation": "engine",
                        "parameters_sent": {k: v for k, v in body.items() if k not in ("prompt", "messages")},
                        "engine_evidence": evidence}
-        return DecodeResult(text=text, token_ids=tuple(token_ids), finish_reason=finish,
-                            output_tokens=completion if isinstance(completion, int) else None,
+        return DecodeResult(text=text, token_ids=tuple(token_ids), finish_reason=finish, output_tokens=output_tokens,
                             latency_ms=round(response.seconds * 1000.0, 3), environment=environment)
+
+    def _output_tokens(self, req: DecodeRequest, text: str, server_ids: list[int] | None,
+                       counted: tuple[int, str] | None, uncut: bool
+                       ) -> tuple[str, list[int], int, str, str | None]:
+        """(text, token ids, length in tokens, how it was counted, what max_tokens the server ignored or None).
+
+        An answer longer than max_tokens allows is cut to max_tokens tokens where they can be counted here (the
+        prefix is what the request asked for), and refused where they can't: nothing past the limit is kept.
+        """
+        limit = req.max_tokens
+        over: str | None = None
+        if counted is not None and counted[0] > limit:
+            over = f"max_tokens={limit} (the server returned {counted[0]} tokens, {counted[1]})"
+        if not self.local_tokenizer(req):
+            if len(text) > limit * MAX_TOKEN_CHARS:
+                raise EngineError(self.spec, MALFORMED, f"the answer holds {len(text):,} characters, more than "
+                                  f"max_tokens={limit} tokens can: the server ignored max_tokens; nothing kept")
+            ids = list(text.encode("utf-8"))
+            if counted is None:
+                return text, ids, len(ids), ("unknown: the server gives no token count and tokenizer "
+                                             f"{req.tokenizer_version!r} is not here; positions count UTF-8 bytes"
+                                             ), over
+            if over is not None:
+                raise EngineError(self.spec, MALFORMED, f"the server ignored max_tokens={limit}: it returned "
+                                  f"{counted[0]} tokens, which can't be cut here without tokenizer "
+                                  f"{req.tokenizer_version!r}; nothing kept")
+            return text, ids, counted[0], (f"{counted[0]} tokens, the server's count ({counted[1]}); tokenizer "
+                                           f"{req.tokenizer_version!r} is not here, so diff positions count UTF-8 "
+                                           "bytes"), over
+        if server_ids is not None and uncut and len(server_ids) <= limit and self.decode(req, server_ids) == text:
+            return text, server_ids, len(server_ids), f"{len(server_ids)} tokens, the server's own token ids", over
+        if len(text) > limit * MAX_TOKEN_CHARS:
+            text = text[: limit * MAX_TOKEN_CHARS]
+        ids = self.encode_output(req, text)
+        how = f"{len(ids)} tokens, the text re-tokenized here with {req.tokenizer_version}"
+        if len(ids) > limit:
+            ids = ids[:limit]
+            text = self.decode(req, ids)
+            over = over or f"max_tokens={limit} (counted here: the server returned more tokens)"
+            how = f"{limit} tokens, the text re-tokenized here with {req.tokenizer_version} and cut to max_tokens"
+        elif counted is not None and counted[0] != len(ids):
+            how += f" (the server counted {counted[0]}, {counted[1]})"
+        return text, ids, len(ids), how, over
 
     def _answer_text(self, answer: dict[str, Any], path: str) -> tuple[str, str | None]:
         choices = answer.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise EngineError(self.spec, MALFORMED, f"the answer to {path} has no choices")
         choice = choices[0]
-        text = choice.get("text") if path == "/completions" else (choice.get("message") or {}).get("content")
+        message = choice.get("message")
+        text = choice.get("text") if path == "/completions" else (message.get("content") if isinstance(
+            message, dict) else None)
         if not isinstance(text, str):
             raise EngineError(self.spec, MALFORMED, f"the answer to {path} has no text in choices[0]")
         finish = choice.get("finish_reason")
@@ -253,12 +339,21 @@ class EngineDecoder:
         with self._lock:
             if self._scoring is None:
                 try:
-                    self._prompt_logprobs(req, self.local.prompt_ids(req)[:2], 1)
-                    self._scoring = True
+                    rows = self._prompt_logprobs(req, self.local.prompt_ids(req)[:2], 1)
                 except EngineError as exc:
-                    if exc.kind != HTTP and exc.kind != MALFORMED:
+                    # A refusal, or an answer without the field, says the server has none; an answer holding
+                    # impossible values is malformed, and nothing of it may become a verdict.
+                    if exc.kind != HTTP and not exc.detail.startswith(NO_PROMPT_LOGPROBS):
                         raise
                     self._scoring, self._scoring_note = False, exc.detail
+                    return False
+                for i, row in enumerate(rows):
+                    try:
+                        _listed(row)
+                    except ValueError as err:
+                        raise EngineError(self.spec, MALFORMED, f"prompt_logprobs at prompt token {i}: {err}"
+                                          ) from None
+                self._scoring = True
             return self._scoring
 
     def scoring_note(self) -> str:
@@ -273,7 +368,7 @@ class EngineDecoder:
         plp = choices[0].get("prompt_logprobs") if isinstance(choices[0], dict) else None
         plp = plp if plp is not None else answer.get("prompt_logprobs")
         if not isinstance(plp, list) or len(plp) != len(ids):
-            raise EngineError(self.spec, MALFORMED, "no prompt_logprobs for the prompt in the answer")
+            raise EngineError(self.spec, MALFORMED, f"{NO_PROMPT_LOGPROBS} for the prompt in the answer")
         return plp
 
     def score(self, req: DecodeRequest, output_token_ids: Sequence[int]) -> TokenScores:
@@ -290,8 +385,11 @@ class EngineDecoder:
             return TokenScores((), (), (), (), (), (), (), len(prompt))
         rows = self._prompt_logprobs(req, prompt + output, PROMPT_LOGPROBS)[len(prompt):]
         logprobs, raw, ranks, margins, argmax = [], [], [], [], []
-        for token, row in zip(output, rows, strict=True):
-            listed = _listed(row)
+        for i, (token, row) in enumerate(zip(output, rows, strict=True)):
+            try:
+                listed = _listed(row)
+            except ValueError as exc:
+                raise EngineError(self.spec, MALFORMED, f"prompt_logprobs at output token {i}: {exc}") from None
             if token not in listed:
                 raise EngineError(self.spec, MALFORMED, "prompt_logprobs leave out the scored token")
             lp, rank = listed[token]
@@ -315,7 +413,10 @@ def req_value(req: DecodeRequest, name: str) -> Any:
 
 
 def _listed(row: Any) -> dict[int, tuple[float, int | None]]:
-    """{token id: (logprob, rank)} of one prompt_logprobs position (vLLM: {"id": {"logprob", "rank", ...}})."""
+    """{token id: (logprob, rank)} of one prompt_logprobs position (vLLM: {"id": {"logprob", "rank", ...}}).
+
+    ValueError for a value no model gives: a log-probability that is NaN, infinite or above 0, a rank below 1.
+    Such a score would become a verdict; the answer is malformed instead."""
     out: dict[int, tuple[float, int | None]] = {}
     if not isinstance(row, dict):
         return out
@@ -324,12 +425,101 @@ def _listed(row: Any) -> dict[int, tuple[float, int | None]]:
             token = int(key)
         except (TypeError, ValueError):
             continue
-        if isinstance(value, dict) and isinstance(value.get("logprob"), (int, float)):
-            rank = value.get("rank")
-            out[token] = (float(value["logprob"]), int(rank) if isinstance(rank, int) else None)
-        elif isinstance(value, (int, float)):
-            out[token] = (float(value), None)
+        rank: Any = None
+        if isinstance(value, dict) and _number(value.get("logprob")):
+            logprob, rank = float(value["logprob"]), value.get("rank")
+        elif _number(value):
+            logprob = float(value)
+        else:
+            continue
+        if not math.isfinite(logprob) or logprob > LOGPROB_SLACK:
+            raise ValueError(f"token {token} has log-probability {logprob!r}; one is finite and at most 0")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+            raise ValueError(f"token {token} has rank {shown(rank, 40)}; a rank is an integer from 1")
+        out[token] = (min(logprob, 0.0), rank)
     return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _carries_identity(req: DecodeRequest, name: str) -> bool:
+    """Whether a refused field held something of the request's own (not an "off" value sent to be explicit)."""
+    if name == "top_k":
+        return bool(req.top_k) and not req.is_greedy
+    if name == "top_p":
+        return not req.is_greedy and req.top_p < 1.0
+    if name == "stop":
+        return bool(req.stop)
+    return True
+
+
+def _verbose(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where an answer may carry an engine's own fields: itself, llama.cpp's `__verbose`, its first choice."""
+    places = [answer]
+    for extra in (answer.get("__verbose"), (answer.get("choices") or [None])[0]):
+        if isinstance(extra, dict):
+            places.append(extra)
+    return places
+
+
+def _server_ids(answer: dict[str, Any]) -> list[int] | None:
+    """The generated token ids, where the server returns them (llama.cpp's `tokens` with `return_tokens`)."""
+    for place in _verbose(answer):
+        ids = place.get("tokens")
+        if isinstance(ids, list) and all(_count(t) is not None for t in ids):
+            return [int(t) for t in ids]
+    return None
+
+
+def _server_count(answer: dict[str, Any]) -> tuple[int, str] | None:
+    """(generated tokens, where it says so) from the server: usage, llama.cpp's timings or tokens_predicted."""
+    usage = answer.get("usage")
+    if isinstance(usage, dict) and _count(usage.get("completion_tokens")) is not None:
+        return usage["completion_tokens"], "usage.completion_tokens"
+    timings = answer.get("timings")
+    if isinstance(timings, dict) and _count(timings.get("predicted_n")) is not None:
+        return timings["predicted_n"], "timings.predicted_n"
+    for place in _verbose(answer):
+        if _count(place.get("tokens_predicted")) is not None:
+            return place["tokens_predicted"], "tokens_predicted"
+    return None
+
+
+def _applied_differences(answer: dict[str, Any], sent: dict[str, Any]) -> list[str]:
+    """What the server says it applied where that is not what was sent (llama.cpp's `generation_settings`)."""
+    out: list[str] = []
+    for place in _verbose(answer):
+        for key in APPLIED_KEYS:
+            applied = place.get(key)
+            if not isinstance(applied, dict):
+                continue
+            for name, value in applied.items():
+                field = APPLIED_NAMES.get(name)
+                if field is None or field not in sent or not _number(value):
+                    continue
+                if not _same_setting(field, sent[field], value) and not any(o.startswith(f"{field}=") for o in out):
+                    out.append(f"{field}={sent[field]!r} (the server applied {shown(value, 40)})")
+        if out:
+            break
+    return out
+
+
+def _same_setting(field: str, asked: Any, applied: float) -> bool:
+    if not math.isfinite(applied):
+        return False
+    if field in ("top_k", "top_n_sigma") and asked <= 0 and applied <= 0:
+        return True  # both off
+    if field == "seed":  # llama.cpp keeps a 32-bit seed
+        return int(applied) in (asked, asked % 2**32)
+    if field == "mirostat" or field == "max_tokens":
+        return int(applied) == int(asked)
+    return math.isclose(float(applied), float(asked), rel_tol=1e-5, abs_tol=1e-6)  # sent as float32
 
 
 def _sampled_logprob(req: DecodeRequest, listed: dict[int, tuple[float, int | None]], token: int, rank: int) -> float:

@@ -191,6 +191,13 @@ def _parse_engine(name: str, entry: Any) -> EngineSpec:
     if "@" in url.split("/")[2]:  # the URL is shown in messages and stored with replays: no credentials in it
         raise RegistryError(f"{where}: url must not hold credentials (user:password@); name the key's "
                             "environment variable in api_key_env")
+    authority = url.split("/")[2]
+    port = re.fullmatch(r"(?:\[[^\]]*\]|[^:\[\]]+)(?::(.*))?", authority)
+    if port is None or (port.group(1) is not None and (not re.fullmatch(r"[0-9]{1,5}", port.group(1))
+                                                        or not 1 <= int(port.group(1)) <= 65535)):
+        # urlsplit reads other scripts' digits as a port and fails only on connecting past 65535
+        raise RegistryError(f"{where}: url must name a port from 1 to 65535 in ASCII digits (or none), "
+                            f"got {authority!r}")
     key_env = entry.get("api_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key_env)):
         raise RegistryError(f"{where}: api_key_env must name an environment variable, got {key_env!r}")

@@ -120,15 +120,27 @@ def sampled_source_explains(decoder: Any, req: DecodeRequest, prod_ids: list[int
     return own_mean is None or own_mean < source_mean - 1.0, evidence
 
 
+def replay_length(result: DecodeResult) -> int:
+    """The replay's length in tokens: the engine's own count where its token ids can't be had here."""
+    return result.output_tokens if result.output_tokens is not None else len(result.token_ids)
+
+
 def length_only_source_explains(record: dict[str, Any], req: DecodeRequest, source: dict[str, Any],
                                 replay_tokens: int) -> str | None:
     """Why production's length fits the source's max_tokens and not this request's, or None.
 
-    Production stopped at exactly the source's limit, a limit this request does not have, where
-    this request's own replay does not stop: only the source's max_tokens cut it there.
+    Production is longer than this request's max_tokens allows and no longer than the source's: no
+    run of this request could have returned it. Or production stopped at exactly the source's limit,
+    a limit this request does not have, where this request's own replay does not stop: only the
+    source's max_tokens cut it there.
     """
     produced, own_limit, source_limit = record["output_tokens"], req.max_tokens, source.get("max_tokens")
-    if source_limit is None or source_limit == own_limit or produced != source_limit:
+    if source_limit is None or source_limit == own_limit:
+        return None
+    if own_limit < produced <= source_limit:
+        return (f"production has {produced} tokens, more than this request's max_tokens {own_limit} allows, and "
+                f"the source's max_tokens {source_limit} allows them")
+    if produced != source_limit:
         return None
     if record.get("finish_reason") not in (None, "length") or replay_tokens == produced:
         return None
@@ -274,7 +286,7 @@ def weigh_source(decoder: Any, record: dict[str, Any], req: DecodeRequest, resul
                               "sample of the source's identity and not an output this request could produce")
     else:
         evidence["source_replay"] = "unavailable: a model or tokenizer it names is not on this machine"
-    length = length_only_source_explains(record, req, source, len(result.token_ids))
+    length = length_only_source_explains(record, req, source, replay_length(result))
     if length:
         evidence["length_explained_by_source_max_tokens"] = length
     if reproduces is None and length is None:

@@ -8,6 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 _WORDS = re.compile(r"\S+|\s+")
+# difflib's matching is quadratic in the words: past this many on either side the rest is one change, shown cut.
+MAX_DIFF_WORDS = 4000
+# What the diff shows of the words it did not compare.
+REST_CHARS = 400
 
 
 @dataclass(frozen=True)
@@ -81,13 +85,7 @@ def diff_outputs(production_text: str, production_ids: Sequence[int], replay_tex
     identical = production_text == replay_text
     prefix_tokens = _common_prefix(production_ids, replay_ids)
     prefix_chars = _common_prefix(production_text, replay_text)
-    prod_words = _WORDS.findall(production_text)
-    replay_words = _WORDS.findall(replay_text)
-    matcher = difflib.SequenceMatcher(a=prod_words, b=replay_words, autojunk=False)
-    ops = tuple(
-        WordOp(op, "".join(prod_words[i1:i2]), "".join(replay_words[j1:j2]))
-        for op, i1, i2, j1, j2 in matcher.get_opcodes()
-    )
+    ops, ratio = _word_ops(production_text, replay_text)
     return OutputDiff(
         identical=identical,
         production_tokens=len(production_ids),
@@ -96,7 +94,7 @@ def diff_outputs(production_text: str, production_ids: Sequence[int], replay_tex
         common_prefix_chars=prefix_chars,
         first_divergent_token=None if identical else prefix_tokens,
         first_divergent_char=None if identical else prefix_chars,
-        similarity=1.0 if identical else round(matcher.ratio(), 6),
+        similarity=1.0 if identical else ratio,
         word_ops=ops,
         max_tokens=max_tokens,
     )
@@ -108,9 +106,30 @@ def word_diff(production_text: str, other_text: str) -> tuple[tuple[WordOp, ...]
     Token-level numbers need the token ids, which a stored replay of the source does not keep; the
     words are what a reader compares anyway.
     """
-    prod_words = _WORDS.findall(production_text)
-    other_words = _WORDS.findall(other_text)
-    matcher = difflib.SequenceMatcher(a=prod_words, b=other_words, autojunk=False)
-    ops = tuple(WordOp(op, "".join(prod_words[i1:i2]), "".join(other_words[j1:j2]))
-                for op, i1, i2, j1, j2 in matcher.get_opcodes())
-    return ops, 1.0 if production_text == other_text else round(matcher.ratio(), 6)
+    if production_text == other_text:
+        return _word_ops(production_text, other_text)[0], 1.0
+    return _word_ops(production_text, other_text)
+
+
+def _words(text: str) -> tuple[list[str], str]:
+    """The first MAX_DIFF_WORDS words of a text, and the rest as one string (cut to REST_CHARS)."""
+    words: list[str] = []
+    for match in _WORDS.finditer(text):
+        if len(words) == MAX_DIFF_WORDS:
+            rest = text[match.start():]
+            more = len(rest) - REST_CHARS
+            return words, rest[:REST_CHARS] + (f"… ({more:,} more characters not compared)" if more > 0 else "")
+        words.append(match.group())
+    return words, ""
+
+
+def _word_ops(a_text: str, b_text: str) -> tuple[tuple[WordOp, ...], float]:
+    """Word operations from one text to the other and their similarity, over at most MAX_DIFF_WORDS a side."""
+    a, a_rest = _words(a_text)
+    b, b_rest = _words(b_text)
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    ops = [WordOp(op, "".join(a[i1:i2]), "".join(b[j1:j2])) for op, i1, i2, j1, j2 in matcher.get_opcodes()]
+    if a_rest or b_rest:
+        kind = "equal" if a_rest == b_rest else "replace" if a_rest and b_rest else "delete" if a_rest else "insert"
+        ops.append(WordOp(kind, a_rest, b_rest))
+    return tuple(ops), round(matcher.ratio(), 6)

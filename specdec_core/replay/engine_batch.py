@@ -2,7 +2,8 @@
 
 An engine takes up to its `max_concurrency` replays at once (its own batching does the rest). A call that
 fails stores nothing; failures of one kind on one engine are said once per batch, in one line, and after an
-engine proves dead (unreachable, past its timeout, no API key) nothing more of the batch is sent to it.
+engine proves dead (unreachable, past its timeout, no usable API key, still rate-limiting after its retries)
+nothing more of the batch is sent to it.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec_core.decoding.engine_client import NO_KEY, TIMEOUT, UNREACHABLE, EngineError
+from specdec_core.decoding.engine_client import NO_KEY, RATE_LIMITED, TIMEOUT, UNREACHABLE, EngineError
 from specdec_core.decoding.registry import EngineSpec
 
-DEAD = (UNREACHABLE, TIMEOUT, NO_KEY)
+# A rate limit that outlasted every retry is as dead for this batch: each further request would wait out the
+# same retries again.
+DEAD = (UNREACHABLE, TIMEOUT, NO_KEY, RATE_LIMITED)
 # Request ids a failure line names before it counts the rest.
 NAMED_IDS = 5
 

@@ -22,6 +22,7 @@ identity is the key. What decides the classification is kept as evidence:
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from specdec_core.replay.classify import (
     harmless_contamination,
     match_message,
     production_ids,
+    replay_length,
     unscored_note,
     unscored_verdict,
     weigh_source,
@@ -76,7 +78,8 @@ class ReplayResult:
     replayed_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """Strict JSON values: a score that is not a finite number (a margin with no second token) is null."""
+        return finite_json({
             "replay_id": self.replay_id,
             "request_id": self.request_id,
             "replayed_at": self.replayed_at.isoformat(),
@@ -94,7 +97,18 @@ class ReplayResult:
             "source_replay_text": self.source_replay_text,
             "environment": self.environment,
             "latency_ms": self.latency_ms,
-        }
+        })
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with every NaN or infinite float made null, so that json.dumps(allow_nan=False) takes it."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
 
 
 @lru_cache(maxsize=1)
@@ -194,7 +208,7 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
     if engine is not None:  # what the server said about itself and the identity it could not take
         length_note["engine"] = engine
     if diff.identical:
-        evidence = {"output_tokens": len(result.token_ids), **harmless_contamination(record, req), **length_note}
+        evidence = {"output_tokens": replay_length(result), **harmless_contamination(record, req), **length_note}
         return ReplayResult(request_id, "match", match_message(evidence), evidence, **common)
 
     scores = decoder.can_score(req) if hasattr(decoder, "can_score") else True
@@ -233,8 +247,8 @@ def _replay_row(r: ReplayResult) -> dict[str, Any]:
         "similarity": r.diff.similarity if r.diff else None,
         "draft_tokens": r.draft_tokens, "accepted_tokens": r.accepted_tokens,
         "source_request_id": r.source_request_id,
-        "evidence": json.dumps(stored_evidence(r), default=str),
-        "environment": json.dumps(r.environment, default=str),
+        "evidence": json.dumps(finite_json(stored_evidence(r)), default=str, allow_nan=False),
+        "environment": json.dumps(finite_json(r.environment), default=str, allow_nan=False),
     }
 
 

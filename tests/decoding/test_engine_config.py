@@ -59,12 +59,23 @@ def test_an_engine_table_and_the_models_on_it(tmp_path):
     ('[engines.e]\nurl = "http://h/v1"\n[models.m]\nengine = "e"\nserved_name = 3\n', "served_name must be a non-empty"),
     ('[engines.e]\nurl = "http://h/v1"\n[models.m]\nengine = "e"\n[tokenizers.t]\nmodel = "m"\n',
      "[tokenizers.t]: model 'm' is on engine e"),
+    ('[engines.e]\nurl = "http://127.0.0.1:99999/v1"\n', "url must name a port from 1 to 65535 in ASCII digits"),
+    ('[engines.e]\nurl = "http://127.0.0.1:0/v1"\n', "url must name a port from 1 to 65535"),
+    ('[engines.e]\nurl = "http://127.0.0.1:\u0668\u0660\u0660\u0660/v1"\n', "in ASCII digits"),
+    ('[engines.e]\nurl = "http://127.0.0.1:80x/v1"\n', "url must name a port"),
 ])
 def test_bad_engine_entries_are_one_clear_line(tmp_path, text, expected):
     with pytest.raises(RegistryError) as err:
         Registry.from_toml(write(tmp_path, text))
     message = str(err.value)
     assert expected in message and "\n" not in message
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000/v1", "http://[::1]:8000/v1", "https://engine.example/v1",
+                                 "http://[::1]/v1"])
+def test_a_url_with_a_port_in_range_or_none_is_taken(tmp_path, url):
+    reg = Registry.from_toml(write(tmp_path, f'[engines.e]\nurl = "{url}"\n'))
+    assert reg.engines["e"].url == url
 
 
 def test_retry_after_honours_seconds_and_dates_and_caps_them():

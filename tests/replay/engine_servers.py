@@ -193,3 +193,176 @@ class LogprobServer:
     def __exit__(self, *exc: Any) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class RawServer:
+    """A TCP server that answers each request with the bytes its path's script writes, as a broken or hostile
+    engine might: one byte at a time (in the headers, the body or chunks), a connection cut mid-answer, a redirect
+    carrying an answer, a JSON nested past any parser's stack. Scripts: slow-headers, slow-body, slow-chunked,
+    cut, cut-chunked, redirect, nested. A slow script stops after `trickle_s` seconds or when the client goes."""
+
+    def __init__(self, step_s: float = 0.4, trickle_s: float = 8.0) -> None:
+        import socket
+
+        self.step_s, self.trickle_s = step_s, trickle_s
+        self.stop = threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _read_request(self, conn: Any) -> str:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        return head.split(b" ")[1].decode().split("/")[1]
+
+    def _trickle(self, conn: Any, piece: bytes) -> None:
+        ends = time.monotonic() + self.trickle_s
+        while time.monotonic() < ends and not self.stop.is_set():
+            conn.sendall(piece)
+            time.sleep(self.step_s)
+
+    def _serve(self, conn: Any) -> None:
+        answer = json.dumps({"object": "list", "data": [{"id": "served-x"}], "model": "served-x",
+                             "choices": [{"index": 0, "text": "a redirected answer", "finish_reason": "stop"}]}
+                            ).encode()
+        try:
+            script = self._read_request(conn)
+            if script == "slow-headers":
+                conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                self._trickle(conn, b"X")
+            elif script == "slow-body":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+                self._trickle(conn, b" ")
+            elif script == "slow-chunked":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+                self._trickle(conn, b"1\r\n \r\n")
+            elif script == "cut":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
+                             + answer[:30])
+            elif script == "cut-chunked":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             + b"%x\r\n" % len(answer[:30]) + answer[:30] + b"\r\n")
+            elif script == "redirect":
+                conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://elsewhere.example/v1/completions\r\n"
+                             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(answer) + answer)
+            elif script == "nested":
+                body = b"[" * 200_000 + b"]" * 200_000
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                             % len(body) + body)
+        except OSError:  # the client gave up: what a slow script waits for
+            pass
+        finally:
+            conn.close()
+
+    def __enter__(self) -> RawServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+# llama-server's sampling defaults (common/common.h), which it applies to any field a request leaves out.
+LLAMA_DEFAULTS = {"n_predict": -1, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
+                  "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "mirostat": 0,
+                  "xtc_probability": 0.0, "dry_multiplier": 0.0, "top_n_sigma": -1.0, "seed": 4294967295}
+
+
+class LlamaServer:
+    """llama.cpp's llama-server as far as replay sees it: /v1/completions and /v1/chat/completions answering
+    `text` with the generation settings it applied (`generation_settings`, its defaults for what the request leaves
+    out), the generated token ids (`tokens`, with `return_tokens`), `usage` and `timings`.
+
+    `tokenize` turns text into the ids it reports. The first part of the URL path picks a behaviour: /ok,
+    /stubborn (applies its own top_k and min_p whatever is asked), /count-N (reports N generated tokens and no
+    ids), /long (ignores max_tokens: answers `long_text`, its words counted as tokens), /logprobs-BAD
+    (prompt_logprobs whose every value is BAD: nan, inf, huge, positive, rank0, rank-huge)."""
+
+    def __init__(self, text: str, name: str, tokenize: Any = None, long_text: str = "") -> None:
+        outer = self
+        self.seen: list[dict[str, Any]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, raw: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_GET(self) -> None:
+                self._send(json.dumps({"object": "list", "data": [{"id": name}]}).encode())
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                outer.seen.append(body)
+                mode = self.path.split("/")[1]
+                if body.get("prompt_logprobs") and mode.startswith("logprobs-"):
+                    return self._send(_bad_logprobs(body["prompt"], mode.removeprefix("logprobs-")))
+                text = long_text if mode == "long" else outer.text
+                applied = {**LLAMA_DEFAULTS, **{k: v for k, v in body.items() if k in LLAMA_DEFAULTS},
+                           "n_predict": body.get("max_tokens", -1)}
+                if mode == "stubborn":
+                    applied.update(top_k=40, min_p=0.05)
+                ids = tokenize(text) if tokenize is not None and mode in ("ok", "stubborn") else None
+                count = int(mode.removeprefix("count-")) if mode.startswith("count-") else (
+                    len(ids) if ids is not None else len(text.split()))
+                choice = ({"text": text} if "prompt" in body else {"message": {"role": "assistant", "content": text}})
+                verbose: dict[str, Any] = {"generation_settings": applied, "tokens_predicted": count}
+                if ids is not None and body.get("return_tokens"):
+                    verbose["tokens"] = ids
+                answer = {"id": "chatcmpl-1", "object": "text_completion", "model": name,
+                          "system_fingerprint": "b6000-llama", "choices": [{"index": 0, "finish_reason": "stop",
+                                                                            **choice}],
+                          "usage": {"prompt_tokens": 5, "completion_tokens": count, "total_tokens": 5 + count},
+                          "timings": {"prompt_n": 5, "predicted_n": count}, "__verbose": verbose}
+                self._send(json.dumps(answer).encode())
+
+        self.text = text
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> LlamaServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _bad_logprobs(ids: list[int], bad: str) -> bytes:
+    """A vLLM-shaped prompt_logprobs answer in which every listed value is one no model gives."""
+    value = {"nan": "NaN", "inf": "Infinity", "huge": "1e400", "positive": "0.5"}.get(bad, "-0.1")
+    rank = {"rank0": "0", "rank-huge": "-1000000000000000000000000000"}.get(bad, "1")
+    rows = ["null"] + [f'{{"{t}": {{"logprob": {value}, "rank": {rank}}}}}' for t in ids[1:]]
+    return ('{"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "", '
+            '"finish_reason": "length", "prompt_logprobs": [' + ", ".join(rows) + "]}]}").encode()
