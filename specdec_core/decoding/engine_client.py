@@ -58,22 +58,28 @@ def _no_constant(name: str) -> Any:
 
 def parse_json(text: str) -> Any:
     """Strict JSON (no NaN or Infinity) nested at most MAX_JSON_DEPTH deep; ValueError otherwise."""
-    if _depth(text) > MAX_JSON_DEPTH:
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:  # the parser's own guard, far past any depth allowed here
+        raise ValueError(f"nested more than {MAX_JSON_DEPTH} deep") from None
+    if _too_deep(value):
         raise ValueError(f"nested more than {MAX_JSON_DEPTH} deep")
-    return json.loads(text, parse_constant=_no_constant)
+    return value
 
 
-def _depth(text: str) -> int:
-    """How deep the brackets of a JSON text nest, strings skipped; linear and without recursion."""
-    deepest = depth = 0
-    for token in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]', text):
-        ch = token.group()[0]
-        if ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
+def _too_deep(value: Any) -> bool:
+    """Whether lists and objects nest past MAX_JSON_DEPTH: walked without recursion, so that what reads the
+    value afterwards (str, json.dumps) can't recurse past Python's stack."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth >= MAX_JSON_DEPTH:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
 def key_problem(value: str) -> str | None:
