@@ -291,10 +291,10 @@ class EngineDecoder:
                 raise EngineError(self.spec, MALFORMED, f"the answer holds {len(text):,} characters, more than "
                                   f"max_tokens={limit} tokens can: the server ignored max_tokens; nothing kept")
             ids = list(text.encode("utf-8"))
-            if counted is None:
-                return text, ids, len(ids), ("unknown: the server gives no token count and tokenizer "
-                                             f"{req.tokenizer_version!r} is not here; positions count UTF-8 bytes"
-                                             ), over
+            if counted is None or not uncut:
+                why = "gives no token count" if counted is None else "counted the text before its stop sequence"
+                return text, ids, len(ids), (f"unknown: the server {why} and tokenizer {req.tokenizer_version!r} "
+                                             "is not here; positions count UTF-8 bytes"), over
             if over is not None:
                 raise EngineError(self.spec, MALFORMED, f"the server ignored max_tokens={limit}: it returned "
                                   f"{counted[0]} tokens, which can't be cut here without tokenizer "
