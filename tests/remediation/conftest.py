@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import random
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -64,6 +66,21 @@ def _start_cluster_node(port: int, folder: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def _cluster_port(taken: set[int]) -> int:
+    """A free port whose cluster bus port (+10000) is free and exists: free_port() may hand out 56945."""
+    while True:
+        with socket.socket() as a, socket.socket() as b:
+            port = random.randint(20000, 50000)  # noqa: S311 - a port, not a secret
+            if port in taken:
+                continue
+            try:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
+
+
 def _poll(check, what: str, seconds: float = 20) -> None:
     deadline = time.monotonic() + seconds
     while not check():
@@ -90,7 +107,9 @@ def _cluster_ok(ports: list[int]) -> bool:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("cluster")
-    ports = [free_port() for _ in range(3)]
+    ports: list[int] = []
+    for _ in range(3):
+        ports.append(_cluster_port(set(ports)))
     procs = [_start_cluster_node(port, folder) for port in ports]
     try:
         for port in ports:
