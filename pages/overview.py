@@ -47,6 +47,7 @@ else:
         st.markdown(f"**{ui.md_escape(ui.deployment_label(status.deployment))}**: {ui.md_escape(status.sentence)}")
     for change in ui.cached(analysis.key_scheme_changes, filters=filters):
         st.markdown(f":green[**Key scheme changed**] {ui.md_escape(change.sentence)}")
+    st.markdown("\n\n".join(ui.md_escape(fix.sentence) for fix in ui.cached(analysis.fix_status, filters=filters)))
     bucket = ui.cached(analysis.time_bucket, filters=filters)
     over_time = ui.cached(analysis.mismatch_rate_over_time, filters=filters, bucket=bucket)
     over_time = over_time[over_time.deployment.isin(window.deployment)]
