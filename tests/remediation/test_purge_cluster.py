@@ -7,8 +7,14 @@ import json
 import os
 
 import pytest
-from conftest import PASSWORD, PASSWORD_ENV, fill_other_applications, snapshot
 from helpers import run_cli, write_jsonl
+from remediation_servers import (
+    PASSWORD,
+    PASSWORD_ENV,
+    cluster,  # noqa: F401 (a fixture)
+    fill_other_applications,
+    snapshot,
+)
 
 from specdec_core.remediation import RedisTarget, purge_keys, purge_namespace, restore_backup
 

@@ -11,8 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PASSWORD, PASSWORD_ENV, fill_other_applications, snapshot
 from helpers import free_port, rec, run_cli, write_jsonl
+from remediation_servers import (
+    PASSWORD,
+    PASSWORD_ENV,
+    fill_other_applications,
+    snapshot,
+    standalone,  # noqa: F401 (a fixture)
+)
 
 from specdec_core.cli import main
 from specdec_core.remediation import RedisTarget, purge_keys, purge_log, purge_namespace

@@ -1,5 +1,5 @@
-"""Real redis-server processes for the remediation tests, one set per module: a standalone server and a
-3-node Cluster, each with an ACL user allowed exactly what a purge may send."""
+"""Real redis-server processes for the remediation tests (fixtures shared by importing them), one set per
+module: a standalone server and a 3-node Cluster, each with an ACL user allowed exactly what a purge sends."""
 
 from __future__ import annotations
 
