@@ -255,3 +255,29 @@ def test_purge_log_of_a_store_without_the_table_is_empty(tmp_path):
         con.execute("DROP TABLE purges")
     assert purge_log(Store(db)) == []
     assert purge_log(Store(tmp_path / "missing.duckdb")) == []
+
+
+def test_progress_bar_goes_to_a_terminal_on_stderr_and_stdout_stays_one_object(standalone, poisoned, tmp_path):
+    import pty
+
+    keys, _ = poisoned
+    plan = plan_file(tmp_path / "plan.jsonl", keys)
+    terminal, attached = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "specdec_core", "cache", "purge", "--plan", str(plan), "--redis",
+                             standalone.url(), "--password-env", PASSWORD_ENV, "--batch", "10"], env=ENV,
+                            stdout=subprocess.PIPE, stderr=attached)
+    os.close(attached)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(terminal, 4096)
+        except OSError:  # the pty's other end closed: the process is done
+            break
+        if not chunk:
+            break
+        shown += chunk
+    out, _ = proc.communicate(timeout=60)
+    os.close(terminal)
+    assert proc.returncode == 0
+    assert json.loads(out)["deleted"] == 30 and out.count(b"\n") == 1
+    assert b"30/30 keys" in shown and b"[" + b"#" * 30 + b"]" in shown
