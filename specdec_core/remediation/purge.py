@@ -407,7 +407,9 @@ def _secret(target: RedisTarget) -> str | None:
 def purge_keys(target: RedisTarget, keys: list[str], *, dry_run: bool = False,
                backup: str | os.PathLike[str] | None = None, rate: float | None = None, batch: int = BATCH,
                progress: Progress | None = None, client: Any = None) -> PurgeResult:
-    """Unlink exactly `keys` (a plan's redis_keys); with `dry_run`, only count those that exist."""
+    """Unlink exactly `keys` (a plan's redis_keys, each counted once); with `dry_run`, only count those that
+    exist."""
+    keys = list(dict.fromkeys(keys))  # two deployments may log one key: it is one key in the cache
     _check_rate(rate)
     client = client if client is not None else connect(target)
     pacer = _Pacer(rate)

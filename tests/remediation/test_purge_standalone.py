@@ -281,3 +281,46 @@ def test_progress_bar_goes_to_a_terminal_on_stderr_and_stdout_stays_one_object(s
     assert proc.returncode == 0
     assert json.loads(out)["deleted"] == 30 and out.count(b"\n") == 1
     assert b"30/30 keys" in shown and b"[" + b"#" * 30 + b"]" in shown
+
+
+def litellm_redis_key(logged: str, namespace: str = "narrow") -> str:
+    """Where LiteLLM's RedisCache stores a key (redis_cache.py check_and_fix_namespace): its namespace is
+    prefixed only to a key that does not start with it, and the key it logs already does."""
+    return logged if logged.startswith(namespace) else f"{namespace}:{logged}"
+
+
+def test_a_litellm_plan_names_the_keys_litellm_wrote(standalone, tmp_path):
+    from specdec_core.remediation import purge_plan
+
+    store = Store(tmp_path / "litellm.duckdb")
+    ingest(store, [str(Path(__file__).resolve().parents[1] / "fixtures" / "formats" / "litellm_payloads.jsonl")],
+           log_format="litellm")
+    plan = purge_plan(store)
+    assert plan and all(e.redis_key == e.cache_key and e.cache_key.startswith("narrow:") for e in plan)
+    admin = standalone.admin
+    admin.flushall()
+    admin.mset({litellm_redis_key(e.cache_key): b"cached response" for e in plan})
+    admin.set("narrow:someone-elses-entry", b"keep")
+
+    result = purge_keys(target(standalone), [e.redis_key for e in plan])
+
+    distinct = len({e.redis_key for e in plan})
+    assert (result.planned, result.deleted, result.missing) == (distinct, distinct, 0)
+    assert admin.keys("*") == [b"narrow:someone-elses-entry"]
+
+
+def test_urls_with_a_password_are_refused_and_every_url_is_shown_masked():
+    from specdec_core.remediation import PurgeError, mask_url
+    from specdec_core.remediation.purge import check_url
+
+    for url in ("redis://:hunter2@cache:6379/0", "redis://purger:hunter2@cache:6379", "rediss://u:hunter2@c",
+                "unix:///run/redis.sock?db=0&password=hunter2"):
+        with pytest.raises(PurgeError) as refused:
+            check_url(url)
+        assert refused.value.exit_code == 2 and "hunter2" not in str(refused.value)
+        assert "hunter2" not in mask_url(url) and "***" in mask_url(url)
+    for url in ("redis://purger@cache:6379/0", "unix:///run/redis.sock?db=0", "rediss://cache"):
+        check_url(url)
+        assert mask_url(url) == url
+    with pytest.raises(PurgeError, match="expected redis://"):
+        check_url("http://cache:6379")
