@@ -23,12 +23,13 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from specdec_core.extras import require
 
@@ -54,17 +55,17 @@ def usage_error(message: str) -> PurgeError:
 # --- the server's address and credentials ------------------------------------------------------------------
 
 def mask_url(url: str) -> str:
-    """The URL with any password in it (user info or a `password=` query) shown as ***."""
+    """The URL with any password in it (user info or a `password=` query) shown as ***, the rest as written."""
     try:
         parts = urlsplit(url)
-        netloc = parts.netloc
+        masked = url
         if parts.password is not None:
-            user, _, host = netloc.rpartition("@")
-            name = user.split(":", 1)[0]
-            netloc = f"{name}:***@{host}"
-        query = urlencode([(k, "***" if k.lower() == "password" else v)
-                           for k, v in parse_qsl(parts.query, keep_blank_values=True)])
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+            user, _, host = parts.netloc.rpartition("@")
+            masked = masked.replace(parts.netloc, f"{user.split(':', 1)[0]}:***@{host}", 1)
+        if parts.query:
+            query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+            masked = masked.replace(f"?{parts.query}", f"?{query}", 1)
+        return masked
     except ValueError:
         return "<a URL that could not be read>"
 
