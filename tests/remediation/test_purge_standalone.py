@@ -38,9 +38,10 @@ def purge_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProces
     return run_cli("cache", "purge", *args, "--password-env", PASSWORD_ENV, env=env or ENV, timeout=120)
 
 
-def purge_here(capsys, *args: str, password_env: str = PASSWORD_ENV) -> subprocess.CompletedProcess[str]:
+def purge_here(capsys, *args: str, password_env: str = PASSWORD_ENV,
+               command: str = "purge") -> subprocess.CompletedProcess[str]:
     """`specdec cache purge ARGS` in this process (a second's start-up less than purge_cli), same result."""
-    code = main(["cache", "purge", *args, "--password-env", password_env])
+    code = main(["cache", command, *args, "--password-env", password_env])
     out = capsys.readouterr()
     return subprocess.CompletedProcess(args, code, out.out, out.err)
 
@@ -96,7 +97,7 @@ def test_dry_run_changes_nothing_and_says_what_would_go(standalone, poisoned, tm
     assert not (tmp_path / "backup.jsonl").exists()
 
 
-def test_backup_then_restore_puts_back_payloads_and_remaining_ttls(standalone, poisoned, tmp_path):
+def test_backup_then_restore_puts_back_payloads_and_remaining_ttls(standalone, poisoned, tmp_path, capsys):
     keys, _ = poisoned
     before = snapshot(standalone.admin, keys)
     ttls = {k: standalone.admin.pttl(k) for k in keys}
@@ -110,8 +111,7 @@ def test_backup_then_restore_puts_back_payloads_and_remaining_ttls(standalone, p
     assert {line["key"] for line in lines} == set(keys)
     assert oct(backup.stat().st_mode & 0o777) == "0o600"
 
-    restored = run_cli("cache", "restore", "--backup", str(backup), "--redis", standalone.url(),
-                       "--password-env", PASSWORD_ENV, env=ENV)
+    restored = purge_here(capsys, "--backup", str(backup), "--redis", standalone.url(), command="restore")
 
     assert restored.returncode == 0, restored.stderr
     assert json.loads(restored.stdout)["restored"] == 30
@@ -194,20 +194,20 @@ def test_empty_namespace_is_refused_before_connecting():
     assert done.stderr.count("\n") == 1 and "empty prefix" in done.stderr
 
 
-def test_password_never_appears_in_output_files_or_the_store(standalone, poisoned, tmp_path):
+def test_password_never_appears_in_output_files_or_the_store(standalone, poisoned, tmp_path, capsys, monkeypatch):
     keys, _ = poisoned
     db = tmp_path / "triage.duckdb"
     ingest(Store(db), [str(write_jsonl(tmp_path / "log.jsonl", [rec("r1", ts=T + "00:00Z")]))])
     plan = plan_file(tmp_path / "plan.jsonl", keys)
     runs = [purge_cli("--plan", str(plan), "--redis", standalone.url(), "--backup", str(tmp_path / "b.jsonl"),
                       "--db", str(db)),
-            run_cli("cache", "restore", "--backup", str(tmp_path / "b.jsonl"), "--redis", standalone.url(),
-                    "--password-env", PASSWORD_ENV, "--db", str(db), env=ENV),
-            # a wrong password for the user: refused, and the attempt's text is not echoed
-            purge_cli("--plan", str(plan), "--redis", standalone.url(),
-                      env={**os.environ, PASSWORD_ENV: PASSWORD + "-wrong"})]
-    with_password = run_cli("cache", "purge", "--plan", str(plan), "--redis",
-                            f"redis://purger:{PASSWORD}@127.0.0.1:{standalone.port}/0")
+            purge_here(capsys, "--backup", str(tmp_path / "b.jsonl"), "--redis", standalone.url(), "--db", str(db),
+                       command="restore")]
+    # a wrong password for the user: refused, and the attempt's text is not echoed
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD + "-wrong")
+    runs.append(purge_here(capsys, "--plan", str(plan), "--redis", standalone.url()))
+    with_password = purge_here(capsys, "--plan", str(plan), "--redis",
+                               f"redis://purger:{PASSWORD}@127.0.0.1:{standalone.port}/0")
 
     assert [r.returncode for r in runs] == [0, 0, 1]
     assert with_password.returncode == 2 and "--password-env" in with_password.stderr
