@@ -164,7 +164,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
     finally:
         if show is not None:
             print(file=sys.stderr)
-    print(json.dumps(result.to_json()), flush=True)
+    print(json.dumps({"restored": result.restored}), flush=True)
+    if result.expired:
+        print(f"specdec cache restore: {result.expired} of {result.entries} entries had outlived their TTL and "
+              "were not restored", file=sys.stderr)
     if store is not None:
         record_purge(store, PurgeRecord(
             ts=datetime.now(timezone.utc), kind="restore", target=target.masked, plan=None, namespace=None,

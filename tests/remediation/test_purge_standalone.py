@@ -324,3 +324,26 @@ def test_urls_with_a_password_are_refused_and_every_url_is_shown_masked():
         assert mask_url(url) == url
     with pytest.raises(PurgeError, match="expected redis://"):
         check_url("http://cache:6379")
+
+
+def test_restore_leaves_out_an_entry_whose_ttl_ran_out_and_names_a_bad_line(standalone, tmp_path, capsys):
+    admin = standalone.admin
+    admin.flushall()
+    admin.set("fresh", b"a", px=600_000)
+    admin.set("stale", b"b", px=600_000)
+    backup = tmp_path / "backup.jsonl"
+    assert purge_keys(target(standalone), ["fresh", "stale"], backup=backup).backed_up == 2
+    lines = [json.loads(line) for line in backup.read_text().splitlines()]
+    for line in lines:
+        if line["key"] == "stale":  # as if the restore came after its TTL ran out
+            line["expires_at_ms"] = int(time.time() * 1000) - 1
+    backup.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    done = purge_here(capsys, "--backup", str(backup), "--redis", standalone.url(), command="restore")
+
+    assert (done.returncode, json.loads(done.stdout)) == (0, {"restored": 1})
+    assert "1 of 2 entries had outlived their TTL" in done.stderr
+    assert admin.get("fresh") == b"a" and admin.exists("stale") == 0
+    backup.write_text(backup.read_text() + '{"v": 1, "key": "x", "payload": "not base64!"}\n')
+    bad = purge_here(capsys, "--backup", str(backup), "--redis", standalone.url(), command="restore")
+    assert bad.returncode == 1 and f"{backup}:3:" in bad.stderr and bad.stderr.count("\n") == 1
