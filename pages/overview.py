@@ -38,6 +38,7 @@ if gaps:
     st.warning("\n".join(f"- {ui.md_escape(gap.sentence)}" for gap in gaps))
 
 st.subheader("Contamination window")
+st.markdown("\n\n".join(ui.md_escape(fix.sentence) for fix in ui.cached(analysis.fix_status, filters=filters)))
 window = ui.cached(analysis.contamination_window, filters=filters)
 if window.empty:
     st.success("No contaminated hits: every cache hit in this selection served an output produced for "
@@ -47,7 +48,6 @@ else:
         st.markdown(f"**{ui.md_escape(ui.deployment_label(status.deployment))}**: {ui.md_escape(status.sentence)}")
     for change in ui.cached(analysis.key_scheme_changes, filters=filters):
         st.markdown(f":green[**Key scheme changed**] {ui.md_escape(change.sentence)}")
-    st.markdown("\n\n".join(ui.md_escape(fix.sentence) for fix in ui.cached(analysis.fix_status, filters=filters)))
     bucket = ui.cached(analysis.time_bucket, filters=filters)
     over_time = ui.cached(analysis.mismatch_rate_over_time, filters=filters, bucket=bucket)
     over_time = over_time[over_time.deployment.isin(window.deployment)]

@@ -3,7 +3,7 @@ of an old scheme (an incomplete rollout, or an old entry read under an old assum
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -71,8 +71,14 @@ def scheme_change_hits(store: Store, filters: Filters = NO_FILTERS,
 
 def fix_status(store: Store, filters: Filters = NO_FILTERS,
                changes: list[KeySchemeChange] | None = None) -> list[FixStatus]:
-    """Per deployment whose key changed scheme, ordered by when its fix began: is it holding?"""
-    changes = key_scheme_changes(store, filters) if changes is None else changes
+    """Per deployment whose key changed scheme, ordered by when its fix began: is it holding?
+
+    The change is found in the whole log of the selected deployments and models (a time range that begins
+    after the fix still knows it); the hits after it are counted in the selection. A fix after the
+    selection's end is not listed: the selection can say nothing about it."""
+    if changes is None:
+        changes = key_scheme_changes(store, replace(filters, start=None, end=None))
+    changes = [c for c in changes if filters.end is None or c.ts <= filters.end]
     latest: dict[str, KeySchemeChange] = {}
     olds: dict[str, list[str]] = {}
     for c in sorted(changes, key=lambda c: c.ts):

@@ -32,3 +32,10 @@ def test_overview_says_whether_the_fix_holds(monkeypatch, tmp_path):
     said = " ".join(m.value for m in at.markdown).replace("\\", "")
     assert "edge: fix deployed at 2026-03-01 10:10:00 UTC; 0 hits from old-scheme keys since." in said
     assert "prod: 2 hits from old-scheme keys after the fix: rollout incomplete" in said
+
+
+def test_overview_says_the_fix_holds_in_a_time_range_after_the_contamination(monkeypatch, tmp_path):
+    db = build_db(tmp_path, incident(), "after")
+    at = open_app(monkeypatch, db, start="2026-03-01T10:08:00Z")
+    said = " ".join(m.value for m in at.markdown).replace("\\", "")
+    assert "edge: fix deployed at 2026-03-01 10:10:00 UTC; 0 hits from old-scheme keys since." in said

@@ -103,6 +103,12 @@ def test_fix_status_says_whether_old_scheme_keys_still_serve_hits(db):
     assert edge.sentence == "edge: fix deployed at 2026-03-01 10:10:00 UTC; 0 hits from old-scheme keys since."
     assert (prod.deployment, prod.hits_after_fix, prod.new_prefix) == ("prod", 2, "svc-v2:full")
     assert prod.sentence.startswith("prod: 2 hits from old-scheme keys after the fix: rollout incomplete")
+    # A time range after the fix still knows it, and counts the hits in the range; one that ends before a
+    # fix says nothing about that fix.
+    late = analysis.fix_status(Store(db), Filters(start=T0 + timedelta(minutes=21, seconds=30)))
+    assert [(s.deployment, s.hits_after_fix) for s in late] == [("edge", 0), ("prod", 1)]
+    early = analysis.fix_status(Store(db), Filters(end=T0 + timedelta(minutes=15)))
+    assert [(s.deployment, s.hits_after_fix) for s in early] == [("edge", 0)]
 
 
 def test_stats_json_has_key_scheme_changes_and_hits_after_fix(db):
