@@ -143,3 +143,18 @@ def test_purges_table_is_added_to_older_stores_and_kept_by_migrate_and_in_a_lake
         assert logged[1] == record
     with pytest.raises(ValueError, match="kind"):
         record_purge(Store(old), PurgeRecord(**{**record.__dict__, "kind": "flush"}))
+
+
+def test_every_cache_subcommand_and_option_is_in_the_cli_docs():
+    import argparse
+
+    from specdec_core.cli import build_parser
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    top = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    cache = next(a for a in top.choices["cache"]._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"specdec cache {name} {option}" for name, parser in cache.choices.items()
+               for action in parser._actions for option in action.option_strings
+               if option.startswith("--") and option != "--help"
+               and not (f"specdec cache {name}" in docs and option in docs)]
+    assert sorted(cache.choices) == ["plan", "purge", "restore"] and missing == []
