@@ -175,10 +175,16 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text}")
+MAX_BATCH = 10_000  # one command's keys: a bigger one keeps the server from every other client meanwhile
+
+
+def _batch_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_BATCH:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to {MAX_BATCH:,}, got {text}")
     return value
 
 
@@ -188,7 +194,8 @@ def _add_redis(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", action="store_true", help="the URL is any node of a Redis Cluster")
     p.add_argument("--password-env", metavar="NAME",
                    help="the environment variable that holds the password (never the command line)")
-    p.add_argument("--batch", type=_positive_int, default=500, metavar="N", help="keys a pipelined batch (500)")
+    p.add_argument("--batch", type=_batch_size, default=500, metavar="N",
+                   help=f"keys a pipelined batch (500, at most {MAX_BATCH:,})")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
