@@ -27,7 +27,7 @@ from specdec_core.remediation import (
     restore_backup,
     write_plan,
 )
-from specdec_core.remediation.purge import check_url
+from specdec_core.remediation.target import check_url
 
 
 def _instant(text: str, flag: str) -> datetime:

@@ -311,7 +311,7 @@ def test_a_litellm_plan_names_the_keys_litellm_wrote(standalone, tmp_path):
 
 def test_urls_with_a_password_are_refused_and_every_url_is_shown_masked():
     from specdec_core.remediation import PurgeError, mask_url
-    from specdec_core.remediation.purge import check_url
+    from specdec_core.remediation.target import check_url
 
     for url in ("redis://:hunter2@cache:6379/0", "redis://purger:hunter2@cache:6379", "rediss://u:hunter2@c",
                 "unix:///run/redis.sock?db=0&password=hunter2"):
