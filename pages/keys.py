@@ -9,7 +9,7 @@ import streamlit as st
 
 import ui
 from specdec_core import analysis as metrics
-from specdec_core import contract, keys
+from specdec_core import contract, keys, remediation
 from specdec_core.config import ConfigError
 from specdec_core.keys import audit
 
@@ -64,6 +64,28 @@ else:
         st.caption(f"and {ui.plural(len(distinct) - 3, 'more prompt')}.")
     if prompts.prompt.isna().any():
         st.caption("Some identities were logged with only the prompt's hash.")
+
+st.subheader("Remediate")
+plan = ui.cached(remediation.purge_plan, filters=filters)
+if not plan:
+    st.success("Nothing to purge: no key in this selection served a contaminated hit or several identities.")
+else:
+    counts = remediation.plan_counts(plan)
+    row = st.columns(3)
+    row[0].metric("Keys to purge", ui.fmt_int(counts.keys))
+    row[1].metric("Served contaminated hits", ui.fmt_int(counts.contaminated),
+                  help="Keys that served at least one hit produced for another identity")
+    row[2].metric("Shared, none seen served", ui.fmt_int(counts.collision),
+                  help="Keys several identities shared, without a contaminated hit in the log yet")
+    plan_file = f"specdec-purge-plan_{ui.filter_slug(filters)}.jsonl"
+    st.download_button("Download the purge plan (JSONL)", data=remediation.plan_jsonl(plan), file_name=plan_file,
+                       mime="application/jsonl", on_click="ignore", key="download_plan")
+    st.caption("This dashboard never connects to a production cache. From a shell that can reach it: a dry run "
+               "first, then the purge with a backup (`specdec cache restore` puts it back). A service whose "
+               "Redis key wraps the logged key: `specdec cache plan --key-template`; see docs/remediation.md.")
+    st.code(remediation.purge_command(plan_file, dry_run=True) + "\n"
+            + remediation.purge_command(plan_file, backup="purge-backup.jsonl", db=str(ui.store().path)),
+            language="bash", wrap_lines=True)
 
 st.subheader("Audit a key function")
 st.caption("Changes every field of an example request and reports the fields the key ignores, and keys that "

@@ -38,6 +38,7 @@ if gaps:
     st.warning("\n".join(f"- {ui.md_escape(gap.sentence)}" for gap in gaps))
 
 st.subheader("Contamination window")
+st.markdown("\n\n".join(ui.md_escape(fix.sentence) for fix in ui.cached(analysis.fix_status, filters=filters)))
 window = ui.cached(analysis.contamination_window, filters=filters)
 if window.empty:
     st.success("No contaminated hits: every cache hit in this selection served an output produced for "

@@ -60,6 +60,14 @@ def rfc3339_utc(epoch_s: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+def bumped_namespace(namespace: str) -> str:
+    """The next generation of a namespace: `prod` -> `prod-2`, `prod-2` -> `prod-3`."""
+    base, dash, generation = namespace.rpartition("-")
+    if dash and base and generation.isdigit():
+        return f"{base}-{int(generation) + 1}"
+    return f"{namespace}-2"
+
+
 class _JsonLinesWriter:
     """Serialises records to one JSON line each; a lock keeps concurrent lines whole."""
 
@@ -163,6 +171,25 @@ class DecodeService:
 
     def cache_key(self, req: DecodeRequest) -> str:
         return self._key(req, self.namespace)
+
+    def invalidate(self, namespace: str | None = None) -> str:
+        """Move to a new namespace and return the old one: from the next request on, every key is under the
+        new namespace, so no entry written before (under an old, narrower key) is ever read again.
+
+        `namespace` None bumps the current one's generation (`prod` -> `prod-2` -> `prod-3`). The old entries
+        stay in the cache until they expire or are purged: `cache.delete_namespace(old)`, or
+        `specdec cache purge --namespace specdec:OLD: --redis URL` (docs/remediation.md). Every process that
+        shares the cache must move too (a deploy), or it keeps reading and writing the old namespace.
+        """
+        new = namespace if namespace is not None else bumped_namespace(self.namespace)
+        namespace_prefix(new)  # a bad name fails here, before the switch
+        if new == self.namespace:
+            raise ValueError(f"namespace: {new!r} is the current namespace; invalidating needs a new one")
+        with self._lock:
+            old, self.namespace = self.namespace, new
+        logger.info("cache namespace %s -> %s", old, new, extra={"event": "namespace_invalidated",
+                                                                "old_namespace": old, "namespace": new})
+        return old
 
     def decode(self, req: DecodeRequest | Mapping[str, Any], request_id: str | None = None) -> DecodeResult:
         started = time.perf_counter()

@@ -25,6 +25,13 @@ from specdec_core.analysis.contamination import (
     contamination_window,
     mismatch_rate_over_time,
 )
+from specdec_core.analysis.fix_status import (
+    FixStatus,
+    SchemeChangeHits,
+    fix_stats,
+    fix_status,
+    scheme_change_hits,
+)
 from specdec_core.analysis.gaps import LoggingGap, logging_gaps
 from specdec_core.analysis.key_details import differing_identity_columns, key_prompts
 from specdec_core.analysis.keys import key_collision_identities, key_collisions
@@ -67,5 +74,6 @@ __all__ = [
     "output_length_by_max_tokens", "quarantined_records", "red_flags", "report_counts", "report_csv",
     "request_record", "suspicious_requests", "time_bucket", "write_report",
     "CEILING_MEANING", "ContaminationStatus", "KeySchemeChange", "contamination_status", "detected_annotations",
-    "key_scheme_annotations", "key_scheme_changes", "scheme_change_annotations", "FilterOptions", "Freshness", "Headline", "HeadlineCounts", "RequestRecord",
+    "key_scheme_annotations", "key_scheme_changes", "FixStatus", "SchemeChangeHits", "fix_stats", "fix_status",
+    "scheme_change_hits", "scheme_change_annotations", "FilterOptions", "Freshness", "Headline", "HeadlineCounts", "RequestRecord",
 ]

@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 
 from specdec_core import formats
-from specdec_core.analysis import headline, logging_gaps, red_flags
+from specdec_core.analysis import fix_stats, headline, logging_gaps, red_flags
 from specdec_core.analysis.report import KINDS, write_report
 from specdec_core.store import IngestLimits, LogReadError, Store, StoreError, ingest
 from specdec_core.store.working_copy import copy_cost_note
@@ -178,7 +178,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         flags = red_flags(store, head=h)
         print(json.dumps({**dataclasses.asdict(h),
                           "red_flags": [{"id": f.id, "flagged": f.flagged, "evidence": f.evidence} for f in flags],
-                          "logging_gaps": [{**dataclasses.asdict(g), "sentence": g.sentence} for g in gaps]},
+                          "logging_gaps": [{**dataclasses.asdict(g), "sentence": g.sentence} for g in gaps],
+                          **fix_stats(store)},
                          default=str))
         return 0
 

@@ -101,6 +101,20 @@ REPLAY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("environment", "JSON"),
 )
 
+# What `specdec cache purge` and `restore` did to a production cache (remediation/log.py), for the
+# incident report: one row a run, dry runs included.
+PURGE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("ts", "TIMESTAMPTZ NOT NULL"),
+    ("kind", "VARCHAR NOT NULL"),  # plan | namespace | restore
+    ("target", "VARCHAR NOT NULL"),  # the Redis URL, any password masked
+    ("plan", "VARCHAR"),
+    ("namespace", "VARCHAR"),
+    ("planned", "BIGINT NOT NULL"),
+    ("deleted", "BIGINT NOT NULL"),
+    ("missing", "BIGINT NOT NULL"),
+    ("dry_run", "BOOLEAN NOT NULL"),
+)
+
 _OTHER_TABLES = """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS quarantine (
@@ -133,8 +147,10 @@ CREATE TABLE IF NOT EXISTS hit_sources (
 
 def schema_sql() -> str:
     replays = ",\n".join(f"    {name} {sql_type}" for name, sql_type in REPLAY_COLUMNS)
+    purges = ",\n".join(f"    {name} {sql_type}" for name, sql_type in PURGE_COLUMNS)
     return "\n".join([_OTHER_TABLES, requests_ddl(), identities_ddl(),
-                      f"CREATE TABLE IF NOT EXISTS replays (\n{replays}\n);"])
+                      f"CREATE TABLE IF NOT EXISTS replays (\n{replays}\n);",
+                      f"CREATE TABLE IF NOT EXISTS purges (\n{purges}\n);"])
 
 
 def column_migrations_sql() -> str:

@@ -1,0 +1,105 @@
+"""Is the fix holding: after a deployment's first key of the new scheme, does any hit still come from a key
+of an old scheme (an incomplete rollout, or an old entry read under an old assumption)?"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Any
+
+from specdec_core.analysis.query import NO_FILTERS, Filters, df
+from specdec_core.analysis.status import KeySchemeChange, fmt_time, key_scheme_changes, plural
+from specdec_core.store.connection import Store
+
+# A key's scheme is its shape, as key_scheme_changes cuts it: all but its last ':'-separated part.
+HITS_AFTER_FIX_SQL = """
+SELECT count(*) AS hits FROM requests r
+WHERE {where} AND r.cache_hit AND coalesce(r.deployment, '') = ? AND r.ts > ? AND contains(r.cache_key, ':')
+  AND list_contains(?, left(r.cache_key, length(r.cache_key) - strpos(reverse(r.cache_key), ':')))
+"""
+
+
+def _hits_after(store: Store, filters: Filters, deployment: str, since: datetime, prefixes: list[str]) -> int:
+    frame = df(store, HITS_AFTER_FIX_SQL, filters, [deployment, since, prefixes])
+    return int(frame.hits.iloc[0])
+
+
+@dataclass(frozen=True)
+class SchemeChangeHits:
+    """One key-scheme change and the hits that still came from its old scheme after it."""
+
+    change: KeySchemeChange
+    hits_after_fix: int
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.change
+        return {"deployment": c.deployment, "old_prefix": c.old_prefix, "new_prefix": c.new_prefix,
+                "last_old_key": _rfc3339(c.old_last), "first_new_key": _rfc3339(c.ts),
+                "hits_after_fix": self.hits_after_fix, "sentence": c.sentence}
+
+
+@dataclass(frozen=True)
+class FixStatus:
+    """A deployment whose key changed scheme: when its fix (the latest change) began serving, and the hits
+    from keys of any older scheme since."""
+
+    deployment: str
+    fixed_at: datetime  # the first key of the latest scheme
+    new_prefix: str
+    old_prefixes: tuple[str, ...]
+    hits_after_fix: int
+
+    @property
+    def holding(self) -> bool:
+        return self.hits_after_fix == 0
+
+    @property
+    def sentence(self) -> str:
+        who = self.deployment or "(none)"
+        if self.holding:
+            return f"{who}: fix deployed at {fmt_time(self.fixed_at)}; 0 hits from old-scheme keys since."
+        return (f"{who}: {plural(self.hits_after_fix, 'hit')} from old-scheme keys after the fix: "
+                f"rollout incomplete (fix deployed at {fmt_time(self.fixed_at)}).")
+
+
+def scheme_change_hits(store: Store, filters: Filters = NO_FILTERS,
+                       changes: list[KeySchemeChange] | None = None) -> list[SchemeChangeHits]:
+    """Each key-scheme change with the hits from its old scheme after its first new key."""
+    changes = key_scheme_changes(store, filters) if changes is None else changes
+    return [SchemeChangeHits(c, _hits_after(store, filters, c.deployment, c.ts, [c.old_prefix])) for c in changes]
+
+
+def fix_status(store: Store, filters: Filters = NO_FILTERS,
+               changes: list[KeySchemeChange] | None = None) -> list[FixStatus]:
+    """Per deployment whose key changed scheme, ordered by when its fix began: is it holding?
+
+    The change is found in the whole log of the selected deployments and models (a time range that begins
+    after the fix still knows it); the hits after it are counted in the selection. A fix after the
+    selection's end is not listed: the selection can say nothing about it."""
+    if changes is None:
+        changes = key_scheme_changes(store, replace(filters, start=None, end=None))
+    changes = [c for c in changes if filters.end is None or c.ts <= filters.end]
+    latest: dict[str, KeySchemeChange] = {}
+    olds: dict[str, list[str]] = {}
+    for c in sorted(changes, key=lambda c: c.ts):
+        latest[c.deployment] = c
+        olds.setdefault(c.deployment, []).append(c.old_prefix)
+    out = []
+    for deployment, fix in latest.items():
+        old = tuple(dict.fromkeys(p for p in olds[deployment] if p != fix.new_prefix))
+        out.append(FixStatus(deployment, fix.ts, fix.new_prefix, old,
+                             _hits_after(store, filters, deployment, fix.ts, list(old))))
+    return sorted(out, key=lambda s: (s.fixed_at, s.deployment))
+
+
+def fix_stats(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
+    """What `specdec stats --json` adds: `key_scheme_changes` (each with its own hits_after_fix) and, per
+    deployment whose key changed, `hits_after_fix` since its latest change."""
+    changes = key_scheme_changes(store, filters)
+    return {"key_scheme_changes": [c.to_json() for c in scheme_change_hits(store, filters, changes)],
+            "hits_after_fix": {s.deployment: s.hits_after_fix for s in fix_status(store, filters, changes)}}
+
+
+def _rfc3339(ts: datetime) -> str:
+    moment = ts if ts.tzinfo is not None else ts.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

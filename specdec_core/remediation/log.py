@@ -1,0 +1,62 @@
+"""The record of purges and restores run against a production cache: the store's `purges` table.
+
+`specdec cache purge/restore --db STORE` write one row a run (dry runs too, marked), so the incident
+report can say what was removed, from where and when. For a restore, `planned` is the backup's keys,
+`deleted` is 0 and `missing` the keys not restored because their TTL had run out meanwhile."""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass, fields
+from datetime import datetime, timezone
+
+from specdec_core.store.connection import Store
+from specdec_core.store.schema import PURGE_COLUMNS
+
+KINDS = ("plan", "namespace", "restore")
+
+
+@dataclass(frozen=True)
+class PurgeRecord:
+    ts: datetime
+    kind: str  # "plan" | "namespace" | "restore"
+    target: str  # masked URL
+    plan: str | None
+    namespace: str | None
+    planned: int
+    deleted: int
+    missing: int
+    dry_run: bool
+
+
+_NAMES = [f.name for f in fields(PurgeRecord)]
+if _NAMES != [name for name, _ in PURGE_COLUMNS]:  # the table and the record are one shape, in one order
+    raise RuntimeError("store.schema.PURGE_COLUMNS and PurgeRecord disagree; change them together")
+
+
+def record_purge(store: Store, record: PurgeRecord) -> None:
+    """Add one run to the store's `purges` table (made on the first write of a store that lacks it)."""
+    if record.kind not in KINDS:
+        raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {record.kind!r}")
+    if record.ts.tzinfo is None:
+        raise ValueError("ts: expected an aware datetime (UTC)")
+
+    def insert(con) -> None:
+        con.execute(f"INSERT INTO purges ({', '.join(_NAMES)}) VALUES ({', '.join('?' * len(_NAMES))})",
+                    list(astuple(record)))
+
+    store.transact(insert)
+
+
+def purge_log(store: Store) -> list[PurgeRecord]:
+    """Every recorded purge and restore, oldest first; [] for a store without any (or without the table)."""
+    if not store.exists:
+        return []
+    with store.read() as con:
+        present = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+                              "AND table_name = 'purges'").fetchall()[0][0]
+        if not present:
+            return []
+        rows = con.execute(f"SELECT {', '.join(_NAMES)} FROM purges ORDER BY ts, kind").fetchall()
+    return [PurgeRecord(ts.astimezone(timezone.utc), kind, target, plan, namespace, int(planned), int(deleted),
+                        int(missing), bool(dry_run))
+            for ts, kind, target, plan, namespace, planned, deleted, missing, dry_run in rows]

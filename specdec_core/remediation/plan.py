@@ -1,0 +1,193 @@
+"""The purge plan: which cache keys to remove from production, and why, from the contamination the store holds.
+
+One entry per (deployment, cache key) that served a contaminated hit (`contaminated`) or that several
+identities shared without a contaminated hit seen yet (`collision`). A key with one identity and no
+contaminated hit is never in a plan: it served only its own identity."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from specdec_core.analysis.query import NO_FILTERS, Filters, df
+from specdec_core.store.connection import Store
+
+REASONS = ("contaminated", "collision")
+DEFAULT_KEY_TEMPLATE = "{cache_key}"
+_PLACEHOLDER = re.compile(r"\{(cache_key|deployment)\}")
+
+
+class PlanError(ValueError):
+    """A plan that can't be made or read: one line saying what and where."""
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    deployment: str
+    cache_key: str
+    redis_key: str
+    reason: str  # "contaminated" | "collision"
+    identities: int
+    contaminated_hits: int
+    first_contaminated: datetime | None  # None for a collision: no contaminated hit was seen
+    last_seen: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {"deployment": self.deployment, "cache_key": self.cache_key, "redis_key": self.redis_key,
+                "reason": self.reason, "identities": self.identities, "contaminated_hits": self.contaminated_hits,
+                "first_contaminated": rfc3339(self.first_contaminated), "last_seen": rfc3339(self.last_seen)}
+
+
+@dataclass(frozen=True)
+class PlanCounts:
+    keys: int
+    contaminated: int
+    collision: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"keys": self.keys, "contaminated": self.contaminated, "collision": self.collision}
+
+
+def rfc3339(ts: datetime | None) -> str | None:
+    if ts is None:
+        return None
+    moment = ts if ts.tzinfo is not None else ts.replace(tzinfo=timezone.utc)
+    text = moment.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z")
+
+
+def check_key_template(template: str) -> str:
+    """The template itself, or PlanError: it must place the logged key once. Other braces are literal (a
+    Cluster hash tag such as `{tenant}` is part of many real keys)."""
+    if template.count("{cache_key}") != 1:
+        raise PlanError(f"--key-template {template!r}: must hold {{cache_key}} exactly once "
+                        "(and may hold {deployment})")
+    return template
+
+
+def redis_key(template: str, deployment: str, cache_key: str) -> str:
+    """The key in the cache for a logged key: the template with its two placeholders filled, in one pass
+    (a logged key that itself holds the text `{deployment}` stays as it is)."""
+    values = {"cache_key": cache_key, "deployment": deployment}
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+
+
+# Every key of the selection that served a contaminated hit or more than one identity; contamination itself
+# was judged over the whole log at ingest (hit_sources), the filters choose which requests count.
+PLAN_SQL = """
+WITH k AS (
+    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key,
+           count(DISTINCT r.fingerprint) AS identities,
+           count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
+           min(r.ts) FILTER (WHERE h.contaminated) AS first_contaminated,
+           min(r.ts) AS first_seen, max(r.ts) AS last_seen
+    FROM requests r LEFT JOIN hit_sources h USING (request_id)
+    WHERE r.cache_key IS NOT NULL AND {where}
+    GROUP BY ALL
+)
+SELECT * FROM k WHERE contaminated_hits > 0 OR identities > 1
+ORDER BY first_contaminated NULLS LAST, first_seen, deployment, cache_key
+"""
+
+
+def _instant(value: Any) -> datetime | None:
+    if value is None or value is pd.NaT or (not isinstance(value, str) and pd.isna(value)):
+        return None
+    moment = pd.Timestamp(value).to_pydatetime()
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def purge_plan(store: Store, filters: Filters = NO_FILTERS,
+               key_template: str = DEFAULT_KEY_TEMPLATE) -> list[PlanEntry]:
+    """The keys to remove, in order of their first contaminated hit (collisions last, by first use)."""
+    check_key_template(key_template)
+    rows = df(store, PLAN_SQL, filters)
+    entries = []
+    for row in rows.itertuples(index=False):
+        hits = int(row.contaminated_hits)
+        entries.append(PlanEntry(
+            deployment=str(row.deployment), cache_key=str(row.cache_key),
+            redis_key=redis_key(key_template, str(row.deployment), str(row.cache_key)),
+            reason="contaminated" if hits else "collision", identities=int(row.identities),
+            contaminated_hits=hits, first_contaminated=_instant(row.first_contaminated) if hits else None,
+            last_seen=_instant(row.last_seen)))
+    return entries
+
+
+def plan_counts(entries: Iterable[PlanEntry]) -> PlanCounts:
+    entries = list(entries)
+    contaminated = sum(1 for e in entries if e.reason == "contaminated")
+    return PlanCounts(keys=len(entries), contaminated=contaminated, collision=len(entries) - contaminated)
+
+
+def plan_jsonl(entries: Iterable[PlanEntry]) -> str:
+    """The plan file's text: one JSON object a line."""
+    return "".join(json.dumps(e.to_json(), ensure_ascii=False) + "\n" for e in entries)
+
+
+def write_plan(entries: Iterable[PlanEntry], path: str | os.PathLike[str]) -> int:
+    """Write the plan next to its final name and rename it there: a reader never sees half a plan."""
+    target = Path(path)
+    text = plan_jsonl(entries)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return text.count("\n")
+
+
+def read_plan_keys(path: str | os.PathLike[str]) -> list[str]:
+    """The `redis_key`s of a plan file, each once, in the plan's order. A line that is not a JSON object with
+    a text `redis_key` is a PlanError naming the file and line, raised before anything is touched."""
+    keys: dict[str, None] = {}
+    for number, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError as exc:
+            raise PlanError(f"{path}:{number}: not JSON ({exc.args[0].split(':')[0]})") from None
+        if not isinstance(entry, dict):
+            raise PlanError(f"{path}:{number}: expected a JSON object, got {type(entry).__name__}")
+        key = entry.get("redis_key")
+        if not isinstance(key, str) or not key:
+            raise PlanError(f"{path}:{number}: no redis_key (a non-empty string) in this line")
+        keys.setdefault(key, None)
+    return list(keys)
+
+
+def _lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            yield from enumerate(fh, start=1)
+    except UnicodeDecodeError as exc:
+        raise PlanError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot read the plan: {exc.strerror or exc}") from None
+
+
+PLACEHOLDER_REDIS_URL = "redis://HOST:6379/0"
+
+
+def purge_command(plan_file: str, *, redis_url: str = PLACEHOLDER_REDIS_URL, dry_run: bool = False,
+                  backup: str | None = None, db: str | None = None) -> str:
+    """The `specdec cache purge` command line for a plan file, quoted for a POSIX shell."""
+    words = ["specdec", "cache", "purge", "--plan", plan_file, "--redis", redis_url]
+    if dry_run:
+        words.append("--dry-run")
+    if backup:
+        words += ["--backup", backup]
+    if db:
+        words += ["--db", db]
+    return " ".join(shlex.quote(w) for w in words)

@@ -1,0 +1,160 @@
+"""The purge plan from a store with known contamination, and whether the key fix is holding."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import duckdb
+import pytest
+from helpers import rec, run_cli, write_jsonl
+
+from specdec_core import analysis
+from specdec_core.analysis import Filters
+from specdec_core.cli import main
+from specdec_core.remediation import PurgeRecord, plan_counts, purge_log, purge_plan, record_purge
+from specdec_core.store import Store, ingest
+
+T0 = datetime(2026, 3, 1, 10, 0, tzinfo=timezone.utc)
+
+
+def at(minutes: float) -> str:
+    return (T0 + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def incident() -> list[dict]:
+    """prod: key a served another identity at 10:02, key b at 10:01:30 (so b comes first), key c was shared by
+    two identities without a hit, key d only ever by its own; padding keys make the old scheme a scheme. From
+    10:20 prod's keys take a new scheme, yet d is hit under the old one twice after that. edge changes scheme
+    at 10:10 cleanly."""
+    old, new = "svc-v1:prompt:", "svc-v2:full:"
+    records = [
+        rec("a0", ts=at(0), cache_key=old + "a"),
+        rec("b0", ts=at(1), cache_key=old + "b", prompt="B"),
+        rec("b1", ts=at(1.5), cache_key=old + "b", prompt="B", cache_hit=True, temperature=0.7),
+        rec("a1", ts=at(2), cache_key=old + "a", cache_hit=True, max_tokens=16),
+        rec("a2", ts=at(3), cache_key=old + "a", cache_hit=True),
+        rec("a3", ts=at(6), cache_key=old + "a", cache_hit=True, tokenizer_version="tok-v2"),
+        rec("c0", ts=at(4), cache_key=old + "c", prompt="C"),
+        rec("c1", ts=at(5), cache_key=old + "c", prompt="C", max_tokens=32),
+        rec("d0", ts=at(5.5), cache_key=old + "d", prompt="D"),
+        rec("d1", ts=at(7), cache_key=old + "d", prompt="D", cache_hit=True),
+        rec("d2", ts=at(21), cache_key=old + "d", prompt="D", cache_hit=True),
+        rec("d3", ts=at(22), cache_key=old + "d", prompt="D", cache_hit=True),
+    ]
+    records += [rec(f"u{n}", ts=at(8 + n / 10), cache_key=f"{old}u{n}", prompt=f"U{n}") for n in range(6)]
+    records += [rec(f"n{n}", ts=at(20 + n / 10), cache_key=f"{new}{n}", prompt=f"N{n}") for n in range(12)]
+    records += [rec(f"e{n}", ts=at(n), deployment="edge", cache_key=f"e-v1:x:{n}", prompt=f"E{n}")
+                for n in range(10)]
+    records += [rec(f"f{n}", ts=at(10 + n), deployment="edge", cache_key=f"e-v2:y:{n}", prompt=f"F{n}")
+                for n in range(10)]
+    return records
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("incident")
+    path = folder / "triage.duckdb"
+    ingest(Store(path), [str(write_jsonl(folder / "log.jsonl", incident()))])
+    return path
+
+
+def test_plan_lists_contaminated_keys_by_first_contaminated_hit_then_collisions(db):
+    plan = purge_plan(Store(db), key_template="app:{deployment}:{cache_key}")
+    assert [(e.cache_key, e.reason, e.identities, e.contaminated_hits) for e in plan] == [
+        ("svc-v1:prompt:b", "contaminated", 2, 1),
+        ("svc-v1:prompt:a", "contaminated", 3, 2),
+        ("svc-v1:prompt:c", "collision", 2, 0),
+    ]
+    b, a, c = plan
+    assert b.redis_key == "app:prod:svc-v1:prompt:b"
+    assert a.to_json()["first_contaminated"] == "2026-03-01T10:02:00.000Z"
+    assert a.to_json()["last_seen"] == "2026-03-01T10:06:00.000Z"
+    assert c.first_contaminated is None and c.to_json()["last_seen"] == "2026-03-01T10:05:00.000Z"
+    assert plan_counts(plan).to_json() == {"keys": 3, "contaminated": 2, "collision": 1}
+
+
+def test_plan_filters_as_every_command_does(db):
+    store = Store(db)
+    assert purge_plan(store, Filters(deployments=("edge",))) == []
+    late = purge_plan(store, Filters(start=T0 + timedelta(minutes=1, seconds=45)))
+    assert [(e.cache_key, e.reason, e.contaminated_hits) for e in late] == [
+        ("svc-v1:prompt:a", "contaminated", 2), ("svc-v1:prompt:c", "collision", 0)]
+
+
+def test_plan_command_writes_the_file_and_prints_the_counts(db, tmp_path, capsys):
+    out = tmp_path / "plan.jsonl"
+    assert main(["cache", "plan", "--db", str(db), "--out", str(out), "--json", "--since",
+                 "2026-03-01T10:01:45Z", "--until", "2026-03-01T10:03:00Z", "--deployment", "prod"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"keys": 1, "contaminated": 1, "collision": 0}
+    (line,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert line == {"deployment": "prod", "cache_key": "svc-v1:prompt:a", "redis_key": "svc-v1:prompt:a",
+                    "reason": "contaminated", "identities": 2, "contaminated_hits": 1,
+                    "first_contaminated": "2026-03-01T10:02:00.000Z", "last_seen": "2026-03-01T10:03:00.000Z"}
+    assert main(["cache", "plan", "--db", str(db), "--out", str(out), "--key-template", "app:{deployment}"]) == 2
+    assert main(["cache", "plan", "--db", str(db), "--out", str(out), "--since", "yesterday"]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 2
+
+
+def test_fix_status_says_whether_old_scheme_keys_still_serve_hits(db):
+    edge, prod = analysis.fix_status(Store(db))
+    assert (edge.deployment, edge.hits_after_fix, edge.old_prefixes) == ("edge", 0, ("e-v1:x",))
+    assert edge.sentence == "edge: fix deployed at 2026-03-01 10:10:00 UTC; 0 hits from old-scheme keys since."
+    assert (prod.deployment, prod.hits_after_fix, prod.new_prefix) == ("prod", 2, "svc-v2:full")
+    assert prod.sentence.startswith("prod: 2 hits from old-scheme keys after the fix: rollout incomplete")
+    # A time range after the fix still knows it, and counts the hits in the range; one that ends before a
+    # fix says nothing about that fix.
+    late = analysis.fix_status(Store(db), Filters(start=T0 + timedelta(minutes=21, seconds=30)))
+    assert [(s.deployment, s.hits_after_fix) for s in late] == [("edge", 0), ("prod", 1)]
+    early = analysis.fix_status(Store(db), Filters(end=T0 + timedelta(minutes=15)))
+    assert [(s.deployment, s.hits_after_fix) for s in early] == [("edge", 0)]
+
+
+def test_stats_json_has_key_scheme_changes_and_hits_after_fix(db):
+    done = run_cli("stats", "--db", str(db), "--json")
+    out = json.loads(done.stdout)
+    assert out["hits_after_fix"] == {"edge": 0, "prod": 2}
+    assert [(c["deployment"], c["old_prefix"], c["new_prefix"], c["last_old_key"], c["first_new_key"],
+             c["hits_after_fix"]) for c in out["key_scheme_changes"]] == [
+        ("edge", "e-v1:x", "e-v2:y", "2026-03-01T10:09:00.000Z", "2026-03-01T10:10:00.000Z", 0),
+        ("prod", "svc-v1:prompt", "svc-v2:full", "2026-03-01T10:22:00.000Z", "2026-03-01T10:20:00.000Z", 2),
+    ]
+
+
+def test_purges_table_is_added_to_older_stores_and_kept_by_migrate_and_in_a_lake(db, tmp_path):
+    old = tmp_path / "old.duckdb"
+    old.write_bytes(db.read_bytes())
+    with duckdb.connect(str(old)) as con:
+        con.execute("DROP TABLE purges")
+    assert purge_log(Store(old)) == []
+    migrated = run_cli("migrate", "--db", str(old))
+    assert migrated.returncode == 0, migrated.stderr
+    record = PurgeRecord(ts=T0, kind="namespace", target="redis://purger@cache:6379/0", plan=None,
+                         namespace="specdec:prod:", planned=10, deleted=9, missing=1, dry_run=False)
+    lake = Store(f"ducklake:{tmp_path / 'lake' / 's.sqlite'}")
+    ingest(lake, [str(write_jsonl(tmp_path / "log.jsonl", incident()[:3]))])
+    for store in (Store(old), lake):
+        record_purge(store, record)
+        record_purge(store, PurgeRecord(**{**record.__dict__, "ts": T0 - timedelta(hours=1), "kind": "plan",
+                                           "plan": "plan.jsonl", "namespace": None, "dry_run": True}))
+        logged = purge_log(store)
+        assert [r.kind for r in logged] == ["plan", "namespace"]  # oldest first
+        assert logged[1] == record
+    with pytest.raises(ValueError, match="kind"):
+        record_purge(Store(old), PurgeRecord(**{**record.__dict__, "kind": "flush"}))
+
+
+def test_every_cache_subcommand_and_option_is_in_the_cli_docs():
+    import argparse
+
+    from specdec_core.cli import build_parser
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    top = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    cache = next(a for a in top.choices["cache"]._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"specdec cache {name} {option}" for name, parser in cache.choices.items()
+               for action in parser._actions for option in action.option_strings
+               if option.startswith("--") and option != "--help"
+               and not (f"specdec cache {name}" in docs and option in docs)]
+    assert sorted(cache.choices) == ["plan", "purge", "restore"] and missing == []
