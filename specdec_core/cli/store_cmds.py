@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 
 from specdec_core import formats
-from specdec_core.analysis import fix_stats, headline, logging_gaps, red_flags
+from specdec_core.analysis import fix_stats, fix_status, headline, logging_gaps, red_flags
 from specdec_core.analysis.report import KINDS, write_report
 from specdec_core.store import IngestLimits, LogReadError, Store, StoreError, ingest
 from specdec_core.store.working_copy import copy_cost_note
@@ -200,6 +200,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"{name:<26}{value}")
     for gap in gaps:
         print(f"{'logging gap':<26}{gap.sentence}")
+    for status in fix_status(store):
+        print(f"{'key fix':<26}{status.sentence}")
     return 0
 
 
