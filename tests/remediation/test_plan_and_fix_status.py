@@ -120,6 +120,10 @@ def test_stats_json_has_key_scheme_changes_and_hits_after_fix(db):
         ("edge", "e-v1:x", "e-v2:y", "2026-03-01T10:09:00.000Z", "2026-03-01T10:10:00.000Z", 0),
         ("prod", "svc-v1:prompt", "svc-v2:full", "2026-03-01T10:22:00.000Z", "2026-03-01T10:20:00.000Z", 2),
     ]
+    plain = run_cli("stats", "--db", str(db))
+    fixes = [line.split(None, 2)[2] for line in plain.stdout.splitlines() if line.startswith("key fix")]
+    assert len(fixes) == 2
+    assert any("2 hits from old-scheme keys after the fix: rollout incomplete" in f for f in fixes)
 
 
 def test_purges_table_is_added_to_older_stores_and_kept_by_migrate_and_in_a_lake(db, tmp_path):
