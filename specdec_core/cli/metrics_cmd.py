@@ -85,18 +85,23 @@ def start_follower_metrics(store, listen_text: str, top: int):
     return server
 
 
-def _dashboard_url(args: argparse.Namespace) -> str | None:
-    if args.dashboard_url:
-        return args.dashboard_url
-    return dashboard_settings(args.config).external_url
+def _dashboard_url(args: argparse.Namespace) -> str:
+    """The links' base URL, checked once for `rules` and `grafana` alike (ValueError, ConfigError: one line)."""
+    from specdec_core.monitoring.rules import DEFAULT_DASHBOARD_URL, check_dashboard_url
+
+    if args.dashboard_url is not None:
+        return check_dashboard_url(args.dashboard_url)
+    settings = dashboard_settings(args.config)
+    if settings.external_url is None:
+        return DEFAULT_DASHBOARD_URL
+    return check_dashboard_url(settings.external_url, f"{settings.source}: [dashboard] external_url")
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    from specdec_core.monitoring.rules import DEFAULT_DASHBOARD_URL, RuleOptions, rules_yaml
+    from specdec_core.monitoring.rules import RuleOptions, rules_yaml
 
     try:
-        url = _dashboard_url(args) or DEFAULT_DASHBOARD_URL
-        print(rules_yaml(RuleOptions(url, args.window, args.stale_after)), end="")
+        print(rules_yaml(RuleOptions(_dashboard_url(args), args.window, args.stale_after)), end="")
     except (ValueError, ConfigError) as exc:
         print(f"specdec metrics rules: {exc}", file=sys.stderr)
         return 2
@@ -105,14 +110,13 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 def cmd_grafana(args: argparse.Namespace) -> int:
     from specdec_core.monitoring.grafana import dashboard
-    from specdec_core.monitoring.rules import DEFAULT_DASHBOARD_URL
 
     try:
-        url = _dashboard_url(args) or DEFAULT_DASHBOARD_URL
-    except ConfigError as exc:
+        board = dashboard(_dashboard_url(args))
+    except (ValueError, ConfigError) as exc:
         print(f"specdec metrics grafana: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(dashboard(url), indent=2))
+    print(json.dumps(board, indent=2))
     return 0
 
 
