@@ -12,6 +12,7 @@ from specdec_core.cli.store_cmds import add_db, existing_store
 from specdec_core.config import ConfigError, dashboard_settings
 from specdec_core.extras import MissingExtra, require
 from specdec_core.monitoring.figures import DEFAULT_TOP
+from specdec_core.store.connection import Store, StoreError, release_snapshots
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 
@@ -49,6 +50,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     store = existing_store(args, "metrics serve")
     if store is None:
         return 1
+    try:  # a store that can't be read (another application's database, an older specdec's) is said now, once
+        readable(store)
+    except StoreError as exc:
+        print(f"specdec metrics serve: {exc}", file=sys.stderr)
+        return 1
     try:
         server = exporter.serve(store, listen, args.top)
     except OSError as exc:
@@ -61,6 +67,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop.wait()
     server.stop()
     return 0
+
+
+def readable(store: Store) -> None:
+    """A StoreError unless `store` can be read as a specdec store of this version (every scrape reads it)."""
+    try:
+        with store.read() as con:
+            con.execute("SELECT count(*) FROM quarantine").fetchall()
+    finally:
+        release_snapshots()  # the exporter reads on a thread of its own: this thread's view is not needed
 
 
 def start_follower_metrics(store, listen_text: str, top: int):
