@@ -12,6 +12,7 @@ sends or reads slowly, or never, is cut off after that, and what it held is free
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,7 +33,8 @@ from specdec_core.monitoring.figures import (
     Figures,
     read_figures,
 )
-from specdec_core.store.connection import Store, release_snapshots
+from specdec_core.store.connection import Store, StoreError, release_snapshots
+from specdec_core.store.location import mask_secrets
 
 # Through require: without the [metrics] extra, importing this module says so in one line.
 _core = require("metrics", "prometheus_client.core")
@@ -281,12 +283,27 @@ class _Server(_exposition.ThreadingWSGIServer):
         pass  # a client that timed out or hung up: its connection is closed, nothing to say
 
 
+def _app(registry: CollectorRegistry) -> Any:
+    """prometheus_client's WSGI app; a store that can't be read answers 500 with one line, said on stderr too."""
+    metrics_app = _exposition.make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        try:
+            return metrics_app(environ, start_response)
+        except StoreError as exc:
+            said = mask_secrets(str(exc))
+            print(f"specdec metrics: a scrape failed: {said}", file=sys.stderr, flush=True)
+            start_response("500 Internal Server Error", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"{said}\n".encode()]
+
+    return app
+
+
 def _start_server(listen: Listen, registry: CollectorRegistry) -> Any:
     """prometheus_client's start_http_server, on a server that bounds its clients (see the module's text)."""
     family, host = _exposition._get_best_family(listen.host, listen.port)
     server_class = type("SpecdecMetricsServer", (_Server,), {"address_family": family})
-    server = make_server(host, listen.port, _exposition.make_wsgi_app(registry), server_class,
-                                  handler_class=_Handler)
+    server = make_server(host, listen.port, _app(registry), server_class, handler_class=_Handler)
     thread = threading.Thread(target=server.serve_forever, name="specdec-metrics-http", daemon=True)
     thread.start()
     return server

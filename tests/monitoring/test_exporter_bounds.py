@@ -188,3 +188,14 @@ def test_more_clients_than_slots_wait_and_are_all_answered(tmp_path):
 def test_the_help_and_docs_say_how_values_are_cut():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "monitoring.md").read_text()
     assert "SHA-256" in doc and str(MAX_LABEL_CHARS) in doc and "stays folded" in doc
+
+
+@pytest.mark.parametrize("value", ["e\u0301" * 100, "\U0001f986" * 200, "a" * 128, "a" * 129, "\x00" * 300])
+def test_duckdb_and_python_cut_a_value_alike(value):
+    import duckdb
+
+    from specdec_core.monitoring.figures import cut_label, cut_value
+
+    with duckdb.connect() as con:
+        cut = con.execute(f"SELECT {cut_label('v')} FROM (SELECT ?::VARCHAR AS v)", [value]).fetchall()[0][0]
+    assert cut == cut_value(value) and len(cut) <= MAX_LABEL_CHARS

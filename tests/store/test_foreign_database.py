@@ -91,3 +91,30 @@ def test_a_refused_copy_target_is_left_as_it_was_with_nothing_beside_it(tmp_path
     assert err.count("\n") == 1 and str(dest) in err, err
     assert digest(dest) == before
     assert sorted(p.name for p in dest.parent.iterdir()) == ["target.duckdb"]
+
+
+def test_a_served_store_replaced_by_a_foreign_database_answers_one_line_not_a_traceback(tmp_path, capfd):
+    import urllib.error
+    import urllib.request
+
+    from specdec_core.monitoring.exporter import Listen, serve
+
+    db = tmp_path / "s.duckdb"
+    ingest(Store(db), [str(write_jsonl(tmp_path / "log.jsonl", [rec("a")]))])
+    running = serve(Store(db), Listen("127.0.0.1", free_port()))
+    url = f"http://127.0.0.1:{running.port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            assert b"specdec_requests_total" in resp.read()
+        foreign = tmp_path / "foreign.duckdb"
+        with duckdb.connect(str(foreign)) as con:
+            con.execute(FOREIGN["unrelated tables"])
+        foreign.replace(db)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(url, timeout=30)
+        body = err.value.read().decode()
+    finally:
+        running.stop()
+    assert err.value.code == 500 and body.count("\n") == 1 and "not a specdec" in body and str(db) in body, body
+    said = capfd.readouterr().err
+    assert "Traceback" not in said and said.count("\n") == 1 and "a scrape failed" in said, said
