@@ -69,7 +69,7 @@ class Folds:
     deployment: tuple[str, ...] = ()
     target_model: tuple[str, ...] = ()
     draft_model: tuple[str, ...] = ()
-    combinations: tuple[str, ...] = ()  # COMBINATION_KEY of each kept (deployment, target_model, draft_model)
+    combinations: tuple[str, ...] = ()  # each kept set's key: the SHA-256 of its labels (specdec_sets.k)
 
 
 def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
