@@ -157,7 +157,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s = sub.add_parser("rules", help="print the Prometheus alert rules (YAML)")
     _add_dashboard_url(s)
     s.add_argument("--window", default="5m", metavar="DURATION",
-                   help="how long a 'new contaminated hit' alert fires after the last one (5m)")
+                   help="how long a 'new contaminated hit' alert fires after the last one: a Prometheus "
+                        "duration such as 90s or 1h30m (5m)")
     s.add_argument("--stale-after", type=int, default=900, metavar="SECONDS",
                    help="SpecdecIngestStale: newest request older than this (900)")
     s.set_defaults(func=cmd_rules)
