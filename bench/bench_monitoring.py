@@ -7,6 +7,9 @@
    dashboard's Overview questions on the same store.
 3. Exporter memory: peak RSS of a process that serves and scrapes a store whose log names --deployments
    distinct deployments, beside the same process answering the Overview's headline without the exporter.
+4. Long label values: issue 51's log (50 deployments x 15 target models x 15 draft models, each name 10,000
+   characters, one record each: 3,375 records); the scrape's size and time and the exporter's peak RSS, for
+   one scrape and for three at once (goal: a few MB, well under a second).
 
     .venv/bin/python bench/bench_monitoring.py [--rows 5000000] [--trials 5] [--interval 5s] [--skip-latency]
         [--store DIR]
@@ -184,6 +187,51 @@ def exporter_memory(deployments: int, where: Path) -> None:
     collector.close()
 
 
+# Serves the store, scrapes it with N clients at once; prints the largest answer and the slowest scrape.
+SERVE_AND_SCRAPE_CONCURRENT = """
+import sys, time, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from specdec_core.store import Store
+from specdec_core.monitoring.exporter import Listen, serve
+server = serve(Store(sys.argv[1]), Listen("127.0.0.1", 0), 50)
+def one(_):
+    started = time.perf_counter()
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=600) as r:
+        return len(r.read()), time.perf_counter() - started
+with ThreadPoolExecutor(int(sys.argv[2])) as pool:
+    done = list(pool.map(one, range(int(sys.argv[2]))))
+print(max(d[0] for d in done), max(d[1] for d in done))
+server.stop()
+"""
+
+
+RECORDS_51 = 3_375
+
+
+def long_labels(where: Path) -> None:
+    db = where / "monitoring-long-labels.duckdb"
+    store = Store(db)
+    if not store.exists:
+        log = where / "long-labels.jsonl"
+        with open(log, "w") as fh:
+            for n in range(RECORDS_51):
+                # Every record a new set, over all 50 deployments, 15 targets and 15 drafts (n < 3,375 follows
+                # from (deployment, target, n // 750), and 751 = 1 mod 15 keeps the drafts apart).
+                d, t, m = n % 50, (n // 50) % 15, (n // 750 + n) % 15
+                names = {"deployment": f"d{d}-" + "x" * 9_996, "target_model": f"t{t}-" + "y" * 9_996,
+                         "draft_model": f"m{m}-" + "z" * 9_996}
+                fh.write(json.dumps({**record(f"r{n}", names["deployment"], f"k{n}", 64, False), **names}) + "\n")
+        ingest(store, [str(log)])
+        print(f"built the long-label store: {RECORDS_51:,} records, log {log.stat().st_size / 1e6:.0f} MB")
+    print("long label values (50 x 15 x 15 names of 10,000 characters; goal: a few MB, well under a second)")
+    for clients in (1, 3):
+        seconds, peak, out = run_child(SERVE_AND_SCRAPE_CONCURRENT, str(db), str(clients))
+        size, scrape_s = out.split()
+        print(f"  {f'{clients} scrape(s) at once':24}{int(size) / 1e6:>10.2f} MB answer{float(scrape_s):>9.2f} s "
+              f"scrape{peak:>9.0f} MB exporter peak  ({seconds:.1f} s in all)")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=5_000_000)
@@ -193,6 +241,7 @@ def main() -> None:
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-scrape", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-long-labels", action="store_true")
     parser.add_argument("--store", type=Path, default=OUT, help="where the stores are built once and reused")
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
@@ -203,6 +252,8 @@ def main() -> None:
         scrape_cost(args.rows, args.store)
     if not args.skip_memory:
         exporter_memory(args.deployments, args.store)
+    if not args.skip_long_labels:
+        long_labels(args.store)
 
 
 if __name__ == "__main__":

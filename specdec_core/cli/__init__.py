@@ -16,6 +16,7 @@ import duckdb
 
 from specdec_core.extras import MissingExtra
 from specdec_core.store.connection import StoreError
+from specdec_core.store.location import mask_secrets
 
 # Each module defines `register(subparsers)`; its parsers set `func(args) -> int`.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -73,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"specdec {args.command}: {exc}", file=sys.stderr)
             return 2
         except (StoreError, OSError) as exc:  # what a command didn't say itself: still one line, naming the file
-            print(f"specdec {args.command}: {exc}", file=sys.stderr)
+            print(f"specdec {args.command}: {mask_secrets(str(exc))}", file=sys.stderr)
             return 1
         except duckdb.OutOfMemoryException as exc:  # the store is as it was: a write commits whole or not at all
             print(f"specdec {args.command}: {str(exc).splitlines()[0]}; nothing was written", file=sys.stderr)

@@ -12,6 +12,7 @@ from specdec_core.cli.store_cmds import add_db, existing_store
 from specdec_core.config import ConfigError, dashboard_settings
 from specdec_core.extras import MissingExtra, require
 from specdec_core.monitoring.figures import DEFAULT_TOP
+from specdec_core.store.connection import Store, StoreError, release_snapshots
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 
@@ -49,6 +50,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     store = existing_store(args, "metrics serve")
     if store is None:
         return 1
+    try:  # a store that can't be read (another application's database, an older specdec's) is said now, once
+        readable(store)
+    except StoreError as exc:
+        print(f"specdec metrics serve: {exc}", file=sys.stderr)
+        return 1
     try:
         server = exporter.serve(store, listen, args.top)
     except OSError as exc:
@@ -61,6 +67,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop.wait()
     server.stop()
     return 0
+
+
+def readable(store: Store) -> None:
+    """A StoreError unless `store` can be read as a specdec store of this version (every scrape reads it)."""
+    try:
+        with store.read() as con:
+            con.execute("SELECT count(*) FROM quarantine").fetchall()
+    finally:
+        release_snapshots()  # the exporter reads on a thread of its own: this thread's view is not needed
 
 
 def start_follower_metrics(store, listen_text: str, top: int):
@@ -85,18 +100,23 @@ def start_follower_metrics(store, listen_text: str, top: int):
     return server
 
 
-def _dashboard_url(args: argparse.Namespace) -> str | None:
-    if args.dashboard_url:
-        return args.dashboard_url
-    return dashboard_settings(args.config).external_url
+def _dashboard_url(args: argparse.Namespace) -> str:
+    """The links' base URL, checked once for `rules` and `grafana` alike (ValueError, ConfigError: one line)."""
+    from specdec_core.monitoring.rules import DEFAULT_DASHBOARD_URL, check_dashboard_url
+
+    if args.dashboard_url is not None:
+        return check_dashboard_url(args.dashboard_url)
+    settings = dashboard_settings(args.config)
+    if settings.external_url is None:
+        return DEFAULT_DASHBOARD_URL
+    return check_dashboard_url(settings.external_url, f"{settings.source}: [dashboard] external_url")
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    from specdec_core.monitoring.rules import DEFAULT_DASHBOARD_URL, RuleOptions, rules_yaml
+    from specdec_core.monitoring.rules import RuleOptions, rules_yaml
 
     try:
-        url = _dashboard_url(args) or DEFAULT_DASHBOARD_URL
-        print(rules_yaml(RuleOptions(url, args.window, args.stale_after)), end="")
+        print(rules_yaml(RuleOptions(_dashboard_url(args), args.window, args.stale_after)), end="")
     except (ValueError, ConfigError) as exc:
         print(f"specdec metrics rules: {exc}", file=sys.stderr)
         return 2
@@ -105,14 +125,13 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 def cmd_grafana(args: argparse.Namespace) -> int:
     from specdec_core.monitoring.grafana import dashboard
-    from specdec_core.monitoring.rules import DEFAULT_DASHBOARD_URL
 
     try:
-        url = _dashboard_url(args) or DEFAULT_DASHBOARD_URL
-    except ConfigError as exc:
+        board = dashboard(_dashboard_url(args))
+    except (ValueError, ConfigError) as exc:
         print(f"specdec metrics grafana: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(dashboard(url), indent=2))
+    print(json.dumps(board, indent=2))
     return 0
 
 
@@ -138,7 +157,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s = sub.add_parser("rules", help="print the Prometheus alert rules (YAML)")
     _add_dashboard_url(s)
     s.add_argument("--window", default="5m", metavar="DURATION",
-                   help="how long a 'new contaminated hit' alert fires after the last one (5m)")
+                   help="how long a 'new contaminated hit' alert fires after the last one: a Prometheus "
+                        "duration such as 90s or 1h30m (5m)")
     s.add_argument("--stale-after", type=int, default=900, metavar="SECONDS",
                    help="SpecdecIngestStale: newest request older than this (900)")
     s.set_defaults(func=cmd_rules)

@@ -76,7 +76,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         skipped = f", skipped {result.skipped}" if result.skipped else ""
         print(f"read {result.read}, accepted {result.accepted}, duplicates {result.duplicates}, "
               f"quarantined {result.quarantined}{skipped} ({result.files} file{'s' if result.files != 1 else ''}, "
-              f"db {store.path})")
+              f"db {store.mask(str(store.path))})")
         if result.quarantined:
             print("quarantined records and their reasons: table `quarantine`, or the dashboard's sidebar",
                   file=sys.stderr)
@@ -136,7 +136,7 @@ def existing_store(args: argparse.Namespace, command: str) -> Store | None:
     store = Store(args.db)
     if store.exists:
         return store
-    print(f"specdec {command}: {store.path}: no such database; load logs with `specdec ingest PATH --db FILE`",
+    print(f"specdec {command}: {store.mask(str(store.path))}: no such database; load logs with `specdec ingest PATH --db FILE`",
           file=sys.stderr)
     return None
 

@@ -3,38 +3,64 @@
 Needs `prometheus_client` (the `[metrics]` extra). The figures are read from the store at a scrape when
 the store changed since the last one (a writer's swap or a lake's commit changes `Store.version`), so a
 follower's batch shows at the next scrape and an idle store costs nothing to scrape again.
+
+The server bounds what a client can hold: at most MAX_CONNECTIONS at once, each socket operation
+IO_TIMEOUT_S, and a whole exchange (request read, answer written) CONNECTION_DEADLINE_S; a client that
+sends or reads slowly, or never, is cut off after that, and what it held is freed.
 """
 
 from __future__ import annotations
 
+import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from specdec_core.extras import require
-from specdec_core.monitoring.figures import DEFAULT_TOP, IDENTITY_FIELDS, OTHER, Figures, read_figures
-from specdec_core.store.connection import Store, release_snapshots
+from specdec_core.monitoring.figures import (
+    CUT_CHARS,
+    DEFAULT_COMBINATIONS,
+    DEFAULT_TOP,
+    DIGEST_CHARS,
+    IDENTITY_FIELDS,
+    MAX_LABEL_CHARS,
+    OTHER,
+    Figures,
+    read_figures,
+)
+from specdec_core.store.connection import Store, StoreError, release_snapshots
+from specdec_core.store.location import mask_secrets
 
 # Through require: without the [metrics] extra, importing this module says so in one line.
 _core = require("metrics", "prometheus_client.core")
-start_http_server = require("metrics", "prometheus_client.exposition").start_http_server
+_exposition = require("metrics", "prometheus_client.exposition")
 CollectorRegistry, Metric = _core.CollectorRegistry, _core.Metric
 CounterMetricFamily, GaugeMetricFamily = _core.CounterMetricFamily, _core.GaugeMetricFamily
 
 EMPTY = Figures((), (), (), (), (), (), (), (), (), 0, ())
-FOLD_NOTE = f"labels keep the top {{top}} values by requests, the rest folded into \"{OTHER}\""
+FOLD_NOTE = (f"labels keep the top {{top}} values by requests, the rest folded into \"{OTHER}\", and at most "
+             f"{{combinations}} deployment/model sets, a deployment's others folding its models into \"{OTHER}\" "
+             "(once folded, folded while the exporter runs); a value over "
+             f"{MAX_LABEL_CHARS} characters is cut to its first {CUT_CHARS}, \"~\" and the first {DIGEST_CHARS} "
+             "hex digits of the SHA-256 of the whole value")
+
+MAX_CONNECTIONS = 16
+IO_TIMEOUT_S = 10.0  # Prometheus's default scrape_timeout: a scrape that waits longer is already failed
+CONNECTION_DEADLINE_S = 30.0
 
 
 class StoreCollector:
     """A prometheus_client collector over one store: each metric of the contract, current at every scrape."""
 
-    def __init__(self, store: Store, top: int = DEFAULT_TOP) -> None:
+    def __init__(self, store: Store, top: int = DEFAULT_TOP, combinations: int = DEFAULT_COMBINATIONS) -> None:
         if top < 1:
             raise ValueError(f"top: expected a number >= 1, got {top}")
-        self.store, self.top = store, top
+        self.store, self.top, self.combinations = store, top, combinations
         self._lock = threading.Lock()
         self._cached: tuple[Any, Figures] | None = None
         self.last_read_seconds = 0.0
@@ -50,7 +76,10 @@ class StoreCollector:
             version = self.store.version()
             if self._cached is None or self._cached[0] != version:
                 started = time.perf_counter()
-                self._cached = (version, self._reader.submit(read_figures, self.store, self.top).result())
+                # What the last read kept and folded stays so: no series it exported falls.
+                folds = self._cached[1].folds if self._cached is not None else None
+                self._cached = (version, self._reader.submit(read_figures, self.store, self.top, folds,
+                                                             self.combinations).result())
                 self.last_read_seconds = time.perf_counter() - started
             return self._cached[1]
 
@@ -64,16 +93,17 @@ class StoreCollector:
         return []  # registering must not read the store: the names are the contract's, checked by the tests
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(self.figures(), self.top, self.last_read_seconds)
+        yield from families(self.figures(), self.top, self.last_read_seconds, self.combinations)
 
 
 def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, labels=labels)
 
 
-def families(f: Figures, top: int, read_seconds: float = 0.0) -> Iterator[Metric]:
+def families(f: Figures, top: int, read_seconds: float = 0.0,
+             combinations: int = DEFAULT_COMBINATIONS) -> Iterator[Metric]:
     """The contract's metric families from one read of the figures."""
-    fold = FOLD_NOTE.format(top=top)
+    fold = FOLD_NOTE.format(top=top, combinations=combinations)
     combos = sorted({r[:3] for r in f.requests})
     deployments = sorted({r[0] for r in f.requests})
 
@@ -152,7 +182,8 @@ def families(f: Figures, top: int, read_seconds: float = 0.0) -> Iterator[Metric
     yield m
 
     m = GaugeMetricFamily("specdec_label_values_folded",
-                          f"Distinct values of a label folded into \"{OTHER}\" (beyond the top {top} by requests).",
+                          f"Distinct values of a label folded into \"{OTHER}\" (beyond the top {top} by requests); "
+                          f"label=\"combination\": deployment/model sets beyond the {combinations} kept.",
                           labels=["label"])
     for label, n in f.folded:
         m.add_metric([label], n)
@@ -180,6 +211,104 @@ def parse_listen(text: str) -> Listen:
     return Listen(host.strip("[]"), int(port))
 
 
+class _Sink:
+    """Where the handler's error output goes: a client that timed out or hung up is no one's error."""
+
+    def write(self, _text: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+class _Handler(WSGIRequestHandler):
+    """One connection: each socket operation within IO_TIMEOUT_S, the whole within CONNECTION_DEADLINE_S."""
+
+    timeout = IO_TIMEOUT_S  # StreamRequestHandler sets it on the socket: reads and writes alike
+
+    def setup(self) -> None:
+        super().setup()
+        # A client trickling a byte per IO_TIMEOUT_S would pass every per-operation timeout; the deadline
+        # closes its socket whatever it does.
+        self._deadline = threading.Timer(CONNECTION_DEADLINE_S, self._cut)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def _cut(self) -> None:
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def get_stderr(self) -> _Sink:
+        return _Sink()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+class _Server(_exposition.ThreadingWSGIServer):
+    """A thread per connection, at most MAX_CONNECTIONS at once: the next waits to be accepted, then is refused."""
+
+    request_queue_size = 64
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(timeout=IO_TIMEOUT_S):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that timed out or hung up: its connection is closed, nothing to say
+
+
+def _app(registry: CollectorRegistry) -> Any:
+    """prometheus_client's WSGI app; a store that can't be read answers 500 with one line, said on stderr too."""
+    metrics_app = _exposition.make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        try:
+            return metrics_app(environ, start_response)
+        except StoreError as exc:
+            said = mask_secrets(str(exc))
+            print(f"specdec metrics: a scrape failed: {said}", file=sys.stderr, flush=True)
+            start_response("500 Internal Server Error", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"{said}\n".encode()]
+
+    return app
+
+
+def _start_server(listen: Listen, registry: CollectorRegistry) -> Any:
+    """prometheus_client's start_http_server, on a server that bounds its clients (see the module's text)."""
+    family, host = _exposition._get_best_family(listen.host, listen.port)
+    server_class = type("SpecdecMetricsServer", (_Server,), {"address_family": family})
+    server = make_server(host, listen.port, _app(registry), server_class, handler_class=_Handler)
+    thread = threading.Thread(target=server.serve_forever, name="specdec-metrics-http", daemon=True)
+    thread.start()
+    return server
+
+
 @dataclass(frozen=True)
 class Running:
     """An exporter `serve` started: its HTTP server and its collector."""
@@ -199,15 +328,15 @@ class Running:
 
 
 def serve(store: Store, listen: Listen, top: int = DEFAULT_TOP,
-          registry: CollectorRegistry | None = None) -> Running:
+          registry: CollectorRegistry | None = None, combinations: int = DEFAULT_COMBINATIONS) -> Running:
     """Serve `store`'s metrics at http://HOST:PORT/metrics from a background thread.
 
     Returns the running exporter (`.port`, `.stop()`). OSError when the address can't be bound.
     """
     registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
-    collector = StoreCollector(store, top)
+    collector = StoreCollector(store, top, combinations)
     try:
-        server, _thread = start_http_server(listen.port, addr=listen.host, registry=registry)
+        server = _start_server(listen, registry)
     except OSError:
         collector.close()
         raise

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specdec_core.monitoring.rules import MISMATCHES_PAGE
+from specdec_core.monitoring.rules import check_dashboard_url, page_link
 
 SEL = 'deployment=~"$deployment"'
 WINDOW = "$__rate_interval"  # Grafana's own: at least four scrape intervals
@@ -80,9 +80,10 @@ def _panel(n: int, p: Panel, link: str) -> dict[str, Any]:
 
 
 def dashboard(dashboard_url: str) -> dict[str, Any]:
-    """The dashboard JSON (Grafana's import format), linking to the triage dashboard at `dashboard_url`."""
-    base = dashboard_url.rstrip("/")
-    link = f"{base}/{MISMATCHES_PAGE}?deployment=${{__field.labels.deployment}}"
+    """The dashboard JSON (Grafana's import format), linking to the triage dashboard at `dashboard_url`
+    (checked as the rules check it: a ValueError otherwise)."""
+    check_dashboard_url(dashboard_url)
+    link = page_link(dashboard_url, "deployment=${__field.labels.deployment}")
     return {
         "title": "specdec-triage",
         "uid": "specdec-triage",
@@ -91,7 +92,7 @@ def dashboard(dashboard_url: str) -> dict[str, Any]:
         "schemaVersion": 39,
         "refresh": "30s",
         "time": {"from": "now-6h", "to": "now"},
-        "links": [{"title": "specdec-triage dashboard", "type": "link", "url": f"{base}/{MISMATCHES_PAGE}",
+        "links": [{"title": "specdec-triage dashboard", "type": "link", "url": page_link(dashboard_url),
                    "targetBlank": True}],
         "templating": {"list": [
             {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus"},

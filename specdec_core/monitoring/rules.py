@@ -16,13 +16,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from specdec_core.extras import require
 
 DEFAULT_DASHBOARD_URL = "http://127.0.0.1:8501"
 MISMATCHES_PAGE = "mismatches"  # the dashboard's page of flagged requests; its filters come from the URL
-DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w|y)$")
+# Prometheus's durations: units from years down to milliseconds, each at most once, in that order.
+DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+_UNIT_MS = (365 * 86_400_000, 7 * 86_400_000, 86_400_000, 3_600_000, 60_000, 1000, 1)
+MAX_DURATION_MS = (2**63 - 1) // 1_000_000  # Prometheus keeps a duration in int64 nanoseconds
 
 
 @dataclass(frozen=True)
@@ -35,15 +38,47 @@ class RuleOptions:
     keep_firing_for: str = "1m"
 
 
+def duration_ms(text: str) -> int | None:
+    """A Prometheus duration in milliseconds; None where Prometheus would refuse it (zero, out of range, not one)."""
+    match = DURATION.match(text)
+    if not text or match is None:
+        return None
+    ms = sum(int(n) * unit for n, unit in zip(match.groups(), _UNIT_MS, strict=True) if n is not None)
+    return ms if 0 < ms <= MAX_DURATION_MS else None
+
+
+def check_dashboard_url(url: str, option: str = "--dashboard-url") -> str:
+    """`url` when it can be the base of the alerts' and Grafana's links; a one-line ValueError naming `option`.
+
+    Prometheus runs an annotation as a Go template, so `{{`/`}}` in it would run whatever they hold (a query,
+    inside the alert's link); Grafana and the alert are opened by people, so only http(s) goes."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{option} {url!r}: expected an http(s) URL, e.g. https://triage.example.com")
+    if "{{" in url or "}}" in url:
+        raise ValueError(f"{option} {url!r}: holds {{{{ or }}}}, which Prometheus would run as a template; "
+                         "percent-encode the braces (%7B, %7D)")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ValueError(f"{option} {url!r}: holds a space or a control character; percent-encode it")
+    return url
+
+
+def page_link(base_url: str, query: str | None = None) -> str:
+    """The dashboard's Mismatches page under `base_url`, `query` appended to the base URL's own query string and
+    the base URL's fragment kept last, where it belongs."""
+    parts = urlsplit(base_url)
+    path = f"{parts.path.rstrip('/')}/{MISMATCHES_PAGE}"
+    joined = "&".join(q for q in (parts.query, query) if q)
+    return urlunsplit((parts.scheme, parts.netloc, path, joined, parts.fragment))
+
+
 def check_options(options: RuleOptions) -> None:
     """A ValueError naming the bad option, or nothing."""
-    parts = urlsplit(options.dashboard_url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"--dashboard-url {options.dashboard_url!r}: expected an http(s) URL, "
-                         "e.g. https://triage.example.com")
-    if not DURATION.match(options.window):
-        raise ValueError(f"--window {options.window!r}: expected a Prometheus duration such as 5m")
-    if not DURATION.match(options.keep_firing_for):
+    check_dashboard_url(options.dashboard_url)
+    if duration_ms(options.window) is None:
+        raise ValueError(f"--window {options.window!r}: expected a Prometheus duration above 0 and below 292y, "
+                         "such as 5m or 1h30m")
+    if duration_ms(options.keep_firing_for) is None:
         raise ValueError(f"keep_firing_for {options.keep_firing_for!r}: expected a Prometheus duration such as 1m")
     if options.stale_after_s < 1:
         raise ValueError(f"--stale-after {options.stale_after_s}: expected seconds >= 1")
@@ -51,7 +86,7 @@ def check_options(options: RuleOptions) -> None:
 
 def dashboard_link(base_url: str) -> str:
     """The Mismatches page filtered to the alert's deployment, as a Prometheus annotation template."""
-    return f"{base_url.rstrip('/')}/{MISMATCHES_PAGE}?deployment={{{{ $labels.deployment | urlquery }}}}"
+    return page_link(base_url, "deployment={{ $labels.deployment | urlquery }}")
 
 
 def new_growth(metric: str, window: str) -> str:

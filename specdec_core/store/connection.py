@@ -27,7 +27,7 @@ from specdec_core.store.ddl import ensure_schema
 from specdec_core.store.errors import ForeignDatabaseError, StoreError
 from specdec_core.store.lake_files import damage_message
 from specdec_core.store.leftovers import remove_dead_writers_files
-from specdec_core.store.location import LocationError, lake_location, resolve_db
+from specdec_core.store.location import LocationError, lake_location, mask_secrets, resolve_db
 from specdec_core.store.sql import literal
 from specdec_core.store.summaries import current_version_sql
 from specdec_core.store.working_copy import (
@@ -144,14 +144,19 @@ class Store:
             self.name = resolve_db(path)
             self.lake = lake_location(self.name)
         except LocationError as exc:
-            raise StoreError(str(exc)) from None
+            raise StoreError(mask_secrets(str(exc))) from None
         self.path = Path(self.name)
 
     def __repr__(self) -> str:
-        return f"Store({self.name!r})"
+        return f"Store({str(self)!r})"
 
     def __str__(self) -> str:
-        return self.name
+        """The store's name as messages show it: a catalog's password masked (`name` is what connects)."""
+        return self.mask(self.name)
+
+    def mask(self, text: str) -> str:
+        """`text` with the password of this store's catalog (and any other) masked."""
+        return self.lake.mask(text) if self.lake is not None else mask_secrets(text)
 
     @property
     def exists(self) -> bool:
@@ -227,16 +232,16 @@ class Store:
             con.execute("BEGIN TRANSACTION")
             snapshot = lakes.snapshot_id(con)
             if held.checked_at != snapshot:
-                if not derived_current(con, self.name):
+                if not derived_current(con, str(self)):
                     raise StoreError(f"{self}: written by an older specdec; bring it up to date with "
                                      f"`specdec migrate --db {self}`")
                 held.checked_at = snapshot
             yield con
         except duckdb.Error as exc:
-            said = damage_message(exc, self.name)
+            said = damage_message(exc, str(self))
             if said is None:
                 raise
-            raise StoreError(said) from None
+            raise StoreError(self.mask(said)) from None
         finally:
             try:
                 con.execute("ROLLBACK")  # reads never write: nothing to commit
@@ -271,12 +276,12 @@ class Store:
             except lakes.LakeError as exc:
                 raise StoreError(str(exc)) from None
             except duckdb.Error as exc:
-                said = damage_message(exc, self.name)
+                said = damage_message(exc, str(self))
                 if said is None:
                     raise
-                raise StoreError(said) from None
+                raise StoreError(self.mask(said)) from None
             except ForeignDatabaseError as exc:
-                raise ForeignDatabaseError(f"{self.name}: {exc}") from None
+                raise ForeignDatabaseError(f"{self}: {exc}") from None
             return
         target = Path(os.path.realpath(self.path))
         if target.is_dir():

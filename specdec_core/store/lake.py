@@ -76,7 +76,7 @@ def _create_sqlite_catalog(location: LakeLocation, setup: Callable[[duckdb.DuckD
         for leftover in (tmp, tmp + "-wal", tmp + "-shm"):  # a catalog half made is no store: none is left
             Path(leftover).unlink(missing_ok=True)
         if isinstance(exc, (duckdb.Error, sqlite3.Error, OSError)):
-            raise LakeError(f"{location}: cannot create the store: {str(exc).splitlines()[0]}") from exc
+            raise LakeError(location.mask(f"{location}: cannot create the store: {str(exc).splitlines()[0]}")) from exc
         raise
 
 
@@ -93,7 +93,7 @@ def _attach(location: LakeLocation, read_only: bool) -> duckdb.DuckDBPyConnectio
     try:
         con = new_instance(location)
     except duckdb.Error as exc:  # an extension that won't load
-        raise LakeError(f"{location}: cannot open: {str(exc).splitlines()[0]}") from exc
+        raise LakeError(location.mask(f"{location}: cannot open: {str(exc).splitlines()[0]}")) from exc
     try:
         options = []
         if location.data_path:
@@ -106,7 +106,7 @@ def _attach(location: LakeLocation, read_only: bool) -> duckdb.DuckDBPyConnectio
         con.execute(f"ATTACH {literal('ducklake:' + location.attach_target)} AS {ALIAS}{options_sql}")
     except duckdb.Error as exc:
         con.close()
-        raise LakeError(f"{location}: cannot open: {str(exc).splitlines()[0]}") from exc
+        raise LakeError(location.mask(f"{location}: cannot open: {str(exc).splitlines()[0]}")) from exc
     except BaseException:
         con.close()
         raise
@@ -278,7 +278,7 @@ def _one_writer(location: LakeLocation) -> Iterator[None]:
         os.makedirs(os.path.dirname(location.catalog) or ".", exist_ok=True)
         lock = open(location.catalog + ".lock", "w")  # noqa: SIM115 - closed by the with below
     except OSError as exc:
-        raise LakeError(f"{location}: cannot write here: {exc.strerror or exc}") from exc
+        raise LakeError(location.mask(f"{location}: cannot write here: {exc.strerror or exc}")) from exc
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield

@@ -16,6 +16,8 @@ $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY, never from the file.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from specdec_core.settings_file import default_config_path, tomllib
@@ -26,6 +28,37 @@ STORE_DATA_ENV = "SPECDEC_STORE_DATA"
 LAKE_PREFIX = "ducklake:"
 _S3_KEYS = ("s3_endpoint", "s3_region", "s3_url_style", "s3_use_ssl")
 _STORE_KEYS = {"catalog", "data_path", *_S3_KEYS}
+
+
+MASK = "***"
+# A password in a libpq keyword/value string (password=..., quoted or not) or in a URI (user:PASSWORD@host,
+# ?password=...): what a catalog string may hold that no message may show.
+_KEYWORD_SECRET = re.compile(r"(?i)(?<![?&\w])(\w*password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s'\"]+)")
+_URI_SECRET = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@\s]+)(@)")
+_QUERY_SECRET = re.compile(r"(?i)([?&]\w*password=)([^&\s#\"']+)")
+
+
+def secrets_in(catalog: str) -> tuple[str, ...]:
+    """The passwords a catalog string holds, as they appear in it and unquoted (libpq's quoting)."""
+    found: list[str] = []
+    for match in _KEYWORD_SECRET.finditer(catalog):
+        value = match.group(2)
+        found.append(value)
+        if value.startswith("'"):
+            found.append(re.sub(r"\\(.)", r"\1", value[1:-1]))
+    found += [m.group(2) for m in _URI_SECRET.finditer(catalog)]
+    found += [m.group(2) for m in _QUERY_SECRET.finditer(catalog)]
+    return tuple(sorted({f for f in found if f and f != MASK}, key=len, reverse=True))
+
+
+def mask_secrets(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` with every password shown as ***: those `secrets` names wherever they appear (a database's own
+    error quotes the connection string in its own way), and any keyword, URI or query-string password."""
+    for secret in secrets:
+        text = text.replace(secret, MASK)
+    text = _KEYWORD_SECRET.sub(lambda m: m.group(1) + MASK, text)
+    text = _URI_SECRET.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+    return _QUERY_SECRET.sub(lambda m: m.group(1) + MASK, text)
 
 
 class LocationError(ValueError):
@@ -54,7 +87,12 @@ class LakeLocation:
         return self.catalog if self.postgres else "sqlite:" + self.catalog
 
     def __str__(self) -> str:
-        return LAKE_PREFIX + self.catalog
+        """The store's name as messages show it: its password masked."""
+        return self.mask(LAKE_PREFIX + self.catalog)
+
+    def mask(self, text: str) -> str:
+        """`text` (a message about this lake, a database's error) with the catalog's password masked."""
+        return mask_secrets(text, secrets_in(self.catalog))
 
 
 def _store_table() -> dict:

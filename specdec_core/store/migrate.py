@@ -12,15 +12,16 @@ import tempfile
 import duckdb
 
 from specdec_core.store.connection import Store, StoreError, derived_current
-from specdec_core.store.convert import export_tables, load_tables
-from specdec_core.store.ddl import schema_changes
+from specdec_core.store.convert import export_tables, load_tables, written_by_newer_duckdb
+from specdec_core.store.ddl import _columns, refuse_foreign, schema_changes
+from specdec_core.store.errors import ForeignDatabaseError
 from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.lake import LakeError, compact
 from specdec_core.store.lake_files import damaged_files, damaged_message
 from specdec_core.store.sql import scalar
 from specdec_core.store.summaries import build_summaries
 from specdec_core.store.verdicts import record_first_verdicts
-from specdec_core.store.working_copy import compact_after_write
+from specdec_core.store.working_copy import STORE_ALIAS, attached, compact_after_write
 
 
 def migrate_connection(con: duckdb.DuckDBPyConnection) -> bool:
@@ -56,9 +57,48 @@ def migrate(store: Store) -> list[str]:
     return [*changes, *(["rejudged hits and rebuilt summaries"] if rebuilt else [])]
 
 
+def _held_requests(con: duckdb.DuckDBPyConnection) -> bool:
+    return bool(scalar(con, "SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)"))
+
+
+def check_copy_target(dest: Store) -> None:
+    """A StoreError where `dest` can't take a copy (it holds requests, is another application's database, is
+    no database), said before anything is read, written or locked there: a refused target is left as it was,
+    with nothing beside it. A writer racing this check is still refused by the copy's own write."""
+    if not dest.exists:
+        return
+    if dest.lake is not None:
+        with dest.read() as con:
+            if _held_requests(con):
+                raise StoreError(f"{dest}: already holds requests; copy into a new store")
+        return
+    path = dest.path
+    if path.is_dir():
+        raise StoreError(f"{path}: is a folder, not a database file")
+    if written_by_newer_duckdb(path):
+        return  # the copy's write converts it first, and refuses it then if it holds requests
+    try:
+        con = attached(os.path.realpath(path), "READ_ONLY")
+    except duckdb.Error as exc:
+        raise StoreError(f"{path}: not a DuckDB database ({str(exc).splitlines()[0]}); copy into a new store"
+                         ) from None
+    try:
+        con.execute(f"USE {STORE_ALIAS}")
+        tables = _columns(con)
+        try:
+            refuse_foreign(con, tables)
+        except ForeignDatabaseError as exc:
+            raise ForeignDatabaseError(f"{path}: {exc}") from None
+        if "requests" in tables and _held_requests(con):
+            raise StoreError(f"{path}: already holds requests; copy into a new store")
+    finally:
+        con.close()
+
+
 def copy_store(source: Store, dest: Store) -> int:
     """Copy every table of `source` into `dest`, a store holding no requests yet (a local file into a shared
     lake, or a lake into a file); dest's derived tables are built anew. Returns the requests copied."""
+    check_copy_target(dest)
     with tempfile.TemporaryDirectory(prefix="specdec-copy-") as out:
         os.chmod(out, 0o700)  # the rows of a private store stay private while they are Parquet
         with source.read() as con:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
+import pytest
 import yaml
 from helpers import run_cli
+
+from specdec_core.cli import main as cli_main
 
 BASE = "https://triage.example.com/ops"
 LINK = BASE + "/mismatches?deployment="
@@ -143,3 +147,67 @@ def test_the_dashboard_link_comes_from_the_config_file(tmp_path):
     assert done.returncode == 2 and "external_url" in done.stderr and len(done.stderr.splitlines()) == 1
     done = run_cli("metrics", "rules", "--dashboard-url", "not a url")
     assert done.returncode == 2 and "--dashboard-url" in done.stderr
+
+
+HOSTILE_URLS = [
+    'https://x.example/{{ with query "count(up)" }}{{ . }}{{ end }}',  # a query run inside the alert's link
+    "https://x.example/{{",  # promtool would refuse the file
+    "https://x.example/a}}b",
+    "javascript:alert(1)",
+    "data:text/html,<script>alert(1)</script>",
+    "ftp://x.example",
+    "https://x.example/a b",
+    "https://x.example/\x1b[2J",
+]
+
+
+@pytest.mark.parametrize("command", ["rules", "grafana"])
+@pytest.mark.parametrize("url", HOSTILE_URLS)
+def test_a_dashboard_url_prometheus_or_a_browser_would_run_is_refused_by_rules_and_grafana(capsys, command, url):
+    code = cli_main(["metrics", command, "--dashboard-url", url])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", out
+    assert err.count("\n") == 1 and "--dashboard-url" in err, err
+
+
+def test_the_filter_goes_into_the_pages_query_string_before_its_fragment(tmp_path, capsys):
+    url = "https://x.example/triage/?tenant=a#top"
+    assert cli_main(["metrics", "rules", "--dashboard-url", url]) == 0
+    rules_text = capsys.readouterr().out
+    links = {r["annotations"]["dashboard"] for r in yaml.safe_load(rules_text)["groups"][0]["rules"]}
+    assert links == {"https://x.example/triage/mismatches?tenant=a&deployment={{ $labels.deployment | urlquery }}#top"}
+    assert cli_main(["metrics", "grafana", "--dashboard-url", url]) == 0
+    board = json.loads(capsys.readouterr().out)
+    assert board["links"][0]["url"] == "https://x.example/triage/mismatches?tenant=a#top"
+    assert {link["url"] for p in board["panels"] for link in p["fieldConfig"]["defaults"]["links"]} == {
+        "https://x.example/triage/mismatches?tenant=a&deployment=${__field.labels.deployment}#top"}
+    (tmp_path / "rules.yml").write_text(rules_text)
+    check = subprocess.run(["promtool", "check", "rules", "rules.yml"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.parametrize("window", ["0s", "0m", "00s", "300y", "99999999999y", "5", "m", "5x", "30m1h", "", "-5m"])
+def test_a_window_prometheus_refuses_is_refused_in_one_line(capsys, window):
+    code = cli_main(["metrics", "rules", f"--window={window}"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "--window" in err, err
+
+
+def test_every_window_accepted_passes_promtool(tmp_path, capsys):
+    for n, window in enumerate(["1ms", "90s", "1h30m", "5m30s", "1d", "2w", "292y"]):
+        assert cli_main(["metrics", "rules", "--window", window]) == 0, capsys.readouterr().err
+        (tmp_path / f"rules-{n}.yml").write_text(capsys.readouterr().out)
+    check = subprocess.run(["promtool", "check", "rules", *(f"rules-{n}.yml" for n in range(7))], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_an_external_url_with_a_template_in_the_config_file_is_refused_naming_the_file(tmp_path, capsys):
+    config = tmp_path / "specdec.toml"
+    config.write_text('[dashboard]\nexternal_url = "https://x.example/{{ 1 }}"\n')
+    for command in ("rules", "grafana"):
+        assert cli_main(["metrics", command, "--config", str(config)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(config) in err and "external_url" in err, err
