@@ -17,8 +17,9 @@ import ui
 from specdec_core import analysis as metrics
 from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.config import ConfigError, PathRefused
+from specdec_core.ingest import ingest
 from specdec_core.replay import jobs as replay_jobs
-from specdec_core.store import LogReadError, StoreError, ingest
+from specdec_core.store import LogReadError, StoreError
 
 LAST_INGEST_KEY = "last_ingest"
 UPLOAD_TYPES = ["jsonl", "gz", "csv", "parquet"]

@@ -35,7 +35,8 @@ from common import OUT, ROOT, run_child  # noqa: E402
 
 APPEND = """
 import sys, time
-from specdec_core.store import Store, ingest
+from specdec_core.store import Store
+from specdec_core.ingest import ingest
 if len(sys.argv) > 3:  # --warm: a first ingest into a scratch store pays the imports, as a long-lived process has
     ingest(Store(sys.argv[3]), [sys.argv[1]])
 t = time.perf_counter()
@@ -53,7 +54,8 @@ def base_store(rows: int, kind: str = "file") -> Path:
     db = OUT / (f"append-base-{rows}.duckdb" if kind == "file" else f"append-base-{rows}.lake")
     if rows and not db.exists():
         from specdec_core.demo.synthetic import make_synthetic_log
-        from specdec_core.store import Store, ingest
+        from specdec_core.ingest import ingest
+        from specdec_core.store import Store
 
         log = make_synthetic_log(OUT / f"append-base-{rows}.jsonl", rows, start=START)
         started = time.perf_counter()
@@ -66,7 +68,8 @@ def base_store(rows: int, kind: str = "file") -> Path:
         print(f"built the {rows:,}-row {kind} store in {time.perf_counter() - started:.0f} s")
     elif rows:
         # A base kept from an older version is brought up to date once, so no timed write pays for it.
-        from specdec_core.store import Store, migrate
+        from specdec_core.derived import migrate
+        from specdec_core.store import Store
 
         migrate(Store(store_name(db, kind)))
     return db

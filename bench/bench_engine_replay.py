@@ -53,9 +53,9 @@ from specdec_core.contract.identity import DecodeRequest  # noqa: E402
 from specdec_core.decoding.engine import SpecDecoder  # noqa: E402
 from specdec_core.decoding.registry import Registry  # noqa: E402
 from specdec_core.demo.models import fetch, registry_dict  # noqa: E402
+from specdec_core.ingest.load import ingest  # noqa: E402
 from specdec_core.replay.run import ReplayResult, replay_many  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402
-from specdec_core.store.ingest import ingest  # noqa: E402
 
 TARGET = {"smollm2": "smollm2-135m", "tiny": "tiny-target"}
 DEMO_LOG = ROOT / "data" / "demo" / "requests.jsonl.gz"

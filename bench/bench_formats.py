@@ -41,7 +41,8 @@ con.close()
 # stands for) apart from the rest (fingerprinting, writing, judging hits, summarising: work the floor has none of).
 OURS = """
 import sys, time
-from specdec_core.store import Store, ingest
+from specdec_core.store import Store
+from specdec_core.ingest import ingest
 phases, last = {}, [time.perf_counter(), "opening"]
 def progress(step, total, what):
     now = time.perf_counter()

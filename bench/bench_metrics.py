@@ -24,8 +24,8 @@ from common import median_seconds  # noqa: E402
 
 from specdec_core import analysis as metrics  # noqa: E402
 from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
+from specdec_core.ingest.load import ingest  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402
-from specdec_core.store.ingest import ingest  # noqa: E402
 
 
 def draft_label(df: pd.DataFrame) -> pd.Series:

@@ -39,10 +39,12 @@ from common import median_seconds, run_child  # noqa: E402
 
 from specdec_core import analysis  # noqa: E402
 from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
+from specdec_core.derived import migrate  # noqa: E402
+from specdec_core.ingest import ingest  # noqa: E402
 from specdec_core.monitoring.exporter import Listen, StoreCollector, serve  # noqa: E402
 from specdec_core.monitoring.figures import read_figures  # noqa: E402
 from specdec_core.monitoring.rules import rules_yaml  # noqa: E402
-from specdec_core.store import Store, ingest, migrate  # noqa: E402
+from specdec_core.store import Store  # noqa: E402
 
 
 def record(request_id: str, deployment: str, key: str, max_tokens: int, hit: bool) -> dict:
@@ -146,7 +148,7 @@ def scrape_cost(rows: int, where: Path) -> None:
 # Prints the response's size and how long the scrape took: a restarted exporter's first scrape.
 SERVE_AND_SCRAPE = """
 import sys, time, urllib.request
-from specdec_core.store import Store
+from specdec_core.store import Store  # noqa: E402
 from specdec_core.monitoring.exporter import Listen, serve
 server = serve(Store(sys.argv[1]), Listen("127.0.0.1", 0), int(sys.argv[2]))
 started = time.perf_counter()
@@ -158,7 +160,7 @@ HEADLINE_ONLY = """
 import sys
 import prometheus_client
 from specdec_core.analysis import headline
-from specdec_core.store import Store
+from specdec_core.store import Store  # noqa: E402
 print(headline(Store(sys.argv[1])).requests)
 """
 
@@ -191,7 +193,7 @@ def exporter_memory(deployments: int, where: Path) -> None:
 SERVE_AND_SCRAPE_CONCURRENT = """
 import sys, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from specdec_core.store import Store
+from specdec_core.store import Store  # noqa: E402
 from specdec_core.monitoring.exporter import Listen, serve
 server = serve(Store(sys.argv[1]), Listen("127.0.0.1", 0), 50)
 def one(_):

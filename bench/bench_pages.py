@@ -24,8 +24,8 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from specdec_core.analysis import headline  # noqa: E402
 from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
+from specdec_core.ingest.load import ingest  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402
-from specdec_core.store.ingest import ingest  # noqa: E402
 
 PAGES = ("overview", "cache", "output_length", "mismatches", "keys", "replay", "search", "export")
 # A search typed on the Search page: the scan over every prompt and output it costs.

@@ -61,7 +61,7 @@ from specdec_core.analysis.timeline import (
     latency_histogram,
     requests_in_window,
 )
-from specdec_core.store.summaries import NO_DRAFT
+from specdec_core.derived.summaries import NO_DRAFT
 
 __all__ = [
     "SEARCH_FIELDS", "SEARCH_MODES", "SMOOTHING_WINDOWS", "Annotation", "SearchError", "annotations_for",

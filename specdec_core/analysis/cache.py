@@ -14,8 +14,8 @@ from specdec_core.analysis.query import (
     draft_label,
     over_time,
 )
+from specdec_core.derived.summaries import NO_DRAFT, histogram_quantiles
 from specdec_core.store.connection import Store
-from specdec_core.store.summaries import NO_DRAFT, histogram_quantiles
 
 HIT_RATE_BY_COMBINATION_SQL = f"""
 SELECT r.target_model, {draft_label()} AS draft_model, count(*) AS requests,

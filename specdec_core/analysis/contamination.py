@@ -13,7 +13,7 @@ from specdec_core.analysis.query import (
     over_time,
     run,
 )
-from specdec_core.store import summaries as summary
+from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
 
 CONTAMINATED_HITS_SQL = f"""

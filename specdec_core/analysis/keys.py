@@ -9,8 +9,8 @@ from specdec_core.analysis.query import (
     Filters,
     df,
 )
+from specdec_core.derived.summaries import key_hash
 from specdec_core.store.connection import Store
-from specdec_core.store.summaries import key_hash
 
 KEY_COLLISIONS_SQL = """
 SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, count(DISTINCT r.fingerprint) AS identities,

@@ -12,8 +12,8 @@ from specdec_core.analysis.query import (
     df,
     draft_label,
 )
+from specdec_core.derived.summaries import histogram_quantiles
 from specdec_core.store.connection import Store
-from specdec_core.store.summaries import histogram_quantiles
 
 OUTPUT_LENGTH_BY_MAX_TOKENS_SQL = """
 SELECT r.max_tokens, count(*) AS requests, min(r.output_tokens) AS min,

@@ -14,7 +14,7 @@ from specdec_core.analysis.query import (
     row,
     run,
 )
-from specdec_core.store import summaries as summary
+from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
 
 

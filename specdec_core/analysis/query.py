@@ -12,9 +12,9 @@ from typing import Any
 
 import pandas as pd
 
-from specdec_core.store import summaries as summary
+from specdec_core.derived import summaries as summary
+from specdec_core.derived.summaries import minute_source
 from specdec_core.store.connection import Store
-from specdec_core.store.summaries import minute_source
 
 
 @dataclass(frozen=True)

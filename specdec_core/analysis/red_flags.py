@@ -17,8 +17,8 @@ from specdec_core.analysis.query import (
     one,
 )
 from specdec_core.analysis.status import plural
+from specdec_core.derived.summaries import output_identity_columns
 from specdec_core.store.connection import Store
-from specdec_core.store.summaries import output_identity_columns
 
 
 @dataclass(frozen=True)

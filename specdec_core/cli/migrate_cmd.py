@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 from specdec_core.cli.store_cmds import add_db, existing_store
-from specdec_core.store import Store, migrate
-from specdec_core.store.migrate import copy_store
+from specdec_core.derived import migrate
+from specdec_core.derived.migrate import copy_store
+from specdec_core.store import Store
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

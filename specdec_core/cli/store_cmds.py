@@ -14,7 +14,8 @@ from dataclasses import replace
 from specdec_core import formats
 from specdec_core.analysis import fix_stats, fix_status, headline, logging_gaps, red_flags
 from specdec_core.analysis.report import KINDS, write_report
-from specdec_core.store import IngestLimits, LogReadError, Store, StoreError, ingest
+from specdec_core.ingest import IngestLimits, ingest
+from specdec_core.store import LogReadError, Store, StoreError
 from specdec_core.store.working_copy import copy_cost_note
 
 
@@ -87,7 +88,7 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
     """`--follow`: one status line per committed batch until interrupted (or idle for --idle-exit seconds)."""
     import signal
 
-    from specdec_core.store.follow import Follower, follow
+    from specdec_core.ingest.follow import Follower, follow
 
     # NaN compares false with everything (it polled without pause); inf can't be slept.
     if not (math.isfinite(args.every) and args.every > 0) or args.batch_rows < 1 or (

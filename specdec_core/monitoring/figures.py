@@ -22,10 +22,10 @@ from typing import Any
 import duckdb
 
 from specdec_core.contract import fields as contract
-from specdec_core.store import summaries as summary
+from specdec_core.derived import summaries as summary
+from specdec_core.derived.verdicts import FIRST_VERDICT_COUNTS_SQL
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import literal
-from specdec_core.store.verdicts import FIRST_VERDICT_COUNTS_SQL
 
 OTHER = "other"
 DEFAULT_TOP = 50
@@ -157,7 +157,7 @@ REQUESTS_SQL = """SELECT dep, """ + MODELS_EXPORTED + """, CASE WHEN cache_hit T
        sum(drafted)::BIGINT, sum(accepted)::BIGINT
 FROM specdec_sets JOIN specdec_kept USING (dep, target, draft) GROUP BY ALL"""
 
-# Hits as first judged contaminated (store/verdicts.py), per label set, from {verdicts}: their counts per
+# Hits as first judged contaminated (derived/verdicts.py), per label set, from {verdicts}: their counts per
 # labels and field list (summary_first_verdicts, or the same counted over the rows).
 CONTAMINATED_SQL = """SELECT dep, """ + MODELS_EXPORTED + """, sum(hits)::BIGINT FROM (
     SELECT coalesce(d.f, 'other') AS dep, coalesce(t.f, 'other') AS target, coalesce(m.f, 'other') AS draft, hits

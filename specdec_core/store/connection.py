@@ -28,8 +28,8 @@ from specdec_core.store.errors import ForeignDatabaseError, StoreError
 from specdec_core.store.lake_files import damage_message
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LocationError, lake_location, mask_secrets, resolve_db
+from specdec_core.store.schema import current_version_sql
 from specdec_core.store.sql import literal
-from specdec_core.store.summaries import current_version_sql
 from specdec_core.store.working_copy import (
     STORE_ALIAS,
     WORKING_COPY_SUFFIX,
@@ -49,7 +49,7 @@ T = TypeVar("T")
 
 # What DuckDB may hold while writing; beyond it, it spills to disk. An ingest stays under 2 GB: where a
 # Python reader stages the lines (another log format, CSV, Parquet), its own memory counts too and DuckDB
-# keeps to the lower figure (store/staging.py); DuckDB's own line reader leaves it the higher one. DuckDB 1.5
+# keeps to the lower figure (ingest/staging.py); DuckDB's own line reader leaves it the higher one. DuckDB 1.5
 # goes further past its limit than 2.0 did: at 1600MB a 1M-record ingest peaked at 1.97 GB, at 1400MB 1.72 GB.
 WRITER_MEMORY_LIMIT = "1GB"
 WRITER_MEMORY_LIMIT_NATIVE = "1400MB"

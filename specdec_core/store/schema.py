@@ -56,7 +56,7 @@ def identities_ddl() -> str:
             f"    identity JSON NOT NULL,\n    greedy BOOLEAN NOT NULL,\n    {columns},\n    unknown VARCHAR[]\n);")
 
 
-# Each hit first judged contaminated, never removed: what monitoring counts (store/verdicts.py). Made by the
+# Each hit first judged contaminated, never removed: what monitoring counts (derived/verdicts.py). Made by the
 # first write that judges hits. No key: the ingest adds only ids not there yet, and a store's writers take
 # turns; its index cost the first ingest of 300,000 contaminated hits 0.3 s on one thread.
 FIRST_VERDICTS_DDL = """
@@ -187,3 +187,26 @@ def is_specdec_store(con: duckdb.DuckDBPyConnection, tables: dict[str, set[str]]
     if not {"key", "value"} <= tables.get("meta", set()):
         return False
     return con.execute("SELECT count(*) FROM meta WHERE key = 'schema_version'").fetchall()[0][0] > 0
+
+
+# The derived tables' version, which the store records in `meta` and checks before a read
+# (specdec_core.derived builds the tables).
+# Bump when a summary table, or how hits are judged, changes: an older store is rejudged and rebuilt
+# by `specdec migrate` or the next ingest (a read asks for the migrate). 4: ties among misses at one instant go to the one logged last.
+# 5: summary_outputs. 6: identity_first_seen (built by the judging, hit_sources.py). 7: summary_request_keys.
+# 8: key_last_miss (built by the judging). 9: summary_request_outputs.
+# 10: summary_minute's logged token sums; summary_first_verdicts (derived/verdicts.py).
+SUMMARY_VERSION = "10"
+
+# A store's rows of summary_request_keys hold hashes that the DuckDB which wrote them computed, and DuckDB does not
+# promise its hash() stays the same across versions. The version stored names that hash too, as the connection
+# that writes or reads computes it: a DuckDB whose hash differs takes the summaries for out of date (a read asks
+# for `specdec migrate`, which rebuilds them, as an ingest does), so hashes of two versions never meet in one count.
+STORED_VERSION_SQL = f"'{SUMMARY_VERSION}.' || printf('%x', hash('specdec_core summary hash'))"
+VERSION_SQL = ("DELETE FROM meta WHERE key = 'summary_version'; "
+               f"INSERT INTO meta SELECT 'summary_version', {STORED_VERSION_SQL}")
+
+
+def current_version_sql(meta: str = "meta") -> str:
+    """Whether the summaries in `meta` match this code and this DuckDB's hash: no row, or one true/false."""
+    return f"SELECT value = {STORED_VERSION_SQL} FROM {meta} WHERE key = 'summary_version'"

@@ -6,8 +6,8 @@ from helpers import rec, write_jsonl
 
 from specdec_core import analysis
 from specdec_core.analysis.search import EXCERPT_CHARS
+from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 
 def store_of(tmp_path, records) -> Store:

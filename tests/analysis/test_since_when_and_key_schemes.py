@@ -11,9 +11,9 @@ from helpers import rec, write_jsonl
 
 from specdec_core import analysis
 from specdec_core.analysis import Filters
-from specdec_core.store import summaries as summary
+from specdec_core.derived import summaries as summary
+from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=timezone.utc)

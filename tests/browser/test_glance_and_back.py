@@ -10,8 +10,8 @@ from playwright.sync_api import Page, expect
 from test_incident_flow import heading, new_page, open_by_link, settle
 from test_served_dashboard import ROOT, browser, dashboard  # noqa: F401
 
+from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 pytestmark = pytest.mark.browser
 HOUR = "start=2026-11-20T09:00:00Z&end=2026-11-20T10:00:00Z"

@@ -14,9 +14,9 @@ from test_pages import build_incident_db
 from test_replay_page import build_foreign_db
 from test_served_dashboard import ROOT, browser, dashboard, metric, registry_toml  # noqa: F401
 
+from specdec_core.ingest.load import ingest
 from specdec_core.replay import run as replay
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 pytestmark = pytest.mark.browser
 # Where the screenshots go: test-output/ by default, so a test run leaves the tree clean; `make screenshots`

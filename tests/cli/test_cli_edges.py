@@ -12,8 +12,8 @@ import pytest
 from helpers import rec, write_jsonl
 
 from specdec_core.cli import main as cli_main
+from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,8 @@ import random
 from helpers import rec, run_cli, write_jsonl
 
 from specdec_core.contract.identity import fingerprint
+from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 specdec = run_cli
 

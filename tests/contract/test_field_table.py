@@ -18,7 +18,8 @@ EXTENDED = textwrap.dedent("""
     cf.define(cf.FIELDS + (cf.Field("lora_adapter", "str", identity=True),))
 
     from specdec_core import identity, fingerprint
-    from specdec_core.store import Store, ingest
+    from specdec_core.store import Store
+    from specdec_core.ingest import ingest
 
     base = {"ts": "2026-03-01T10:00:00Z", "prompt": "hi", "target_model": "t", "temperature": 0.0,
             "max_tokens": 8, "tokenizer_version": "v1", "cache_key": "K", "output_text": "x",

@@ -18,9 +18,9 @@ from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
 from specdec_core.analysis import Filters, differing_identity_columns, report
+from specdec_core.ingest.load import ingest
 from specdec_core.replay import jobs
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the ui package sits beside app.py, which is not a package

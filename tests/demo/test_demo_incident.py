@@ -11,9 +11,9 @@ from specdec_core import analysis as metrics
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.decoding.registry import Registry
 from specdec_core.demo.models import fetch, registry_dict
+from specdec_core.ingest.load import ingest
 from specdec_core.replay.run import replay
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_LOG = ROOT / "data" / "demo" / "requests.jsonl.gz"

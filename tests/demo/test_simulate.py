@@ -9,8 +9,8 @@ import pytest
 from specdec_core import analysis as metrics
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.demo.simulate import DEPLOYMENTS, simulate
+from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from test_format_hostile_values import MAP, litellm_line, mapped_line, otel_line
 
 from specdec_core import formats
+from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 SLOT = "__fuzzed__"  # where a value's JSON text goes in a template line
 

@@ -19,7 +19,8 @@ from test_lake import contents
 
 from specdec_core.formats import jsonl as readers
 from specdec_core.formats import line_reader, load_mapping, parallel
-from specdec_core.store import Store, ingest
+from specdec_core.ingest import ingest
+from specdec_core.store import Store
 
 FORMATS = Path(__file__).parents[1] / "fixtures" / "formats"
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +98,8 @@ def test_a_script_that_ingests_at_its_top_level_starts_its_workers_once(tmp_path
     script.write_text(textwrap.dedent(f"""
         import sys
         from specdec_core.formats import parallel
-        from specdec_core.store import Store, ingest
+        from specdec_core.store import Store
+        from specdec_core.ingest import ingest
         parallel.PARALLEL_FROM_BYTES = 0
         parallel.SLICE_LINES = 2
         print("started", flush=True)

@@ -13,8 +13,9 @@ from helpers import rec, run_cli, write_jsonl
 from specdec_core import analysis
 from specdec_core.analysis import Filters
 from specdec_core.cli import main
+from specdec_core.ingest import ingest
 from specdec_core.remediation import PurgeRecord, plan_counts, purge_log, purge_plan, record_purge
-from specdec_core.store import Store, ingest
+from specdec_core.store import Store
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=timezone.utc)
 

@@ -21,8 +21,9 @@ from remediation_servers import (
 )
 
 from specdec_core.cli import main
+from specdec_core.ingest import ingest
 from specdec_core.remediation import RedisTarget, purge_keys, purge_log, purge_namespace
-from specdec_core.store import Store, ingest
+from specdec_core.store import Store
 
 ENV = {**os.environ, PASSWORD_ENV: PASSWORD}
 T = "2026-03-01T10:"

@@ -14,11 +14,11 @@ from specdec_core.contract.identity import DecodeRequest
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.decoding.engine_client import EngineError
 from specdec_core.decoding.registry import EngineSpec, ModelSpec, Registry
+from specdec_core.ingest.load import ingest
 from specdec_core.replay import jobs
 from specdec_core.replay.run import replay, replay_many
 from specdec_core.service import DecodeService
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 PROMPT = "speculative decoding drafts tokens"
 A = dict(prompt=PROMPT, target_model="tiny-target", draft_model="tiny-draft-a", num_speculative_tokens=3,

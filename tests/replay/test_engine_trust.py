@@ -28,11 +28,11 @@ from specdec_core.decoding.engine_client import (
     probe,
 )
 from specdec_core.decoding.registry import EngineSpec, ModelSpec, Registry
+from specdec_core.ingest.load import ingest
 from specdec_core.replay import jobs
 from specdec_core.replay.diff import MAX_DIFF_WORDS, diff_outputs
 from specdec_core.replay.run import ReplayResult, _replay_row, replay, replay_many
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 PROMPT = "speculative decoding drafts tokens"
 # A request of a model whose tokenizer is not on this machine: it goes to the chat endpoint as messages.

@@ -11,10 +11,10 @@ from specdec_core.cache import MemoryCache
 from specdec_core.contract.identity import DecodeRequest, sha256_hex
 from specdec_core.contract.result import DecodeError
 from specdec_core.decoding.engine import SpecDecoder
+from specdec_core.ingest.load import ingest
 from specdec_core.replay.run import ReplayError, replay, replay_many
 from specdec_core.service import DecodeService
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 PROMPT = "speculative decoding drafts tokens"
 A = dict(prompt=PROMPT, target_model="tiny-target", draft_model="tiny-draft-a", num_speculative_tokens=3,

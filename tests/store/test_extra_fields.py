@@ -19,9 +19,9 @@ from helpers import rec, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from specdec_core.ingest.load import ingest
+from specdec_core.ingest.validation import _PATCHED, usual_extra_keys
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
-from specdec_core.store.validation import _PATCHED, usual_extra_keys
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10)
 NUMBERS = st.one_of(st.integers(min_value=-(2**70), max_value=2**70),

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from helpers import rec
 
-from specdec_core.store import follow as follow_module
+from specdec_core.ingest import follow as follow_module
+from specdec_core.ingest.follow import GZIP_PATIENCE, Follower
+from specdec_core.ingest.load import ingest
+from specdec_core.ingest.staging import IngestLimits
 from specdec_core.store.connection import Store
-from specdec_core.store.follow import GZIP_PATIENCE, Follower
-from specdec_core.store.ingest import ingest
-from specdec_core.store.staging import IngestLimits
 
 
 def line(n: int) -> str:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from helpers import rec
 
+from specdec_core.ingest.follow import Follower
 from specdec_core.store.connection import Store
-from specdec_core.store.follow import Follower
 
 
 def line(n: int) -> str:

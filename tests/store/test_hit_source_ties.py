@@ -5,7 +5,7 @@ share one instant. The contract (shared/log-schema.md, "Contamination"): a hit's
 earlier miss of its deployment and key; a miss at the hit's instant counts as earlier, and of several
 misses at one instant the one logged last (file, then line) wrote the entry. A hit is the first sight of
 its identity when no request of its deployment had that identity earlier (one at the same instant is not
-earlier). The judging's speed-ups (store/hit_sources.py) must keep every one of these verdicts: they are
+earlier). The judging's speed-ups (derived/hit_sources.py) must keep every one of these verdicts: they are
 checked here against a plain-Python reading of the rules, for one ingest and for the files ingested
 one at a time in either order.
 """
@@ -19,8 +19,8 @@ import duckdb
 from helpers import instant, rec, write_jsonl
 
 from specdec_core.contract.identity import fingerprint, identity
+from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store, release_snapshots
-from specdec_core.store.ingest import ingest
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=timezone.utc)
 # Identities that differ in the draft (greedy: the draft stays in the identity) or in max_tokens.

@@ -18,12 +18,12 @@ import pytest
 from helpers import DROP, rec, write_jsonl
 from test_contamination_reference import _spell_ts, random_log
 
-from specdec_core.store import incremental, summaries, verdicts
+from specdec_core.derived import incremental, summaries, verdicts
+from specdec_core.derived.hit_sources import judge_hits, last_miss_sql
+from specdec_core.derived.summaries import build_summaries
+from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store, release_snapshots
-from specdec_core.store.hit_sources import judge_hits, last_miss_sql
-from specdec_core.store.ingest import ingest
 from specdec_core.store.schema import FIRST_VERDICTS_DDL
-from specdec_core.store.summaries import build_summaries
 
 # Each derived table as rows whose order and numbering don't matter: key_id and fp_id are checked apart.
 _TABLES = {

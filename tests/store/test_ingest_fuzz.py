@@ -17,8 +17,8 @@ from helpers import BASE, rec, write_jsonl
 
 from specdec_core.contract.fields import FIELD_NAMES
 from specdec_core.contract.identity import fingerprint
+from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 HOSTILE = [
     None, True, False, 0, -0.0, 1, -1, 64.0, 64.5, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 2**127,

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from helpers import rec, run_cli, write_jsonl
 
-from specdec_core.store import Store, StoreError, ingest, migrate
+from specdec_core.derived import migrate
+from specdec_core.derived.hit_sources import last_miss_sql
+from specdec_core.ingest import ingest
+from specdec_core.store import Store, StoreError
 from specdec_core.store.convert import side_install
-from specdec_core.store.hit_sources import last_miss_sql
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 OLD_STORE = FIXTURES / "store-duckdb-2.0.1"

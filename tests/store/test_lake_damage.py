@@ -10,9 +10,9 @@ import pytest
 from helpers import rec, write_jsonl
 
 from specdec_core.cli import main as cli_main
+from specdec_core.ingest.load import ingest
 from specdec_core.store import lake as lakes
 from specdec_core.store.connection import Store
-from specdec_core.store.ingest import ingest
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,9 @@ import hashlib
 from helpers import rec, write_jsonl
 from test_lake import contents
 
-from specdec_core.store import Store, ingest, migrate
+from specdec_core.derived import migrate
+from specdec_core.ingest import ingest
+from specdec_core.store import Store
 
 
 def _incompressible(b: int, i: int) -> str:

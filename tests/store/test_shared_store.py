@@ -15,7 +15,8 @@ from helpers import write_jsonl
 from servers import create_database, postgres, s3, s3_keys
 from test_concurrency import _batch, _content, two_writers_and_a_reader
 
-from specdec_core.store import Store, StoreError, ingest
+from specdec_core.ingest import ingest
+from specdec_core.store import Store, StoreError
 from specdec_core.store import lake as lakes
 
 ROOT = Path(__file__).resolve().parents[2]

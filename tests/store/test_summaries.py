@@ -12,10 +12,11 @@ from helpers import DROP, rec, write_jsonl
 from specdec_core import analysis as metrics
 from specdec_core.analysis import Filters
 from specdec_core.demo.synthetic import make_synthetic_log
-from specdec_core.store import migrate
-from specdec_core.store import summaries as summary
+from specdec_core.derived import migrate
+from specdec_core.derived import summaries as summary
+from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store, StoreError, release_snapshots
-from specdec_core.store.ingest import ingest
+from specdec_core.store.schema import SUMMARY_VERSION
 
 START = datetime(2026, 11, 20, 8, 0, tzinfo=timezone.utc)
 
@@ -158,7 +159,7 @@ def test_key_hashes_another_duckdb_wrote_are_rebuilt_before_they_are_counted(sto
     copy.path.write_bytes(store.path.read_bytes())
     release_snapshots()
     con = duckdb.connect(str(copy.path))
-    con.execute("UPDATE meta SET value = ? WHERE key = 'summary_version'", [f"{summary.SUMMARY_VERSION}.0"])
+    con.execute("UPDATE meta SET value = ? WHERE key = 'summary_version'", [f"{SUMMARY_VERSION}.0"])
     con.execute("UPDATE summary_request_keys SET key_hash = key_hash + 1, identity_hash = 0")
     con.close()
     with pytest.raises(StoreError, match="specdec migrate"):

@@ -19,7 +19,7 @@ thousands of rows instead of millions.
 - `summary_request_outputs`: one narrow row per request: its time, labels, hit flag, and DuckDB's 64-bit
   hashes of its output text and of the identity fields that decide an output. A time range's red flag of
   identical outputs is counted over these instead of hashing the rows' output texts.
-- `summary_first_verdicts`: the hits first judged contaminated (store/verdicts.py), counted per labels and
+- `summary_first_verdicts`: the hits first judged contaminated (derived/verdicts.py), counted per labels and
   differing fields: the monitoring counters read these few rows, not one row per hit ever judged.
 
 A question with a time range that the histograms or distinct counts can't answer
@@ -40,14 +40,9 @@ import duckdb
 import numpy as np
 
 from specdec_core.contract import fields as contract
-from specdec_core.store.verdicts import build_first_verdict_counts
+from specdec_core.derived.verdicts import build_first_verdict_counts
+from specdec_core.store.schema import VERSION_SQL, current_version_sql
 
-# Bump when a summary table, or how hits are judged, changes: an older store is rejudged and rebuilt
-# by `specdec migrate` or the next ingest (a read asks for the migrate). 4: ties among misses at one instant go to the one logged last.
-# 5: summary_outputs. 6: identity_first_seen (built by the judging, hit_sources.py). 7: summary_request_keys.
-# 8: key_last_miss (built by the judging). 9: summary_request_outputs.
-# 10: summary_minute's logged token sums; summary_first_verdicts (store/verdicts.py).
-SUMMARY_VERSION = "10"
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)
 _ROWS_ONLY: ContextVar[bool] = ContextVar("specdec_rows_only", default=False)
@@ -77,7 +72,7 @@ sum(r.accepted_tokens) FILTER (WHERE {_SPECULATIVE}) AS accepted_tokens,
 sum(r.draft_tokens / nullif(r.num_speculative_tokens, 0)) FILTER (WHERE {_SPECULATIVE}) AS steps,
 sum(r.draft_tokens) AS logged_draft_tokens, sum(r.accepted_tokens) AS logged_accepted_tokens"""
 
-# How two rows of one minute and dimensions combine into one (store/incremental.py adds a batch's rows to a
+# How two rows of one minute and dimensions combine into one (derived/incremental.py adds a batch's rows to a
 # minute's this way): every measure above, by the aggregate that merges it.
 MINUTE_MERGE = {"requests": "sum", "contaminated": "sum", "first_sight": "sum", "violations": "sum",
                 "first_ts": "min", "last_ts": "max", "first_contaminated": "min", "last_contaminated": "max",
@@ -85,7 +80,7 @@ MINUTE_MERGE = {"requests": "sum", "contaminated": "sum", "first_sight": "sum", 
                 "logged_draft_tokens": "sum", "logged_accepted_tokens": "sum"}
 
 # Each summary's rows over the requests that `{where}` picks (over `requests r`, `hit_sources h`): all of them
-# for a full build, those a batch touched for an update (store/incremental.py).
+# for a full build, those a batch touched for an update (derived/incremental.py).
 MINUTE_SQL = f"""SELECT {MINUTE_DIMENSIONS}, {MINUTE_MEASURES}
 FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {{where}} GROUP BY ALL"""
 
@@ -169,18 +164,6 @@ OUTPUTS_COMPACTED_SQL = folded_sql("summary_outputs", "outputs_compacted")
 COMPACT_OUTPUTS_SQL = ("CREATE OR REPLACE TABLE summary_outputs AS SELECT * EXCLUDE (requests, hits), "
                        "sum(requests)::BIGINT AS requests, sum(hits)::BIGINT AS hits FROM summary_outputs GROUP BY ALL")
 
-# A store's rows of summary_request_keys hold hashes that the DuckDB which wrote them computed, and DuckDB does not
-# promise its hash() stays the same across versions. The version stored names that hash too, as the connection
-# that writes or reads computes it: a DuckDB whose hash differs takes the summaries for out of date (a read asks
-# for `specdec migrate`, which rebuilds them, as an ingest does), so hashes of two versions never meet in one count.
-STORED_VERSION_SQL = f"'{SUMMARY_VERSION}.' || printf('%x', hash('specdec_core summary hash'))"
-VERSION_SQL = ("DELETE FROM meta WHERE key = 'summary_version'; "
-               f"INSERT INTO meta SELECT 'summary_version', {STORED_VERSION_SQL}")
-
-
-def current_version_sql(meta: str = "meta") -> str:
-    """Whether the summaries in `meta` match this code and this DuckDB's hash: no row, or one true/false."""
-    return f"SELECT value = {STORED_VERSION_SQL} FROM {meta} WHERE key = 'summary_version'"
 
 
 def over(sql: str, where: str) -> str:
@@ -216,7 +199,7 @@ CREATE OR REPLACE TABLE summary_request_outputs AS {over(REQUEST_OUTPUTS_SQL, "T
 
 def build_summaries(con: duckdb.DuckDBPyConnection) -> None:
     """Rebuild every summary table from `requests` and `hit_sources` (inside the ingest's write), and the
-    counts of the first verdicts from their record, which a rebuild keeps (store/verdicts.py)."""
+    counts of the first verdicts from their record, which a rebuild keeps (derived/verdicts.py)."""
     con.execute(BUILD_SQL)
     build_first_verdict_counts(con)
 

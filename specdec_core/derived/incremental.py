@@ -1,7 +1,7 @@
 """Bring `hit_sources` and the summaries up to date after a batch, at a cost that follows the batch, not the store.
 
 The batch is the rows of `requests` with the ingest's id; `backfilled` holds stored misses whose
-cache key the batch supplied (store/ingest.py, `_backfill_cache_keys`). What a batch may change:
+cache key the batch supplied (ingest/load.py, `_backfill_cache_keys`). What a batch may change:
 
 - its own hits' verdicts;
 - stored hits of a (deployment, cache_key) whose misses changed (the batch's misses, the backfilled
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import duckdb
 
-from specdec_core.store import summaries
-from specdec_core.store.hit_sources import (
+from specdec_core.derived import summaries
+from specdec_core.derived.hit_sources import (
     FOLD_LAST_MISS_SQL,
     LAST_MISS_FOLDED,
     MISS_COLUMNS,
@@ -30,8 +30,7 @@ from specdec_core.store.hit_sources import (
     hit_sources_sql,
     last_miss_sql,
 )
-from specdec_core.store.sql import literal, scalar
-from specdec_core.store.summaries import (
+from specdec_core.derived.summaries import (
     COMPACT_OUTPUTS_SQL,
     CONTAMINATED_SQL,
     LATENCY_SQL,
@@ -46,6 +45,7 @@ from specdec_core.store.summaries import (
     folded_sql,
     over,
 )
+from specdec_core.store.sql import literal, scalar
 
 _DEP = "coalesce(r.deployment, chr(0))"
 

@@ -5,7 +5,7 @@ earlier miss with the same deployment and cache_key; the hit is contaminated whe
 differs from the source's, or from the `cached_fingerprint` it logged. A miss at the same instant
 as the hit counts as earlier; of several misses at one instant, the one logged last (file, line)
 is the source, since it wrote the entry last. Judged over the whole store by the first ingest (and
-`specdec migrate`); later ingests judge again only the hits their batch may change (store/incremental.py),
+`specdec migrate`); later ingests judge again only the hits their batch may change (derived/incremental.py),
 since a new file may hold an earlier miss or a later hit.
 
 Two rules hold for any log format that has them: a logged source link (LiteLLM's `response.id` on a
@@ -18,7 +18,7 @@ from __future__ import annotations
 import duckdb
 
 from specdec_core.contract import fields as contract
-from specdec_core.store.summaries import folded_sql
+from specdec_core.derived.summaries import folded_sql
 
 # What the judging reads of a request.
 ROW_SQL = """SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key, cache_hit,
@@ -28,13 +28,13 @@ ROW_SQL = """SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_k
 
 # Every hit, judged against every request: the full rebuild.
 # When each deployment first saw each identity: the first sights read it (also the incremental judging,
-# which keeps it up to date per batch, store/incremental.py).
+# which keeps it up to date per batch, derived/incremental.py).
 FIRST_SEEN_SQL = """CREATE OR REPLACE TABLE identity_first_seen AS
 SELECT coalesce(deployment, chr(0)) AS dep, fingerprint, min(ts) AS first_ts FROM requests GROUP BY 1, 2"""
 
 # The latest miss of each (deployment, cache_key), of several at one instant the one logged last: what a hit
 # later than every stored miss of its key is judged against, so that live traffic's judging reads no stored
-# misses (store/incremental.py). Batches append their own latest misses; a key's latest is the last over its
+# misses (derived/incremental.py). Batches append their own latest misses; a key's latest is the last over its
 # rows (last_miss_sql), and the table is folded to one row per key once it has doubled.
 _LAST = "arg_max(struct_pack(ts, request_id, fingerprint, source_file, source_line), (ts, source_file, source_line))"
 MISS_COLUMNS = "dep, cache_key, ts, request_id, fingerprint, source_file, source_line"

@@ -11,16 +11,16 @@ import tempfile
 
 import duckdb
 
+from specdec_core.derived.hit_sources import judge_hits
+from specdec_core.derived.summaries import build_summaries
+from specdec_core.derived.verdicts import record_first_verdicts
 from specdec_core.store.connection import Store, StoreError, derived_current
 from specdec_core.store.convert import export_tables, load_tables, written_by_newer_duckdb
 from specdec_core.store.ddl import _columns, refuse_foreign, schema_changes
 from specdec_core.store.errors import ForeignDatabaseError
-from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.lake import LakeError, compact
 from specdec_core.store.lake_files import damaged_files, damaged_message
 from specdec_core.store.sql import scalar
-from specdec_core.store.summaries import build_summaries
-from specdec_core.store.verdicts import record_first_verdicts
 from specdec_core.store.working_copy import STORE_ALIAS, attached, compact_after_write
 
 

@@ -2,7 +2,7 @@
 
 Read = accepted + duplicates + quarantined, for every ingest. The identity and
 fingerprint of each row are computed once here, over the distinct identity tuples,
-from the library's own text for each field value (store/identities.py), so the store
+from the library's own text for each field value (ingest/identities.py), so the store
 and the library cannot disagree.
 """
 
@@ -18,17 +18,16 @@ import pyarrow as pa
 
 from specdec_core import formats
 from specdec_core.contract import fields as contract
+from specdec_core.derived.hit_sources import judge_hits
+from specdec_core.derived.incremental import update_derived
+from specdec_core.derived.migrate import migrate_connection
+from specdec_core.derived.summaries import build_summaries
+from specdec_core.derived.verdicts import record_first_verdicts
 from specdec_core.formats.files import JSONL_SUFFIXES, LogReadError, resolve_paths
 from specdec_core.formats.jsonl import first_line, foreign_inputs
-from specdec_core.store.connection import WRITER_MEMORY_LIMIT_NATIVE, Store
-from specdec_core.store.hit_sources import judge_hits
-from specdec_core.store.identities import ID_HASH, compute_identities
-from specdec_core.store.incremental import update_derived
-from specdec_core.store.migrate import migrate_connection
-from specdec_core.store.sql import scalar
-from specdec_core.store.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
-from specdec_core.store.summaries import build_summaries
-from specdec_core.store.validation import (
+from specdec_core.ingest.identities import ID_HASH, compute_identities
+from specdec_core.ingest.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
+from specdec_core.ingest.validation import (
     _INDEX,
     FIELD_NAMES,
     MARKERS_SQL,
@@ -47,7 +46,8 @@ from specdec_core.store.validation import (
     usual_layout_sql,
     values_sql,
 )
-from specdec_core.store.verdicts import record_first_verdicts
+from specdec_core.store.connection import WRITER_MEMORY_LIMIT_NATIVE, Store
+from specdec_core.store.sql import scalar
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from specdec_core.contract.identity import (
     value_json,
 )
 from specdec_core.formats.common import MAX_JSON_DEPTH, TOO_DEEP, FormatError, loads, too_deep
+from specdec_core.ingest.validation import is_unknown
 from specdec_core.store.sql import list_literal
-from specdec_core.store.validation import is_unknown
 
 # What decides a row's identity: its identity fields, and which of them the log left unknown.
 _IDENTITY_INPUT = (*contract.IDENTITY_INPUT, "unknown_fields")

@@ -1,0 +1,8 @@
+"""The ingest pipeline: stage a log's lines, check them against the contract, quarantine what breaks it,
+record identities, write the requests and bring the derived tables up to date; live follow of files."""
+
+from specdec_core.ingest.follow import Follower
+from specdec_core.ingest.load import IngestResult, ingest
+from specdec_core.ingest.staging import IngestLimits
+
+__all__ = ["Follower", "IngestLimits", "IngestResult", "ingest"]
