@@ -209,7 +209,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_db(p)
     p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     p.add_argument("--format", choices=("auto", *formats.FORMATS), default="auto",
-                   help="the logs' shape: our contract, OpenTelemetry GenAI spans (OTLP JSON), LiteLLM payloads; "
+                   help="the logs' shape: our contract, OpenTelemetry GenAI spans (OTLP JSON), OpenInference spans "
+                        "(OTLP JSON or Phoenix's export), LiteLLM payloads, Langfuse observations; "
                         "auto (default) decides per file from its first record")
     p.add_argument("--map", metavar="FILE.toml", help="read any JSON Lines through a mapping file")
     p.add_argument("--max-record-bytes", type=int, metavar="N",

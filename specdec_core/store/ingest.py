@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from specdec_core import formats
 from specdec_core.contract import fields as contract
-from specdec_core.formats.files import JSONL_SUFFIXES, LogReadError, resolve_paths
+from specdec_core.formats.files import JSON_DOCUMENT_SUFFIXES, JSONL_SUFFIXES, LogReadError, resolve_paths
 from specdec_core.formats.jsonl import first_line, foreign_inputs
 from specdec_core.store.connection import WRITER_MEMORY_LIMIT_NATIVE, Store
 from specdec_core.store.hit_sources import judge_hits
@@ -388,9 +388,9 @@ def file_format(path: Path, log_format: str, mapping: formats.Mapping | None) ->
 
     CSV and Parquet files hold contract records only.
     """
-    if log_format not in ("auto", *formats.FORMATS):
+    if log_format not in ("auto", *formats.FORMATS, formats.LIVE_FORMAT):
         raise ValueError(f"--format: unknown format {log_format!r}; expected auto, {', '.join(formats.FORMATS)}")
-    jsonl = path.name.lower().endswith(JSONL_SUFFIXES)
+    jsonl = path.name.lower().endswith(JSONL_SUFFIXES + JSON_DOCUMENT_SUFFIXES)
     if mapping is not None or log_format not in ("auto", "contract"):
         if not jsonl:
             raise LogReadError(f"{path}: only JSON Lines files can be read as {'a mapping' if mapping else log_format}")
