@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from specdec_core import formats
 from specdec_core.contract import fields as contract
+from specdec_core.formats import object_store
 from specdec_core.formats.files import JSON_DOCUMENT_SUFFIXES, JSONL_SUFFIXES, LogReadError, resolve_paths
 from specdec_core.formats.jsonl import first_line, foreign_inputs
 from specdec_core.store.connection import WRITER_MEMORY_LIMIT_NATIVE, Store
@@ -302,6 +303,10 @@ def ingest(
     (that file's name, the number of its lines before this part), which the rows record instead.
     `before_commit(con, ingest_id)`: more writes that must land with this batch or not at all.
     """
+    if any(object_store.is_s3(p) for p in paths):  # fetched through httpfs, rows recorded under their URLs
+        with object_store.fetched(paths) as (local, names):
+            return ingest(store, local, progress, limits, log_format, mapping, {**names, **(parts or {})},
+                          before_commit)
     parts = parts or {}
     limits = limits or IngestLimits.from_env()
     files = resolve_paths(paths)  # raises LogReadError before anything is written
