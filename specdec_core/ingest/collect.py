@@ -13,6 +13,7 @@ import base64
 import hmac
 import ipaddress
 import json
+import math
 import os
 import socket
 import threading
@@ -198,40 +199,79 @@ class BadExport(ValueError):
     """An export that can't be read: answered 400 (gRPC INVALID_ARGUMENT), nothing spooled."""
 
 
-def _protobuf() -> tuple[Any, Any]:
-    trace_service = require("collect", "opentelemetry.proto.collector.trace.v1.trace_service_pb2")
-    json_format = require("collect", "google.protobuf.json_format")
-    return trace_service, json_format
+def _trace_service() -> Any:
+    return require("collect", "opentelemetry.proto.collector.trace.v1.trace_service_pb2")
 
 
-_ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+def _any_value(value: Any) -> dict:
+    """An AnyValue message as OTLP JSON (int64 as text, bytes as base64, NaN and infinities as text)."""
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return {"stringValue": value.string_value}
+    if kind == "int_value":
+        return {"intValue": str(value.int_value)}
+    if kind == "double_value":
+        number = value.double_value
+        return {"doubleValue": number if math.isfinite(number) else
+                ("NaN" if number != number else "Infinity" if number > 0 else "-Infinity")}
+    if kind == "bool_value":
+        return {"boolValue": value.bool_value}
+    if kind == "array_value":
+        return {"arrayValue": {"values": [_any_value(v) for v in value.array_value.values]}}
+    if kind == "kvlist_value":
+        return {"kvlistValue": {"values": _key_values(value.kvlist_value.values)}}
+    if kind == "bytes_value":
+        return {"bytesValue": base64.b64encode(value.bytes_value).decode()}
+    return {}
 
 
-def _hex_ids(request: dict) -> None:
-    """Ids as the Collector's file exporter writes them (hex), not as protobuf's JSON mapping does (base64)."""
-    for resource_spans in request.get("resourceSpans") or ():
-        for scope in resource_spans.get("scopeSpans") or ():
-            for span in scope.get("spans") or ():
-                for holder in (span, *(span.get("links") or ())):
-                    for key in _ID_FIELDS:
-                        if isinstance(holder.get(key), str):
-                            holder[key] = base64.b64decode(holder[key]).hex()
+def _key_values(items: Any) -> list[dict]:
+    return [{"key": kv.key, "value": _any_value(kv.value)} for kv in items]
+
+
+def _span(span: Any) -> dict:
+    out: dict[str, Any] = {"traceId": span.trace_id.hex(), "spanId": span.span_id.hex(), "name": span.name,
+                           "kind": span.kind, "startTimeUnixNano": str(span.start_time_unix_nano),
+                           "endTimeUnixNano": str(span.end_time_unix_nano),
+                           "attributes": _key_values(span.attributes)}
+    if span.parent_span_id:
+        out["parentSpanId"] = span.parent_span_id.hex()
+    if span.trace_state:
+        out["traceState"] = span.trace_state
+    if span.events:
+        out["events"] = [{"timeUnixNano": str(e.time_unix_nano), "name": e.name,
+                          "attributes": _key_values(e.attributes)} for e in span.events]
+    if span.links:
+        out["links"] = [{"traceId": link.trace_id.hex(), "spanId": link.span_id.hex(),
+                         "attributes": _key_values(link.attributes)} for link in span.links]
+    if span.HasField("status"):
+        out["status"] = {"code": span.status.code, "message": span.status.message}
+    return out
 
 
 def message_line(message: Any) -> tuple[bytes, int]:
-    """An ExportTraceServiceRequest message as one JSON line, and how many spans it holds."""
-    _, json_format = _protobuf()
-    spans = sum(len(s.spans) for rs in message.resource_spans for s in rs.scope_spans)
+    """An ExportTraceServiceRequest message as one OTLP JSON line, as the Collector's file exporter writes it
+    (hex ids, camelCase), and how many spans it holds. Walked field by field: protobuf's generic JSON mapping
+    took five times as long, the most of what an export costs here."""
+    spans = 0
+    resource_spans = []
+    for rs in message.resource_spans:
+        scopes = []
+        for ss in rs.scope_spans:
+            spans += len(ss.spans)
+            scopes.append({"scope": {"name": ss.scope.name, "version": ss.scope.version,
+                                     "attributes": _key_values(ss.scope.attributes)},
+                           "spans": [_span(span) for span in ss.spans]})
+        resource_spans.append({"resource": {"attributes": _key_values(rs.resource.attributes)},
+                               "scopeSpans": scopes})
     if not spans:
         return b"", 0
-    request = json_format.MessageToDict(message)
-    _hex_ids(request)
-    return json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode() + b"\n", spans
+    return json.dumps({"resourceSpans": resource_spans}, ensure_ascii=False, separators=(",", ":")).encode() + b"\n", \
+        spans
 
 
 def protobuf_line(body: bytes) -> tuple[bytes, int]:
-    trace_service, _ = _protobuf()
-    message = trace_service.ExportTraceServiceRequest()
+    message = _trace_service().ExportTraceServiceRequest()
     try:
         message.ParseFromString(body)
     except Exception as exc:  # protobuf's DecodeError, whatever the backend names it
