@@ -15,6 +15,7 @@ from typing import Any
 
 from . import otel
 from .common import (
+    CONTRACT_FIELDS,
     UNKNOWN_KEY,
     FormatError,
     LineResult,
@@ -34,6 +35,8 @@ UNKNOWN_WITHOUT_SPECDEC = ("top_k", "num_speculative_tokens")
 # Required by the contract, but instrumentations log only what the caller passed: absent is unknown.
 UNKNOWN_WHEN_ABSENT = ("temperature", "max_tokens", "tokenizer_version")
 _SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop")
+# Contract fields read from specdec.<field> after the OpenInference attributes (the four above: before).
+_SPECDEC_FIELDS = tuple(f for f in CONTRACT_FIELDS if f not in ("request_id", "prompt", "output_text", "deployment"))
 _SNAKE = re.compile(r"_([a-z])")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -193,10 +196,9 @@ def span_record(attrs: dict[str, Any], span_id: Any, start: Any, end: Any,
     deployment = attrs.get("specdec.deployment", resource_attrs.get("service.name", otel._MISSING))
     if deployment is not otel._MISSING:
         record["deployment"] = deployment
-    for key, value in attrs.items():  # specdec.<field> wins over what the instrumentation logged
-        if key.startswith("specdec.") and key not in ("specdec.request_id", "specdec.prompt",
-                                                      "specdec.output_text", "specdec.deployment"):
-            record[key[len("specdec."):]] = value
+    for field in _SPECDEC_FIELDS:  # specdec.<field> wins over what the instrumentation logged
+        if f"specdec.{field}" in attrs:
+            record[field] = attrs[f"specdec.{field}"]
     if "cached_fingerprint" in record:
         record["cached_fingerprint"] = parse_json_text(record["cached_fingerprint"])[1]
     unknown.update(f for f in UNKNOWN_WITHOUT_SPECDEC + UNKNOWN_WHEN_ABSENT if f not in record)

@@ -391,7 +391,8 @@ class Collector:
         host, port = split_host_port(self.options.listen, "--listen")
         handler = type("Handler", (_Handler,), {"collector": self})
         try:
-            self._http = _Server((host, port), handler)
+            server = _Server6 if ":" in host else _Server
+            self._http = server((host, port), handler)
         except OSError as exc:
             raise CollectError(f"--listen {self.options.listen}: can't listen: {exc.strerror or exc}") from None
         threading.Thread(target=self._http.serve_forever, name="otlp-http", daemon=True).start()
@@ -468,6 +469,10 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = False  # server_close waits for the exports under way: they are acknowledged before exit
     block_on_close = True
     request_queue_size = 128
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
 
 
 class _Handler(BaseHTTPRequestHandler):
