@@ -10,6 +10,7 @@ unique to it: a follower tells files apart by their first bytes, and two spool f
 from __future__ import annotations
 
 import base64
+import fcntl
 import hmac
 import ipaddress
 import json
@@ -90,6 +91,13 @@ class Spool:
         self.folder = folder
         self.rotate_bytes = rotate_bytes
         folder.mkdir(parents=True, exist_ok=True)
+        # One collector a spool: a second would cut the first's line under way as a dead one's partial tail.
+        self._lock_fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._lock_fd)
+            raise CollectError(f"{folder}: another specdec collect is using this spool") from None
         _cut_partial_tails(folder)
         self._lock = threading.Lock()
         self._synced = threading.Condition(self._lock)
@@ -165,6 +173,10 @@ class Spool:
                 os.fsync(self._fd)
                 os.close(self._fd)
                 self._fd, self._path = None, None
+
+    def release(self) -> None:
+        """Let another collector use the spool (after close, once what it holds is ingested)."""
+        os.close(self._lock_fd)
 
 
 def _cut_partial_tails(folder: Path) -> None:
@@ -463,6 +475,7 @@ class Collector:
             pass
         self.follower.close()
         self._forget_ingested()
+        self.spool.release()
 
 
 class _Server(ThreadingHTTPServer):

@@ -219,6 +219,9 @@ def test_backpressure_body_limit_and_token(db: Path) -> None:
         busy = [h for s, h, _ in statuses if s == 429]
         assert busy and all(int(h["Retry-After"]) >= 1 for h in busy)
         assert {s for s, _, _ in statuses} <= {200, 429}
+        second = subprocess.run([sys.executable, "-m", "specdec_core", "collect", "--db", str(db), "--listen",
+                                 "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0 and "another specdec collect is using this spool" in second.stderr
         with grpc.insecure_channel(f"127.0.0.1:{collect.grpc_port}") as channel:
             stub = TraceServiceStub(channel)
             with pytest.raises(grpc.RpcError) as refused:
