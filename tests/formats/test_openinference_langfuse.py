@@ -180,3 +180,18 @@ def test_older_genai_names_from_span_events(tmp_path: Path) -> None:
     assert record["prompt"] == '[{"content":"be brief","role":"system"},{"content":"hi","role":"user"}]'
     assert (record["output_text"], record["seed"], record["top_k"], record["stop"], record["output_tokens"]) == (
         "hello", 3, 5.0, ["\n"], 2)
+
+
+def test_phoenix_nested_attributes_read_as_flat_ones() -> None:
+    flat = json.loads((FIXTURES / "phoenix_spans.json").read_text())["data"]
+    llm = next(span for span in flat if span["span_kind"] == "LLM")
+    nested: dict = {}
+    for key, value in llm["attributes"].items():  # as older Phoenix versions answer: one level a dot
+        *path, last = key.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    line = json.dumps({"data": [{**llm, "attributes": nested}]})
+    assert formats.line_reader("openinference")(line).records == formats.line_reader("openinference")(
+        json.dumps({"data": [llm]})).records

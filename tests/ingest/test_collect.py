@@ -130,7 +130,8 @@ def db(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_sdk_exports_over_http_grpc_and_json_land_once_and_sigterm_drains(db: Path) -> None:
-    collect = Collect(db, "--json")
+    metrics_port = free_port()
+    collect = Collect(db, "--json", "--metrics", f"127.0.0.1:{metrics_port}")
     try:
         emit(HttpExporter(endpoint=collect.url), "http", 20)
         emit(HttpExporter(endpoint=collect.url, compression=_gzip()), "gz", 10)
@@ -142,6 +143,10 @@ def test_sdk_exports_over_http_grpc_and_json_land_once_and_sigterm_drains(db: Pa
         assert (status, json.loads(answer)) == (200, {})
         # The same export again (an answer the client never got): stored once.
         assert post(collect.url, gzip.compress(body), "application/json", **{"Content-Encoding": "gzip"})[0] == 200
+        deadline = time.monotonic() + 60
+        while (scraped := _requests_total(metrics_port)) < 50 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert scraped == 50  # --metrics serves the figures of what was collected, batch by batch
     finally:
         code, out, err = collect.stop()
     assert code == 0, err
@@ -156,6 +161,13 @@ def test_sdk_exports_over_http_grpc_and_json_land_once_and_sigterm_drains(db: Pa
                          "WHERE request_id = 'oi-00000'").fetchall()
     assert oi == [("gpt-4o-mini", 0.7, "edge-a", ["num_speculative_tokens", "top_k"])]
     assert not list(Path(f"{db}.spool").glob("spool-*.jsonl"))  # all ingested: the spool is emptied
+
+
+def _requests_total(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("specdec_requests_total{"))
 
 
 def _gzip() -> Compression:
