@@ -191,8 +191,9 @@ def span_record(attrs: dict[str, Any], span_id: Any, start: Any, end: Any,
         record["output_tokens"] = attrs["llm.token_count.completion"]
     if "llm.finish_reason" in attrs:
         record["finish_reason"] = attrs["llm.finish_reason"]
-    if "user.id" in attrs:
-        record["consumer"] = attrs["user.id"]
+    consumer = attrs.get("specdec.consumer", attrs.get("user.id", otel._MISSING))
+    if consumer is not otel._MISSING:
+        record["consumer"] = consumer
     deployment = attrs.get("specdec.deployment", resource_attrs.get("service.name", otel._MISSING))
     if deployment is not otel._MISSING:
         record["deployment"] = deployment

@@ -114,10 +114,10 @@ def _event_bodies(span: dict) -> list[tuple[str, dict[str, Any]]]:
         if not isinstance(event, dict) or not isinstance(event.get("name"), str):
             continue
         attrs = _attributes(event.get("attributes"))
-        body = attrs.pop("body", None)
-        _, body = parse_json_text(body)
-        if isinstance(body, dict):
-            attrs = {**attrs, **body}
+        for key in ("body", "gen_ai.event.content"):
+            _, body = parse_json_text(attrs.pop(key, None))
+            if isinstance(body, dict):
+                attrs = {**attrs, **body}
         out.append((event["name"], attrs))
     return out
 
