@@ -524,22 +524,36 @@ class _Handler(BaseHTTPRequestHandler):
             self._discard()
             self._error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
             return
+        chunked = (self.headers.get("Transfer-Encoding") or "").strip().lower() == "chunked"
         length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
+        if not chunked and (length is None or not length.isdigit()):
             self.close_connection = True
             self._error(411, "Content-Length required")
             return
-        if int(length) > c.options.max_body_bytes:
+        if not chunked and int(length) > c.options.max_body_bytes:
             c.counters.add("refused_large")
             self._discard(int(length))  # read off, not kept: a client that sends it all then reads the answer
             self._error(413, f"body of {int(length):,} bytes is over the limit of {c.options.max_body_bytes:,}")
             return
         if c.busy():
             c.counters.add("refused_busy")
-            self._discard(int(length))
+            if chunked:
+                self.close_connection = True
+            else:
+                self._discard(int(length))
             self._error(429, "backlog full: retry later", {"Retry-After": str(c.retry_after())})
             return
-        body = self.rfile.read(int(length))
+        try:
+            body = self._read_chunked(c.options.max_body_bytes) if chunked else self.rfile.read(int(length))
+        except TooLarge:
+            c.counters.add("refused_large")
+            self.close_connection = True
+            self._error(413, f"body is over the limit of {c.options.max_body_bytes:,} bytes")
+            return
+        except ValueError:
+            self.close_connection = True
+            self._error(400, "bad chunked body")
+            return
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         try:
             if (self.headers.get("Content-Encoding") or "").strip().lower() == "gzip":
@@ -569,6 +583,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(200, b"{}")
         else:
             self._answer(200, b"", "application/x-protobuf")
+
+    def _read_chunked(self, limit: int) -> bytes:
+        """A body sent with Transfer-Encoding: chunked, never more than `limit` bytes of it."""
+        parts: list[bytes] = []
+        held = 0
+        while True:
+            size = int(self.rfile.readline(1024).split(b";", 1)[0].strip() or b"x", 16)
+            if size == 0:
+                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(parts)
+            held += size
+            if held > limit:
+                raise TooLarge()
+            parts.append(self.rfile.read(size))
+            self.rfile.readline(16)  # the CRLF after each chunk
 
     def _discard(self, length: int | None = None) -> None:
         """Read a refused body off the connection (up to the limit), so the client reads the answer."""

@@ -5,6 +5,7 @@ back-pressure (429 + Retry-After), the body limit (413), the bearer token (401) 
 from __future__ import annotations
 
 import gzip
+import http.client
 import json
 import os
 import signal
@@ -143,16 +144,24 @@ def test_sdk_exports_over_http_grpc_and_json_land_once_and_sigterm_drains(db: Pa
         assert (status, json.loads(answer)) == (200, {})
         # The same export again (an answer the client never got): stored once.
         assert post(collect.url, gzip.compress(body), "application/json", **{"Content-Encoding": "gzip"})[0] == 200
+        # A body sent in chunks, without a Content-Length.
+        chunks = encode_spans(finished_spans(lambda n: genai_attrs(n, "chunked"), 3)).SerializeToString()
+        conn = http.client.HTTPConnection("127.0.0.1", collect.http_port, timeout=30)
+        conn.request("POST", "/v1/traces", iter([chunks[:10], chunks[10:]]),
+                     {"Content-Type": "application/x-protobuf"}, encode_chunked=True)
+        assert conn.getresponse().status == 200
+        conn.close()
         deadline = time.monotonic() + 60
-        while (scraped := _requests_total(metrics_port)) < 50 and time.monotonic() < deadline:
+        while (scraped := _requests_total(metrics_port)) < 53 and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert scraped == 50  # --metrics serves the figures of what was collected, batch by batch
+        assert scraped == 53  # --metrics serves the figures of what was collected, batch by batch
     finally:
         code, out, err = collect.stop()
     assert code == 0, err
     ids = request_ids(db)
     assert ids == sorted([f"http-{n:05d}" for n in range(20)] + [f"gz-{n:05d}" for n in range(10)]
-                         + [f"grpc-{n:05d}" for n in range(15)] + [f"oi-{n:05d}" for n in range(5)])
+                         + [f"grpc-{n:05d}" for n in range(15)] + [f"oi-{n:05d}" for n in range(5)]
+                         + [f"chunked-{n:05d}" for n in range(3)])
     batches = [json.loads(line) for line in out.splitlines()]
     assert sum(b["skipped"] for b in batches) == 45  # the tokenize spans
     assert sum(b["duplicates"] for b in batches) == 5
