@@ -400,6 +400,7 @@ class Collector:
     # -- listening
 
     def start(self) -> None:
+        _trace_service()  # the collect extra: said before listening, not at the first export
         host, port = split_host_port(self.options.listen, "--listen")
         handler = type("Handler", (_Handler,), {"collector": self})
         try:
