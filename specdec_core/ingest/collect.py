@@ -386,8 +386,8 @@ class Collector:
     def authorized(self, header: str | None) -> bool:
         if self.options.token is None:
             return True
-        expected = f"Bearer {self.options.token}".encode()
-        return header is not None and hmac.compare_digest(header.strip().encode(), expected)
+        scheme, _, token = (header or "").strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.options.token.encode())
 
     def accept(self, line: bytes, spans: int) -> None:
         """Spool one export durably; the caller answers success only after this returns."""
