@@ -79,6 +79,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     finally:
         if metrics is not None:
             metrics.stop()
+        print(f"specdec collect: {collector.counters.summary()}", file=sys.stderr, flush=True)
     return 0
 
 

@@ -39,6 +39,8 @@ SPOOL_PREFIX = "spool-"
 # A spool file is closed for a new one past this size, so what has been ingested can be deleted.
 ROTATE_BYTES = 64 << 20
 TRACES_PATH = "/v1/traces"
+# What a refused exporter is told to wait: about one batch's ingest, after which the backlog has moved.
+RETRY_AFTER_SECONDS = 2
 # A refused body is read off the connection up to this size (so the client reads the answer), else cut.
 _MOST_DISCARDED = 1 << 30
 
@@ -341,6 +343,11 @@ class Counters:
         with self.lock:
             setattr(self, name, getattr(self, name) + n)
 
+    def summary(self) -> str:
+        refused = (f"refused {self.refused_busy} busy, {self.refused_large} too large, {self.refused_auth} "
+                   f"unauthorized, {self.refused_bad} unreadable")
+        return f"received {self.exports} exports ({self.spans} spans); {refused}"
+
 
 class Collector:
     """Receives exports, spools them, and ingests the spool; `run` blocks until `stop` (a signal) is called."""
@@ -381,7 +388,7 @@ class Collector:
         return self.backlog_bytes() > self.options.max_backlog_bytes
 
     def retry_after(self) -> int:
-        return 2
+        return RETRY_AFTER_SECONDS
 
     def authorized(self, header: str | None) -> bool:
         if self.options.token is None:

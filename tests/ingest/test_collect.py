@@ -252,6 +252,7 @@ def test_backpressure_body_limit_and_token(db: Path) -> None:
         code, _, err = collect.stop()
     assert code == 0, err
     assert request_ids(db) == [f"bp-{n:05d}" for n in range(50)]
+    assert f"refused {len(busy)} busy, 1 too large, 3 unauthorized, 0 unreadable" in err
 
 
 def test_refuses_a_non_loopback_address_without_a_token(tmp_path: Path) -> None:
