@@ -28,6 +28,7 @@ from typing import Any
 
 from specdec_core import formats
 from specdec_core.extras import require
+from specdec_core.formats.openinference import camel_keys
 from specdec_core.store.connection import Store, StoreError
 from specdec_core.store.follow import Batch, Follower
 from specdec_core.store.staging import IngestLimits
@@ -299,6 +300,8 @@ def json_line(body: bytes) -> tuple[bytes, int]:
         request = json.loads(body)
     except (ValueError, RecursionError):
         raise BadExport("not JSON") from None
+    if isinstance(request, dict) and "resource_spans" in request:
+        request = camel_keys(request)  # protobuf's JSON parsers take its field names as written in the .proto too
     if not isinstance(request, dict) or not isinstance(request.get("resourceSpans", []), list):
         raise BadExport("not an OTLP ExportTraceServiceRequest: no resourceSpans list")
     spans = 0
