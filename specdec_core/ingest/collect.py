@@ -9,17 +9,12 @@ unique to it: a follower tells files apart by their first bytes, and two spool f
 
 from __future__ import annotations
 
-import base64
-import fcntl
 import hmac
 import ipaddress
 import json
-import math
-import os
 import socket
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,7 +23,16 @@ from typing import Any
 
 from specdec_core import formats
 from specdec_core.extras import require
-from specdec_core.formats.openinference import camel_keys
+from specdec_core.ingest.otlp_decode import (
+    BadExport,
+    TooLarge,
+    gunzip,
+    json_line,
+    message_line,
+    protobuf_line,
+    trace_service,
+)
+from specdec_core.ingest.spool import SPOOL_PREFIX, Spool, SpoolInUse
 from specdec_core.store.connection import Store, StoreError
 from specdec_core.store.follow import Batch, Follower
 from specdec_core.store.staging import IngestLimits
@@ -36,9 +40,6 @@ from specdec_core.store.staging import IngestLimits
 DEFAULT_LISTEN = "127.0.0.1:4318"
 DEFAULT_MAX_BODY_BYTES = 16 << 20
 DEFAULT_MAX_BACKLOG_BYTES = 256 << 20
-SPOOL_PREFIX = "spool-"
-# A spool file is closed for a new one past this size, so what has been ingested can be deleted.
-ROTATE_BYTES = 64 << 20
 TRACES_PATH = "/v1/traces"
 # What a refused exporter is told to wait: about one batch's ingest, after which the backlog has moved.
 RETRY_AFTER_SECONDS = 2
@@ -83,252 +84,6 @@ def default_spool(store: Store) -> Path:
     return Path(f"{store.path}.spool")
 
 
-# ---- the spool: what is acknowledged, durably -----------------------------------------------------------
-
-
-class Spool:
-    """Append-only spool files in one folder, written with group commit: each append returns once it is
-    fsynced, and appends that arrive while one fsync runs share the next."""
-
-    def __init__(self, folder: Path, rotate_bytes: int = ROTATE_BYTES) -> None:
-        self.folder = folder
-        self.rotate_bytes = rotate_bytes
-        folder.mkdir(parents=True, exist_ok=True)
-        # One collector a spool: a second would cut the first's line under way as a dead one's partial tail.
-        self._lock_fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self._lock_fd)
-            raise CollectError(f"{folder}: another specdec collect is using this spool") from None
-        _cut_partial_tails(folder)
-        self._lock = threading.Lock()
-        self._synced = threading.Condition(self._lock)
-        self._fd: int | None = None
-        self._path: Path | None = None
-        self._size = 0
-        self._written = 0  # bytes appended by this process, in order
-        self._synced_to = 0  # of those, bytes known durable
-        self._syncing = False
-        self._failed: OSError | None = None
-
-    @property
-    def current(self) -> Path | None:
-        return self._path
-
-    @property
-    def written(self) -> int:
-        return self._written
-
-    def _open_new(self) -> None:
-        if self._fd is not None:
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._synced_to = self._written
-        name = f"{SPOOL_PREFIX}{time.time_ns():020d}-{os.getpid()}.jsonl"
-        path = self.folder / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
-        header = json.dumps({"resourceSpans": [], "specdec_spool": name}).encode() + b"\n"
-        os.write(fd, header)
-        os.fsync(fd)
-        dir_fd = os.open(self.folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the file's name is durable too, not only its bytes
-        finally:
-            os.close(dir_fd)
-        self._fd, self._path, self._size = fd, path, len(header)
-
-    def append(self, line: bytes) -> None:
-        """Write one line and return once it is on disk; OSError if it could not be made durable."""
-        with self._lock:
-            if self._failed is not None:
-                raise OSError(f"spool {self.folder}: {self._failed}")
-            if self._fd is None or self._size >= self.rotate_bytes:
-                self._open_new()
-            os.write(self._fd, line)
-            self._size += len(line)
-            self._written += len(line)
-            mine = self._written
-            while self._synced_to < mine:
-                if self._syncing:
-                    self._synced.wait()
-                    if self._failed is not None:
-                        raise OSError(f"spool {self.folder}: {self._failed}")
-                    continue
-                self._syncing, target, fd = True, self._written, self._fd
-                self._lock.release()
-                try:
-                    os.fsync(fd)
-                except OSError as exc:
-                    self._failed = exc
-                finally:
-                    self._lock.acquire()
-                    self._syncing = False
-                    if self._failed is None:
-                        self._synced_to = max(self._synced_to, target)
-                    self._synced.notify_all()
-                if self._failed is not None:
-                    raise OSError(f"spool {self.folder}: {self._failed}")
-
-    def close(self) -> None:
-        with self._lock:
-            if self._fd is not None:
-                os.fsync(self._fd)
-                os.close(self._fd)
-                self._fd, self._path = None, None
-
-    def release(self) -> None:
-        """Let another collector use the spool (after close, once what it holds is ingested)."""
-        os.close(self._lock_fd)
-
-
-def _cut_partial_tails(folder: Path) -> None:
-    """A spool file left by a collector killed mid-write ends in a part of a line it never acknowledged:
-    cut it, so the file ends in whole lines (a new collector writes to a new file)."""
-    for path in sorted(folder.glob(f"{SPOOL_PREFIX}*.jsonl")):
-        with open(path, "rb+") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            if not size:
-                continue
-            fh.seek(size - 1)
-            if fh.read(1) == b"\n":
-                continue
-            at = size
-            while at > 0:
-                step = min(1 << 16, at)
-                fh.seek(at - step)
-                block = fh.read(step)
-                end = block.rfind(b"\n")
-                if end >= 0:
-                    at = at - step + end + 1
-                    break
-                at -= step
-            fh.truncate(at)
-            os.fsync(fh.fileno())
-
-
-# ---- an export's body as one OTLP JSON line --------------------------------------------------------------
-
-
-class BadExport(ValueError):
-    """An export that can't be read: answered 400 (gRPC INVALID_ARGUMENT), nothing spooled."""
-
-
-def _trace_service() -> Any:
-    return require("collect", "opentelemetry.proto.collector.trace.v1.trace_service_pb2")
-
-
-def _any_value(value: Any) -> dict:
-    """An AnyValue message as OTLP JSON (int64 as text, bytes as base64, NaN and infinities as text)."""
-    kind = value.WhichOneof("value")
-    if kind == "string_value":
-        return {"stringValue": value.string_value}
-    if kind == "int_value":
-        return {"intValue": str(value.int_value)}
-    if kind == "double_value":
-        number = value.double_value
-        return {"doubleValue": number if math.isfinite(number) else
-                ("NaN" if number != number else "Infinity" if number > 0 else "-Infinity")}
-    if kind == "bool_value":
-        return {"boolValue": value.bool_value}
-    if kind == "array_value":
-        return {"arrayValue": {"values": [_any_value(v) for v in value.array_value.values]}}
-    if kind == "kvlist_value":
-        return {"kvlistValue": {"values": _key_values(value.kvlist_value.values)}}
-    if kind == "bytes_value":
-        return {"bytesValue": base64.b64encode(value.bytes_value).decode()}
-    return {}
-
-
-def _key_values(items: Any) -> list[dict]:
-    return [{"key": kv.key, "value": _any_value(kv.value)} for kv in items]
-
-
-def _span(span: Any) -> dict:
-    out: dict[str, Any] = {"traceId": span.trace_id.hex(), "spanId": span.span_id.hex(), "name": span.name,
-                           "kind": span.kind, "startTimeUnixNano": str(span.start_time_unix_nano),
-                           "endTimeUnixNano": str(span.end_time_unix_nano),
-                           "attributes": _key_values(span.attributes)}
-    if span.parent_span_id:
-        out["parentSpanId"] = span.parent_span_id.hex()
-    if span.trace_state:
-        out["traceState"] = span.trace_state
-    if span.events:
-        out["events"] = [{"timeUnixNano": str(e.time_unix_nano), "name": e.name,
-                          "attributes": _key_values(e.attributes)} for e in span.events]
-    if span.links:
-        out["links"] = [{"traceId": link.trace_id.hex(), "spanId": link.span_id.hex(),
-                         "attributes": _key_values(link.attributes)} for link in span.links]
-    if span.HasField("status"):
-        out["status"] = {"code": span.status.code, "message": span.status.message}
-    return out
-
-
-def message_line(message: Any) -> tuple[bytes, int]:
-    """An ExportTraceServiceRequest message as one OTLP JSON line, as the Collector's file exporter writes it
-    (hex ids, camelCase), and how many spans it holds. Walked field by field: protobuf's generic JSON mapping
-    took five times as long, the most of what an export costs here."""
-    spans = 0
-    resource_spans = []
-    for rs in message.resource_spans:
-        scopes = []
-        for ss in rs.scope_spans:
-            spans += len(ss.spans)
-            scopes.append({"scope": {"name": ss.scope.name, "version": ss.scope.version,
-                                     "attributes": _key_values(ss.scope.attributes)},
-                           "spans": [_span(span) for span in ss.spans]})
-        resource_spans.append({"resource": {"attributes": _key_values(rs.resource.attributes)},
-                               "scopeSpans": scopes})
-    if not spans:
-        return b"", 0
-    return json.dumps({"resourceSpans": resource_spans}, ensure_ascii=False, separators=(",", ":")).encode() + b"\n", \
-        spans
-
-
-def protobuf_line(body: bytes) -> tuple[bytes, int]:
-    message = _trace_service().ExportTraceServiceRequest()
-    try:
-        message.ParseFromString(body)
-    except Exception as exc:  # protobuf's DecodeError, whatever the backend names it
-        raise BadExport(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
-    return message_line(message)
-
-
-def json_line(body: bytes) -> tuple[bytes, int]:
-    """OTLP/HTTP JSON: hex ids and camelCase, as it came (its spans read by the otel and OpenInference readers)."""
-    try:
-        request = json.loads(body)
-    except (ValueError, RecursionError):
-        raise BadExport("not JSON") from None
-    if isinstance(request, dict) and "resource_spans" in request:
-        request = camel_keys(request)  # protobuf's JSON parsers take its field names as written in the .proto too
-    if not isinstance(request, dict) or not isinstance(request.get("resourceSpans", []), list):
-        raise BadExport("not an OTLP ExportTraceServiceRequest: no resourceSpans list")
-    spans = 0
-    for rs in request.get("resourceSpans") or ():
-        for scope in (rs.get("scopeSpans") or ()) if isinstance(rs, dict) else ():
-            spans += len(scope.get("spans") or ()) if isinstance(scope, dict) else 0
-    if not spans:
-        return b"", 0
-    return json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode() + b"\n", spans
-
-
-def gunzip(body: bytes, limit: int) -> bytes:
-    """A gzip body, never more than `limit` bytes of it: a small body can inflate to gigabytes."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error:
-        raise BadExport("Content-Encoding gzip, but the body is not gzip") from None
-    if len(out) > limit:
-        raise TooLarge()
-    return out
-
-
-class TooLarge(Exception):
-    """A body past --max-body-bytes (413, gRPC RESOURCE_EXHAUSTED)."""
-
-
 # ---- the collector: receivers, spool, ingest -------------------------------------------------------------
 
 
@@ -359,7 +114,10 @@ class Collector:
                  on_batch: Callable[[Batch], None] | None = None,
                  on_problem: Callable[[str], None] | None = None) -> None:
         self.store, self.options = store, options
-        self.spool = Spool(options.spool or default_spool(store))
+        try:
+            self.spool = Spool(options.spool or default_spool(store))
+        except SpoolInUse as exc:
+            raise CollectError(str(exc)) from None
         self.follower = Follower(store, [str(self.spool.folder)], log_format=formats.LIVE_FORMAT, limits=limits,
                                  batch_rows=options.batch_rows, on_problem=on_problem)
         self.counters = Counters()
@@ -410,7 +168,7 @@ class Collector:
     # -- listening
 
     def start(self) -> None:
-        _trace_service()  # the collect extra: said before listening, not at the first export
+        trace_service()  # the collect extra: said before listening, not at the first export
         host, port = split_host_port(self.options.listen, "--listen")
         handler = type("Handler", (_Handler,), {"collector": self})
         try:
@@ -628,7 +386,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _start_grpc(collector: Collector, listen: str) -> Any:
     grpc = require("collect", "grpc")
-    trace_service = require("collect", "opentelemetry.proto.collector.trace.v1.trace_service_pb2")
+    service_pb2 = trace_service()
     trace_grpc = require("collect", "opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc")
     from concurrent.futures import ThreadPoolExecutor
 
@@ -654,7 +412,7 @@ def _start_grpc(collector: Collector, listen: str) -> Any:
                 collector.accept(line, spans)
             except OSError as exc:
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"could not spool the export: {exc}")
-            return trace_service.ExportTraceServiceResponse()
+            return service_pb2.ExportTraceServiceResponse()
 
     host, port = split_host_port(listen, "--grpc")
     server = grpc.server(ThreadPoolExecutor(max_workers=8), options=[
