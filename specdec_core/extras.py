@@ -20,6 +20,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
              "duckdb_extension_httpfs"),
     "otel": ("opentelemetry",),
     "metrics": ("prometheus_client", "yaml"),
+    "collect": ("opentelemetry", "grpc", "google"),
 }
 
 

@@ -21,6 +21,7 @@ from specdec_core.store.location import mask_secrets
 # Each module defines `register(subparsers)`; its parsers set `func(args) -> int`.
 COMMAND_MODULES: tuple[str, ...] = (
     "specdec_core.cli.store_cmds",
+    "specdec_core.cli.collect_cmd",
     "specdec_core.cli.migrate_cmd",
     "specdec_core.cli.replay_cmd",
     "specdec_core.cli.demo_cmd",

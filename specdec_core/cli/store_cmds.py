@@ -14,6 +14,7 @@ from dataclasses import replace
 from specdec_core import formats
 from specdec_core.analysis import fix_stats, fix_status, headline, logging_gaps, red_flags
 from specdec_core.analysis.report import KINDS, write_report
+from specdec_core.formats import object_store
 from specdec_core.ingest import IngestLimits, ingest
 from specdec_core.store import LogReadError, Store, StoreError
 from specdec_core.store.working_copy import copy_cost_note
@@ -117,7 +118,12 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
     note = copy_cost_note(store)
     if note:
         print(f"specdec ingest: {note}", file=sys.stderr)
-    follower = Follower(store, args.paths, log_format=args.format, mapping=mapping, limits=limits,
+    make = Follower
+    if any(object_store.is_s3(p) for p in args.paths):  # s3:// objects are loaded whole, once they hold still
+        from specdec_core.ingest.object_follow import ObjectFollower
+
+        make = ObjectFollower
+    follower = make(store, args.paths, log_format=args.format, mapping=mapping, limits=limits,
                         batch_rows=args.batch_rows,
                         on_problem=lambda problem: print(f"specdec ingest: {problem}", file=sys.stderr, flush=True))
     try:
@@ -209,11 +215,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ingest", help="load request logs (JSONL, JSONL.gz, CSV, Parquet; OTel, LiteLLM)",
                               description="Load request logs; bad records go to quarantine with their reason.")
-    p.add_argument("paths", nargs="+", metavar="PATH", help="a file, a folder or a glob")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="a file, a folder or a glob; or s3://bucket/prefix/ (a glob too): see [logs] in specdec.toml")
     add_db(p)
     p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     p.add_argument("--format", choices=("auto", *formats.FORMATS), default="auto",
-                   help="the logs' shape: our contract, OpenTelemetry GenAI spans (OTLP JSON), LiteLLM payloads; "
+                   help="the logs' shape: our contract, OpenTelemetry GenAI spans (OTLP JSON), OpenInference spans "
+                        "(OTLP JSON or Phoenix's export), LiteLLM payloads, Langfuse observations; "
                         "auto (default) decides per file from its first record")
     p.add_argument("--map", metavar="FILE.toml", help="read any JSON Lines through a mapping file")
     p.add_argument("--max-record-bytes", type=int, metavar="N",

@@ -1,4 +1,5 @@
-"""Readers that turn one line of a foreign log (OTel, LiteLLM, a ``--map`` file) into contract records.
+"""Readers that turn one line of a foreign log (OTel, OpenInference, LiteLLM, Langfuse, a ``--map`` file) into
+contract records.
 
 A produced record holds contract fields plus, where they apply, ``__unknown__`` (sorted names of
 fields whose value is unknown, not null; those fields are absent) and ``__source_request_id__`` (a
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from . import litellm, otel
+from . import langfuse, litellm, openinference, otel
 from .common import (
     CONTRACT_FIELDS,
     SOURCE_KEY,
@@ -23,7 +24,9 @@ from .common import (
 from .litellm import backfill_cache_keys
 from .mapping import FieldRule, Mapping, load_mapping
 
-FORMATS: tuple[str, ...] = ("contract", "otel", "litellm")
+FORMATS: tuple[str, ...] = ("contract", "otel", "openinference", "litellm", "langfuse")
+# Read by `specdec collect` alone: OTLP JSON whose spans are GenAI and OpenInference spans alike.
+LIVE_FORMAT = "otlp"
 
 # Keys every StandardLoggingPayload carries; two of them tell it from a JSON line of some other shape.
 _LITELLM_MARKERS = frozenset(
@@ -32,7 +35,7 @@ _LITELLM_MARKERS = frozenset(
 
 
 def detect(first_line: str) -> str:
-    """The format of a file, "otel", "litellm" or "contract", from its first non-blank line's JSON shape.
+    """The format of a file, one of FORMATS, from its first non-blank line's JSON shape.
 
     Anything else, including a line that is not JSON, is "contract": its validation quarantines it.
     """
@@ -42,8 +45,15 @@ def detect(first_line: str) -> str:
         return "contract"
     if not isinstance(obj, dict):
         return "contract"
-    if "resourceSpans" in obj:
-        return "otel"
+    if "resourceSpans" in obj or "resource_spans" in obj:
+        # OpenInference spans say so in every span; the GenAI conventions' don't.
+        return "openinference" if openinference.KIND in first_line or "resource_spans" in obj else "otel"
+    data = obj.get("data")
+    first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else obj
+    if langfuse.looks_like(first):
+        return "langfuse"
+    if "attributes" in first and ("span_kind" in first or "context" in first or "span_id" in first):
+        return "openinference"  # Phoenix's span export
     if "request_id" not in obj and len(_LITELLM_MARKERS & obj.keys()) >= 2:
         return "litellm"
     return "contract"
@@ -60,6 +70,12 @@ def line_reader(fmt: str, mapping: Mapping | None = None) -> Callable[[str], Lin
         return otel.read_line
     if fmt == "litellm":
         return litellm.read_line
+    if fmt == "openinference":
+        return openinference.read_line
+    if fmt == "langfuse":
+        return langfuse.read_line
+    if fmt == LIVE_FORMAT:
+        return openinference.read_any_otlp_line
     if fmt == "map":
         if mapping is None:
             raise ValueError("format 'map' needs a mapping (load_mapping)")
@@ -72,6 +88,7 @@ def line_reader(fmt: str, mapping: Mapping | None = None) -> Callable[[str], Lin
 __all__ = [
     "CONTRACT_FIELDS",
     "FORMATS",
+    "LIVE_FORMAT",
     "SOURCE_KEY",
     "UNKNOWN_KEY",
     "FieldRule",

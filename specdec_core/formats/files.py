@@ -23,6 +23,10 @@ JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
 CSV_SUFFIXES = (".csv", ".csv.gz")
 PARQUET_SUFFIXES = (".parquet",)
 SUPPORTED_SUFFIXES = JSONL_SUFFIXES + CSV_SUFFIXES + PARQUET_SUFFIXES
+# One JSON document (an API's answer saved as it came: Phoenix's span export, Langfuse's observations), read as
+# one record however it is laid out. Taken when named or matched by a pattern that names it, never from a
+# folder: a folder's .json files are more often settings than logs.
+JSON_DOCUMENT_SUFFIXES = (".json",)
 
 
 class LogReadError(OSError):
@@ -47,6 +51,10 @@ class RawBatch:
 
 def _supported(path: Path) -> bool:
     return path.name.lower().endswith(SUPPORTED_SUFFIXES)
+
+
+def is_json_document(path: Path | str) -> bool:
+    return str(path).lower().endswith(JSON_DOCUMENT_SUFFIXES)
 
 
 _GLOB_CHARS = "*?["
@@ -129,7 +137,8 @@ def resolve_paths(paths: list[str]) -> list[Path]:
     for spec in paths:
         p = Path(spec)
         if not os.path.lexists(spec) and _is_pattern(spec):
-            matched = sorted(m for m in expand_pattern(spec) if m.is_file() and _supported(m))
+            matched = sorted(m for m in expand_pattern(spec) if m.is_file()
+                             and (_supported(m) or (is_json_document(m) and is_json_document(spec))))
             if not matched:
                 raise LogReadError(f"{spec}: no supported log file matches this pattern")
             files.extend(matched)
@@ -139,7 +148,7 @@ def resolve_paths(paths: list[str]) -> list[Path]:
                 raise LogReadError(f"{spec}: folder holds no .jsonl, .jsonl.gz, .csv or .parquet file")
             files.extend(found)
         elif p.is_file():
-            if not _supported(p):
+            if not (_supported(p) or is_json_document(p)):
                 raise LogReadError(f"{spec}: unsupported file type (expected {', '.join(SUPPORTED_SUFFIXES)})")
             if not os.access(p, os.R_OK):
                 raise LogReadError(f"{spec}: permission denied")

@@ -20,6 +20,7 @@ from specdec_core.formats.files import (
     CutLine,
     LogReadError,
     RawBatch,
+    is_json_document,
     open_binary,
     shown_bytes,
     too_large,
@@ -59,12 +60,15 @@ def _lines(path: Path, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[byte
             parts.append(piece)
         held += len(piece)
 
+    document = is_json_document(path)
     with open_binary(path) as fh:
         try:
             while True:
                 chunk = fh.read1(READ_BYTES)
                 if not chunk:
                     break
+                if document:  # a JSON document is one record: a line end outside a string is whitespace
+                    chunk = chunk.replace(b"\n", b" ")
                 pieces = chunk.split(b"\n")
                 if len(pieces) > 1:
                     add(pieces[0])  # the end of the line under way

@@ -88,6 +88,75 @@ def is_request(attrs: dict[str, Any]) -> bool:
     return attrs.get("gen_ai.operation.name") in REQUEST_OPERATIONS or "specdec.cache_key" in attrs
 
 
+# The older GenAI names (and OpenLLMetry's), read where the current name is absent: record field -> attribute.
+_OLDER_NAMES: tuple[tuple[str, str], ...] = (
+    ("output_tokens", "gen_ai.usage.completion_tokens"),
+    ("seed", "gen_ai.openai.request.seed"),
+    ("top_k", "llm.top_k"),
+    ("stop", "llm.chat.stop_sequences"),
+)
+_MESSAGE_EVENTS = {"gen_ai.system.message": "system", "gen_ai.user.message": "user",
+                   "gen_ai.assistant.message": "assistant", "gen_ai.tool.message": "tool"}
+
+
+def is_older_request(attrs: dict[str, Any], span: dict) -> bool:
+    """A span of an older instrumentation: a system named, no operation, a model and an output."""
+    return ("gen_ai.system" in attrs and "gen_ai.operation.name" not in attrs
+            and "gen_ai.request.model" in attrs
+            and _older_output(attrs, span) is not _MISSING)
+
+
+def _event_bodies(span: dict) -> list[tuple[str, dict[str, Any]]]:
+    """(name, body) of each span event in order; the body is the event's attributes, a JSON ``body`` or
+    ``message`` attribute unpacked (instrumentations put a log event's body there when they make it a span event)."""
+    out = []
+    for event in span.get("events") or ():
+        if not isinstance(event, dict) or not isinstance(event.get("name"), str):
+            continue
+        attrs = _attributes(event.get("attributes"))
+        for key in ("body", "gen_ai.event.content"):
+            _, body = parse_json_text(attrs.pop(key, None))
+            if isinstance(body, dict):
+                attrs = {**attrs, **body}
+        out.append((event["name"], attrs))
+    return out
+
+
+def _older_prompt(attrs: dict[str, Any], span: dict) -> Any:
+    indices = sorted({int(k.split(".")[2]) for k in attrs
+                      if k.startswith("gen_ai.prompt.") and k.count(".") >= 3 and k.split(".")[2].isdigit()})
+    if indices:
+        return canonical_json([{"role": attrs.get(f"gen_ai.prompt.{i}.role"),
+                                "content": attrs.get(f"gen_ai.prompt.{i}.content")} for i in indices])
+    messages = [{"role": body.get("role", _MESSAGE_EVENTS[name]), "content": body.get("content")}
+                for name, body in _event_bodies(span) if name in _MESSAGE_EVENTS]
+    return canonical_json(messages) if messages else _MISSING
+
+
+def _older_output(attrs: dict[str, Any], span: dict) -> Any:
+    if "gen_ai.completion.0.content" in attrs:
+        return attrs["gen_ai.completion.0.content"]
+    for name, body in _event_bodies(span):
+        if name == "gen_ai.choice":
+            message = body.get("message")
+            _, message = parse_json_text(message)
+            if isinstance(message, dict) and "content" in message:
+                return message["content"]
+            if "message.content" in body:
+                return body["message.content"]
+    return _MISSING
+
+
+def older_fields(attrs: dict[str, Any], span: dict, record: dict[str, Any]) -> None:
+    """Fill, in place, the fields `record` lacks from the older GenAI names."""
+    for field, key in _OLDER_NAMES:
+        if field not in record and key in attrs:
+            record[field] = attrs[key]
+    for field, read in (("prompt", _older_prompt), ("output_text", _older_output)):
+        if field not in record and (value := read(attrs, span)) is not _MISSING:
+            record[field] = value
+
+
 def _prompt(attrs: dict[str, Any]) -> Any:
     if "specdec.prompt" in attrs:
         return attrs["specdec.prompt"]
@@ -148,7 +217,7 @@ def span_id_hex(span_id: str) -> str:
 def span_record(span: dict, resource_attrs: dict[str, Any]) -> dict | None:
     """The contract record of one span, or None when the span is not a model request."""
     attrs = _attributes(span.get("attributes"))
-    if not is_request(attrs):
+    if not (is_request(attrs) or is_older_request(attrs, span)):
         return None
     record: dict[str, Any] = {}
     if "specdec.request_id" in attrs:
@@ -175,6 +244,7 @@ def span_record(span: dict, resource_attrs: dict[str, Any]) -> dict | None:
     if "specdec.cached_fingerprint" in attrs:
         # Text that is not JSON is passed on, so validation quarantines it rather than us hiding it.
         record["cached_fingerprint"] = parse_json_text(attrs["specdec.cached_fingerprint"])[1]
+    older_fields(attrs, span, record)
     return record
 
 

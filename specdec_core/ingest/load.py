@@ -23,7 +23,8 @@ from specdec_core.derived.incremental import update_derived
 from specdec_core.derived.migrate import migrate_connection
 from specdec_core.derived.summaries import build_summaries
 from specdec_core.derived.verdicts import record_first_verdicts
-from specdec_core.formats.files import JSONL_SUFFIXES, LogReadError, resolve_paths
+from specdec_core.formats import object_store
+from specdec_core.formats.files import JSON_DOCUMENT_SUFFIXES, JSONL_SUFFIXES, LogReadError, resolve_paths
 from specdec_core.formats.jsonl import first_line, foreign_inputs
 from specdec_core.ingest.identities import ID_HASH, compute_identities
 from specdec_core.ingest.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
@@ -302,6 +303,10 @@ def ingest(
     (that file's name, the number of its lines before this part), which the rows record instead.
     `before_commit(con, ingest_id)`: more writes that must land with this batch or not at all.
     """
+    if any(object_store.is_s3(p) for p in paths):  # fetched through httpfs, rows recorded under their URLs
+        with object_store.fetched(paths) as (local, names):
+            return ingest(store, local, progress, limits, log_format, mapping, {**names, **(parts or {})},
+                          before_commit)
     parts = parts or {}
     limits = limits or IngestLimits.from_env()
     files = resolve_paths(paths)  # raises LogReadError before anything is written
@@ -388,9 +393,9 @@ def file_format(path: Path, log_format: str, mapping: formats.Mapping | None) ->
 
     CSV and Parquet files hold contract records only.
     """
-    if log_format not in ("auto", *formats.FORMATS):
+    if log_format not in ("auto", *formats.FORMATS, formats.LIVE_FORMAT):
         raise ValueError(f"--format: unknown format {log_format!r}; expected auto, {', '.join(formats.FORMATS)}")
-    jsonl = path.name.lower().endswith(JSONL_SUFFIXES)
+    jsonl = path.name.lower().endswith(JSONL_SUFFIXES + JSON_DOCUMENT_SUFFIXES)
     if mapping is not None or log_format not in ("auto", "contract"):
         if not jsonl:
             raise LogReadError(f"{path}: only JSON Lines files can be read as {'a mapping' if mapping else log_format}")

@@ -467,7 +467,7 @@ def test_detect_each_shape():
 
 
 def test_line_reader_rejects_contract_and_unknown_formats(tmp_path):
-    assert FORMATS == ("contract", "otel", "litellm")
+    assert FORMATS == ("contract", "otel", "openinference", "litellm", "langfuse")
     for bad in ("contract", "csv"):
         with pytest.raises(ValueError):
             line_reader(bad)

@@ -127,7 +127,7 @@ def test_ingest_stats_and_report_without_the_extras_equal_a_full_install(small_l
 
 
 @pytest.mark.parametrize("command", ["", "ingest", "stats", "report", "migrate", "replay", "demo", "audit-key",
-                                     "models"])
+                                     "models", "collect"])
 def test_help_works_without_the_extras(command: str) -> None:
     done = bare_cli(*command.split(), "--help")
     assert done.returncode == 0, done.stderr
@@ -151,6 +151,13 @@ def test_a_command_needing_the_replay_extra_says_so_in_one_line(args: tuple[str,
     assert done.stderr == (f"specdec {args[0]}: needs the replay extra (torch is not installed): "
                            "pip install 'specdec-triage[replay]'\n")
     assert not (tmp_path / "models").exists() and not (tmp_path / "demo.jsonl").exists()
+
+
+def test_collect_without_its_extra_says_which_to_install(tmp_path: Path) -> None:
+    done = bare_cli("collect", "--db", str(tmp_path / "s.duckdb"), "--listen", "127.0.0.1:0")
+    assert done.returncode == 2
+    assert done.stderr == ("specdec collect: needs the collect extra (opentelemetry is not installed): "
+                           "pip install 'specdec-triage[collect]'\n")
 
 
 def test_a_redis_cache_without_the_extra_says_which_to_install() -> None:

@@ -1,0 +1,262 @@
+"""`specdec collect` as a real process fed by the OpenTelemetry SDK's own exporters (OTLP/HTTP protobuf and
+JSON, gzip, OTLP/gRPC): acknowledged spans land in the store exactly once, through a kill -9 mid-stream too;
+back-pressure (429 + Retry-After), the body limit (413), the bearer token (401) and the loopback rule."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from servers import free_port
+
+from specdec_core.store.connection import Store
+
+
+class Collect:
+    """A `specdec collect` subprocess on free ports."""
+
+    def __init__(self, db: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.db, self.http_port, self.grpc_port = db, free_port(), free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "specdec_core", "collect", "--db", str(db), "--listen",
+             f"127.0.0.1:{self.http_port}", "--grpc", f"127.0.0.1:{self.grpc_port}", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + 60
+        while True:  # ready once it answers a request (a GET is refused with 405)
+            try:
+                urllib.request.urlopen(self.url, timeout=1)
+            except urllib.error.HTTPError:
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"specdec collect did not start: {self.proc.stderr.read()}") from None
+                time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/v1/traces"
+
+    def stop(self) -> tuple[int, str, str]:
+        self.proc.send_signal(signal.SIGTERM)
+        out, err = self.proc.communicate(timeout=120)
+        return self.proc.returncode, out, err
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def genai_attrs(n: int, kind: str) -> dict:
+    return {"gen_ai.operation.name": "chat", "gen_ai.request.model": "llama-8b", "gen_ai.request.temperature": 0.0,
+            "gen_ai.request.max_tokens": 16, "gen_ai.usage.output_tokens": 3, "specdec.prompt": f"prompt {n % 7}",
+            "specdec.output_text": f"out {n % 7}", "specdec.tokenizer_version": "tok-1",
+            "specdec.cache_key": f"k{n % 7}", "specdec.cache_hit": n >= 7, "specdec.request_id": f"{kind}-{n:05d}"}
+
+
+def openinference_attrs(n: int) -> dict:
+    return {"openinference.span.kind": "LLM", "llm.model_name": "gpt-4o-mini",
+            "llm.invocation_parameters": json.dumps({"model": "gpt-4o-mini", "temperature": 0.7, "max_tokens": 32}),
+            "llm.input_messages.0.message.role": "user", "llm.input_messages.0.message.content": f"hi {n}",
+            "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": "hello",
+            "llm.token_count.completion": 1, "specdec.tokenizer_version": "tok-1", "specdec.cache_key": f"oi{n}",
+            "specdec.cache_hit": False, "specdec.request_id": f"oi-{n:05d}"}
+
+
+def emit(exporter, kind: str, count: int, start: int = 0) -> None:
+    """`count` request spans and as many other spans, through the SDK and `exporter`, one export each."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "edge-a"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    for n in range(start, start + count):
+        with tracer.start_as_current_span("chat llama-8b", attributes=genai_attrs(n, kind)):
+            with tracer.start_as_current_span("tokenize"):
+                pass
+    provider.shutdown()
+
+
+def finished_spans(attrs_of, count: int, start: int = 0) -> list:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "edge-a"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("test")
+    for n in range(start, start + count):
+        with tracer.start_as_current_span("llm", attributes=attrs_of(n)):
+            pass
+    provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+def post(url: str, body: bytes, content_type: str = "application/x-protobuf", **headers: str
+         ) -> tuple[int, dict, bytes]:
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": content_type, **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def request_ids(db: Path) -> list[str]:
+    with Store(db).read() as con:
+        return [r[0] for r in con.execute("SELECT request_id FROM requests ORDER BY request_id").fetchall()]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "store.duckdb"
+
+
+def test_sdk_exports_over_http_grpc_and_json_land_once_and_sigterm_drains(db: Path) -> None:
+    metrics_port = free_port()
+    collect = Collect(db, "--json", "--metrics", f"127.0.0.1:{metrics_port}")
+    try:
+        emit(HttpExporter(endpoint=collect.url), "http", 20)
+        emit(HttpExporter(endpoint=collect.url, compression=_gzip()), "gz", 10)
+        emit(GrpcExporter(endpoint=f"127.0.0.1:{collect.grpc_port}", insecure=True), "grpc", 15)
+        # OTLP/HTTP JSON with OpenInference spans, gzipped, as a JSON exporter (or a Collector) sends it.
+        spans = finished_spans(openinference_attrs, 5)
+        body = json.dumps(MessageToDict(encode_spans(spans))).encode()
+        status, _, answer = post(collect.url, gzip.compress(body), "application/json", **{"Content-Encoding": "gzip"})
+        assert (status, json.loads(answer)) == (200, {})
+        # The same export again (an answer the client never got): stored once.
+        assert post(collect.url, gzip.compress(body), "application/json", **{"Content-Encoding": "gzip"})[0] == 200
+        # A body sent in chunks, without a Content-Length.
+        chunks = encode_spans(finished_spans(lambda n: genai_attrs(n, "chunked"), 3)).SerializeToString()
+        conn = http.client.HTTPConnection("127.0.0.1", collect.http_port, timeout=30)
+        conn.request("POST", "/v1/traces", iter([chunks[:10], chunks[10:]]),
+                     {"Content-Type": "application/x-protobuf"}, encode_chunked=True)
+        assert conn.getresponse().status == 200
+        conn.close()
+        deadline = time.monotonic() + 60
+        while (scraped := _requests_total(metrics_port)) < 53 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert scraped == 53  # --metrics serves the figures of what was collected, batch by batch
+    finally:
+        code, out, err = collect.stop()
+    assert code == 0, err
+    ids = request_ids(db)
+    assert ids == sorted([f"http-{n:05d}" for n in range(20)] + [f"gz-{n:05d}" for n in range(10)]
+                         + [f"grpc-{n:05d}" for n in range(15)] + [f"oi-{n:05d}" for n in range(5)]
+                         + [f"chunked-{n:05d}" for n in range(3)])
+    batches = [json.loads(line) for line in out.splitlines()]
+    assert sum(b["skipped"] for b in batches) == 45  # the tokenize spans
+    assert sum(b["duplicates"] for b in batches) == 5
+    with Store(db).read() as con:
+        oi = con.execute("SELECT target_model, temperature, deployment, unknown_fields FROM requests "
+                         "WHERE request_id = 'oi-00000'").fetchall()
+    assert oi == [("gpt-4o-mini", 0.7, "edge-a", ["num_speculative_tokens", "top_k"])]
+    assert not list(Path(f"{db}.spool").glob("spool-*.jsonl"))  # all ingested: the spool is emptied
+
+
+def _requests_total(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("specdec_requests_total{"))
+
+
+def _gzip() -> Compression:
+    return Compression.Gzip
+
+
+def test_killed_mid_stream_loses_no_acknowledged_span_and_stores_none_twice(db: Path) -> None:
+    bodies = [encode_spans(finished_spans(lambda n: genai_attrs(n, "kill"), 20, start=i * 20)).SerializeToString()
+              for i in range(30)]
+    acked: list[int] = []
+    collect = Collect(db)
+    url = collect.url
+    killed = threading.Event()
+
+    def send() -> None:
+        for i, body in enumerate(bodies):
+            while True:  # an exporter's retry: until the export is acknowledged
+                try:
+                    if post(url, body)[0] == 200:
+                        acked.append(i)
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.02)
+            if i == 12:
+                killed.wait(30)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    deadline = time.monotonic() + 60
+    while len(acked) < 13 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    collect.proc.send_signal(signal.SIGKILL)  # mid-stream: some exports spooled, few or none ingested
+    collect.proc.wait()
+    assert len(acked) >= 13
+    killed.set()
+    time.sleep(0.3)  # the sender meets a closed port and retries
+    collect = Collect(db)
+    url = collect.url  # noqa: F841 - the sender reads the new port through the closure
+    sender.join(120)
+    code, _, err = collect.stop()
+    assert code == 0, err
+    assert acked == list(range(30))
+    ids = request_ids(db)
+    assert ids == [f"kill-{n:05d}" for n in range(600)]
+    with Store(db).read() as con:
+        assert con.execute("SELECT count(*) FROM quarantine").fetchall() == [(0,)]
+
+
+def test_backpressure_body_limit_and_token(db: Path) -> None:
+    body = encode_spans(finished_spans(lambda n: genai_attrs(n, "bp"), 50)).SerializeToString()
+    collect = Collect(db, "--max-backlog-bytes", "1", "--max-body-bytes", str(len(body) + 10),
+                      "--token-env", "SPECDEC_TEST_TOKEN", env={"SPECDEC_TEST_TOKEN": "s3cret"})
+    try:
+        auth = {"Authorization": "Bearer s3cret"}
+        assert post(collect.url, body)[0] == 401
+        assert post(collect.url, body, Authorization="Bearer wrong")[0] == 401
+        status, headers, _ = post(collect.url, body + b"\0" * 20, **auth)
+        assert status == 413
+        statuses = [post(collect.url, body, **auth) for _ in range(20)]
+        busy = [h for s, h, _ in statuses if s == 429]
+        assert busy and all(int(h["Retry-After"]) >= 1 for h in busy)
+        assert {s for s, _, _ in statuses} <= {200, 429}
+        second = subprocess.run([sys.executable, "-m", "specdec_core", "collect", "--db", str(db), "--listen",
+                                 "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0 and "another specdec collect is using this spool" in second.stderr
+        with grpc.insecure_channel(f"127.0.0.1:{collect.grpc_port}") as channel:
+            stub = TraceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Export(ExportTraceServiceRequest.FromString(body), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        code, _, err = collect.stop()
+    assert code == 0, err
+    assert request_ids(db) == [f"bp-{n:05d}" for n in range(50)]
+    assert f"refused {len(busy)} busy, 1 too large, 3 unauthorized, 0 unreadable" in err
+
+
+def test_refuses_a_non_loopback_address_without_a_token(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "specdec_core", "collect", "--db", str(tmp_path / "s.duckdb"),
+                           "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--token-env" in done.stderr and len(done.stderr.strip().splitlines()) == 1
