@@ -164,7 +164,10 @@ class DecodeService:
     def cache_key(self, req: DecodeRequest) -> str:
         return self._key(req, self.namespace)
 
-    def decode(self, req: DecodeRequest | Mapping[str, Any], request_id: str | None = None) -> DecodeResult:
+    def decode(self, req: DecodeRequest | Mapping[str, Any], request_id: str | None = None, *,
+               consumer: str | None = None, experiment: str | None = None) -> DecodeResult:
+        """Decode `req` through the cache; `consumer` (who receives the output) and `experiment` (its arm) are
+        only logged: they never reach the key or the identity."""
         started = time.perf_counter()
         arrived = self._clock()
         if not isinstance(req, DecodeRequest):
@@ -196,6 +199,7 @@ class DecodeService:
         if self._log is not None or self._tracer is not None:
             latency_ms = (time.perf_counter() - started) * 1000.0
             record = self._record(req, request_id, arrived, key, read, result, latency_ms)
+            record.update(consumer=consumer, experiment=experiment)
             if self._log is not None:
                 self._log.write(record)
             if self._tracer is not None:
