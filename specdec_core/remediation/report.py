@@ -481,6 +481,11 @@ def render(r: IncidentReport, suffix: str) -> str:
     return render_markdown(r) if suffix == ".md" else render_html(r)
 
 
+def incident_report_text(store: Store, suffix: str, external_url: str | None = None) -> str:
+    """The report as the text of a `suffix` file (.md or .html): what the dashboard offers for download."""
+    return render(incident_report(store, external_url), suffix)
+
+
 def write_incident_report(store: Store, out: str | Path, external_url: str | None = None) -> Path:
     """Write the report to `out` (.md or .html); `external_url` defaults to [dashboard] external_url."""
     path = Path(out)

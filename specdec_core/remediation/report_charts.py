@@ -9,9 +9,9 @@ from typing import Any
 import pandas as pd
 
 # The dashboard's palette order (ui/charts.py), repeated here: the core imports nothing from ui/.
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
-ALARM = "#c0392b"
-GOOD = "#1a7f37"
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#56B4E9", "#CC79A7", "#F0E442", "#7F7F7F", "#000000")
+ALARM = "#D62728"
+GOOD = "#4C78A8"
 _FONT = 'font-family="system-ui,sans-serif" font-size="11"'
 
 
