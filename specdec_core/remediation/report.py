@@ -387,7 +387,7 @@ body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2re
 color:#1f2328;padding:0 1rem;line-height:1.45}
 h1{font-size:1.6rem}h2{border-bottom:1px solid #d0d7de;padding-bottom:.2rem;margin-top:2rem}
 table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}td,th{border:1px solid #d0d7de;padding:.25rem .5rem;
-text-align:left}th{background:#f6f8fa}.figures{display:flex;gap:1rem;flex-wrap:wrap}
+text-align:left;overflow-wrap:anywhere}td:first-child{white-space:nowrap}th{background:#f6f8fa}.figures{display:flex;gap:1rem;flex-wrap:wrap}
 .figure{border:1px solid #d0d7de;border-radius:6px;padding:.6rem 1rem;min-width:150px}
 .figure b{display:block;font-size:1.5rem}.bad{color:#c0392b}.ok{color:#1a7f37}svg{max-width:100%}
 .charts{display:flex;gap:1.5rem;flex-wrap:wrap;align-items:flex-start}code{background:#f6f8fa;padding:0 .2rem}
@@ -474,15 +474,20 @@ def render_html(r: IncidentReport) -> str:
             + "\n</body></html>\n")
 
 
-def render(r: IncidentReport, suffix: str) -> str:
+def _check_suffix(suffix: str) -> None:
     if suffix not in SUFFIXES:
         raise ReportError(f"the report is Markdown or HTML: name a file ending in {' or '.join(SUFFIXES)}, "
                           f"not {suffix or 'no suffix'}")
+
+
+def render(r: IncidentReport, suffix: str) -> str:
+    _check_suffix(suffix)
     return render_markdown(r) if suffix == ".md" else render_html(r)
 
 
 def incident_report_text(store: Store, suffix: str, external_url: str | None = None) -> str:
     """The report as the text of a `suffix` file (.md or .html): what the dashboard offers for download."""
+    _check_suffix(suffix)
     return render(incident_report(store, external_url), suffix)
 
 
@@ -490,8 +495,7 @@ def write_incident_report(store: Store, out: str | Path, external_url: str | Non
     """Write the report to `out` (.md or .html); `external_url` defaults to [dashboard] external_url."""
     path = Path(out)
     suffix = path.suffix.lower()
-    if suffix not in SUFFIXES:
-        render(None, suffix)  # type: ignore[arg-type]  # raises the one-line error
+    _check_suffix(suffix)
     if external_url is None:
         from specdec_core.config import ConfigError, dashboard_settings
 
