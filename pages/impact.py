@@ -44,7 +44,10 @@ if over_time.empty:
     st.caption("Nothing to chart: no wrong output in this selection.")
 else:
     over_time = over_time.assign(label=[ui.plot_label(c or "(none)") for c in over_time.consumer])
+    # Legend and stacking in the table's order: the most affected consumer first, at the bottom.
+    order = [ui.plot_label(c.value or "(none)") for c in consumers]
     figure = px.bar(over_time, x="bucket", y="wrong", color="label", color_discrete_sequence=ui.PALETTE,
+                    category_orders={"label": order},
                     hover_data=["contaminated_hits", "length_violations"],
                     labels={"bucket": f"time (UTC, {ui.bucket_words(bucket)})", "wrong": "wrong outputs",
                             "label": "consumer"})
@@ -83,7 +86,7 @@ else:
         z=matrix, x=[s or "(none)" for s in sources], y=[a or "(none)" for a in received], colorscale="Reds",
         text=matrix, texttemplate="%{text}", hovertemplate="%{y} served %{x}'s output: %{z}<extra></extra>"))
     heatmap.update_layout(xaxis_title="served from (the arm whose output it was)", yaxis_title="requested by arm",
-                          height=120 + 60 * len(received))
+                          yaxis_autorange="reversed", height=120 + 60 * len(received))
     st.plotly_chart(ui.readable_layout(heatmap), key="impact_cross_feeding")
     st.caption("(none): requests in no experiment arm, or a source not in the log.")
 

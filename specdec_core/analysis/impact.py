@@ -258,10 +258,11 @@ def affected_requests(store: Store, consumer: str, filters: Filters = NO_FILTERS
     """The requests for which `consumer` ('' for none logged) received a contaminated hit or an over-long output:
     what a customer notice lists. A row that is both is listed once, as a contaminated hit."""
     with store.read() as con:
-        frame = run(con, _AFFECTED_SQL, filters, [consumer]).df()
-    frame["ts"] = [rfc3339(pd.Timestamp(t).to_pydatetime()) for t in frame["ts"]]
-    return frame
+        return run(con, _AFFECTED_SQL, filters, [consumer]).df()
 
 
 def affected_csv(store: Store, consumer: str, filters: Filters = NO_FILTERS) -> str:
-    return affected_requests(store, consumer, filters).to_csv(index=False)
+    """The CSV a customer notice attaches: `affected_requests` with `ts` in RFC 3339, as the mismatch report."""
+    frame = affected_requests(store, consumer, filters)
+    frame["ts"] = [rfc3339(pd.Timestamp(t).to_pydatetime()) for t in frame["ts"]]
+    return frame.to_csv(index=False)
