@@ -165,3 +165,13 @@ def test_a_store_made_before_the_fields_gains_them_on_migrate(tmp_path):
     rows = json.loads(run_cli("impact", "--db", str(db), "--json").stdout)
     assert rows == [{"value": "", "requests": 2, "contaminated_hits": 1, "length_violations": 0,
                      "first": "2026-03-01T10:00:00.000Z", "last": "2026-03-01T10:00:00.000Z"}]
+
+
+def test_a_lake_store_fed_in_two_batches_answers_as_the_file_store(store, tmp_path):
+    lake = Store(f"ducklake:{tmp_path / 'lake' / 's.sqlite'}")
+    records = _records()
+    for i, part in enumerate((records[:3], records[3:])):
+        assert ingest(lake, [str(write_jsonl(tmp_path / f"part{i}.jsonl", part))]).accepted == len(part)
+    for by in ("consumer", "experiment", "deployment"):
+        assert impact(lake, by) == impact(store, by)
+    assert experiment_impact(lake).cross_feeding == experiment_impact(store).cross_feeding
