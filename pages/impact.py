@@ -100,7 +100,7 @@ frame = pd.DataFrame(comparison)
 if not frame.empty:
     left, right = st.columns(2)
     with left:
-        ui.table(frame, key="impact_comparison")
+        ui.table(frame, key="impact_comparison", height="content")
     with right:
         latency = frame[frame.figure == "mean latency (ms)"].melt(id_vars="arm", value_vars=["all rows", "clean rows"],
                                                                    var_name="rows", value_name="mean latency (ms)")
