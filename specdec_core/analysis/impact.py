@@ -235,9 +235,28 @@ WHERE {where} AND (h.contaminated OR r.output_tokens > r.max_tokens) GROUP BY AL
 """
 
 
+# Without a time range: the contaminated hits from their summary, the violations (few) from the rows.
+_OVER_TIME_WHOLE_SQL = """
+SELECT bucket, consumer, sum(hits)::BIGINT AS contaminated_hits, sum(violations)::BIGINT AS length_violations
+FROM (SELECT time_bucket(CAST(? AS INTERVAL), c.ts) AS bucket, c.consumer, count(*) AS hits, 0 AS violations
+      FROM summary_impact_hits c WHERE {dims} GROUP BY ALL
+      UNION ALL
+      SELECT time_bucket(CAST(? AS INTERVAL), r.ts), coalesce(r.consumer, ''), 0, count(*)
+      FROM requests r WHERE r.output_tokens > r.max_tokens AND {where} GROUP BY ALL)
+GROUP BY ALL ORDER BY bucket, consumer
+"""
+
+
 def wrong_outputs_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
     """Per time bucket and consumer: the contaminated hits and length violations received (`wrong`: both)."""
-    frame = df(store, _OVER_TIME_ROWS_SQL, filters, leading=[bucket or time_bucket(store, filters)])
+    bucket = bucket or time_bucket(store, filters)
+
+    def whole(con: Any, dims: str, params: list[Any]) -> pd.DataFrame:
+        where, row_params = filters.where()
+        sql = _OVER_TIME_WHOLE_SQL.replace("{dims}", dims).replace("{where}", where)
+        return con.execute(sql, [bucket, *params, bucket, *row_params]).df()
+
+    frame = df(store, _OVER_TIME_ROWS_SQL, filters, leading=[bucket], whole=whole)
     frame["wrong"] = frame["contaminated_hits"] + frame["length_violations"]
     return frame
 

@@ -25,7 +25,13 @@ from specdec_core.analysis.impact import (
 )
 from specdec_core.analysis.overview import Headline, headline
 from specdec_core.analysis.report import KINDS, mismatch_report, report_counts
-from specdec_core.analysis.status import KeySchemeChange, fmt_time, key_scheme_changes
+from specdec_core.analysis.status import (
+    ContaminationStatus,
+    KeySchemeChange,
+    contamination_status,
+    fmt_time,
+    key_scheme_changes,
+)
 from specdec_core.remediation.report_charts import bars_svg, heatmap_svg, paired_bars_svg
 from specdec_core.replay.stored import replay_history
 from specdec_core.store.connection import Store
@@ -80,6 +86,7 @@ class IncidentReport:
     drafted_at: datetime
     headline: Headline
     changes: tuple[KeySchemeChange, ...]
+    status: tuple[ContaminationStatus, ...]  # per deployment with contaminated hits: its first and last
     left_out: dict[str, dict[str, int]]  # deployment -> identity field -> contaminated hits it differed in
     consumers: tuple[Impact, ...]
     deployments: tuple[Impact, ...]
@@ -91,7 +98,7 @@ class IncidentReport:
     plan: PlanFigures
     guard: dict[str, int]
     mismatch_counts: dict[str, int]
-    mismatches: pd.DataFrame
+    mismatches: pd.DataFrame  # the report's first APPENDIX_ROWS rows
     external_url: str | None
 
     @property
@@ -121,11 +128,9 @@ class IncidentReport:
         return sorted(events, key=lambda e: e.ts)
 
     def contaminated_times(self) -> tuple[datetime, datetime] | None:
-        mismatches = self.mismatches[self.mismatches.kind == "contaminated_hit"]
-        if mismatches.empty:
+        if not self.status:
             return None
-        times = pd.to_datetime(mismatches.ts, utc=True)
-        return times.min().to_pydatetime(), times.max().to_pydatetime()
+        return (min(s.first_contaminated for s in self.status), max(s.last_contaminated for s in self.status))
 
 
 def _purge_words(p: Any) -> str:
@@ -152,28 +157,27 @@ FROM requests r LEFT JOIN hit_sources h USING (request_id)
 WHERE coalesce(r.deployment, '') = ? AND r.ts >= ? AND starts_with(r.cache_key, ?)
 """
 
+# Over the summaries every read may use (a read of a store whose summaries are older asks for a migrate).
 _LEFT_OUT_SQL = """
 SELECT deployment, field, count(*) AS hits FROM (
-    SELECT coalesce(r.deployment, '') AS deployment, unnest(string_split(h.differing_fields, ';')) AS field
-    FROM requests r JOIN hit_sources h USING (request_id)
-    WHERE h.contaminated AND coalesce(h.differing_fields, '') <> '')
+    SELECT deployment, unnest(string_split(differing_fields, ';')) AS field FROM summary_contaminated
+    WHERE coalesce(differing_fields, '') <> '')
 GROUP BY ALL ORDER BY deployment, hits DESC, field
 """
 
 _PLAN_SQL = """
-WITH keys AS (
-    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, count(DISTINCT r.fingerprint) AS identities,
-           count(*) FILTER (WHERE h.contaminated) AS contaminated
-    FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NOT NULL GROUP BY ALL)
-SELECT count(*) FILTER (WHERE contaminated > 0 OR identities > 1),
-       count(*) FILTER (WHERE contaminated > 0), count(*) FILTER (WHERE contaminated = 0 AND identities > 1)
-FROM keys
+WITH keys AS (SELECT deployment, cache_key, count(*) AS identities FROM summary_keys
+              WHERE cache_key IS NOT NULL GROUP BY ALL),
+     served AS (SELECT deployment, cache_key, count(*) AS contaminated FROM summary_contaminated GROUP BY ALL)
+SELECT count(*) FILTER (WHERE coalesce(contaminated, 0) > 0 OR identities > 1),
+       count(*) FILTER (WHERE coalesce(contaminated, 0) > 0),
+       count(*) FILTER (WHERE coalesce(contaminated, 0) = 0 AND identities > 1)
+FROM keys LEFT JOIN served USING (deployment, cache_key)
 """
 
 _GUARD_SQL = """
-SELECT count(*) FILTER (WHERE r.cache_hit AND r.cached_fingerprint IS NOT NULL),
-       count(*) FILTER (WHERE h.fingerprint_mismatch)
-FROM requests r LEFT JOIN hit_sources h USING (request_id)
+SELECT (SELECT count(*) FROM requests WHERE cache_hit AND cached_fingerprint IS NOT NULL),
+       (SELECT count(*) FROM hit_sources WHERE fingerprint_mismatch)
 """
 
 
@@ -217,10 +221,12 @@ def incident_report(store: Store, external_url: str | None = None) -> IncidentRe
                            r.deployment) for r in history.sort_values("replayed_at").itertuples())
     return IncidentReport(
         store=str(store), drafted_at=datetime.now(timezone.utc), headline=headline(store), changes=changes,
+        status=tuple(contamination_status(store)),
         left_out=_left_out(store), consumers=impact(store, "consumer"), deployments=impact(store, "deployment"),
         experiments=experiment_impact(store), over_time=wrong_outputs_over_time(store), replays=replays,
         purges=recorded_purges(store), fixes=fix_checks(store, changes), plan=plan_figures(store),
-        guard=_guard(store), mismatch_counts=report_counts(store), mismatches=mismatch_report(store),
+        guard=_guard(store), mismatch_counts=report_counts(store),
+        mismatches=mismatch_report(store, limit=APPENDIX_ROWS),
         external_url=external_url,
     )
 
@@ -373,8 +379,8 @@ def render_markdown(r: IncidentReport) -> str:
     out += _md_table(["item", "status", "what the store says"], [list(c) for c in checklist(r)])
     out += ["", "## Appendix: mismatch report", ""]
     out += [f"- {k}: {_n(r.mismatch_counts.get(k, 0))}" for k in KINDS]
-    shown = r.mismatches.head(APPENDIX_ROWS)
-    out += ["", f"The first {len(shown):,} of {len(r.mismatches):,} rows (`specdec report` writes them all):", ""]
+    shown, total = r.mismatches, sum(r.mismatch_counts.values())
+    out += ["", f"The first {len(shown):,} of {total:,} rows (`specdec report` writes them all):", ""]
     out += _md_table(_APPENDIX_COLUMNS, [[row[c] if pd.notna(row[c]) else "" for c in _APPENDIX_COLUMNS]
                                          for _, row in shown.iterrows()])
     return "\n".join(out) + "\n"
@@ -461,10 +467,10 @@ def render_html(r: IncidentReport) -> str:
               _h_table(["item", "status", "what the store says"],
                        [[_e(a), f'<span class="{"ok" if b == "done" else "bad"}">{_e(b)}</span>', _md_inline(c)]
                         for a, b, c in checklist(r)])]
-    shown = r.mismatches.head(APPENDIX_ROWS)
+    shown, total = r.mismatches, sum(r.mismatch_counts.values())
     parts += ["<h2>Appendix: mismatch report</h2>",
               "<ul>" + "".join(f"<li>{_e(k)}: {_n(r.mismatch_counts.get(k, 0))}</li>" for k in KINDS) + "</ul>",
-              f"<p>The first {len(shown):,} of {len(r.mismatches):,} rows (<code>specdec report</code> writes them "
+              f"<p>The first {len(shown):,} of {total:,} rows (<code>specdec report</code> writes them "
               "all):</p>",
               _h_table(_APPENDIX_COLUMNS, [[_e(row[c]) if pd.notna(row[c]) else "" for c in _APPENDIX_COLUMNS]
                                            for _, row in shown.iterrows()])]

@@ -93,6 +93,7 @@ QUESTIONS = {
     "impact_by_consumer": lambda s, f: pd.DataFrame([i.as_json() for i in impact.impact(s, "consumer", f)]),
     "impact_by_experiment": lambda s, f: pd.DataFrame([i.as_json() for i in impact.impact(s, "experiment", f)]),
     "experiment_impact": lambda s, f: pd.json_normalize([a.as_json() for a in impact.experiment_impact(s, f).arms]),
+    "wrong_outputs_over_time": lambda s, f: impact.wrong_outputs_over_time(s, f, bucket="5 minutes"),
     "cross_feeding": lambda s, f: pd.DataFrame(impact.experiment_impact(s, f).as_json()["cross_feeding"]),
     "red_flags": lambda s, f: pd.DataFrame([{**flag.to_json(), "numbers": str(flag.numbers)}
                                             for flag in metrics.red_flags(s, f)]),
