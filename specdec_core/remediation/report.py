@@ -439,7 +439,8 @@ def render_html(r: IncidentReport) -> str:
              "<ul>" + "".join(f"<li>{_md_inline(line)}</li>" for line in summary_lines(r)) + "</ul>"]
     per_consumer = r.over_time.groupby(["bucket", "consumer"], as_index=False)["wrong"].sum()
     arms = [a for a in r.experiments.arms]
-    parts.append('<div class="charts">' + bars_svg(per_consumer, "Wrong outputs per consumer over time")
+    span = (h.first_ts, h.last_ts)
+    parts.append('<div class="charts">' + bars_svg(per_consumer, "Wrong outputs per consumer over time", span)
                  + heatmap_svg(r.experiments.cross_feeding, "Cross-feeding: requested by arm x served from arm")
                  + "</div>")
     parts += ["<h2>Timeline</h2>",

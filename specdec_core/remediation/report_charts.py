@@ -25,34 +25,44 @@ def _frame(width: int, height: int, title: str, body: list[str]) -> str:
             f'<text x="4" y="14" {_FONT} font-weight="bold">{_e(title)}</text>' + "".join(body) + "</svg>")
 
 
-def bars_svg(frame: pd.DataFrame, title: str, width: int = 620, height: int = 260) -> str:
-    """Stacked bars of `wrong` per `bucket`, one colour per `consumer`, with a legend."""
+def bars_svg(frame: pd.DataFrame, title: str, span: tuple[Any, Any] | None = None, width: int = 620,
+             height: int = 260) -> str:
+    """Stacked bars of `wrong` per `bucket`, one colour per `consumer`, placed in time across `span` (the log's
+    first and last request), so the quiet stretch after the fix shows as what it is."""
     if frame.empty:
         return _frame(width, 40, title, [f'<text x="4" y="32" {_FONT}>No wrong output received.</text>'])
     pivot = frame.pivot_table(index="bucket", columns="consumer", values="wrong", aggfunc="sum", fill_value=0)
     pivot = pivot.sort_index()
     consumers = list(pivot.columns)
+    stamps = [pd.Timestamp(b) for b in pivot.index]
+    gaps = [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)]
+    bucket = min(gaps) if gaps else pd.Timedelta(minutes=1)
+    first = min(stamps[0], pd.Timestamp(span[0])) if span and span[0] is not None else stamps[0]
+    last = max(stamps[-1] + bucket, pd.Timestamp(span[1])) if span and span[1] is not None else stamps[-1] + bucket
     left, top, bottom, legend_w = 40, 24, 36, 140
     plot_w, plot_h = width - left - legend_w - 10, height - top - bottom
+    total = (last - first) / pd.Timedelta(seconds=1) or 1.0
+
+    def x_of(ts: pd.Timestamp) -> float:
+        return left + (ts - first) / pd.Timedelta(seconds=1) / total * plot_w
+
     peak = max(int(pivot.sum(axis=1).max()), 1)
-    step = plot_w / len(pivot)
+    bar_w = max(bucket / pd.Timedelta(seconds=1) / total * plot_w - 0.5, 1.0)
     body = [f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#888"/>',
             f'<text x="{left - 4}" y="{top + 8}" text-anchor="end" {_FONT}>{peak}</text>',
             f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end" {_FONT}>0</text>']
-    for i, (bucket, row) in enumerate(pivot.iterrows()):
+    for stamp, (_, row) in zip(stamps, pivot.iterrows(), strict=True):
         y = top + plot_h
         for j, consumer in enumerate(consumers):
             h = row[consumer] / peak * plot_h
             if h > 0:
                 y -= h
-                body.append(f'<rect x="{left + i * step + 0.5:.1f}" y="{y:.1f}" width="{max(step - 1, 1):.1f}" '
-                            f'height="{h:.1f}" fill="{PALETTE[j % len(PALETTE)]}"><title>{_e(consumer or "(none)")} '
-                            f'{_e(pd.Timestamp(bucket).strftime("%H:%M"))}: {int(row[consumer])}</title></rect>')
-    stamps = list(pivot.index)
-    for i in sorted({0, len(stamps) // 2, len(stamps) - 1}):
-        x = left + i * step + step / 2
-        body.append(f'<text x="{x:.1f}" y="{top + plot_h + 14}" text-anchor="middle" {_FONT}>'
-                    f'{_e(pd.Timestamp(stamps[i]).strftime("%m-%d %H:%M"))}</text>')
+                body.append(f'<rect x="{x_of(stamp):.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
+                            f'fill="{PALETTE[j % len(PALETTE)]}"><title>{_e(consumer or "(none)")} '
+                            f'{_e(stamp.strftime("%H:%M"))}: {int(row[consumer])}</title></rect>')
+    for tick in (first, first + (last - first) / 2, last):
+        body.append(f'<text x="{x_of(tick):.1f}" y="{top + plot_h + 14}" text-anchor="middle" {_FONT}>'
+                    f'{_e(tick.strftime("%m-%d %H:%M"))}</text>')
     body.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 4}" text-anchor="middle" {_FONT}>time (UTC)</text>')
     for j, consumer in enumerate(consumers):
         y = top + 6 + j * 16
