@@ -261,10 +261,9 @@ def summary_lines(r: IncidentReport) -> list[str]:
                      f"in {', '.join(d.value or '(none)' for d in r.deployments if d.contaminated_hits)}.")
     lines.append(f"{len(affected)} of {len(r.consumers)} consumers received wrong outputs; "
                  f"{len(arms)} experiment arms received contaminated hits.")
-    fixed = [f for f in r.fixes]
-    if fixed:
+    if r.fixes:
         lines.append("Key fixed: " + "; ".join(f"{f.change.deployment} from {_when(f.change.ts)} "
-                                               f"({_n(f.hits_after_fix)} old-scheme hits after)" for f in fixed) + ".")
+                                               f"({_n(f.hits_after_fix)} old-scheme hits after)" for f in r.fixes) + ".")
     return lines
 
 
@@ -304,7 +303,7 @@ def checklist(r: IncidentReport) -> list[tuple[str, str, str]]:
                   else "left", f"{_n(r.guard['hits_with_fingerprint'])} hits logged the cached entry's fingerprint; "
                   f"{_n(r.guard['guard_mismatches'])} guard mismatches seen"))
     items.append(("Regression test", "unknown", "the logs can't show it: check the key function with "
-                  "`specdec audit MODULE:FUNCTION --example REQUEST.json` in CI"))
+                  "`specdec audit-key MODULE:FUNCTION --example REQUEST.json` in CI"))
     return items
 
 
