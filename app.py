@@ -35,6 +35,7 @@ st.set_page_config(page_title="specdec-triage", page_icon="🔎", layout="wide")
 
 ICONS = {"Overview": ":material/dashboard:", "Cache": ":material/cached:", "Output length": ":material/straighten:",
          "Mismatches": ":material/difference:", "Keys": ":material/key:", "Replay": ":material/replay:",
+         "Impact": ":material/group:",
          "Search": ":material/search:", "Export": ":material/download:"}
 PAGES = {title: st.Page(path, title=title, icon=ICONS[title], default=title == "Overview")
          for title, path in ui.PAGE_FILES.items()}

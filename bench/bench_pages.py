@@ -27,7 +27,7 @@ from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
 from specdec_core.ingest.load import ingest  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402
 
-PAGES = ("overview", "cache", "output_length", "mismatches", "keys", "replay", "search", "export")
+PAGES = ("overview", "cache", "output_length", "mismatches", "impact", "keys", "replay", "search", "export")
 # A search typed on the Search page: the scan over every prompt and output it costs.
 SEARCH_TEXT = "cache"
 TARGET_S = 2.0

@@ -191,7 +191,10 @@ class DecodeService:
                                                                 "old_namespace": old, "namespace": new})
         return old
 
-    def decode(self, req: DecodeRequest | Mapping[str, Any], request_id: str | None = None) -> DecodeResult:
+    def decode(self, req: DecodeRequest | Mapping[str, Any], request_id: str | None = None, *,
+               consumer: str | None = None, experiment: str | None = None) -> DecodeResult:
+        """Decode `req` through the cache; `consumer` (who receives the output) and `experiment` (its arm) are
+        only logged: they never reach the key or the identity."""
         started = time.perf_counter()
         arrived = self._clock()
         if not isinstance(req, DecodeRequest):
@@ -223,6 +226,7 @@ class DecodeService:
         if self._log is not None or self._tracer is not None:
             latency_ms = (time.perf_counter() - started) * 1000.0
             record = self._record(req, request_id, arrived, key, read, result, latency_ms)
+            record.update(consumer=consumer, experiment=experiment)
             if self._log is not None:
                 self._log.write(record)
             if self._tracer is not None:

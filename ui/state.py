@@ -36,6 +36,7 @@ PAGE_FILES = {
     "Cache": "pages/cache.py",
     "Output length": "pages/output_length.py",
     "Mismatches": "pages/mismatches.py",
+    "Impact": "pages/impact.py",
     "Keys": "pages/keys.py",
     "Replay": "pages/replay.py",
     "Search": "pages/search.py",

@@ -99,6 +99,9 @@ _CONTRACT_FIELDS: tuple[Field, ...] = (
     Field("latency_ms", "num"),  # the contract sets no range: a skewed clock can log a negative one
     Field("draft_tokens", "int>=0"),
     Field("accepted_tokens", "int>=0"),
+    # Who received the output and the experiment arm it belongs to (remediation.md): never identity.
+    Field("consumer", "str"),
+    Field("experiment", "str"),
 )
 
 # Set by `define`; read them as module attributes.

@@ -5,6 +5,9 @@ Three deployments serve the same traffic. `edge-a` keys its cache by the prompt 
 identity. At `fix_at` the two narrow deployments roll out the full key in a new
 namespace with the fingerprint guard on: the charts show contamination stop.
 
+Four tenants (`consumer`) share the traffic, and an A/B test runs on it (`experiment`): `arm-a` uses the
+first draft model, `arm-b` the second; under the narrow keys each arm is served the other's outputs.
+
 Misses are decoded by the real decoder and hits come from a real cache, exactly as
 production would do it. The simulator records its ground truth beside the log: for
 every request, whether the output it was served belongs to another identity and which
@@ -100,6 +103,28 @@ DEPLOYMENTS: tuple[tuple[str, str, float], ...] = (
 )
 START = datetime(2026, 11, 20, 8, 0, tzinfo=timezone.utc)
 
+# Who receives the outputs: a few tenants, the first ones busiest.
+CONSUMERS: tuple[tuple[str, float], ...] = (
+    ("acme-search", 0.4), ("globex-support", 0.3), ("initech-eval", 0.2), ("umbrella-labs", 0.1),
+)
+
+
+def experiment_arm(draft_model: str | None, family: str) -> str | None:
+    """The A/B test the demo runs: two arms that differ in draft model, named after it; requests of the other
+    configurations (n-gram and plain decoding) are in no experiment."""
+    configs = EXPERIMENTS[family]
+    arms = {configs[0].draft_model: "arm-a", configs[3].draft_model: "arm-b"}
+    return arms.get(draft_model)
+
+
+def consumer_stream(seed: int) -> random.Random:
+    """The consumers' own random stream: drawing them leaves the workload's stream as it was."""
+    return random.Random(f"{seed}:consumers")
+
+
+def next_consumer(stream: random.Random) -> str:
+    return stream.choices([c for c, _ in CONSUMERS], weights=[w for _, w in CONSUMERS])[0]
+
 
 @dataclass
 class SimulationSummary:
@@ -168,6 +193,7 @@ def simulate(
 
         engine = SpecDecoder()
     rng = random.Random(seed)
+    consumers = consumer_stream(seed)
     configs = EXPERIMENTS[family]
     out = Path(out_path)
     truth_path = out.with_name(out.name.split(".")[0] + ".truth.json")
@@ -213,7 +239,8 @@ def simulate(
                                 tokenizer_version=config.tokenizer_version)
             service = services[deployment]
             request_id = f"req-{n:06d}"
-            service.decode(req, request_id=request_id)
+            service.decode(req, request_id=request_id, consumer=next_consumer(consumers),
+                           experiment=experiment_arm(config.draft_model, family))
             record = pending.pop()
             slot = (deployment, record["cache_key"])
             served_by = writers.get(slot) if record["cache_hit"] else request_id

@@ -1,7 +1,8 @@
 """A large synthetic incident log for benchmarks, written by DuckDB: no model involved.
 
 The workload mirrors the demo: weighted experiment configurations, a prompt pool with
-hot and cold prompts, three deployments of which two use a narrow cache key until a
+hot and cold prompts, consumers (API keys, a few busy ones and a long tail), an A/B test of the draft
+model on the busiest configuration, three deployments of which two use a narrow cache key until a
 fix is rolled out. Hits copy the output of the latest miss on the same key, exactly as
 a cache would, so contamination and length violations arise from the keys, not by
 decree.
@@ -30,7 +31,7 @@ DEPLOYMENTS = (("edge-a", "prompt_only"), ("edge-b", "model_prompt"), ("core", "
 
 def make_synthetic_log(path: str | Path, rows: int, *, seed: int = 1, prompts: int = 5000,
                        start: datetime = datetime(2026, 11, 20, 8, 0, tzinfo=timezone.utc),
-                       hours: float = 8.0, fix_at_fraction: float = 0.6) -> Path:
+                       hours: float = 8.0, fix_at_fraction: float = 0.6, consumers: int = 200) -> Path:
     """Write `rows` contract-format records as JSON Lines (gzipped when the name ends in .gz)."""
     # Long because it is one SQL statement that writes the whole log in DuckDB; split, its parts would only be read together.
     path = Path(path)
@@ -50,7 +51,7 @@ def make_synthetic_log(path: str | Path, rows: int, *, seed: int = 1, prompts: i
         """)
         span_ms = int(hours * 3600 * 1000)
         fix_ms = int(span_ms * fix_at_fraction)
-        params = {"n": rows, "seed": seed, "prompts": prompts, "span": span_ms, "fix": fix_ms,
+        params = {"n": rows, "seed": seed, "prompts": prompts, "span": span_ms, "fix": fix_ms, "consumers": consumers,
                   "t0": int(start.timestamp() * 1000)}
         con.execute("""
             CREATE TEMP TABLE base AS
@@ -63,10 +64,14 @@ def make_synthetic_log(path: str | Path, rows: int, *, seed: int = 1, prompts: i
                        hash(i, $seed, 3) % 3 AS u_dep,  -- # hash-ok
                        hash(i, $seed, 4) % 1000 AS u_len,  -- # hash-ok
                        hash(i, $seed, 5) % 100 AS u_ttl,  -- # hash-ok
+                       (hash(i, $seed, 7) % 1000000) / 1000000.0 AS u_consumer,  -- # hash-ok
                        $t0 + (i * $span) // $n + hash(i, $seed, 6) % 1000 AS ts_ms  -- # hash-ok
                 FROM range($n) t(i)
             )
             SELECT g.i, g.ts_ms, g.u_len, g.u_ttl,
+                   -- Who receives the output: a few busy API keys and a long tail; one request in a hundred unnamed.
+                   CASE WHEN g.u_consumer >= 0.01 THEN 'key-' || floor(pow(g.u_consumer, 2) * $consumers)::INT
+                   END AS consumer,
                    -- A power law over the pool: a few hot prompts take most of the traffic.
                    'prompt ' || floor(pow(g.u_prompt, 3) * $prompts)::INT AS prompt,
                    c.*, d.deployment, d.scheme,
@@ -119,7 +124,10 @@ def make_synthetic_log(path: str | Path, rows: int, *, seed: int = 1, prompts: i
                        CASE WHEN NOT cache_hit AND draft_model <> 'none' THEN own_tokens + own_tokens // 2 END
                            AS draft_tokens,
                        CASE WHEN NOT cache_hit AND draft_model <> 'none' THEN own_tokens - own_tokens // 4 END
-                           AS accepted_tokens
+                           AS accepted_tokens,
+                       consumer,
+                       -- An A/B test of the draft on the busiest configuration: a model draft against n-grams.
+                       CASE cid WHEN 0 THEN 'arm-a' WHEN 1 THEN 'arm-b' END AS experiment
                 FROM served ORDER BY ts_ms, i
             ) TO '{_sql_path(path)}' (FORMAT json{compression})
         """)

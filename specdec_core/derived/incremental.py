@@ -31,8 +31,12 @@ from specdec_core.derived.hit_sources import (
     last_miss_sql,
 )
 from specdec_core.derived.summaries import (
+    AUDIENCE_KEYS,
+    AUDIENCE_MERGE,
+    AUDIENCE_SQL,
     COMPACT_OUTPUTS_SQL,
     CONTAMINATED_SQL,
+    IMPACT_HITS_SQL,
     LATENCY_SQL,
     LENGTHS_SQL,
     MINUTE_MERGE,
@@ -121,6 +125,11 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     # The verdicts just written for `rejudge` are `judged_now`: joined to it, not to every stored verdict.
     con.execute("INSERT INTO summary_contaminated BY NAME " + over(
         CONTAMINATED_SQL.replace("JOIN hit_sources h", "JOIN judged_now h"),
+        f"r.ts >= {first} AND r.request_id IN (SELECT request_id FROM judged_now)"))
+    _add_audience(con, ingest_id)
+    con.execute("DELETE FROM summary_impact_hits WHERE request_id IN (SELECT request_id FROM rejudge)")
+    con.execute("INSERT INTO summary_impact_hits BY NAME " + over(
+        IMPACT_HITS_SQL.replace("JOIN hit_sources h", "JOIN judged_now h"),
         f"r.ts >= {first} AND r.request_id IN (SELECT request_id FROM judged_now)"))
     # The summaries' version needs no rewrite: the ingest's migrate_connection found it current or rebuilt them.
 
@@ -373,3 +382,20 @@ def _add_counts(con: duckdb.DuckDBPyConnection, table: str, batch_sql: str, keys
     con.execute(f"CREATE OR REPLACE TEMP TABLE counts AS {batch_sql}")
     con.execute(f"UPDATE {table} t SET n = t.n + d.n FROM counts d WHERE {same}")
     con.execute(f"INSERT INTO {table} BY NAME SELECT d.* FROM counts d ANTI JOIN {table} t ON {same}")
+
+
+def _add_audience(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
+    """Add the batch's rows to summary_audience: its figures depend on the rows alone, never on a verdict."""
+    same = " AND ".join(f"t.{k} IS NOT DISTINCT FROM d.{k}" for k in AUDIENCE_KEYS)
+    merged = ", ".join(f"{name} = {_merge_pair(how, name)}" for name, how in AUDIENCE_MERGE.items())
+    con.execute("CREATE OR REPLACE TEMP TABLE audience_counts AS "
+                + over(AUDIENCE_SQL, f"r.ingest_id = {int(ingest_id)}"))
+    con.execute(f"UPDATE summary_audience t SET {merged} FROM audience_counts d WHERE {same}")
+    con.execute(f"INSERT INTO summary_audience BY NAME SELECT d.* FROM audience_counts d ANTI JOIN summary_audience t ON {same}")
+
+
+def _merge_pair(how: str, name: str) -> str:
+    """A stored value `t.name` and a batch's `d.name` merged by `how`; either may be NULL (no violation, no
+    latency logged yet), which the merge skips as the aggregate over all rows would."""
+    pick = {"sum": f"t.{name} + d.{name}", "min": f"least(t.{name}, d.{name})", "max": f"greatest(t.{name}, d.{name})"}
+    return f"coalesce({pick[how]}, t.{name}, d.{name})"

@@ -19,7 +19,11 @@ thousands of rows instead of millions.
 - `summary_request_outputs`: one narrow row per request: its time, labels, hit flag, and DuckDB's 64-bit
   hashes of its output text and of the identity fields that decide an output. A time range's red flag of
   identical outputs is counted over these instead of hashing the rows' output texts.
-- `summary_first_verdicts`: the hits first judged contaminated (derived/verdicts.py), counted per labels and
+- `summary_audience`: requests, length violations and the sums behind an arm's means, per consumer and
+  experiment arm (and the filters' labels): who received what (analysis/impact.py).
+- `summary_impact_hits`: each contaminated hit with who received it, its arm, the arm of its source and its
+  measures, so an arm's figures can be read without its contaminated hits.
+- `summary_first_verdicts`: the hits first judged contaminated (store/verdicts.py), counted per labels and
   differing fields: the monitoring counters read these few rows, not one row per hit ever judged.
 
 A question with a time range that the histograms or distinct counts can't answer
@@ -105,6 +109,34 @@ CONTAMINATED_SQL = f"""SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS 
        r.tokenizer_version, r.output_tokens, left(r.output_text, 120) AS output_preview
 FROM requests r JOIN hit_sources h USING (request_id) WHERE h.contaminated AND {{where}}"""
 
+# Requests per consumer and arm with the labels the filters read; a violation's times; the sums an arm's means and
+# acceptance rate divide (acceptance over rows that logged both token counts).
+BOTH_TOKENS = "r.draft_tokens IS NOT NULL AND r.accepted_tokens IS NOT NULL"
+AUDIENCE_SQL = f"""SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {draft_label()} AS draft_model,
+       coalesce(r.consumer, '') AS consumer, coalesce(r.experiment, '') AS experiment,
+       count(*) AS requests, count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS violations,
+       min(r.ts) FILTER (WHERE r.output_tokens > r.max_tokens) AS first_violation,
+       max(r.ts) FILTER (WHERE r.output_tokens > r.max_tokens) AS last_violation,
+       sum(r.output_tokens)::HUGEINT AS output_tokens, count(r.latency_ms) AS latency_n,
+       sum(r.latency_ms) AS latency_sum,
+       sum(r.draft_tokens) FILTER (WHERE {BOTH_TOKENS})::HUGEINT AS draft_tokens,
+       sum(r.accepted_tokens) FILTER (WHERE {BOTH_TOKENS})::HUGEINT AS accepted_tokens
+FROM requests r WHERE {{where}} GROUP BY ALL"""
+AUDIENCE_KEYS = ("deployment", "target_model", "draft_model", "consumer", "experiment")
+AUDIENCE_MERGE = {"requests": "sum", "violations": "sum", "first_violation": "min", "last_violation": "max",
+                  "output_tokens": "sum", "latency_n": "sum", "latency_sum": "sum", "draft_tokens": "sum",
+                  "accepted_tokens": "sum"}
+
+# Each contaminated hit: who received it, its arm and its source's arm ('' where the source is not in the log).
+IMPACT_HITS_SQL = f"""SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.target_model,
+       {draft_label()} AS draft_model, coalesce(r.consumer, '') AS consumer,
+       coalesce(r.experiment, '') AS experiment, coalesce(s.experiment, '') AS source_experiment,
+       r.output_tokens > r.max_tokens AS violation, r.output_tokens, r.latency_ms,
+       CASE WHEN {BOTH_TOKENS} THEN r.draft_tokens END AS draft_tokens,
+       CASE WHEN {BOTH_TOKENS} THEN r.accepted_tokens END AS accepted_tokens
+FROM requests r JOIN hit_sources h USING (request_id) LEFT JOIN requests s ON s.request_id = h.source_request_id
+WHERE h.contaminated AND {{where}}"""
+
 # The pairs of keys that more than one identity used. A filter only removes pairs, so a key
 # shared under any filter is among these: collisions are counted over this small table.
 SHARED_KEYS_SQL = """SELECT * FROM summary_keys
@@ -189,6 +221,8 @@ CREATE OR REPLACE TABLE summary_lengths AS {over(LENGTHS_SQL, "TRUE")};
 CREATE OR REPLACE TABLE summary_latency AS {over(LATENCY_SQL, "TRUE")};
 CREATE OR REPLACE TABLE summary_contaminated AS {over(CONTAMINATED_SQL, "TRUE")} ORDER BY r.ts, r.request_id;
 CREATE OR REPLACE TABLE summary_outputs AS {over(OUTPUTS_SQL, "TRUE")};
+CREATE OR REPLACE TABLE summary_audience AS {over(AUDIENCE_SQL, "TRUE")};
+CREATE OR REPLACE TABLE summary_impact_hits AS {over(IMPACT_HITS_SQL, "TRUE")} ORDER BY r.ts, r.request_id;
 -- In time order: a range's scan skips the row groups outside it.
 CREATE OR REPLACE TABLE summary_request_keys AS {over(REQUEST_KEYS_SQL, "TRUE")} ORDER BY r.ts;
 CREATE OR REPLACE TABLE summary_request_outputs AS {over(REQUEST_OUTPUTS_SQL, "TRUE")} ORDER BY r.ts;

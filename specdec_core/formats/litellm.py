@@ -51,6 +51,16 @@ def _first_choice(response: dict) -> dict:
     return _dict(choices[0]) if isinstance(choices, list) and choices else {}
 
 
+def _consumer(metadata: dict, payload: dict) -> dict[str, Any]:
+    """Who received the output where the client named no consumer: the key's alias, the key's end user, the
+    payload's end user, the first of them that is set."""
+    for value in (metadata.get("user_api_key_alias"), metadata.get("user_api_key_end_user_id"),
+                  payload.get("end_user")):
+        if value not in (None, ""):
+            return {"consumer": value}
+    return {}
+
+
 def is_request(payload: dict) -> bool:
     call_type = payload.get("call_type")
     return not (isinstance(call_type, str) and any(k in call_type for k in NON_GENERATION_CALL_TYPES))
@@ -92,6 +102,11 @@ def payload_record(payload: dict) -> dict:
     for field in ("draft_model", "num_speculative_tokens", "tokenizer_version", "deployment"):
         if field in requester:
             record[field] = requester[field]
+    for field in ("consumer", "experiment"):
+        if field in requester:
+            record[field] = requester[field]
+    if "consumer" not in record:
+        record.update(_consumer(_dict(payload.get("metadata")), payload))
     if "tokenizer_version" not in requester:
         unknown.add("tokenizer_version")
 

@@ -241,6 +241,9 @@ def span_record(span: dict, resource_attrs: dict[str, Any]) -> dict | None:
         "deployment": attrs.get("specdec.deployment", resource_attrs.get("service.name", _MISSING)),
     }
     record.update((field, value) for field, value in derived.items() if value is not _MISSING)
+    consumer = attrs.get("specdec.consumer", attrs.get("user.id", attrs.get("enduser.id", _MISSING)))
+    if consumer is not _MISSING:
+        record["consumer"] = consumer
     if "specdec.cached_fingerprint" in attrs:
         # Text that is not JSON is passed on, so validation quarantines it rather than us hiding it.
         record["cached_fingerprint"] = parse_json_text(attrs["specdec.cached_fingerprint"])[1]

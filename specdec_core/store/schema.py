@@ -196,7 +196,8 @@ def is_specdec_store(con: duckdb.DuckDBPyConnection, tables: dict[str, set[str]]
 # 5: summary_outputs. 6: identity_first_seen (built by the judging, hit_sources.py). 7: summary_request_keys.
 # 8: key_last_miss (built by the judging). 9: summary_request_outputs.
 # 10: summary_minute's logged token sums; summary_first_verdicts (derived/verdicts.py).
-SUMMARY_VERSION = "10"
+# 11: summary_audience and summary_impact_hits (consumer and experiment).
+SUMMARY_VERSION = "11"
 
 # A store's rows of summary_request_keys hold hashes that the DuckDB which wrote them computed, and DuckDB does not
 # promise its hash() stays the same across versions. The version stored names that hash too, as the connection

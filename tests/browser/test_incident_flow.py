@@ -23,7 +23,7 @@ pytestmark = pytest.mark.browser
 # points this at data/screenshots/ (committed, shown in the README).
 SCREENSHOTS = Path(os.environ.get("SPECDEC_SCREENSHOTS", ROOT / "test-output" / "screenshots"))
 PAGES = {"overview": ("", "Overview"), "cache": ("cache", "Cache"), "output_length": ("output_length", "Output length"),
-         "mismatches": ("mismatches", "Mismatches"), "keys": ("keys", "Keys"), "replay": ("replay", "Replay"),
+         "mismatches": ("mismatches", "Mismatches"), "impact": ("impact", "Impact"), "keys": ("keys", "Keys"), "replay": ("replay", "Replay"),
          "search": ("search", "Search"), "export": ("export", "Export")}
 
 

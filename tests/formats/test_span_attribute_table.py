@@ -58,7 +58,8 @@ def test_every_contract_field_but_the_span_times_has_one_attribute() -> None:
 def test_what_the_writer_writes_the_reader_reads_back_as_the_same_record() -> None:
     record = rec("r-7", stop=["\n", "END"], seed=3, top_k=40, top_p=0.9, temperature=0.7, cache_hit=True,
                  cached_fingerprint={"prompt": "Summarise the incident.", "max_tokens": 64},
-                 ts="2026-03-01T10:00:00Z", latency_ms=120.0, prompt_hash="a" * 64)
+                 ts="2026-03-01T10:00:00Z", latency_ms=120.0, prompt_hash="a" * 64, consumer="acme",
+                 experiment="arm-a")
     out = round_trip(record)
     assert set(out["attributes"]) == {"gen_ai.operation.name"} | set(SPAN_ATTRIBUTES.values())
     assert out["read"] == {**{k: v for k, v in record.items() if v is not None}, "ts": "2026-03-01T10:00:00.000000Z"}

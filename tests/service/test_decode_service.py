@@ -146,6 +146,8 @@ OPTIONAL = {
     "latency_ms": (int, float, type(None)),
     "draft_tokens": (int, type(None)),
     "accepted_tokens": (int, type(None)),
+    "consumer": (str, type(None)),
+    "experiment": (str, type(None)),
 }
 
 

@@ -34,6 +34,8 @@ _TABLES = {
     "summary_lengths": "SELECT * FROM summary_lengths",
     "summary_latency": "SELECT * FROM summary_latency",
     "summary_contaminated": "SELECT * FROM summary_contaminated",
+    "summary_audience": "SELECT * FROM summary_audience",
+    "summary_impact_hits": "SELECT * FROM summary_impact_hits",
     "identity_first_seen": "SELECT * FROM identity_first_seen",
     # Appended per batch: one latest miss per key once folded.
     "key_last_miss": last_miss_sql("SELECT * FROM key_last_miss"),
@@ -99,6 +101,8 @@ def test_each_batch_leaves_the_derived_tables_equal_to_a_full_rebuild(tmp_path, 
     monkeypatch.setattr(incremental, "JUDGE_WINDOW_SECONDS", window)
     rng = random.Random(seed)
     records = random_log(seed, n=300) + _linked_rows(rng, 12)
+    for r in records:  # who received each output and its arm, some of them unlogged
+        r["consumer"], r["experiment"] = rng.choice(["t1", "t2", None]), rng.choice(["arm-a", "arm-b", None])
     rng.shuffle(records)
     cuts = sorted(rng.sample(range(1, len(records)), 4))
     files = [write_jsonl(tmp_path / f"part{i}.jsonl", records[a:b])

@@ -216,10 +216,10 @@ def test_parquet_is_read(store, tmp_path):
 
 
 def test_unknown_fields_are_kept(store, tmp_path):
-    ingest(store, [str(write_jsonl(tmp_path / "x.jsonl", [rec("u", experiment="arm-b", tags={"a": [1]})]))])
+    ingest(store, [str(write_jsonl(tmp_path / "x.jsonl", [rec("u", team="search", tags={"a": [1]})]))])
     with store.read() as con:
         extra = con.execute("SELECT extra::VARCHAR FROM requests").fetchall()[0][0]
-    assert json.loads(extra) == {"experiment": "arm-b", "tags": {"a": [1]}}
+    assert json.loads(extra) == {"team": "search", "tags": {"a": [1]}}
     # A field of the user's own named twice is kept, not a reason to quarantine.
     line = json.dumps(rec("u2", note="a"))[:-1] + ', "note": "b"}'
     assert ingest(store, [str(write_jsonl(tmp_path / "y.jsonl", [line]))]).accepted == 1

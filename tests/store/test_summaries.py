@@ -10,7 +10,7 @@ import pytest
 from helpers import DROP, rec, write_jsonl
 
 from specdec_core import analysis as metrics
-from specdec_core.analysis import Filters
+from specdec_core.analysis import Filters, impact
 from specdec_core.demo.synthetic import make_synthetic_log
 from specdec_core.derived import migrate
 from specdec_core.derived import summaries as summary
@@ -91,6 +91,11 @@ QUESTIONS = {
     "latency_hit_vs_miss": metrics.latency_hit_vs_miss,
     "contaminated_hits": metrics.contaminated_hits,
     "time_bucket": lambda s, f: pd.DataFrame([{"bucket": metrics.time_bucket(s, f)}]),
+    "impact_by_consumer": lambda s, f: pd.DataFrame([i.as_json() for i in impact.impact(s, "consumer", f)]),
+    "impact_by_experiment": lambda s, f: pd.DataFrame([i.as_json() for i in impact.impact(s, "experiment", f)]),
+    "experiment_impact": lambda s, f: pd.json_normalize([a.as_json() for a in impact.experiment_impact(s, f).arms]),
+    "wrong_outputs_over_time": lambda s, f: impact.wrong_outputs_over_time(s, f, bucket="5 minutes"),
+    "cross_feeding": lambda s, f: pd.DataFrame(impact.experiment_impact(s, f).as_json()["cross_feeding"]),
     "red_flags": lambda s, f: pd.DataFrame([{**flag.to_json(), "numbers": str(flag.numbers)}
                                             for flag in metrics.red_flags(s, f)]),
 }

@@ -1,0 +1,287 @@
+"""Who was hurt: the wrong outputs each consumer (or arm, or deployment) received, and the experiment arms'
+figures read again without their contaminated hits (../shared/remediation.md, "Who was hurt").
+
+Without a time range every answer comes from two small summaries (`summary_audience`, `summary_impact_hits`);
+with one, from the rows. An arm's clean figures are its figures less its contaminated hits': the sums the
+summaries hold subtract exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import pandas as pd
+
+from specdec_core.analysis.query import NO_FILTERS, Filters, df, native, run, time_bucket
+from specdec_core.derived import summaries as summary
+from specdec_core.store.connection import Store
+
+IMPACT_DIMENSIONS = ("consumer", "experiment", "deployment")
+
+
+@dataclass(frozen=True)
+class Impact:
+    """What one consumer (arm, deployment) received: `value` is '' where the log names none."""
+
+    value: str
+    requests: int
+    contaminated_hits: int
+    length_violations: int
+    first: datetime | None  # the first contaminated hit or length violation it received
+    last: datetime | None
+
+    @property
+    def affected(self) -> bool:
+        return self.contaminated_hits > 0 or self.length_violations > 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"value": self.value, "requests": self.requests, "contaminated_hits": self.contaminated_hits,
+                "length_violations": self.length_violations, "first": rfc3339(self.first),
+                "last": rfc3339(self.last)}
+
+
+@dataclass(frozen=True)
+class AllClean:
+    """A figure over all of an arm's requests and over its clean ones (without its contaminated hits)."""
+
+    all: float | None
+    clean: float | None
+
+    @property
+    def difference(self) -> float | None:
+        """How far the contaminated hits moved the figure: all minus clean."""
+        return None if self.all is None or self.clean is None else self.all - self.clean
+
+    def as_json(self) -> dict[str, Any]:
+        return {"all": self.all, "clean": self.clean}
+
+
+@dataclass(frozen=True)
+class CrossFeeding:
+    """Contaminated hits that arm `arm` received from outputs produced for arm `served_from`."""
+
+    arm: str
+    served_from: str  # '' where the source is not in the log or belongs to no arm
+    hits: int
+
+
+@dataclass(frozen=True)
+class ArmFigures:
+    arm: str
+    requests: AllClean
+    mean_output_tokens: AllClean
+    mean_latency_ms: AllClean
+    acceptance_rate: AllClean  # accepted over draft tokens, summed
+
+    @property
+    def contaminated_hits(self) -> int:
+        return int((self.requests.all or 0) - (self.requests.clean or 0))
+
+    def as_json(self) -> dict[str, Any]:
+        return {"arm": self.arm, "requests": self.requests.as_json(),
+                "mean_output_tokens": self.mean_output_tokens.as_json(),
+                "mean_latency_ms": self.mean_latency_ms.as_json(), "acceptance_rate": self.acceptance_rate.as_json()}
+
+
+@dataclass(frozen=True)
+class ExperimentImpact:
+    cross_feeding: tuple[CrossFeeding, ...]
+    arms: tuple[ArmFigures, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"cross_feeding": [{"arm": c.arm, "served_from": c.served_from, "hits": c.hits}
+                                  for c in self.cross_feeding],
+                "arms": [a.as_json() for a in self.arms]}
+
+
+def rfc3339(ts: datetime | None) -> str | None:
+    """UTC with milliseconds, or microseconds where the log had them (as the mismatch report writes `ts`)."""
+    if ts is None:
+        return None
+    ts = ts.astimezone(timezone.utc) if ts.tzinfo else ts
+    text = ts.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return (text[:-3] if ts.microsecond % 1000 == 0 else text) + "Z"
+
+
+def _column(by: str, alias: str) -> str:
+    if by not in IMPACT_DIMENSIONS:
+        raise ValueError(f"impact by {by!r}: expected one of {', '.join(IMPACT_DIMENSIONS)}")
+    return f"coalesce({alias}.{by}, '')"
+
+
+# --- per consumer, arm or deployment ---------------------------------------------------------------------
+
+_BY_ROWS_SQL = """
+SELECT {col} AS value, count(*) AS requests, count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
+       count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS length_violations,
+       min(r.ts) FILTER (WHERE h.contaminated OR r.output_tokens > r.max_tokens) AS first,
+       max(r.ts) FILTER (WHERE h.contaminated OR r.output_tokens > r.max_tokens) AS last
+FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where} GROUP BY ALL
+"""
+
+_BY_WHOLE_SQL = """
+WITH a AS (SELECT {col} AS value, sum(c.requests)::BIGINT AS requests, sum(c.violations)::BIGINT AS violations,
+                  min(c.first_violation) AS first_v, max(c.last_violation) AS last_v
+           FROM summary_audience c WHERE {dims} GROUP BY ALL),
+     h AS (SELECT {col} AS value, count(*) AS hits, min(c.ts) AS first_h, max(c.ts) AS last_h
+           FROM summary_impact_hits c WHERE {dims} GROUP BY ALL)
+SELECT a.value, a.requests, coalesce(h.hits, 0) AS contaminated_hits, a.violations AS length_violations,
+       least(a.first_v, h.first_h) AS first, greatest(a.last_v, h.last_h) AS last
+FROM a LEFT JOIN h USING (value)
+"""
+
+
+def impact(store: Store, by: str = "consumer", filters: Filters = NO_FILTERS) -> tuple[Impact, ...]:
+    """Per value of `by` (consumer, experiment or deployment): its requests, the contaminated hits and length
+    violations it received and the first and last of them; the most affected first."""
+    rows_sql = _BY_ROWS_SQL.replace("{col}", _column(by, "r"))
+    whole_sql = _BY_WHOLE_SQL.replace("{col}", _column(by, "c"))
+    frame = df(store, rows_sql, filters, whole=whole_sql)
+    out = [Impact(value=str(r["value"]), requests=int(r["requests"]), contaminated_hits=int(r["contaminated_hits"]),
+                  length_violations=int(r["length_violations"]), first=_time(r["first"]), last=_time(r["last"]))
+           for r in frame.to_dict("records")]
+    return tuple(sorted(out, key=lambda i: (-i.contaminated_hits, -i.length_violations, i.value)))
+
+
+def _time(value: Any) -> datetime | None:
+    value = native(value)
+    return None if value is None else pd.Timestamp(value).to_pydatetime()
+
+
+# --- experiment arms ----------------------------------------------------------------------------------------
+
+_CROSS_ROWS_SQL = """
+SELECT coalesce(r.experiment, '') AS arm, coalesce(s.experiment, '') AS served_from, count(*) AS hits
+FROM requests r JOIN hit_sources h USING (request_id) LEFT JOIN requests s ON s.request_id = h.source_request_id
+WHERE h.contaminated AND {where} GROUP BY ALL
+"""
+_CROSS_WHOLE_SQL = """
+SELECT c.experiment AS arm, c.source_experiment AS served_from, count(*) AS hits
+FROM summary_impact_hits c WHERE {dims} GROUP BY ALL
+"""
+
+# Each arm's sums over all its rows (a_*) and over its contaminated hits (c_*): clean = all - contaminated.
+_ARMS_ROWS_SQL = f"""
+SELECT coalesce(r.experiment, '') AS arm, count(*) AS a_n, sum(r.output_tokens) AS a_tokens,
+       count(r.latency_ms) AS a_latency_n, sum(r.latency_ms) AS a_latency,
+       sum(r.draft_tokens) FILTER (WHERE {summary.BOTH_TOKENS}) AS a_draft,
+       sum(r.accepted_tokens) FILTER (WHERE {summary.BOTH_TOKENS}) AS a_accepted,
+       count(*) FILTER (WHERE h.contaminated) AS c_n,
+       sum(r.output_tokens) FILTER (WHERE h.contaminated) AS c_tokens,
+       count(r.latency_ms) FILTER (WHERE h.contaminated) AS c_latency_n,
+       sum(r.latency_ms) FILTER (WHERE h.contaminated) AS c_latency,
+       sum(r.draft_tokens) FILTER (WHERE h.contaminated AND {summary.BOTH_TOKENS}) AS c_draft,
+       sum(r.accepted_tokens) FILTER (WHERE h.contaminated AND {summary.BOTH_TOKENS}) AS c_accepted
+FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {{where}} GROUP BY ALL
+"""
+_ARMS_WHOLE_SQL = """
+WITH a AS (SELECT c.experiment AS arm, sum(c.requests) AS a_n, sum(c.output_tokens) AS a_tokens,
+                  sum(c.latency_n) AS a_latency_n, sum(c.latency_sum) AS a_latency, sum(c.draft_tokens) AS a_draft,
+                  sum(c.accepted_tokens) AS a_accepted
+           FROM summary_audience c WHERE {dims} GROUP BY ALL),
+     h AS (SELECT c.experiment AS arm, count(*) AS c_n, sum(c.output_tokens) AS c_tokens,
+                  count(c.latency_ms) AS c_latency_n, sum(c.latency_ms) AS c_latency, sum(c.draft_tokens) AS c_draft,
+                  sum(c.accepted_tokens) AS c_accepted
+           FROM summary_impact_hits c WHERE {dims} GROUP BY ALL)
+SELECT * FROM a LEFT JOIN h USING (arm)
+"""
+
+
+def _ratio(num: Any, den: Any) -> float | None:
+    num, den = native(num), native(den)
+    return None if num is None or not den else float(num) / float(den)
+
+
+def _less(a: Any, c: Any) -> float:
+    return float(native(a) or 0) - float(native(c) or 0)
+
+
+def _arm(row: dict[str, Any]) -> ArmFigures:
+    return ArmFigures(
+        arm=str(row["arm"]),
+        requests=AllClean(int(row["a_n"]), int(_less(row["a_n"], row["c_n"]))),
+        mean_output_tokens=AllClean(_ratio(row["a_tokens"], row["a_n"]),
+                                    _ratio(_less(row["a_tokens"], row["c_tokens"]), _less(row["a_n"], row["c_n"]))),
+        mean_latency_ms=AllClean(_ratio(row["a_latency"], row["a_latency_n"]),
+                                 _ratio(_less(row["a_latency"], row["c_latency"]),
+                                        _less(row["a_latency_n"], row["c_latency_n"]))),
+        acceptance_rate=AllClean(_ratio(row["a_accepted"], row["a_draft"]),
+                                 _ratio(_less(row["a_accepted"], row["c_accepted"]),
+                                        _less(row["a_draft"], row["c_draft"]))),
+    )
+
+
+def experiment_impact(store: Store, filters: Filters = NO_FILTERS) -> ExperimentImpact:
+    """Which arm's outputs each arm received (the cross-feeding), and each arm's figures with and without its
+    contaminated hits, so that an A/B comparison can be read again on clean rows."""
+    cross = df(store, _CROSS_ROWS_SQL, filters, whole=_CROSS_WHOLE_SQL)
+    arms = df(store, _ARMS_ROWS_SQL, filters, whole=_ARMS_WHOLE_SQL)
+    feeding = sorted((CrossFeeding(str(r["arm"]), str(r["served_from"]), int(r["hits"]))
+                      for r in cross.to_dict("records")), key=lambda c: (-c.hits, c.arm, c.served_from))
+    figures = sorted((_arm(r) for r in arms.to_dict("records")), key=lambda a: (a.arm == "", a.arm))
+    return ExperimentImpact(cross_feeding=tuple(feeding), arms=tuple(figures))
+
+
+# --- for the page and the customer notice --------------------------------------------------------------------
+
+_OVER_TIME_ROWS_SQL = """
+SELECT time_bucket(CAST(? AS INTERVAL), r.ts) AS bucket, coalesce(r.consumer, '') AS consumer,
+       count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
+       count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS length_violations
+FROM requests r LEFT JOIN hit_sources h USING (request_id)
+WHERE {where} AND (h.contaminated OR r.output_tokens > r.max_tokens) GROUP BY ALL ORDER BY bucket, consumer
+"""
+
+
+# Without a time range: the contaminated hits from their summary, the violations (few) from the rows.
+_OVER_TIME_WHOLE_SQL = """
+SELECT bucket, consumer, sum(hits)::BIGINT AS contaminated_hits, sum(violations)::BIGINT AS length_violations
+FROM (SELECT time_bucket(CAST(? AS INTERVAL), c.ts) AS bucket, c.consumer, count(*) AS hits, 0 AS violations
+      FROM summary_impact_hits c WHERE {dims} GROUP BY ALL
+      UNION ALL
+      SELECT time_bucket(CAST(? AS INTERVAL), r.ts), coalesce(r.consumer, ''), 0, count(*)
+      FROM requests r WHERE r.output_tokens > r.max_tokens AND {where} GROUP BY ALL)
+GROUP BY ALL ORDER BY bucket, consumer
+"""
+
+
+def wrong_outputs_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
+    """Per time bucket and consumer: the contaminated hits and length violations received (`wrong`: both)."""
+    bucket = bucket or time_bucket(store, filters)
+
+    def whole(con: Any, dims: str, params: list[Any]) -> pd.DataFrame:
+        where, row_params = filters.where()
+        sql = _OVER_TIME_WHOLE_SQL.replace("{dims}", dims).replace("{where}", where)
+        return con.execute(sql, [bucket, *params, bucket, *row_params]).df()
+
+    frame = df(store, _OVER_TIME_ROWS_SQL, filters, leading=[bucket], whole=whole)
+    frame["wrong"] = frame["contaminated_hits"] + frame["length_violations"]
+    return frame
+
+
+_AFFECTED_SQL = """
+SELECT r.request_id, r.ts, CASE WHEN h.contaminated THEN 'contaminated_hit' ELSE 'length_violation' END AS kind,
+       coalesce(r.consumer, '') AS consumer, coalesce(r.experiment, '') AS experiment,
+       coalesce(r.deployment, '') AS deployment, r.cache_key, h.source_request_id,
+       coalesce(s.experiment, '') AS served_from, h.differing_fields, r.target_model, r.draft_model,
+       r.max_tokens, r.output_tokens, left(r.output_text, 200) AS output_preview
+FROM requests r LEFT JOIN hit_sources h USING (request_id) LEFT JOIN requests s ON s.request_id = h.source_request_id
+WHERE {where} AND coalesce(r.consumer, '') = ? AND (h.contaminated OR r.output_tokens > r.max_tokens)
+ORDER BY r.ts, r.request_id
+"""
+
+
+def affected_requests(store: Store, consumer: str, filters: Filters = NO_FILTERS) -> pd.DataFrame:
+    """The requests for which `consumer` ('' for none logged) received a contaminated hit or an over-long output:
+    what a customer notice lists. A row that is both is listed once, as a contaminated hit."""
+    with store.read() as con:
+        return run(con, _AFFECTED_SQL, filters, [consumer]).df()
+
+
+def affected_csv(store: Store, consumer: str, filters: Filters = NO_FILTERS) -> str:
+    """The CSV a customer notice attaches: `affected_requests` with `ts` in RFC 3339, as the mismatch report."""
+    frame = affected_requests(store, consumer, filters)
+    frame["ts"] = [rfc3339(pd.Timestamp(t).to_pydatetime()) for t in frame["ts"]]
+    return frame.to_csv(index=False)

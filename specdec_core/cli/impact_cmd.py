@@ -1,0 +1,82 @@
+"""`specdec impact`: who received wrong outputs; `specdec incident-report`: the postmortem drafted from the store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specdec_core.analysis.impact import IMPACT_DIMENSIONS, experiment_impact, impact, rfc3339
+from specdec_core.cli.store_cmds import add_db, existing_store
+
+
+def _cell(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def cmd_impact(args: argparse.Namespace) -> int:
+    store = existing_store(args, "impact")
+    if store is None:
+        return 1
+    if args.experiments:
+        result = experiment_impact(store)
+        if args.json:
+            print(json.dumps(result.as_json()))
+            return 0
+        print(f"{'arm':<20}{'served from':<20}{'hits':>8}")
+        for c in result.cross_feeding:
+            print(f"{c.arm or '(none)':<20}{c.served_from or '(none)':<20}{c.hits:>8,}")
+        print()
+        print(f"{'arm':<20}{'requests all/clean':>20}{'output tokens':>20}{'latency ms':>22}{'acceptance':>18}")
+        for a in result.arms:
+            print(f"{a.arm or '(none)':<20}{f'{a.requests.all:,} / {a.requests.clean:,}':>20}"
+                  f"{_cell(a.mean_output_tokens.all) + ' / ' + _cell(a.mean_output_tokens.clean):>20}"
+                  f"{_cell(a.mean_latency_ms.all) + ' / ' + _cell(a.mean_latency_ms.clean):>22}"
+                  f"{_cell(a.acceptance_rate.all, 3) + ' / ' + _cell(a.acceptance_rate.clean, 3):>18}")
+        return 0
+    rows = impact(store, args.by)
+    if args.json:
+        print(json.dumps([r.as_json() for r in rows]))
+        return 0
+    print(f"{args.by:<24}{'requests':>10}{'contaminated':>14}{'violations':>12}  first .. last")
+    for r in rows:
+        span = f"{rfc3339(r.first)} .. {rfc3339(r.last)}" if r.first else "-"
+        print(f"{r.value or '(none)':<24}{r.requests:>10,}{r.contaminated_hits:>14,}{r.length_violations:>12,}  {span}")
+    return 0
+
+
+def cmd_incident_report(args: argparse.Namespace) -> int:
+    from specdec_core.remediation.report import ReportError, write_incident_report
+
+    store = existing_store(args, "incident-report")
+    if store is None:
+        return 1
+    try:
+        written = write_incident_report(store, args.out)
+    except ReportError as exc:
+        print(f"specdec incident-report: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote the incident report to {written}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("impact", help="who received wrong outputs: per consumer, experiment arm or deployment",
+                              description="Per consumer (or experiment arm, or deployment): the requests, the "
+                                          "contaminated hits and length violations received, the first and last. "
+                                          "--experiments: which arm's outputs each arm received, and each arm's "
+                                          "figures with and without its contaminated hits.")
+    add_db(p)
+    p.add_argument("--by", choices=IMPACT_DIMENSIONS, default="consumer", help="group by this field (default consumer)")
+    p.add_argument("--experiments", action="store_true",
+                   help="the cross-feeding between experiment arms and each arm's all/clean figures")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_impact)
+
+    r = subparsers.add_parser("incident-report", help="draft the incident's postmortem (Markdown or HTML)",
+                              description="Draft the postmortem from the store: summary, timeline, root cause, "
+                                          "blast radius, remediation done and left, the mismatch report. "
+                                          "FILE.html is one self-contained file with its charts.")
+    add_db(r)
+    r.add_argument("--out", required=True, metavar="FILE.md|FILE.html", help="where to write it (by its suffix)")
+    r.set_defaults(func=cmd_incident_report)

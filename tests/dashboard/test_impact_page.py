@@ -1,0 +1,108 @@
+"""The Impact page through Streamlit's AppTest: blast radius, the cross-feeding, the clean comparison, a
+consumer's affected requests as CSV (its choice in the address) and the incident report's downloads."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import streamlit.runtime.scriptrunner.script_runner as script_runner
+from helpers import rec, write_jsonl
+from streamlit.runtime.pages_manager import PagesManager
+from streamlit.testing.v1 import AppTest
+
+from specdec_core.analysis.impact import affected_csv
+from specdec_core.ingest import ingest
+from specdec_core.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+APP = ROOT / "app.py"
+T0 = "2026-03-01T10:"
+
+
+def _records() -> list[dict]:
+    sampled = {"temperature": 0.7}
+    return [
+        rec("m1", ts=T0 + "00:00Z", consumer="acme", experiment="arm-a", **sampled),
+        rec("h1", ts=T0 + "01:00Z", cache_hit=True, consumer="globex", experiment="arm-b", draft_model="other",
+            latency_ms=5.0, draft_tokens=None, accepted_tokens=None, **sampled),
+        rec("h2", ts=T0 + "02:00Z", cache_hit=True, consumer="acme", experiment="arm-a", latency_ms=4.0,
+            draft_tokens=None, accepted_tokens=None, **sampled),
+        rec("m2", ts=T0 + "03:00Z", cache_key="k-2", consumer="globex", experiment="arm-b", draft_model="other",
+            max_tokens=2, **sampled),
+        rec("m3", ts=T0 + "04:00Z", cache_key="k-3", consumer="initech", experiment="arm-a", max_tokens=2, **sampled),
+    ]
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("impact-page")
+    path = folder / "impact.duckdb"
+    ingest(Store(path), [str(write_jsonl(folder / "log.jsonl", _records()))])
+    return path
+
+
+@pytest.fixture(autouse=True)
+def no_legacy_pages_folder(monkeypatch):
+    class NavigationPagesManager(PagesManager):
+        uses_pages_directory = False
+
+    monkeypatch.setattr(script_runner, "PagesManager", NavigationPagesManager)
+
+
+def _open(monkeypatch, db: Path, **query: str) -> AppTest:
+    monkeypatch.setenv("SPECDEC_DB", str(db))
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params.update(query)
+    at.run()
+    at.switch_page("pages/impact.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_the_blast_radius_names_the_consumers_and_arms_affected(monkeypatch, db):
+    at = _open(monkeypatch, db)
+    assert [t.value for t in at.title] == ["Impact"]
+    metrics = {m.label: m.value for m in at.main.metric}
+    assert metrics == {"Consumers affected": "2 of 3", "Contaminated hits received": "1",
+                       "Length violations received": "2", "Experiment arms cross-fed": "1 of 2"}
+    consumers = at.dataframe[0].value
+    assert list(consumers.consumer) == ["globex", "initech", "acme"]
+    assert list(consumers.contaminated_hits) == [1, 0, 0] and list(consumers.length_violations) == [1, 1, 0]
+
+
+def test_the_comparison_shows_each_arm_on_all_and_clean_rows(monkeypatch, db):
+    at = _open(monkeypatch, db)
+    frame = next(d.value for d in at.dataframe if "clean rows" in d.value.columns)
+    b = frame[(frame.arm == "arm-b") & (frame.figure == "requests")].iloc[0]
+    assert (b["all rows"], b["clean rows"], b["difference"]) == (2, 1, 1)
+    latency = frame[(frame.arm == "arm-b") & (frame.figure == "mean latency (ms)")].iloc[0]
+    assert (latency["all rows"], latency["clean rows"]) == (pytest.approx(62.5), pytest.approx(120.0))
+
+
+def test_a_consumers_requests_download_as_csv_and_its_choice_is_in_the_address(monkeypatch, db):
+    at = _open(monkeypatch, db)
+    assert at.selectbox(key="impact_consumer").value == "globex"
+    assert at.query_params["consumer"] == "globex"
+    rows = next(d.value for d in at.dataframe if "kind" in d.value.columns)
+    assert list(zip(rows.request_id, rows.kind, strict=True)) == [("h1", "contaminated_hit"),
+                                                                 ("m2", "length_violation")]
+    csv = affected_csv(Store(db), "globex")
+    assert csv.splitlines()[0].startswith("request_id,ts,kind,consumer") and len(csv.splitlines()) == 3
+    assert "Download globex's affected requests (CSV)" in [b.proto.label for b in at.get("download_button")]
+    linked = _open(monkeypatch, db, consumer="initech")  # a pasted address opens that consumer's requests
+    assert linked.selectbox(key="impact_consumer").value == "initech"
+    rows = next(d.value for d in linked.dataframe if "kind" in d.value.columns)
+    assert list(rows.request_id) == ["m3"]
+
+
+def test_the_incident_report_is_offered_once_drafted(monkeypatch, db):
+    at = _open(monkeypatch, db)
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert not any("incident" in label or "report" in label for label in labels)
+    at.button(key="impact_draft_report").click().run()
+    assert not at.exception
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert "Download the report (HTML)" in labels and "Download the report (Markdown)" in labels

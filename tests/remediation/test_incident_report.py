@@ -1,0 +1,158 @@
+"""`specdec incident-report`: the postmortem drafted from a store, whose every figure equals what `specdec stats`,
+`specdec impact` and `specdec report` say of the same store; the HTML is one file that fetches nothing."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from helpers import rec, run_cli, write_jsonl
+
+from specdec_core.ingest import ingest
+from specdec_core.remediation import PurgeRecord, record_purge
+from specdec_core.remediation.report import incident_report, render_markdown
+from specdec_core.store import Store
+
+
+def _incident() -> list[dict]:
+    """edge keyed by the prompt alone until 10:30, then by the full identity in a new namespace; two tenants
+    and two arms that differ in draft model."""
+    records = []
+    for i in range(30):
+        minute = i * 2
+        fixed = minute >= 30
+        arm, draft = ("arm-a", "d-a") if i % 2 == 0 else ("arm-b", "d-b")
+        prompt = f"p{i % 3}"
+        key = f"edge-v2:full:{i}" if fixed else f"edge-v1:prompt:{prompt}"
+        records.append(rec(f"r{i:02d}", ts=f"2026-03-01T10:{minute:02d}:00.000Z", prompt=prompt, temperature=0.7,
+                           deployment="edge", cache_key=key, cache_hit=not fixed and i >= 3, draft_model=draft,
+                           consumer="acme" if i % 3 else "globex", experiment=arm, max_tokens=8 + (i % 2),
+                           output_tokens=9 if i == 5 else 4, latency_ms=100.0 + i))
+    return records
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("report")
+    path = folder / "s.duckdb"
+    assert ingest(Store(path), [str(write_jsonl(folder / "log.jsonl", _incident()))]).accepted == 30
+    return path
+
+
+def _cli_json(*args: str) -> object:
+    done = run_cli(*args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_every_figure_equals_stats_impact_and_report(db, tmp_path):
+    stats = _cli_json("stats", "--db", str(db), "--json")
+    consumers = _cli_json("impact", "--db", str(db), "--json")
+    deployments = _cli_json("impact", "--db", str(db), "--by", "deployment", "--json")
+    experiments = _cli_json("impact", "--db", str(db), "--experiments", "--json")
+    assert run_cli("report", "--db", str(db), "--out", str(tmp_path / "r.csv")).returncode == 0
+    with open(tmp_path / "r.csv", encoding="utf-8") as f:
+        kinds = [row["kind"] for row in csv.DictReader(f)]
+    out = tmp_path / "incident.md"
+    done = run_cli("incident-report", "--db", str(db), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    text = out.read_text(encoding="utf-8")
+
+    report = incident_report(Store(db))
+    assert report.headline.contaminated_hits == stats["contaminated_hits"] > 0
+    assert (report.headline.requests, report.headline.length_violations) == (stats["requests"],
+                                                                             stats["length_violations"])
+    assert f"{stats['contaminated_hits']:,} contaminated hits" in text
+    assert f"{stats['length_violations']:,} length violations among {stats['requests']:,} requests" in text
+    assert [i.as_json() for i in report.consumers] == consumers
+    assert [i.as_json() for i in report.deployments] == deployments
+    assert report.experiments.as_json() == experiments
+    for c in consumers:
+        assert (f"| {c['value']} | {c['requests']:,} | {c['contaminated_hits']:,} | {c['length_violations']:,} |"
+                in text)
+    for c in experiments["cross_feeding"]:
+        assert f"| {c['arm'] or '(none)'} | {c['served_from'] or '(none)'} | {c['hits']:,} |" in text
+    for a in experiments["arms"]:
+        assert f"| {a['arm']} | {a['requests']['all']:,} / {a['requests']['clean']:,} |" in text
+        assert f"{a['mean_latency_ms']['all']:,.1f} / {a['mean_latency_ms']['clean']:,.1f}" in text
+    for kind in ("contaminated_hit", "length_violation", "replay_mismatch"):
+        assert f"- {kind}: {kinds.count(kind):,}" in text
+    assert report.mismatch_counts.get("contaminated_hit") == kinds.count("contaminated_hit")
+
+
+def test_the_sections_and_the_key_fix_the_store_shows(db):
+    report = incident_report(Store(db))
+    text = render_markdown(report)
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["## Summary", "## Timeline", "## Root cause", "## Blast radius", "## Remediation",
+                        "## Appendix: mismatch report"]
+    [change] = report.changes
+    assert (change.old_prefix, change.new_prefix) == ("edge-v1:prompt", "edge-v2:full")
+    [fix] = report.fixes
+    assert fix.hits_after_fix == 0
+    events = [e.what.split(":")[0] for e in report.timeline()]
+    assert events == ["first contaminated hit", "last contaminated hit", "key scheme change"]
+    assert "the key scheme `edge-v1:prompt` left out identity fields: `draft_model`" in text
+    assert "no purge recorded" in text
+    assert "| Key fixed | done | edge since 2026-03-01 10:30:00 UTC; 0 hits after the fix on old-scheme keys |" in text
+    assert report.plan.contaminated == 3 and report.plan.keys >= report.plan.contaminated
+
+
+def test_the_html_is_one_file_with_inline_svg_charts_and_fetches_nothing(db, tmp_path):
+    out = tmp_path / "incident.html"
+    assert run_cli("incident-report", "--db", str(db), "--out", str(out)).returncode == 0
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 3
+    assert "<script" not in page and "<link" not in page and "@import" not in page
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
+    assert "acme" in page and "Cross-feeding" in page
+
+
+def test_links_go_to_the_dashboard_when_its_address_is_configured(db, tmp_path, monkeypatch):
+    config = tmp_path / "specdec.toml"
+    config.write_text('[dashboard]\nexternal_url = "https://triage.example.com/"\n', encoding="utf-8")
+    monkeypatch.setenv("SPECDEC_CONFIG", str(config))
+    out = tmp_path / "linked.md"
+    assert run_cli("incident-report", "--db", str(db), "--out", str(out)).returncode == 0
+    text = out.read_text(encoding="utf-8")
+    assert "[first contaminated hit](https://triage.example.com/mismatches)" in text
+    assert "(https://triage.example.com/keys)" in text
+    plain = render_markdown(incident_report(Store(db)))
+    assert "https://" not in plain
+
+
+def test_a_bad_suffix_or_a_missing_store_is_a_one_line_error(db, tmp_path):
+    done = run_cli("incident-report", "--db", str(db), "--out", str(tmp_path / "report.pdf"))
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1 and ".md or .html" in done.stderr
+    assert not (tmp_path / "report.pdf").exists()
+    missing = run_cli("incident-report", "--db", str(tmp_path / "none.duckdb"), "--out", str(tmp_path / "r.md"))
+    assert missing.returncode == 1 and "no such database" in missing.stderr
+
+
+def test_a_store_without_contamination_says_so(tmp_path):
+    path = tmp_path / "clean.duckdb"
+    ingest(Store(path), [str(write_jsonl(tmp_path / "clean.jsonl", [rec("a"), rec("b", cache_key="k-2")]))])
+    text = render_markdown(incident_report(Store(path)))
+    assert "0 contaminated hits" in text and "No contaminated hit: no key left a field out." in text
+
+
+def test_purges_the_plan_and_the_fix_come_from_what_cache_and_stats_say(db, tmp_path):
+    copy = tmp_path / "purged.duckdb"
+    copy.write_bytes(db.read_bytes())
+    plan = _cli_json("cache", "plan", "--db", str(copy), "--out", str(tmp_path / "plan.jsonl"), "--json")
+    stats = _cli_json("stats", "--db", str(copy), "--json")
+    at = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+    record_purge(Store(copy), PurgeRecord(ts=at, kind="namespace", target="redis://purger@cache:6379/0", plan=None,
+                                          namespace="edge-v1:", planned=3, deleted=3, missing=0, dry_run=False))
+    report = incident_report(Store(copy))
+    assert (report.plan.keys, report.plan.contaminated, report.plan.collision) == (
+        plan["keys"], plan["contaminated"], plan["collision"])
+    assert {f.change.deployment: f.hits_after_fix for f in report.fixes} == stats["hits_after_fix"]
+    text = render_markdown(report)
+    assert "no purge recorded" not in text
+    assert "| Old namespace purged | done | edge-v1: on redis://purger@cache:6379/0 at 2026-03-01 12:00:00 UTC" in text
+    assert report.timeline()[-1].what.startswith("purged the namespace edge-v1: on redis://purger@cache:6379/0")
