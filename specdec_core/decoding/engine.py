@@ -35,6 +35,7 @@ from specdec_core.decoding.loader import ModelLoader
 from specdec_core.decoding.proposers import DEFAULT_DRAFT_TOKENS, Proposer, proposer_for  # noqa: F401 (the default is public)
 from specdec_core.decoding.registry import Registry, RegistryError
 from specdec_core.decoding.scoring import TokenScores, sampling_logits
+from specdec_core.decoding.stops import cut_at_stop
 from specdec_core.extras import require
 
 torch = require("replay", "torch")
@@ -105,11 +106,6 @@ def _record_acceptance(target: Any) -> Iterator[list[tuple[int, int]]]:
         yield steps
     finally:
         target.__dict__.pop("_get_candidate_generator", None)
-
-
-def _cut_at_stop(text: str, stops: Sequence[str] | None) -> int | None:
-    hits = [i for i in (text.find(s) for s in (stops or ()) if s) if i >= 0]
-    return min(hits) if hits else None
 
 
 def request_seed(req: DecodeRequest) -> int:
@@ -390,7 +386,7 @@ class SpecDecoder:
         if eos_at is not None:
             generated, finish = generated[:eos_at], "stop"
         text = tok.decode(generated, skip_special_tokens=True)
-        cut = _cut_at_stop(text, req.stop)
+        cut = cut_at_stop(text, req.stop)
         if cut is not None:
             text, finish = text[:cut], "stop"
             # The fewest tokens whose text covers the kept text; tokens wholly inside the stop go.

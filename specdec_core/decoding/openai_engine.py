@@ -32,6 +32,14 @@ from typing import Any
 
 from specdec_core.contract.identity import DecodeRequest
 from specdec_core.contract.result import DecodeResult
+from specdec_core.decoding.engine_answers import (
+    applied_differences,
+    natural_count,
+    sampled_logprob,
+    scored_tokens,
+    server_count,
+    server_ids,
+)
 from specdec_core.decoding.engine_client import (
     HTTP,
     MALFORMED,
@@ -42,6 +50,7 @@ from specdec_core.decoding.engine_client import (
 )
 from specdec_core.decoding.registry import EngineSpec
 from specdec_core.decoding.scoring import TokenScores
+from specdec_core.decoding.stops import cut_at_stop
 
 # vLLM caps prompt_logprobs at --max-logprobs, 20 by default.
 PROMPT_LOGPROBS = 20
@@ -60,17 +69,7 @@ IDENTITY_FIELDS = ("top_k", "top_p", "seed", "stop")
 # No tokenizer's token is longer than this many characters: an answer longer than max_tokens of them is cut
 # before it is tokenized (a server that ignores max_tokens must not cost minutes and gigabytes here).
 MAX_TOKEN_CHARS = 1024
-# Where an engine reports the settings it applied, and their names in what was sent.
-APPLIED_KEYS = ("generation_settings", "sampling_params")
-APPLIED_NAMES = {"n_predict": "max_tokens", "max_tokens": "max_tokens", "temperature": "temperature",
-                 "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "typical_p": "typical_p",
-                 "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-                 "repeat_penalty": "repeat_penalty", "repetition_penalty": "repetition_penalty",
-                 "mirostat": "mirostat", "xtc_probability": "xtc_probability", "dry_multiplier": "dry_multiplier",
-                 "top_n_sigma": "top_n_sigma"}
 NO_PROMPT_LOGPROBS = "no prompt_logprobs"
-# Log-probabilities come in float32: an exact 0 may arrive as a hair above it.
-LOGPROB_SLACK = 1e-4
 SPECULATION_NOTE = ("the server's own speculative config: the logged draft_model {draft!r} and "
                     "num_speculative_tokens {n!r} can't be set per request")
 
@@ -241,18 +240,18 @@ class EngineDecoder:
         said = [n for n in refused if n in IDENTITY_FIELDS and _carries_identity(req, n)]
         if said:
             evidence["parameters_refused"] = ", ".join(f"{n}={req_value(req, n)!r}" for n in said)
-        ignored = _applied_differences(answer, body)
-        cut = _cut_at_stop(text, req.stop)
+        ignored = applied_differences(answer, body)
+        cut = cut_at_stop(text, req.stop)
         if cut is not None:
             text, finish = text[:cut], "stop"
             evidence["stop_applied_here"] = "the server's text went past a stop sequence: cut here"
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
-        if self.local_tokenizer(req) and _count(usage.get("prompt_tokens")) is not None:
+        if self.local_tokenizer(req) and natural_count(usage.get("prompt_tokens")) is not None:
             here = len(self.local.prompt_ids(req))
             if usage["prompt_tokens"] != here:
                 evidence["prompt_tokens"] = f"the server counted {usage['prompt_tokens']}, this tokenizer {here}"
-        counted = _server_count(answer)
-        text, token_ids, output_tokens, how, over = self._output_tokens(req, text, _server_ids(answer),
+        counted = server_count(answer)
+        text, token_ids, output_tokens, how, over = self._output_tokens(req, text, server_ids(answer),
                                                                         counted, cut is None)
         evidence["output_length"] = how
         if over is not None:
@@ -349,7 +348,7 @@ class EngineDecoder:
                     return False
                 for i, row in enumerate(rows):
                     try:
-                        _listed(row)
+                        scored_tokens(row)
                     except ValueError as err:
                         raise EngineError(self.spec, MALFORMED, f"prompt_logprobs at prompt token {i}: {err}"
                                           ) from None
@@ -387,7 +386,7 @@ class EngineDecoder:
         logprobs, raw, ranks, margins, argmax = [], [], [], [], []
         for i, (token, row) in enumerate(zip(output, rows, strict=True)):
             try:
-                listed = _listed(row)
+                listed = scored_tokens(row)
             except ValueError as exc:
                 raise EngineError(self.spec, MALFORMED, f"prompt_logprobs at output token {i}: {exc}") from None
             if token not in listed:
@@ -399,7 +398,7 @@ class EngineDecoder:
             ranks.append(rank if rank is not None else 1 + sum(1 for v, _ in listed.values() if v > lp))
             margins.append(top[0] - top[1] if len(top) > 1 else math.inf)
             argmax.append(order[0][0])
-            logprobs.append(_sampled_logprob(req, listed, token, ranks[-1]))
+            logprobs.append(sampled_logprob(req, listed, token, ranks[-1]))
         return TokenScores(tuple(output), tuple(logprobs), tuple(raw), tuple(ranks), tuple(margins),
                            tuple(0.0 for _ in output), tuple(argmax), len(prompt))
 
@@ -412,42 +411,6 @@ def req_value(req: DecodeRequest, name: str) -> Any:
     return list(req.stop or ()) if name == "stop" else getattr(req, name, None)
 
 
-def _listed(row: Any) -> dict[int, tuple[float, int | None]]:
-    """{token id: (logprob, rank)} of one prompt_logprobs position (vLLM: {"id": {"logprob", "rank", ...}}).
-
-    ValueError for a value no model gives: a log-probability that is NaN, infinite or above 0, a rank below 1.
-    Such a score would become a verdict; the answer is malformed instead."""
-    out: dict[int, tuple[float, int | None]] = {}
-    if not isinstance(row, dict):
-        return out
-    for key, value in row.items():
-        try:
-            token = int(key)
-        except (TypeError, ValueError):
-            continue
-        rank: Any = None
-        if isinstance(value, dict) and _number(value.get("logprob")):
-            logprob, rank = float(value["logprob"]), value.get("rank")
-        elif _number(value):
-            logprob = float(value)
-        else:
-            continue
-        if not math.isfinite(logprob) or logprob > LOGPROB_SLACK:
-            raise ValueError(f"token {token} has log-probability {logprob!r}; one is finite and at most 0")
-        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
-            raise ValueError(f"token {token} has rank {shown(rank, 40)}; a rank is an integer from 1")
-        out[token] = (min(logprob, 0.0), rank)
-    return out
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
 def _carries_identity(req: DecodeRequest, name: str) -> bool:
     """Whether a refused field held something of the request's own (not an "off" value sent to be explicit)."""
     if name == "top_k":
@@ -457,91 +420,3 @@ def _carries_identity(req: DecodeRequest, name: str) -> bool:
     if name == "stop":
         return bool(req.stop)
     return True
-
-
-def _verbose(answer: dict[str, Any]) -> list[dict[str, Any]]:
-    """Where an answer may carry an engine's own fields: itself, llama.cpp's `__verbose`, its first choice."""
-    places = [answer]
-    for extra in (answer.get("__verbose"), (answer.get("choices") or [None])[0]):
-        if isinstance(extra, dict):
-            places.append(extra)
-    return places
-
-
-def _server_ids(answer: dict[str, Any]) -> list[int] | None:
-    """The generated token ids, where the server returns them (llama.cpp's `tokens` with `return_tokens`)."""
-    for place in _verbose(answer):
-        ids = place.get("tokens")
-        if isinstance(ids, list) and all(_count(t) is not None for t in ids):
-            return [int(t) for t in ids]
-    return None
-
-
-def _server_count(answer: dict[str, Any]) -> tuple[int, str] | None:
-    """(generated tokens, where it says so) from the server: usage, llama.cpp's timings or tokens_predicted."""
-    usage = answer.get("usage")
-    if isinstance(usage, dict) and _count(usage.get("completion_tokens")) is not None:
-        return usage["completion_tokens"], "usage.completion_tokens"
-    timings = answer.get("timings")
-    if isinstance(timings, dict) and _count(timings.get("predicted_n")) is not None:
-        return timings["predicted_n"], "timings.predicted_n"
-    for place in _verbose(answer):
-        if _count(place.get("tokens_predicted")) is not None:
-            return place["tokens_predicted"], "tokens_predicted"
-    return None
-
-
-def _applied_differences(answer: dict[str, Any], sent: dict[str, Any]) -> list[str]:
-    """What the server says it applied where that is not what was sent (llama.cpp's `generation_settings`)."""
-    out: list[str] = []
-    for place in _verbose(answer):
-        for key in APPLIED_KEYS:
-            applied = place.get(key)
-            if not isinstance(applied, dict):
-                continue
-            for name, value in applied.items():
-                field = APPLIED_NAMES.get(name)
-                if field is None or field not in sent or not _number(value):
-                    continue
-                if not _same_setting(field, sent[field], value) and not any(o.startswith(f"{field}=") for o in out):
-                    out.append(f"{field}={sent[field]!r} (the server applied {shown(value, 40)})")
-        if out:
-            break
-    return out
-
-
-def _same_setting(field: str, asked: Any, applied: float) -> bool:
-    if not math.isfinite(applied):
-        return False
-    if field in ("top_k", "top_n_sigma") and asked <= 0 and applied <= 0:
-        return True  # both off
-    if field == "seed":  # llama.cpp keeps a 32-bit seed
-        return int(applied) in (asked, asked % 2**32)
-    if field == "mirostat" or field == "max_tokens":
-        return int(applied) == int(asked)
-    return math.isclose(float(applied), float(asked), rel_tol=1e-5, abs_tol=1e-6)  # sent as float32
-
-
-def _sampled_logprob(req: DecodeRequest, listed: dict[int, tuple[float, int | None]], token: int, rank: int) -> float:
-    if req.is_greedy:
-        return 0.0 if rank == 1 else -math.inf
-    if req.top_k and rank > req.top_k:
-        return -math.inf
-    ordered = sorted((lp for lp, _ in listed.values()), reverse=True)
-    if req.top_k:
-        ordered = ordered[: req.top_k]
-    scaled = [lp / float(req.temperature) for lp in ordered]
-    top = max(scaled)
-    norm = top + math.log(sum(math.exp(s - top) for s in scaled))
-    probs = [math.exp(s - norm) for s in scaled]
-    mine = listed[token][0] / float(req.temperature) - norm
-    if req.top_p < 1.0:
-        before = sum(p for p, s in zip(probs, scaled, strict=True) if s > mine + norm)
-        if before >= req.top_p:
-            return -math.inf
-    return mine
-
-
-def _cut_at_stop(text: str, stops: Sequence[str] | None) -> int | None:
-    hits = [i for i in (text.find(s) for s in (stops or ()) if s) if i >= 0]
-    return min(hits) if hits else None
