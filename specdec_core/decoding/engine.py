@@ -29,12 +29,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from specdec_core.contract.identity import DecodeRequest, fingerprint
+from specdec_core.contract.identity import DecodeRequest
 from specdec_core.contract.result import DecodeError, DecodeResult
 from specdec_core.decoding.loader import ModelLoader
 from specdec_core.decoding.proposers import DEFAULT_DRAFT_TOKENS, Proposer, proposer_for  # noqa: F401 (the default is public)
 from specdec_core.decoding.registry import Registry, RegistryError
 from specdec_core.decoding.scoring import TokenScores, sampling_logits
+from specdec_core.decoding.seeds import request_seed
 from specdec_core.extras import require
 
 torch = require("replay", "torch")
@@ -110,12 +111,6 @@ def _record_acceptance(target: Any) -> Iterator[list[tuple[int, int]]]:
 def _cut_at_stop(text: str, stops: Sequence[str] | None) -> int | None:
     hits = [i for i in (text.find(s) for s in (stops or ()) if s) if i >= 0]
     return min(hits) if hits else None
-
-
-def request_seed(req: DecodeRequest) -> int:
-    """The sampling seed: the request's own, else one derived from its fingerprint."""
-    seed = req.seed if req.seed is not None else int(fingerprint(req)[:16], 16)
-    return seed % 2**64
 
 
 def resolve_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:

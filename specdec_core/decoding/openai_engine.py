@@ -35,6 +35,7 @@ from specdec_core.decoding.engine_client import (
 )
 from specdec_core.decoding.registry import EngineSpec
 from specdec_core.decoding.scoring import TokenScores
+from specdec_core.decoding.seeds import request_seed
 
 # vLLM caps prompt_logprobs at --max-logprobs, 20 by default.
 PROMPT_LOGPROBS = 20
@@ -114,8 +115,6 @@ class EngineDecoder:
         body: dict[str, Any] = {"model": self.served_name(req), "max_tokens": req.max_tokens,
                                 "temperature": float(req.temperature), "n": 1, "stream": False}
         if not req.is_greedy:
-            from specdec_core.decoding.engine import request_seed
-
             body["top_p"] = float(req.top_p)
             if req.top_k:
                 body["top_k"] = int(req.top_k)

@@ -14,15 +14,12 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import duckdb
 
 from specdec_core.store.instance import instance_config
 from specdec_core.store.sql import literal
-
-if TYPE_CHECKING:
-    from specdec_core.store.connection import Store
 
 log = logging.getLogger(__name__)
 # The name a connection gives the store's file it attaches (readers and writers alike).
@@ -178,7 +175,14 @@ def copies_share_blocks(folder: Path) -> bool:
 COPY_NOTE_BYTES = 256 << 20
 
 
-def copy_cost_note(store: Store, min_bytes: int = COPY_NOTE_BYTES) -> str | None:
+class _StoreFile(Protocol):
+    """What the note reads of a store (connection.Store, which imports this module)."""
+
+    path: Path
+    lake: Any
+
+
+def copy_cost_note(store: _StoreFile, min_bytes: int = COPY_NOTE_BYTES) -> str | None:
     """One line for a writer that will write again and again (--follow), when each of its writes copies a large
     store file whole; None for a lake, a small file, or a filesystem whose copies share blocks."""
     if store.lake is not None or not store.path.is_file():
