@@ -82,7 +82,7 @@ _BATCH_STEPS = ("fingerprinting identities", "writing requests", "finding each h
 
 # A batch whose files are smaller than this is written on one DuckDB thread: its statements are tiny, most of
 # the work is planning them and (on a lake) the catalog's queries, and a second thread only adds handing work
-# over. A lake's batch of 40 lines took 1.0 s of CPU on two threads, 0.5 s on one (2 cores).
+# over: a small lake batch on two threads took twice the CPU of one (figures: docs/benchmarks.md).
 ONE_THREAD_BELOW = 1 << 20
 
 _CONTENT_COLUMNS = (*contract.FIELD_NAMES, "extra", "unknown_fields", "source_link")
@@ -339,7 +339,7 @@ def ingest(
                 inputs[name] = (f, reader, line_offset)
             staged.append(stage_file(con, f, f"lines_{n}", first_seq, limits, reader, line_offset))
             # From here each row carries its seq and line: the checks, the writes and the summaries run
-            # in whatever order DuckDB's threads take (0.4-1.5 s of 14 s at 1M rows, alternated).
+            # in whatever order DuckDB's threads take, which is faster (figures: docs/benchmarks.md).
             con.execute("SET preserve_insertion_order = false")
             say(f"checking {f.name}")
             rest, n_aside = set_aside(con, staged[-1], name, limits)

@@ -104,7 +104,7 @@ def values_sql() -> str:
 # than those names none twice (nearly all do); nor does one in the file's
 # usual layout (usual_layout_sql). Only the others count the contract names among their keys, and only records
 # that name them more often than they hold distinct ones pay for finding which. An IN list, not a list
-# constant: a constant list inside a lambda is built again for every key of every record (3x slower).
+# constant: a constant list inside a lambda is built again for every key of every record.
 def _in_list(names: tuple[str, ...]) -> str:
     """Names as the right side of IN: inside a lambda, cheaper than a list constant built for every key."""
     return "(" + ", ".join(literal(n) for n in names) + ")"
