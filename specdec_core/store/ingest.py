@@ -25,7 +25,7 @@ from specdec_core.store.hit_sources import judge_hits
 from specdec_core.store.identities import ID_HASH, compute_identities
 from specdec_core.store.incremental import update_derived
 from specdec_core.store.migrate import migrate_connection
-from specdec_core.store.sql import scalar
+from specdec_core.store.sql import deployment_label, deployment_partition, scalar
 from specdec_core.store.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
 from specdec_core.store.summaries import build_summaries
 from specdec_core.store.validation import (
@@ -419,8 +419,8 @@ def _backfill_cache_keys(con: duckdb.DuckDBPyConnection) -> int:
         ) GROUP BY 1
     """)
     # The stored misses given a key, as they will be: what incremental.py needs of them.
-    con.execute("CREATE OR REPLACE TEMP TABLE backfilled AS SELECT c.request_id, c.ts, coalesce(c.deployment, chr(0)) "
-                "AS dep, coalesce(c.deployment, '') AS deployment, h.key AS cache_key, c.cache_hit, c.fingerprint, "
+    con.execute(f"CREATE OR REPLACE TEMP TABLE backfilled AS SELECT c.request_id, c.ts, {deployment_partition('c')} "
+                f"AS dep, {deployment_label('c')} AS deployment, h.key AS cache_key, c.cache_hit, c.fingerprint, "
                 "c.source_file, c.source_line FROM requests c "
                 "JOIN links h ON c.request_id = h.source_link WHERE c.cache_key IS NULL")
     if not scalar(con, "SELECT count(*) FROM links"):
