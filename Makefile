@@ -9,7 +9,7 @@ PORT ?= 8501
 # torch first, pinned: a bare `torch` requirement pulls a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test install system-deps lint demo-db models bench clean screenshots
+.PHONY: run test install system-deps lint demo-db models bench clean screenshots cli-docs
 
 install: $(STAMP)
 
@@ -55,6 +55,10 @@ run: models $(DB)
 	$(VENV)/bin/specdec migrate --db $(DB)
 	$(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
 	  --server.headless true --browser.gatherUsageStats false -- --db $(DB)
+
+# docs/cli.md's section of every command's --help, written again from the parser (a test checks it).
+cli-docs: $(STAMP)
+	$(PY) tests/docs/test_cli_reference.py --write
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
