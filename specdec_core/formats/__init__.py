@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
-from . import litellm, otel
+from . import common, litellm, otel
 from .common import (
-    CONTRACT_FIELDS,
     SOURCE_KEY,
     UNKNOWN_KEY,
     FormatError,
@@ -85,3 +85,9 @@ __all__ = [
     "line_reader",
     "load_mapping",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CONTRACT_FIELDS":  # the contract's field names, as the contract is at this read
+        return common.CONTRACT_FIELDS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,8 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from specdec_core.contract import fields as contract
 from specdec_core.extras import require
-from specdec_core.monitoring.figures import DEFAULT_TOP, IDENTITY_FIELDS, OTHER, Figures, read_figures
+from specdec_core.monitoring.figures import DEFAULT_TOP, OTHER, Figures, read_figures
 from specdec_core.store.connection import Store, release_snapshots
 
 # Through require: without the [metrics] extra, importing this module says so in one line.
@@ -107,7 +108,7 @@ def families(f: Figures, top: int, read_seconds: float = 0.0) -> Iterator[Metric
                  "Contaminated hits (as first judged) whose differing_fields hold `field`, a hit once per field; "
                  f"{fold}.", ["deployment", "field"])
     fields = {r[:2]: r[2] for r in f.contaminated_fields}
-    for key in sorted({(d, name) for d in deployments for name in IDENTITY_FIELDS} | set(fields)):
+    for key in sorted({(d, name) for d in deployments for name in contract.IDENTITY_FIELDS} | set(fields)):
         m.add_metric(list(key), fields.get(key, 0))
     yield m
 

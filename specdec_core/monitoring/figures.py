@@ -14,7 +14,6 @@ from typing import Any
 
 import duckdb
 
-from specdec_core.contract import fields as contract
 from specdec_core.store import summaries as summary
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import literal
@@ -22,7 +21,6 @@ from specdec_core.store.verdicts import FIRST_VERDICT_COUNTS_SQL
 
 OTHER = "other"
 DEFAULT_TOP = 50
-IDENTITY_FIELDS: tuple[str, ...] = tuple(f.name for f in contract.FIELDS if f.identity)
 
 Row = tuple[Any, ...]
 

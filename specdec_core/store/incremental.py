@@ -40,11 +40,11 @@ from specdec_core.store.summaries import (
     MINUTE_SQL,
     OUTPUTS_SQL,
     REQUEST_KEYS_SQL,
-    REQUEST_OUTPUTS_SQL,
     SHARED_KEYS_SQL,
     draft_label,
     folded_sql,
     over,
+    request_outputs_sql,
 )
 
 _DEP = deployment_partition("r")
@@ -116,7 +116,7 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     _append_outputs(con, ingest_id)
     _append_request_keys(con, ingest_id)
     con.execute("INSERT INTO summary_request_outputs BY NAME "
-                + over(REQUEST_OUTPUTS_SQL, f"r.ingest_id = {int(ingest_id)}"))
+                + over(request_outputs_sql(), f"r.ingest_id = {int(ingest_id)}"))
     con.execute("DELETE FROM summary_contaminated WHERE request_id IN (SELECT request_id FROM rejudge)")
     # The verdicts just written for `rejudge` are `judged_now`: joined to it, not to every stored verdict.
     con.execute("INSERT INTO summary_contaminated BY NAME " + over(

@@ -22,24 +22,23 @@ from specdec_core.formats.files import JSONL_SUFFIXES, LogReadError, resolve_pat
 from specdec_core.formats.jsonl import first_line, foreign_inputs
 from specdec_core.store.connection import WRITER_MEMORY_LIMIT_NATIVE, Store
 from specdec_core.store.hit_sources import judge_hits
-from specdec_core.store.identities import ID_HASH, compute_identities
+from specdec_core.store.identities import compute_identities, id_hash_sql
 from specdec_core.store.incremental import update_derived
 from specdec_core.store.migrate import migrate_connection
 from specdec_core.store.sql import deployment_label, deployment_partition, scalar
 from specdec_core.store.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
 from specdec_core.store.summaries import build_summaries
 from specdec_core.store.validation import (
-    _INDEX,
-    FIELD_NAMES,
     MARKERS_SQL,
-    REPEATED_FIELD,
     SOURCE_LINK_SQL,
     UNKNOWN_SQL,
     extra_sql,
+    field_index,
     field_text,
     field_type,
     paths_literal,
     reason_sql,
+    repeated_field_sql,
     text_in_texts,
     texts_type,
     typed_columns_sql,
@@ -85,13 +84,15 @@ _BATCH_STEPS = ("fingerprinting identities", "writing requests", "finding each h
 # over: a small lake batch on two threads took twice the CPU of one (figures: docs/benchmarks.md).
 ONE_THREAD_BELOW = 1 << 20
 
-_CONTENT_COLUMNS = (*contract.FIELD_NAMES, "extra", "unknown_fields", "source_link")
-_IDENTITY_INPUT = contract.IDENTITY_INPUT
+
+
+def _content_columns() -> tuple[str, ...]:
+    return (*contract.FIELD_NAMES, "extra", "unknown_fields", "source_link")
 
 
 def _content_hash_sql(alias: str, prompt_hash: str) -> str:
     """A digest of a stored row's content; computed alike for new rows and loaded ones, only where ids repeat."""
-    cols = [prompt_hash if c == "prompt_hash" else f"{alias}.{c}" for c in _CONTENT_COLUMNS]
+    cols = [prompt_hash if c == "prompt_hash" else f"{alias}.{c}" for c in _content_columns()]
     return "md5(concat_ws(chr(31), " + ", ".join(f"coalesce(to_json({c})::VARCHAR, '~')" for c in cols) + "))"
 
 
@@ -124,16 +125,16 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
                           len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known,
                           coalesce(object_keys, json_keys(obj)) AS keys,
                           {", ".join(f"t[{i}] AS {field_type(n)}, {text_in_texts('s', n)} AS {field_text(n)}"
-                                     for n, i in _INDEX.items())}
+                                     for n, i in field_index().items())}
                    FROM lists),
         counted AS (SELECT *, {usual_layout_sql(usual)} AS usual_layout FROM (
                         SELECT *, len(keys) AS n_keys, {MARKERS_SQL} AS n_markers FROM fields)),
         vals AS (SELECT *, {values_sql()}, {UNKNOWN_SQL}, {SOURCE_LINK_SQL},
-                        {REPEATED_FIELD} AS repeated_field FROM counted),
+                        {repeated_field_sql()} AS repeated_field FROM counted),
         -- The raw text stays in the file's table: rejected rows are joined back to it by seq.
         verdict AS (
             SELECT seq, source_file, source_line, {extra} AS extra, unknown_fields, source_link,
-                   {", ".join(f"f_{n}" for n in FIELD_NAMES)},
+                   {", ".join(f"f_{n}" for n in contract.FIELD_NAMES)},
                    {reason_sql()} AS reason,
                    CASE WHEN {field_type('request_id')} = 'VARCHAR' THEN {field_text('request_id')} END AS raw_request_id
             FROM vals
@@ -141,7 +142,7 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
         typed_rows AS (
             SELECT seq, source_file, source_line, reason, raw_request_id, {typed_columns_sql()} FROM verdict
         )
-        SELECT *, {ID_HASH} AS id_hash FROM typed_rows
+        SELECT *, {id_hash_sql()} AS id_hash FROM typed_rows
     """
     if create:
         con.execute(f"CREATE OR REPLACE TEMP TABLE checked AS {select}", [source_file])
@@ -149,17 +150,20 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
     return con.execute(f"INSERT INTO checked {select}", [source_file]).fetchall()[0][0]
 
 
-_checked_columns: list[str] = []  # `checked`'s columns as DDL, once per process: planning the check costs 15 ms
+# `checked`'s columns as DDL, once per contract in a process: planning the check is costly.
+_checked_columns: dict[contract.Contract, list[str]] = {}
 
 
 def _create_work_tables(con: duckdb.DuckDBPyConnection) -> None:
     # Validating no lines creates `checked` with the column types the SQL produces (the first time; then
     # from those types); the rows that pass are `typed`.
-    if _checked_columns:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE checked ({', '.join(_checked_columns)})")
+    columns = _checked_columns.get(contract.current())
+    if columns:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE checked ({', '.join(columns)})")
     else:
         _validate(con, NO_LINES, "", create=True)
-        _checked_columns.extend(f'"{name}" {kind}' for name, kind, *_ in con.execute("DESCRIBE checked").fetchall())
+        _checked_columns[contract.current()] = [f'"{name}" {kind}' for name, kind, *_
+                                                in con.execute("DESCRIBE checked").fetchall()]
     con.execute("CREATE OR REPLACE TEMP VIEW typed AS SELECT * FROM checked WHERE reason IS NULL")
 
 
@@ -236,8 +240,8 @@ def _classify(con: duckdb.DuckDBPyConnection, join: str) -> None:
 
 def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str, inputs: dict[str, tuple[Path, Any, int]]
             ) -> tuple[int, int]:
-    columns = ", ".join("m.prompt_sha" if c == "prompt_hash" else f"t.{c}" for c in _CONTENT_COLUMNS)
-    names = ", ".join([*_CONTENT_COLUMNS, "fingerprint", "cached_identity_fingerprint", "source_file", "source_line",
+    columns = ", ".join("m.prompt_sha" if c == "prompt_hash" else f"t.{c}" for c in _content_columns())
+    names = ", ".join([*_content_columns(), "fingerprint", "cached_identity_fingerprint", "source_file", "source_line",
                        "ingest_id"])
     accepted = con.execute(f"""
         INSERT INTO requests ({names})

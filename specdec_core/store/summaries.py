@@ -152,7 +152,8 @@ def output_identity_columns(alias: str = "i") -> str:
 
 # Every request of `{where}` as summary_request_outputs holds it: labels as the filters read them, the output
 # text and the identity fields that decide it as DuckDB's 64-bit hashes (the same hash as the row answer's).
-REQUEST_OUTPUTS_SQL = f"""SELECT r.ts, {deployment_label('r')} AS deployment, r.target_model,
+def request_outputs_sql() -> str:
+    return f"""SELECT r.ts, {deployment_label('r')} AS deployment, r.target_model,
        {draft_label()} AS draft_model, r.cache_hit, hash(r.output_text) AS out_hash,
        hash(({output_identity_columns()})) AS out_identity
 FROM requests r JOIN identities i USING (fingerprint) WHERE {{where}}"""
@@ -189,7 +190,9 @@ def over(sql: str, where: str) -> str:
     return sql.replace("{where}", where)
 
 
-BUILD_SQL = f"""
+def build_sql() -> str:
+    """Every summary table built from `requests` and `hit_sources`: the full rebuild."""
+    return f"""
 CREATE OR REPLACE TABLE summary_minute AS {over(MINUTE_SQL, "TRUE")} ORDER BY minute;
 
 CREATE OR REPLACE TABLE summary_keys AS
@@ -209,7 +212,7 @@ CREATE OR REPLACE TABLE summary_contaminated AS {over(CONTAMINATED_SQL, "TRUE")}
 CREATE OR REPLACE TABLE summary_outputs AS {over(OUTPUTS_SQL, "TRUE")};
 -- In time order: a range's scan skips the row groups outside it.
 CREATE OR REPLACE TABLE summary_request_keys AS {over(REQUEST_KEYS_SQL, "TRUE")} ORDER BY r.ts;
-CREATE OR REPLACE TABLE summary_request_outputs AS {over(REQUEST_OUTPUTS_SQL, "TRUE")} ORDER BY r.ts;
+CREATE OR REPLACE TABLE summary_request_outputs AS {over(request_outputs_sql(), "TRUE")} ORDER BY r.ts;
 {OUTPUTS_COMPACTED_SQL};
 {VERSION_SQL};
 """
@@ -218,7 +221,7 @@ CREATE OR REPLACE TABLE summary_request_outputs AS {over(REQUEST_OUTPUTS_SQL, "T
 def build_summaries(con: duckdb.DuckDBPyConnection) -> None:
     """Rebuild every summary table from `requests` and `hit_sources` (inside the ingest's write), and the
     counts of the first verdicts from their record, which a rebuild keeps (store/verdicts.py)."""
-    con.execute(BUILD_SQL)
+    con.execute(build_sql())
     build_first_verdict_counts(con)
 
 
