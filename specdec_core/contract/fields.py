@@ -105,6 +105,7 @@ _CONTRACT_FIELDS: tuple[Field, ...] = (
     Field("accepted_tokens", "int>=0"),
 )
 
+
 @dataclass(frozen=True)
 class Contract:
     """The table of fields and every list derived from it: the one contract the library reads.

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from apptest import figure, markdown_unescape, metrics_of, open_app, stand_in_replay_module, texts
+from apptest import ROOT, figure, markdown_unescape, metrics_of, open_app, stand_in_replay_module, texts
 from dashboard_data import build_db
 from helpers import rec
 
@@ -171,7 +171,6 @@ def test_ids_in_messages_show_without_backslashes_and_a_backtick_keeps_its_code_
 
 def test_page_links_look_like_links_and_progress_is_not_red(monkeypatch, incident_db):
     import tomllib
-    from test_pages import ROOT
 
     at = open_app(monkeypatch, incident_db)
     assert all(e.proto.icon for e in at.get("page_link"))

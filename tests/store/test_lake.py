@@ -144,7 +144,8 @@ def test_without_the_side_install_conversion_says_how_to_get_it(tmp_path, monkey
 
 
 def test_the_dashboard_shows_a_lake_as_it_shows_a_file(tmp_path, monkeypatch):
-    from test_pages import incident_records, metrics_of, open_app, texts
+    from apptest import metrics_of, open_app, texts
+    from dashboard_data import incident_records
 
     log = write_jsonl(tmp_path / "incident.jsonl", incident_records())
     file_store, lake = str(tmp_path / "s.duckdb"), f"ducklake:{tmp_path / 's.sqlite'}"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 from streamlit.testing.v1 import AppTest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the ui package sits beside app.py, which is not a package
 import ui  # noqa: E402, F401 (the dashboard's tests read its names through this module)
 
