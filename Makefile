@@ -9,7 +9,7 @@ PORT ?= 8501
 # torch first, pinned: a bare `torch` requirement pulls a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test install system-deps lint demo-db models bench clean screenshots
+.PHONY: run test install system-deps lint demo-db models bench clean screenshots cli-docs durations
 
 install: $(STAMP)
 
@@ -56,6 +56,10 @@ run: models $(DB)
 	$(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
 	  --server.headless true --browser.gatherUsageStats false -- --db $(DB)
 
+# docs/cli.md's section of every command's --help, written again from the parser (a test checks it).
+cli-docs: $(STAMP)
+	$(PY) tests/docs/test_cli_reference.py --write
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
@@ -65,6 +69,11 @@ lint: $(STAMP)
 TEST_WORKERS ?= auto
 test: $(STAMP) system-deps lint
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS)
+
+# The whole suite, recording each module's time into tests/durations.json: the order the workers take the
+# modules in (the longest first). Run it after adding a long module, and commit the file.
+durations: $(STAMP) system-deps lint
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --record-durations
 
 # The README's screenshots: every page of the demo at 1440x900 and 390x844, taken by the browser test.
 screenshots: $(STAMP) system-deps

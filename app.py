@@ -14,7 +14,7 @@ from pathlib import Path
 import streamlit as st
 
 import ui
-from specdec_core import analysis as metrics
+from specdec_core import analysis
 from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.config import ConfigError, PathRefused
 from specdec_core.ingest import ingest
@@ -133,7 +133,7 @@ def show_last_ingest() -> None:
     if counts.get("all_quarantined"):
         st.error(f"Nothing loaded: all {ui.plural(counts['quarantined'], 'record')} broke the log contract and were "
                  "quarantined. Their reasons are below.")
-        reasons = ui.cached(metrics.quarantined_records).reason.drop_duplicates().head(3)
+        reasons = ui.cached(analysis.quarantined_records).reason.drop_duplicates().head(3)
         for reason in reasons:
             st.caption(ui.md_escape(reason))
     left, right = st.columns(2)
@@ -143,7 +143,7 @@ def show_last_ingest() -> None:
     right.metric("Quarantined", ui.fmt_int(counts["quarantined"]))
     if counts["quarantined"]:
         with st.expander("Quarantined records", expanded=bool(counts.get("all_quarantined"))):
-            ui.table(ui.cached(metrics.quarantined_records), column_config={
+            ui.table(ui.cached(analysis.quarantined_records), column_config={
                 "reason": st.column_config.TextColumn("reason", width="large")})
 
 
@@ -153,8 +153,8 @@ def keep_valid(key: str, options: list) -> None:
         st.session_state[key] = [v for v in st.session_state[key] if v in options]
 
 
-def time_range(options: metrics.FilterOptions) -> tuple:
-    # The slider spans the bulk of the requests (see metrics.filter_options): a few lines with an unset
+def time_range(options: analysis.FilterOptions) -> tuple:
+    # The slider spans the bulk of the requests (see analysis.filter_options): a few lines with an unset
     # clock (epoch 0, year 1) neither break it nor stretch it past the incident's hours.
     start, end = options.span_start, options.span_end
     if end <= start:
@@ -182,7 +182,7 @@ def time_range(options: metrics.FilterOptions) -> tuple:
     return (None if low <= start else low), (None if high >= end else high)
 
 
-def filters_from_url(options: metrics.FilterOptions) -> None:
+def filters_from_url(options: analysis.FilterOptions) -> None:
     """A URL the session did not write itself (pasted, reloaded, browser back) sets the filters it names."""
     current = {k: tuple(st.query_params.get_all(k)) for k in URL_KEYS if k in st.query_params}
     if not current or current == st.session_state.get(URL_WRITTEN_KEY):
@@ -254,7 +254,7 @@ def db_from_url() -> None:
 
 
 def filter_widgets() -> Filters:
-    options = ui.cached(metrics.filter_options, span_limits=ui.SLIDER_LIMITS)
+    options = ui.cached(analysis.filter_options, span_limits=ui.SLIDER_LIMITS)
     filters_from_url(options)
     start, end = time_range(options)
     chosen = {}
@@ -283,7 +283,7 @@ def annotation_widgets() -> None:
         upload = st.file_uploader("Or a file (CSV lines or a JSON list of {ts, deployment, label})",
                                   type=["csv", "txt", "json"], key="annotations_file")
         text = typed + "\n" + (upload.getvalue().decode("utf-8", "replace") if upload else "")
-        found, errors = metrics.parse_annotations(text) if text.strip() else ([], [])
+        found, errors = analysis.parse_annotations(text) if text.strip() else ([], [])
         for error in errors[:5]:
             st.caption(f":orange[Skipped] {ui.md_escape(error)}")
         detected = st.toggle("Mark what the data shows: the first and last contaminated hit, key-scheme changes",
@@ -291,9 +291,9 @@ def annotation_widgets() -> None:
     notes = list(found)
     if detected and ui.has_data():
         # The same cached calls the Overview makes: the key scheme's scan is paid once.
-        changes = ui.cached(metrics.key_scheme_changes, filters=ui.filters())
-        notes += sorted(ui.cached(metrics.contamination_annotations, filters=ui.filters())
-                        + metrics.scheme_change_annotations(changes), key=lambda note: note.ts)
+        changes = ui.cached(analysis.key_scheme_changes, filters=ui.filters())
+        notes += sorted(ui.cached(analysis.contamination_annotations, filters=ui.filters())
+                        + analysis.scheme_change_annotations(changes), key=lambda note: note.ts)
     st.session_state[ui.ANNOTATIONS_KEY] = notes
 
 
@@ -306,7 +306,7 @@ def live_status() -> None:
     if not db.exists:
         st.caption("Live: no database yet.")
         return
-    fresh = ui.cached(metrics.freshness)
+    fresh = ui.cached(analysis.freshness)
     lag = fresh.lag_seconds
     st.caption(f"Live · newest request {ui.fmt_ts(fresh.newest)} · lag "
                f"{'–' if lag is None else ui.fmt_duration(lag)} · checked every {LIVE_EVERY_S} s")

@@ -30,8 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_formats import HOSTILE, UNKNOWN_FIELDS  # noqa: E402
-from common import OUT, ROOT, run_child  # noqa: E402
+from common import HOSTILE, OUT, ROOT, UNKNOWN_FIELDS, run_child  # noqa: E402
 
 APPEND = """
 import sys, time

@@ -27,8 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_append import base_store, live_lines, store_name  # noqa: E402
-from bench_formats import HOSTILE  # noqa: E402
-from common import OUT, ROOT  # noqa: E402
+from common import HOSTILE, OUT, ROOT  # noqa: E402
 
 
 def _templates() -> list[dict]:

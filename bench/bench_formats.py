@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import OUT, ROOT, run_child  # noqa: E402
+from common import HOSTILE, OUT, ROOT, UNKNOWN_FIELDS, run_child  # noqa: E402
 from tie_log import make_tie_log  # noqa: E402
 
 FLOOR = """
@@ -54,22 +54,6 @@ print(f"{r.accepted} {r.quarantined} {r.skipped}")
 print(" ".join(f"{k}={v:.2f}" for k, v in phases.items()))
 """
 READ_AND_CHECK = ("opening", "reading", "checking")
-
-HOSTILE = [
-    '{"request_id": "bad-1", "ts": "2026-11-20T08:00:00Z", "temperature": "hot"',
-    '{"request_id": "bad-2", "ts": "2026-11-20T08:00:00Z", "max_tokens": 99999999999999999999999999999}',
-    '[1, 2, 3]',
-    '{"request_id": "bad-3", "ts": "not a time", "output_text": null}',
-]
-
-# Ten fields we don't know, of mixed types, as services add them (trace ids, versions, user data).
-UNKNOWN_FIELDS = """
-    md5(request_id) AS trace_id, left(md5(request_id || 's'), 16) AS span_id, '4.2.' || (seq % 7) AS service_version,
-    'u-' || (seq % 9973) AS user_id, ['us-east-1', 'eu-west-1', 'ap-south-1'][1 + seq % 3] AS region,
-    seq % 3 AS retries, seq % 2 = 0 AS sampled, (seq % 1000) / 1e5 AS cost_usd,
-    ['ab-test', 'v' || (seq % 5)] AS tags,
-    {'team': 'search', 'experiment': {'arm': seq % 2, 'note': '{"looks": "like json"}'}} AS metadata
-"""
 
 # OTLP JSON: attributes are {key, value: AnyValue}; intValue as a string, as protobuf's JSON writes it.
 OTEL_SQL = """

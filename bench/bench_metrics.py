@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from common import median_seconds  # noqa: E402
 
-from specdec_core import analysis as metrics  # noqa: E402
+from specdec_core import analysis  # noqa: E402
 from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
 from specdec_core.ingest.load import ingest  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402
@@ -117,32 +117,32 @@ def main() -> None:
     print(f"{len(df):,} rows; pandas load time (not counted): {time.perf_counter() - t:.1f} s\n")
     lo, hi = df["ts"].min(), df["ts"].max()
     # A window that cuts through minutes at both ends: summaries plus the edge rows, or rows alone.
-    window = metrics.Filters(start=(lo + (hi - lo) * 0.25).to_pydatetime(), end=(lo + (hi - lo) * 0.75).to_pydatetime())
+    window = analysis.Filters(start=(lo + (hi - lo) * 0.25).to_pydatetime(), end=(lo + (hi - lo) * 0.75).to_pydatetime())
     inside = df[(df["ts"] >= window.start) & (df["ts"] <= window.end)]
-    for title, f, frame in (("whole log (the dashboard's default view)", metrics.NO_FILTERS, df),
+    for title, f, frame in (("whole log (the dashboard's default view)", analysis.NO_FILTERS, df),
                             (f"time range {window.start:%H:%M:%S.%f} to {window.end:%H:%M:%S.%f}", window, inside)):
         print(f"{title}: {len(frame):,} rows")
         run_cases(store, f, frame)
-        print(f"{'red flags (all six checks)':32}{median_seconds(lambda f=f: metrics.red_flags(store, f)):>9.3f}\n")
+        print(f"{'red flags (all six checks)':32}{median_seconds(lambda f=f: analysis.red_flags(store, f)):>9.3f}\n")
 
 
-def run_cases(store: Store, f: metrics.Filters, df: pd.DataFrame) -> None:
+def run_cases(store: Store, f: analysis.Filters, df: pd.DataFrame) -> None:
     cases = [
-        ("headline numbers", lambda: metrics.headline(store, f), lambda: pd_headline(df)),
-        ("hit rate by combination", lambda: metrics.hit_rate_by_combination(store, f),
+        ("headline numbers", lambda: analysis.headline(store, f), lambda: pd_headline(df)),
+        ("hit rate by combination", lambda: analysis.hit_rate_by_combination(store, f),
          lambda: pd_hit_rate_by_combination(df)),
-        ("hit rate over time", lambda: metrics.hit_rate_over_time(store, f, "5 minutes"),
+        ("hit rate over time", lambda: analysis.hit_rate_over_time(store, f, "5 minutes"),
          lambda: pd_hit_rate_over_time(df)),
-        ("output length by max_tokens", lambda: metrics.output_length_by_max_tokens(store, f),
+        ("output length by max_tokens", lambda: analysis.output_length_by_max_tokens(store, f),
          lambda: pd_output_length(df)),
-        ("contaminated hits", lambda: metrics.contaminated_hits(store, f), lambda: pd_contaminated_hits(df)),
-        ("mismatch rate over time", lambda: metrics.mismatch_rate_over_time(store, f, "5 minutes"),
+        ("contaminated hits", lambda: analysis.contaminated_hits(store, f), lambda: pd_contaminated_hits(df)),
+        ("mismatch rate over time", lambda: analysis.mismatch_rate_over_time(store, f, "5 minutes"),
          lambda: pd_mismatch_over_time(df)),
-        ("key collisions", lambda: metrics.key_collisions(store, f), lambda: pd_key_collisions(df)),
-        ("keys per identity", lambda: metrics.key_ratio_by_deployment(store, f), lambda: pd_key_ratio(df)),
-        ("acceptance by combination", lambda: metrics.acceptance_by_combination(store, f),
+        ("key collisions", lambda: analysis.key_collisions(store, f), lambda: pd_key_collisions(df)),
+        ("keys per identity", lambda: analysis.key_ratio_by_deployment(store, f), lambda: pd_key_ratio(df)),
+        ("acceptance by combination", lambda: analysis.acceptance_by_combination(store, f),
          lambda: pd_acceptance(df)),
-        ("latency hit vs miss", lambda: metrics.latency_hit_vs_miss(store, f), lambda: pd_latency(df)),
+        ("latency hit vs miss", lambda: analysis.latency_hit_vs_miss(store, f), lambda: pd_latency(df)),
     ]
     print(f"{'question':32}{'ours s':>9}{'pandas s':>10}{'speedup':>9}  target (<0.5 s, >=5x)")
     met = 0

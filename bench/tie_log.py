@@ -7,7 +7,7 @@ until a fix, hits copying the latest miss) over a small prompt pool, so most hit
   requests/s logging milliseconds, a popular prompt, a narrow key); a burst keeps its rows' hit flags, so a
   burst holds several misses (cache entries expiring) at the same instant as hundreds of hits;
 - timestamps mix RFC 3339 (UTC and +02:00) and integer epoch milliseconds;
-- ten fields the contract doesn't know (bench_formats.UNKNOWN_FIELDS), prompts with quotes, newlines and
+- ten fields the contract doesn't know (common.UNKNOWN_FIELDS), prompts with quotes, newlines and
   non-ASCII text, equivalent spellings (`"none"` and null drafts, `top_k` 0 and null, repeated stop
   sequences), a `cached_fingerprint` on some hits, exact duplicate lines and hostile lines;
 - the rows shuffled into FILES files.
@@ -59,7 +59,7 @@ FROM tied"""
 
 def make_tie_log(folder: Path, rows: int, *, seed: int = 3) -> Path:
     """Write the log as FILES shuffled JSON Lines files in `folder` (hostile lines at each file's end)."""
-    from bench_formats import HOSTILE, UNKNOWN_FIELDS
+    from common import HOSTILE, UNKNOWN_FIELDS
 
     from specdec_core.demo.synthetic import make_synthetic_log
 

@@ -8,8 +8,7 @@ import plotly.express as px
 import streamlit as st
 
 import ui
-from specdec_core import analysis as metrics
-from specdec_core import contract, keys, remediation
+from specdec_core import analysis, contract, keys, remediation
 from specdec_core.config import ConfigError
 from specdec_core.keys import audit
 
@@ -19,10 +18,10 @@ ui.page_header("Keys")
 ui.require_data()
 filters = ui.filters()
 
-head = ui.cached(metrics.headline, filters=filters)
+head = ui.cached(analysis.headline, filters=filters)
 st.caption(f"{ui.plural(head.unique_keys, 'unique cache key')} for "
            f"{ui.plural(head.unique_identities, 'unique request identity', 'unique request identities')} in this selection. A correct key gives each identity a key of its own.")
-collisions = ui.cached(metrics.key_collisions, filters=filters)
+collisions = ui.cached(analysis.key_collisions, filters=filters)
 if collisions.empty:
     st.success("No cache key was shared by different request identities in this selection.")
 else:
@@ -47,15 +46,15 @@ else:
     st.subheader("Identities behind one key")
     st.caption("Select a row above to see another key. Showing:")
     st.code(f"deployment: {ui.deployment_label(chosen.deployment)}\ncache_key:  {chosen.cache_key}", language=None)
-    identities = ui.cached(metrics.key_collision_identities, chosen.deployment, chosen.cache_key, filters=filters)
-    differing = metrics.differing_identity_columns(identities)
+    identities = ui.cached(analysis.key_collision_identities, chosen.deployment, chosen.cache_key, filters=filters)
+    differing = analysis.differing_identity_columns(identities)
     if differing:
         st.markdown("Identity fields that differ between them (highlighted): "
                     + ", ".join(ui.code_span(f) for f in differing))
     # The highlighted differing fields first: in view without scrolling sideways.
     identities = identities[differing + [c for c in identities.columns if c not in differing]]
     ui.table(identities, highlight=differing, key="key_identities")
-    prompts = ui.cached(metrics.key_prompts, chosen.deployment, chosen.cache_key, filters=filters)
+    prompts = ui.cached(analysis.key_prompts, chosen.deployment, chosen.cache_key, filters=filters)
     distinct = prompts.prompt.dropna().unique()
     st.markdown(f"**Prompt{'s' if len(distinct) > 1 else ''} behind this key**")
     for prompt in distinct[:3]:

@@ -11,8 +11,6 @@ import importlib
 from typing import Any
 
 from specdec_core.contract import (
-    FIELDS,
-    IDENTITY_FIELDS,
     DecodeRequest,
     DecodeResult,
     canonical_json,
@@ -22,8 +20,11 @@ from specdec_core.contract import (
 )
 from specdec_core.keys import KEY_SCHEMA_VERSION, cache_key, key_scheme
 
-# name -> module that defines it; imported when first touched.
+# name -> module that defines it; imported when first touched. The field lists are read from the contract at
+# every access, never copied here: a program that extends the contract sees its fields through this module too.
 _LAZY: dict[str, str] = {
+    "FIELDS": "contract",
+    "IDENTITY_FIELDS": "contract",
     "Cache": "cache",
     "CacheRead": "cache",
     "MemoryCache": "cache",
@@ -53,8 +54,6 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
-    "FIELDS",
-    "IDENTITY_FIELDS",
     "KEY_SCHEMA_VERSION",
     "DecodeRequest",
     "DecodeResult",

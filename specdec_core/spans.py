@@ -12,7 +12,12 @@ import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from specdec_core.contract.span_attributes import AS_JSON_TEXT, AS_LIST, AS_ONE_ELEMENT_LIST, SPAN_ATTRIBUTES
+from specdec_core.contract.span_attributes import (
+    AS_JSON_TEXT,
+    AS_LIST,
+    AS_ONE_ELEMENT_LIST,
+    span_attribute_table,
+)
 from specdec_core.extras import MissingExtra, require
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -36,7 +41,7 @@ def default_tracer() -> Any | None:
 def span_attributes(record: dict[str, Any]) -> dict[str, Any]:
     """A log record as GenAI span attributes; a null value is left out (OpenTelemetry has no null)."""
     attrs: dict[str, Any] = {"gen_ai.operation.name": "text_completion"}
-    for field, name in SPAN_ATTRIBUTES.items():
+    for field, name in span_attribute_table().items():
         value = record.get(field)
         if value is None:
             continue

@@ -1,4 +1,5 @@
-"""Shared pytest fixtures; shared helpers are in helpers.py."""
+"""Fixtures every folder shares, the order the modules run in; shared helpers are in helpers.py, and each
+folder's own fixtures in its conftest.py."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import fcntl
 import os
 
 import pytest
+from suite_order import longest_first, recorded_durations, write_durations
 
 # One torch thread per worker when the suite runs on every core (make test): torch's OpenMP threads spin
 # while they wait, so two workers' two threads each on two cores burned 2.5x the CPU for the same demo
@@ -50,36 +52,33 @@ def store(tmp_path):
     return Store(tmp_path / "triage.duckdb")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", action="store_true",
+                     help="write each module's time in this run into tests/durations.json (the suite's order)")
+
+
 # The longest modules first. The suite's workers each take a whole module at a time (--dist loadfile), and
 # xdist would otherwise hand them out by test count, so a module of three long tests came last and one
-# worker ran it alone for minutes. Rough order from `pytest --durations=0`; modules not named follow in
-# their usual order. The second needs no models: its worker works while the first's builds the tiny ones.
-LONGEST_FIRST = (
-    "tests/browser/test_incident_flow.py",
-    "tests/store/test_incremental.py",
-    "tests/store/test_lake_maintenance.py",
-    "tests/browser/test_replay_flow.py",
-    "tests/demo/test_demo_incident.py",
-    "tests/store/test_lake.py",
-    "tests/replay/test_replay_verdicts.py",
-    "tests/browser/test_glance_and_back.py",
-    "tests/browser/test_served_dashboard.py",
-    "tests/store/test_follow.py",
-    "tests/store/test_shared_store.py",
-    "tests/replay/test_engine_replay.py",
-    "tests/formats/test_format_fixtures.py",
-    "tests/dashboard/test_pages.py",
-    "tests/dashboard/test_charts_annotations_search.py",
-    "tests/monitoring/test_metric_figures.py",
-    "tests/keys/test_audit.py",
-    "tests/cli/test_migrate_and_stats_json.py",
-    "tests/packaging/test_optional_extras.py",
-    "tests/monitoring/test_alerting_end_to_end.py",
-    "tests/store/test_concurrency.py",
-    "tests/store/test_ingest_hostile_inputs.py",
-)
-
-
+# worker ran it alone for minutes. The order comes from each module's time in tests/durations.json, which
+# `pytest --record-durations` (make durations) writes from a run; a module it doesn't know yet goes first,
+# where a long one costs least (suite_order.py).
 def pytest_collection_modifyitems(items):
-    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
+    modules = list(dict.fromkeys(item.nodeid.partition("::")[0] for item in items))
+    rank = {module: i for i, module in enumerate(longest_first(modules, recorded_durations()))}
+    items.sort(key=lambda item: rank[item.nodeid.partition("::")[0]])
+
+
+_module_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    # Setup, call and teardown: a module's servers and models start in the setup of its first test. Under xdist
+    # the controller receives every worker's reports.
+    module = report.nodeid.partition("::")[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if not session.config.getoption("record_durations") or hasattr(session.config, "workerinput"):
+        return
+    write_durations(_module_seconds)

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from specdec_core.contract import DecodeRequest, DecodeResult, fingerprint
+from specdec_core.derived.hit_sources import last_miss_sql
+from specdec_core.store.connection import Store
 
 BASE: dict[str, Any] = {
     "ts": "2026-03-01T10:00:00Z",
@@ -180,3 +182,26 @@ def instant(ts: object) -> datetime:
     if isinstance(ts, int):
         return datetime.fromtimestamp(ts / 1000, tz=timezone.utc)
     return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).astimezone(timezone.utc)
+
+
+# Every stored table, in an order that does not depend on how it was written.
+STORE_TABLES = {
+    "requests": "SELECT * EXCLUDE (ingest_id) FROM requests ORDER BY request_id",
+    "identities": "SELECT * FROM identities ORDER BY fingerprint",
+    "quarantine": "SELECT * EXCLUDE (ingest_id) FROM quarantine ORDER BY source_file, source_line, reason",
+    "hit_sources": "SELECT * FROM hit_sources ORDER BY request_id",
+    "identity_first_seen": "SELECT * FROM identity_first_seen ORDER BY ALL",
+    "key_last_miss": last_miss_sql("SELECT * FROM key_last_miss") + " ORDER BY ALL",
+    "summary_minute": "SELECT * FROM summary_minute ORDER BY ALL",
+    "summary_keys": "SELECT * EXCLUDE (key_id, fp_id) FROM summary_keys ORDER BY ALL",
+    "summary_contaminated": "SELECT * FROM summary_contaminated ORDER BY ALL",
+    "summary_lengths": "SELECT * FROM summary_lengths ORDER BY ALL",
+    "contaminated_first_verdicts": "SELECT * FROM contaminated_first_verdicts ORDER BY ALL",
+    "summary_first_verdicts": "SELECT * FROM summary_first_verdicts ORDER BY ALL",
+    "ingests": "SELECT ingest_id, n_read, n_accepted, n_duplicates, n_quarantined FROM ingests ORDER BY ingest_id",
+}
+
+
+def contents(name: str) -> dict[str, list[tuple]]:
+    with Store(name).read() as con:
+        return {table: con.execute(sql).fetchall() for table, sql in STORE_TABLES.items()}

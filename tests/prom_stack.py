@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -76,16 +78,41 @@ class Stack:
         return code
 
     def query(self, expr: str) -> list[dict[str, Any]]:
-        url = f"{self.prometheus_url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        return self._api(f"query?{urllib.parse.urlencode({'query': expr})}")["result"]
+
+    def _api(self, path: str) -> Any:
+        with urllib.request.urlopen(f"{self.prometheus_url}/api/v1/{path}", timeout=10) as resp:
             body = json.loads(resp.read())
         assert body["status"] == "success", body
-        return body["data"]["result"]
+        return body["data"]
+
+    def evaluated_after(self, since: float) -> bool:
+        """Whether every rule group has been evaluated at a time later than `since` (time.time()), so what the
+        rules say now counts every sample scraped before it. An evaluation reads its scheduled instant, which
+        may lag the moment it began: one began a whole interval after `since` reads past it for certain."""
+        groups = self._api("rules")["groups"]
+        return bool(groups) and all(rfc3339(g["lastEvaluation"]) > since + g["interval"] for g in groups)
+
+    def scraped_after(self, since: float) -> bool:
+        """Whether every target has been scraped, and answered, since `since` (time.time())."""
+        targets = self._api("targets")["activeTargets"]
+        return bool(targets) and all(t["health"] == "up" and rfc3339(t["lastScrape"]) > since for t in targets)
+
+    def active_alerts(self) -> list[dict[str, Any]]:
+        """Prometheus's pending and firing alerts, as its last evaluation left them."""
+        return self._api("alerts")["alerts"]
 
     def append(self, records: list[dict[str, Any]]) -> None:
         with open(self.log, "a", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(r) + "\n" for r in records))
             fh.flush()
+
+
+def rfc3339(text: str) -> float:
+    """Prometheus's timestamps (up to nanoseconds; Z or an offset) as seconds since the epoch."""
+    whole, fraction, zone = re.fullmatch(r"(.{19})(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text).groups()
+    stamp = datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone))
+    return stamp.timestamp() + (int(fraction) / 10 ** len(fraction) if fraction else 0.0)
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:

@@ -84,12 +84,12 @@ def cached(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 def has_data() -> bool:
     """Whether the database exists and holds at least one request (never creates the file)."""
-    from specdec_core import analysis as metrics
+    from specdec_core import analysis
 
     db = store()
     if not db.exists:
         return False
-    return cached(metrics.filter_options, span_limits=SLIDER_LIMITS).start is not None
+    return cached(analysis.filter_options, span_limits=SLIDER_LIMITS).start is not None
 
 
 def require_data() -> None:

@@ -90,11 +90,6 @@ def report_counts(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable[s
 FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r")
 
 
-def neutralise_formula(text: str) -> str:
-    """Log text made inert in a spreadsheet: a leading `'` shows the cell as the text it is (OWASP)."""
-    return "'" + text if text.startswith(FORMULA_TRIGGERS) else text
-
-
 def _text_columns(frame: pd.DataFrame) -> list[str]:
     # Decided per column: a negative number in a numeric column starts with '-' once written, and must
     # stay a number; only columns that hold text (log values such as request_id) can carry a formula.

@@ -69,8 +69,8 @@ def regex_literal(text: str) -> str:
 
 def _condition(field: str, mode: str, case_sensitive: bool) -> str:
     if mode == "contains":
-        # contains(), not ILIKE: with the pattern a bound value DuckDB scans it as a general pattern, 10x
-        # slower over a 1M-row log (1.15 s against 0.09 s for no match); with text, % and _ are no wildcards.
+        # contains(), not ILIKE: with the pattern a bound value DuckDB scans it as a general pattern, an
+        # order of magnitude slower (docs/benchmarks.md); with text, % and _ are no wildcards.
         return f"contains(r.{field}, ?)" if case_sensitive else f"contains(lower(r.{field}), lower(?))"
     return f"regexp_matches(r.{field}, ?, '{'c' if case_sensitive else 'i'}')"
 

@@ -138,7 +138,7 @@ class RedisCache:
     otherwise hold a request forever. The call runs on a small worker pool and the
     caller waits no longer than the deadline. Unreachable or late calls feed a
     `CircuitBreaker` (`breaker_failures`, `breaker_interval_s`), so an outage costs
-    one probe per interval. Errors Redis itself answers (a wrong type) prove it is up.
+    one probe per interval (measured on `clock`). Errors Redis itself answers (a wrong type) prove it is up.
 
     `url_or_client` is a URL (`redis://`, `rediss://`, `unix://`, plus
     `redis+cluster://` or `?cluster=true` for a cluster) or a ready redis-py client
@@ -157,6 +157,7 @@ class RedisCache:
         breaker_interval_s: float = 5.0,
         max_workers: int = 8,
         scan_count: int = 1000,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not deadline_s > 0:
             raise ValueError(f"deadline_s: expected seconds > 0, got {deadline_s!r}")
@@ -164,7 +165,7 @@ class RedisCache:
         require("redis", "redis")
         self.stats = CacheStats()
         self.deadline_s = deadline_s
-        self.breaker = CircuitBreaker(breaker_failures, breaker_interval_s)
+        self.breaker = CircuitBreaker(breaker_failures, breaker_interval_s, clock=clock)
         self.scan_count = scan_count
         self._max_workers = max_workers
         self._workers: ThreadPoolExecutor | None = None

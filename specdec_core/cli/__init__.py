@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import duckdb
 
+from specdec_core.cli.common import UsageError
 from specdec_core.extras import MissingExtra
 from specdec_core.store.connection import StoreError
 from specdec_core.store.location import mask_secrets
@@ -72,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BrokenPipeError:  # `specdec stats | head -1`: the reader has what it wanted (an OSError: first)
             _quiet_stdout()
             return 0
-        except MissingExtra as exc:
+        except (UsageError, MissingExtra) as exc:
             print(f"specdec {args.command}: {exc}", file=sys.stderr)
             return 2
         except (StoreError, OSError) as exc:  # what a command didn't say itself: still one line, naming the file

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from specdec_core.cli.common import UsageError
 from specdec_core.keys.audit import (
     KeyAuditError,
     audit_key_function,
@@ -33,11 +34,6 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _fail(message: str) -> int:
-    print(f"specdec audit-key: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
     # As with `python -m`: a module in the current directory is importable.
     if os.getcwd() not in sys.path:
@@ -45,32 +41,32 @@ def run(args: argparse.Namespace) -> int:
     try:
         key_fn = resolve_importable(args.target)
     except ModuleNotFoundError as exc:
-        return _fail(
+        raise UsageError(
             f"module {exc.name!r} not found (importing {args.target.partition(':')[0]!r} from {os.getcwd()})"
-        )
+        ) from None
     except (AttributeError, ValueError) as exc:
-        return _fail(str(exc))
+        raise UsageError(str(exc)) from None
     except Exception as exc:  # the module itself failed to import: say why, in one line
-        return _fail(f"importing {args.target.partition(':')[0]!r} failed: {type(exc).__name__}: {exc}")
+        raise UsageError(f"importing {args.target.partition(':')[0]!r} failed: {type(exc).__name__}: {exc}") from None
     try:
         with open(args.example, encoding="utf-8") as fh:
             example = json.load(fh)
     except OSError as exc:
-        return _fail(f"cannot read example {args.example}: {exc.strerror or exc}")
+        raise UsageError(f"cannot read example {args.example}: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return _fail(f"example {args.example} is not valid JSON: {exc}")
+        raise UsageError(f"example {args.example} is not valid JSON: {exc}") from None
     if not isinstance(example, dict):
-        return _fail(f"example {args.example} must be one JSON object, got {type(example).__name__}")
+        raise UsageError(f"example {args.example} must be one JSON object, got {type(example).__name__}")
     ignore = [name.strip() for name in args.ignore.split(",") if name.strip()]
     if unknown := unknown_ignore_names(example, ignore):
         named = ", ".join(
             f"{name!r}" + (f" (did you mean {close!r}?)" if close else "") for name, close in unknown.items()
         )
         fields = ", ".join(sorted(example))
-        return _fail(f"--ignore names no field of the example: {named}; its fields: {fields}")
+        raise UsageError(f"--ignore names no field of the example: {named}; its fields: {fields}")
     try:
         audit = audit_key_function(key_fn, example, ignore=ignore, importable=args.target)
     except KeyAuditError as exc:
-        return _fail(str(exc))
+        raise UsageError(str(exc)) from None
     print(json.dumps(audit.to_dict(), ensure_ascii=False) if args.json else audit)
     return 0 if audit.ok else 1

@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 
-from specdec_core.cli.store_cmds import add_db, existing_store
+from specdec_core.cli.common import add_db, existing_store
 from specdec_core.config import ConfigError, dashboard_settings
 from specdec_core.extras import MissingExtra, require
 from specdec_core.monitoring.figures import DEFAULT_TOP

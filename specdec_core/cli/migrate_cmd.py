@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdec_core.cli.store_cmds import add_db, existing_store
+from specdec_core.cli.common import add_db, existing_store
 from specdec_core.derived import migrate
 from specdec_core.derived.migrate import copy_store
 from specdec_core.store import Store

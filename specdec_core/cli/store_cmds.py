@@ -14,14 +14,13 @@ from dataclasses import replace
 from specdec_core import formats
 from specdec_core.analysis import fix_stats, fix_status, headline, logging_gaps, red_flags
 from specdec_core.analysis.report import KINDS, write_report
+from specdec_core.cli.common import UsageError, add_db, existing_store
 from specdec_core.formats import object_store
 from specdec_core.ingest import IngestLimits, ingest
+from specdec_core.ingest.follow import DEFAULT_BATCH_ROWS
+from specdec_core.monitoring.figures import DEFAULT_TOP
 from specdec_core.store import LogReadError, Store, StoreError
 from specdec_core.store.working_copy import copy_cost_note
-
-
-def add_db(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", help="DuckDB file (default: $SPECDEC_DB or data/specdec.duckdb)")
 
 
 def _progress_bar(enabled: bool):
@@ -52,12 +51,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         limits = _limits(args)
         mapping = formats.load_mapping(args.map, limits.max_record_bytes) if args.map else None
     except (ValueError, OSError) as exc:  # a bad limit or mapping file: a usage error, nothing read
-        print(f"specdec ingest: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(exc) from exc
     if args.metrics and not args.follow:
-        print("specdec ingest: --metrics serves a follower's figures; use it with --follow "
-              "(or `specdec metrics serve --db FILE`)", file=sys.stderr)
-        return 2
+        raise UsageError("--metrics serves a follower's figures; use it with --follow "
+                         "(or `specdec metrics serve --db FILE`)")
     if args.follow:
         return _follow(store, args, limits, mapping)
     try:
@@ -94,9 +91,7 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
     # NaN compares false with everything (it polled without pause); inf can't be slept.
     if not (math.isfinite(args.every) and args.every > 0) or args.batch_rows < 1 or (
             args.idle_exit is not None and not args.idle_exit >= 0):
-        print("specdec ingest: --every must be a finite number of seconds > 0, --idle-exit >= 0 "
-              "and --batch-rows >= 1", file=sys.stderr)
-        return 2
+        raise UsageError("--every must be a finite number of seconds > 0, --idle-exit >= 0 and --batch-rows >= 1")
     stopping: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))  # stop after the batch under way
@@ -138,16 +133,6 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
     return 0
 
 
-def existing_store(args: argparse.Namespace, command: str) -> Store | None:
-    """The --db store, or None after saying on stderr that it does not exist (reading never creates one)."""
-    store = Store(args.db)
-    if store.exists:
-        return store
-    print(f"specdec {command}: {store.mask(str(store.path))}: no such database; load logs with `specdec ingest PATH --db FILE`",
-          file=sys.stderr)
-    return None
-
-
 def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
     if os.path.realpath(a) == os.path.realpath(b):
         return True
@@ -162,9 +147,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if store is None:
         return 1
     if _same_file(args.out, store.path):
-        print(f"specdec report: --out {args.out} is the database itself; write the report to another file",
-              file=sys.stderr)
-        return 2
+        raise UsageError(f"--out {args.out} is the database itself; write the report to another file")
     kinds = args.kind or list(KINDS)
     try:
         rows = write_report(store, args.out, kinds=kinds, raw=args.raw)
@@ -233,15 +216,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "gzip, CSV and Parquet files whole, once complete), one batch at most every --every seconds; resumes where it "
                         "stopped")
     p.add_argument("--every", type=float, default=1.0, metavar="SECONDS", help="--follow: poll interval (1)")
-    p.add_argument("--batch-rows", type=int, default=10_000, metavar="N", help="--follow: most lines a batch (10000)")
+    p.add_argument("--batch-rows", type=int, default=DEFAULT_BATCH_ROWS, metavar="N",
+                   help=f"--follow: most lines a batch ({DEFAULT_BATCH_ROWS})")
     p.add_argument("--idle-exit", type=float, metavar="SECONDS",
                    help="--follow: stop after this long with nothing new (default: run until interrupted)")
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="--follow: serve the store's figures for Prometheus at http://HOST:PORT/metrics, current "
                         "after every batch (needs prometheus_client: the [metrics] extra)")
-    p.add_argument("--metrics-top", type=int, default=50, metavar="N",
+    p.add_argument("--metrics-top", type=int, default=DEFAULT_TOP, metavar="N",
                    help="--metrics: keep each label's N values with the most requests, fold the rest into "
-                        "\"other\" (50)")
+                        f"\"other\" ({DEFAULT_TOP})")
     p.set_defaults(func=cmd_ingest)
 
     p = subparsers.add_parser("report", help="write the mismatch report CSV",

@@ -9,8 +9,12 @@ every request's identity too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 # Validation kinds: what a field's value must be. The SQL checks and the one-line reasons are
 # written per kind (ingest/validation.py); so are the store's column type and CSV parsing.
@@ -104,41 +108,110 @@ _CONTRACT_FIELDS: tuple[Field, ...] = (
     Field("experiment", "str"),
 )
 
-# Set by `define`; read them as module attributes.
-FIELDS: tuple[Field, ...] = ()
-BY_NAME: dict[str, Field] = {}
-FIELD_NAMES: tuple[str, ...] = ()
-IDENTITY_FIELDS: tuple[str, ...] = ()
-SAMPLING_ONLY_FIELDS: frozenset[str] = frozenset()
-# What identity and fingerprinting read from a record: the identity fields and the prompt's hash.
-IDENTITY_INPUT: tuple[str, ...] = ()
-NON_IDENTITY_FIELDS: tuple[str, ...] = ()
-# Fields a log may mark unknown (not null: LiteLLM logs no sampling parameters on a cache hit). An unknown
-# field is never compared and never a reason to quarantine; a miss's cache key may be unknown until a hit names it.
-UNKNOWABLE_FIELDS: tuple[str, ...] = ()
 
+@dataclass(frozen=True)
+class Contract:
+    """The table of fields and every list derived from it: the one contract the library reads.
 
-def define(fields: tuple[Field, ...]) -> None:
-    """Set the table and every list derived from it.
-
-    Modules that derive SQL or code from the table read it when they are imported, so a
-    program that extends the contract calls this before importing the rest of specdec_core.
+    Read it where it is used (`current()`, or the module attributes below), never copied at import: a
+    program that extends the table (`define`) then sees the same fields everywhere.
     """
-    global FIELDS, BY_NAME, FIELD_NAMES, IDENTITY_FIELDS, SAMPLING_ONLY_FIELDS, IDENTITY_INPUT
-    global NON_IDENTITY_FIELDS, UNKNOWABLE_FIELDS
-    for f in fields:
-        if f.kind not in KINDS:
-            raise ValueError(f"contract field {f.name}: unknown kind {f.kind!r}")
-        if f.identity and f.canonical not in CANONICAL_FORMS:
-            raise ValueError(f"contract field {f.name}: unknown canonical form {f.canonical!r}")
-    FIELDS = tuple(fields)
-    BY_NAME = {f.name: f for f in FIELDS}
-    FIELD_NAMES = tuple(f.name for f in FIELDS)
-    IDENTITY_FIELDS = tuple(f.name for f in FIELDS if f.identity)
-    SAMPLING_ONLY_FIELDS = frozenset(f.name for f in FIELDS if f.sampling_only)
-    IDENTITY_INPUT = tuple(f.name for f in FIELDS if f.identity or f.name == "prompt_hash")
-    NON_IDENTITY_FIELDS = tuple(f.name for f in FIELDS if not f.identity and f.name != "prompt_hash")
-    UNKNOWABLE_FIELDS = (*IDENTITY_FIELDS, "cache_key")
+
+    fields: tuple[Field, ...]
+
+    def __post_init__(self) -> None:
+        for f in self.fields:
+            if f.kind not in KINDS:
+                raise ValueError(f"contract field {f.name}: unknown kind {f.kind!r}")
+            if f.identity and f.canonical not in CANONICAL_FORMS:
+                raise ValueError(f"contract field {f.name}: unknown canonical form {f.canonical!r}")
+        derived = {
+            "by_name": {f.name: f for f in self.fields},
+            "field_names": tuple(f.name for f in self.fields),
+            "identity_fields": tuple(f.name for f in self.fields if f.identity),
+            "sampling_only_fields": frozenset(f.name for f in self.fields if f.sampling_only),
+            # What identity and fingerprinting read from a record: the identity fields and the prompt's hash.
+            "identity_input": tuple(f.name for f in self.fields if f.identity or f.name == "prompt_hash"),
+            "non_identity_fields": tuple(f.name for f in self.fields if not f.identity and f.name != "prompt_hash"),
+        }
+        # Fields a log may mark unknown (not null: LiteLLM logs no sampling parameters on a cache hit). An unknown
+        # field is never compared and never a reason to quarantine; a miss's cache key may be unknown until a
+        # hit names it.
+        derived["unknowable_fields"] = (*derived["identity_fields"], "cache_key")
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+
+    # Set in __post_init__ (frozen: a contract never changes; `define` makes another).
+    by_name: dict[str, Field] = field(init=False, repr=False, compare=False)
+    field_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    identity_fields: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    sampling_only_fields: frozenset[str] = field(init=False, repr=False, compare=False)
+    identity_input: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    non_identity_fields: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    unknowable_fields: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
 
-define(_CONTRACT_FIELDS)
+_current = Contract(_CONTRACT_FIELDS)
+_lock = threading.Lock()
+
+# The module attributes every caller reads (`fields.IDENTITY_FIELDS`): the current contract's, at each read.
+_ATTRIBUTES = {
+    "FIELDS": "fields", "BY_NAME": "by_name", "FIELD_NAMES": "field_names", "IDENTITY_FIELDS": "identity_fields",
+    "SAMPLING_ONLY_FIELDS": "sampling_only_fields", "IDENTITY_INPUT": "identity_input",
+    "NON_IDENTITY_FIELDS": "non_identity_fields", "UNKNOWABLE_FIELDS": "unknowable_fields",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ATTRIBUTES:
+        return getattr(_current, _ATTRIBUTES[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def current() -> Contract:
+    """The contract the library reads now."""
+    return _current
+
+
+def define(fields: tuple[Field, ...]) -> Contract:
+    """Make `fields` the contract: validated, stored and (with `identity=True`) part of every identity.
+
+    Everything derived from the table (the SQL of validation and the store, CSV parsing, span attributes) is
+    derived from the current contract when it is used, once per contract, so this takes effect everywhere.
+    """
+    global _current
+    contract = Contract(tuple(fields))
+    with _lock:
+        _current = contract
+    return contract
+
+
+@contextmanager
+def extended(*added: Field) -> Iterator[Contract]:
+    """The contract with `added` fields for the block, the previous one after it (a test's, or a script's)."""
+    global _current
+    previous = _current
+    try:
+        yield define(previous.fields + added)
+    finally:
+        with _lock:
+            _current = previous  # the same object: what was derived from it is still good
+
+
+T = TypeVar("T")
+
+
+def derived(build: Callable[[Contract], T]) -> Callable[[], T]:
+    """`build(contract)` made once per contract and read when used: what a module derives from the table."""
+    made: list[tuple[Contract, T]] = []
+
+    @functools.wraps(build)
+    def get() -> T:
+        contract = _current
+        if made and made[0][0] is contract:
+            return made[0][1]
+        value = build(contract)
+        made[:] = [(contract, value)]
+        return value
+
+    return get

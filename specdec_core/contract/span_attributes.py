@@ -1,11 +1,13 @@
 """The contract's fields as OpenTelemetry GenAI span attributes: one table, written by `spans.py` and read
 back by `formats/otel.py` (../shared/log-schema.md, "--format otel").
 
-Derived from the field table when imported, like the SQL: a field a program adds to the contract
-travels as `specdec.<name>` with no other change.
+Derived from the field table when used, like the SQL: a field a program adds to the contract travels as
+`specdec.<name>` with no other change.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from specdec_core.contract import fields
 
@@ -31,9 +33,16 @@ AS_LIST = frozenset({"stop"})  # a list of strings
 AS_ONE_ELEMENT_LIST = frozenset({"finish_reason"})  # the conventions log the reasons of every choice
 AS_JSON_TEXT = frozenset({"cached_fingerprint"})  # an object, as canonical JSON text
 
-# record field -> span attribute, in the table's order.
-SPAN_ATTRIBUTES: dict[str, str] = {
-    f.name: GEN_AI_ATTRIBUTES.get(f.name, f"specdec.{f.name}")
-    for f in fields.FIELDS
-    if f.name not in SPAN_TIMED_FIELDS
-}
+
+
+@fields.derived
+def span_attribute_table(contract: fields.Contract) -> dict[str, str]:
+    """record field -> span attribute, in the table's order."""
+    return {f.name: GEN_AI_ATTRIBUTES.get(f.name, f"specdec.{f.name}") for f in contract.fields
+            if f.name not in SPAN_TIMED_FIELDS}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SPAN_ATTRIBUTES":  # the table as the contract is at this read
+        return span_attribute_table()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,12 +29,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from specdec_core.contract.identity import DecodeRequest, fingerprint
+from specdec_core.contract.identity import DecodeRequest
 from specdec_core.contract.result import DecodeError, DecodeResult
 from specdec_core.decoding.loader import ModelLoader
 from specdec_core.decoding.proposers import DEFAULT_DRAFT_TOKENS, Proposer, proposer_for  # noqa: F401 (the default is public)
 from specdec_core.decoding.registry import Registry, RegistryError
 from specdec_core.decoding.scoring import TokenScores, sampling_logits
+from specdec_core.decoding.seeds import request_seed
 from specdec_core.decoding.stops import cut_at_stop
 from specdec_core.extras import require
 
@@ -108,10 +109,6 @@ def _record_acceptance(target: Any) -> Iterator[list[tuple[int, int]]]:
         target.__dict__.pop("_get_candidate_generator", None)
 
 
-def request_seed(req: DecodeRequest) -> int:
-    """The sampling seed: the request's own, else one derived from its fingerprint."""
-    seed = req.seed if req.seed is not None else int(fingerprint(req)[:16], 16)
-    return seed % 2**64
 
 
 def resolve_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:

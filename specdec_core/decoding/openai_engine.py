@@ -50,6 +50,7 @@ from specdec_core.decoding.engine_client import (
 )
 from specdec_core.decoding.registry import EngineSpec
 from specdec_core.decoding.scoring import TokenScores
+from specdec_core.decoding.seeds import request_seed
 from specdec_core.decoding.stops import cut_at_stop
 
 # vLLM caps prompt_logprobs at --max-logprobs, 20 by default.
@@ -148,8 +149,6 @@ class EngineDecoder:
                                 "top_k": int(req.top_k) if sampled and req.top_k else TOP_K_OFF,
                                 **NEUTRAL, "return_tokens": True}
         if sampled:
-            from specdec_core.decoding.engine import request_seed
-
             body["seed"] = request_seed(req) % 2**63
             if req.seed is None:
                 notes["seed"] = f"the log has none; sent {body['seed']}, derived from the fingerprint as in-process"

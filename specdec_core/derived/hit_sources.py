@@ -19,9 +19,10 @@ import duckdb
 
 from specdec_core.contract import fields as contract
 from specdec_core.derived.summaries import folded_sql
+from specdec_core.store.sql import deployment_partition
 
 # What the judging reads of a request.
-ROW_SQL = """SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_key, cache_hit,
+ROW_SQL = f"""SELECT request_id, ts, {deployment_partition(None)} AS dep, cache_key, cache_hit,
            fingerprint, cached_identity_fingerprint, source_file, source_line, source_link,
            len(coalesce(unknown_fields, [])) > 0 AS partial
     FROM requests"""
@@ -29,8 +30,8 @@ ROW_SQL = """SELECT request_id, ts, coalesce(deployment, chr(0)) AS dep, cache_k
 # Every hit, judged against every request: the full rebuild.
 # When each deployment first saw each identity: the first sights read it (also the incremental judging,
 # which keeps it up to date per batch, derived/incremental.py).
-FIRST_SEEN_SQL = """CREATE OR REPLACE TABLE identity_first_seen AS
-SELECT coalesce(deployment, chr(0)) AS dep, fingerprint, min(ts) AS first_ts FROM requests GROUP BY 1, 2"""
+FIRST_SEEN_SQL = f"""CREATE OR REPLACE TABLE identity_first_seen AS
+SELECT {deployment_partition(None)} AS dep, fingerprint, min(ts) AS first_ts FROM requests GROUP BY 1, 2"""
 
 # The latest miss of each (deployment, cache_key), of several at one instant the one logged last: what a hit
 # later than every stored miss of its key is judged against, so that live traffic's judging reads no stored
@@ -49,7 +50,7 @@ def last_miss_sql(rows: str) -> str:
 
 LAST_MISS_FOLDED = "last_miss_folded"  # meta's key: key_last_miss's rows when last folded
 LAST_MISS_SQL = ("CREATE OR REPLACE TABLE key_last_miss AS " + last_miss_sql(
-    "SELECT coalesce(deployment, chr(0)) AS dep, cache_key, ts, request_id, fingerprint, source_file, source_line "
+    f"SELECT {deployment_partition(None)} AS dep, cache_key, ts, request_id, fingerprint, source_file, source_line "
     "FROM requests WHERE NOT cache_hit AND cache_key IS NOT NULL"))
 FOLD_LAST_MISS_SQL = "CREATE OR REPLACE TABLE key_last_miss AS " + last_miss_sql("SELECT * FROM key_last_miss")
 

@@ -43,15 +43,15 @@ from specdec_core.derived.summaries import (
     MINUTE_SQL,
     OUTPUTS_SQL,
     REQUEST_KEYS_SQL,
-    REQUEST_OUTPUTS_SQL,
     SHARED_KEYS_SQL,
     draft_label,
     folded_sql,
     over,
+    request_outputs_sql,
 )
-from specdec_core.store.sql import literal, scalar
+from specdec_core.store.sql import deployment_label, deployment_partition, literal, scalar
 
-_DEP = "coalesce(r.deployment, chr(0))"
+_DEP = deployment_partition("r")
 
 # The judging's rows for the hits in `{HITS}`: the misses of their keys (from {SINCE} on: see
 # JUDGE_WINDOW_SECONDS), when their identities were first seen, their linked sources.
@@ -94,7 +94,7 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     """Judge the hits the batch `ingest_id` may have changed, then bring every summary up to date from them."""
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE batch AS
-        SELECT request_id, ts, {_DEP} AS dep, coalesce(deployment, '') AS deployment, cache_key, cache_hit, fingerprint,
+        SELECT request_id, ts, {_DEP} AS dep, {deployment_label(None)} AS deployment, cache_key, cache_hit, fingerprint,
                source_file, source_line
         FROM requests r WHERE ingest_id = ?
     """, [ingest_id])
@@ -120,7 +120,7 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     _append_outputs(con, ingest_id)
     _append_request_keys(con, ingest_id)
     con.execute("INSERT INTO summary_request_outputs BY NAME "
-                + over(REQUEST_OUTPUTS_SQL, f"r.ingest_id = {int(ingest_id)}"))
+                + over(request_outputs_sql(), f"r.ingest_id = {int(ingest_id)}"))
     con.execute("DELETE FROM summary_contaminated WHERE request_id IN (SELECT request_id FROM rejudge)")
     # The verdicts just written for `rejudge` are `judged_now`: joined to it, not to every stored verdict.
     con.execute("INSERT INTO summary_contaminated BY NAME " + over(
@@ -197,7 +197,7 @@ def _rejudge_set(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     """)
     since = _timestamp_literal(con, "SELECT min(since) FROM touched")
     batch_first = _timestamp_literal(con, "SELECT min(ts) FROM batch")
-    stored = (f"r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint, "
+    stored = (f"r.request_id, r.ts, {deployment_label('r')} AS deployment, r.cache_key, r.fingerprint, "
               f"{_DEP}, r.ingest_id <> {int(ingest_id)}")
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE rejudge AS
@@ -268,11 +268,11 @@ def _update_keys(con: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE pair_delta AS
         WITH added AS (
-            SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint,
+            SELECT r.request_id, r.ts, {deployment_label('r')} AS deployment, r.cache_key, r.fingerprint,
                    r.target_model, {draft_label()} AS draft_model, r.cache_hit
             FROM requests r WHERE r.ingest_id = {int(ingest_id)} AND r.cache_key IS NOT NULL
             UNION ALL
-            SELECT r.request_id, r.ts, coalesce(r.deployment, ''), r.cache_key, r.fingerprint, r.target_model,
+            SELECT r.request_id, r.ts, {deployment_label('r')}, r.cache_key, r.fingerprint, r.target_model,
                    {draft_label()}, r.cache_hit
             FROM requests r WHERE r.request_id IN (SELECT request_id FROM backfilled)
         ), sights AS (

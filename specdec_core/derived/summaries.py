@@ -46,6 +46,7 @@ import numpy as np
 from specdec_core.contract import fields as contract
 from specdec_core.derived.verdicts import build_first_verdict_counts
 from specdec_core.store.schema import VERSION_SQL, current_version_sql
+from specdec_core.store.sql import deployment_label
 
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)
@@ -60,7 +61,7 @@ _SPECULATIVE = f"NOT r.cache_hit AND r.draft_tokens > 0 AND {draft_label()} <> '
 
 # The minute summary's columns as aggregates over `requests r LEFT JOIN hit_sources h`.
 MINUTE_DIMENSIONS = f"""
-time_bucket(INTERVAL 1 minute, r.ts) AS minute, coalesce(r.deployment, '') AS deployment, r.target_model,
+time_bucket(INTERVAL 1 minute, r.ts) AS minute, {deployment_label('r')} AS deployment, r.target_model,
 {draft_label()} AS draft_model, r.temperature, r.cache_hit"""
 MINUTE_MEASURES = f"""
 count(*) AS requests,
@@ -88,22 +89,22 @@ MINUTE_MERGE = {"requests": "sum", "contaminated": "sum", "first_sight": "sum", 
 MINUTE_SQL = f"""SELECT {MINUTE_DIMENSIONS}, {MINUTE_MEASURES}
 FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {{where}} GROUP BY ALL"""
 
-PAIRS_SQL = f"""SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint,
+PAIRS_SQL = f"""SELECT {deployment_label('r')} AS deployment, r.cache_key, r.fingerprint,
        any_value(r.target_model) AS target_model, any_value({draft_label()}) AS draft_model,
        count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
        count(*) FILTER (WHERE h.first_sight) AS first_sight,
        min(r.ts) AS first_seen, max(r.ts) AS last_seen
 FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {{where}} GROUP BY 1, 2, 3"""
 
-LENGTHS_SQL = f"""SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {draft_label()} AS draft_model,
+LENGTHS_SQL = f"""SELECT {deployment_label('r')} AS deployment, r.target_model, {draft_label()} AS draft_model,
        r.max_tokens, r.output_tokens AS value, count(*) AS n
 FROM requests r WHERE {{where}} GROUP BY ALL"""
 
-LATENCY_SQL = f"""SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {draft_label()} AS draft_model,
+LATENCY_SQL = f"""SELECT {deployment_label('r')} AS deployment, r.target_model, {draft_label()} AS draft_model,
        r.cache_hit, r.latency_ms AS value, count(*) AS n
 FROM requests r WHERE r.latency_ms IS NOT NULL AND {{where}} GROUP BY ALL"""
 
-CONTAMINATED_SQL = f"""SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key,
+CONTAMINATED_SQL = f"""SELECT r.request_id, r.ts, {deployment_label('r')} AS deployment, r.cache_key,
        h.source_request_id, h.source_ts, h.differing_fields, h.fingerprint_mismatch, r.target_model,
        {draft_label()} AS draft_model, r.temperature, r.max_tokens, r.seed::VARCHAR AS seed,
        r.tokenizer_version, r.output_tokens, left(r.output_text, 120) AS output_preview
@@ -147,7 +148,7 @@ WHERE key_id IN (SELECT key_id FROM summary_keys WHERE {where} GROUP BY key_id H
 # hashing every output text of the log. A batch appends its own rows, so one (text, identity, labels) may
 # have several: read it summed.
 OUTPUTS_SQL = f"""SELECT md5_number_lower(output_text) AS out_hash, * EXCLUDE (output_text) FROM (
-    SELECT r.output_text, r.fingerprint, coalesce(r.deployment, '') AS deployment, r.target_model,
+    SELECT r.output_text, r.fingerprint, {deployment_label('r')} AS deployment, r.target_model,
            {draft_label()} AS draft_model, count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits
     FROM requests r WHERE {{where}} GROUP BY ALL)"""
 
@@ -161,10 +162,10 @@ def key_hash(deployment: str, text: str) -> str:
 # filters read them (Filters.where applies to this table as to `requests r`), the key and identity (each with its
 # deployment) as DuckDB's 64-bit hash, as the time-range counts used to hash them from the text at every question.
 # Exact but for a hash collision among a range's keys (about one chance in 30 million for a million keys).
-REQUEST_KEYS_SQL = f"""SELECT r.ts, coalesce(r.deployment, '') AS deployment, r.target_model,
+REQUEST_KEYS_SQL = f"""SELECT r.ts, {deployment_label('r')} AS deployment, r.target_model,
        {draft_label()} AS draft_model, r.cache_hit,
-       {key_hash("coalesce(r.deployment, '')", "r.cache_key")} AS key_hash,
-       {key_hash("coalesce(r.deployment, '')", "r.fingerprint")} AS identity_hash
+       {key_hash(deployment_label("r"), "r.cache_key")} AS key_hash,
+       {key_hash(deployment_label("r"), "r.fingerprint")} AS identity_hash
 FROM requests r WHERE r.cache_key IS NOT NULL AND {{where}}"""
 
 
@@ -178,7 +179,8 @@ def output_identity_columns(alias: str = "i") -> str:
 
 # Every request of `{where}` as summary_request_outputs holds it: labels as the filters read them, the output
 # text and the identity fields that decide it as DuckDB's 64-bit hashes (the same hash as the row answer's).
-REQUEST_OUTPUTS_SQL = f"""SELECT r.ts, coalesce(r.deployment, '') AS deployment, r.target_model,
+def request_outputs_sql() -> str:
+    return f"""SELECT r.ts, {deployment_label('r')} AS deployment, r.target_model,
        {draft_label()} AS draft_model, r.cache_hit, hash(r.output_text) AS out_hash,
        hash(({output_identity_columns()})) AS out_identity
 FROM requests r JOIN identities i USING (fingerprint) WHERE {{where}}"""
@@ -203,7 +205,9 @@ def over(sql: str, where: str) -> str:
     return sql.replace("{where}", where)
 
 
-BUILD_SQL = f"""
+def build_sql() -> str:
+    """Every summary table built from `requests` and `hit_sources`: the full rebuild."""
+    return f"""
 CREATE OR REPLACE TABLE summary_minute AS {over(MINUTE_SQL, "TRUE")} ORDER BY minute;
 
 CREATE OR REPLACE TABLE summary_keys AS
@@ -225,7 +229,7 @@ CREATE OR REPLACE TABLE summary_audience AS {over(AUDIENCE_SQL, "TRUE")};
 CREATE OR REPLACE TABLE summary_impact_hits AS {over(IMPACT_HITS_SQL, "TRUE")} ORDER BY r.ts, r.request_id;
 -- In time order: a range's scan skips the row groups outside it.
 CREATE OR REPLACE TABLE summary_request_keys AS {over(REQUEST_KEYS_SQL, "TRUE")} ORDER BY r.ts;
-CREATE OR REPLACE TABLE summary_request_outputs AS {over(REQUEST_OUTPUTS_SQL, "TRUE")} ORDER BY r.ts;
+CREATE OR REPLACE TABLE summary_request_outputs AS {over(request_outputs_sql(), "TRUE")} ORDER BY r.ts;
 {OUTPUTS_COMPACTED_SQL};
 {VERSION_SQL};
 """
@@ -234,7 +238,7 @@ CREATE OR REPLACE TABLE summary_request_outputs AS {over(REQUEST_OUTPUTS_SQL, "T
 def build_summaries(con: duckdb.DuckDBPyConnection) -> None:
     """Rebuild every summary table from `requests` and `hit_sources` (inside the ingest's write), and the
     counts of the first verdicts from their record, which a rebuild keeps (derived/verdicts.py)."""
-    con.execute(BUILD_SQL)
+    con.execute(build_sql())
     build_first_verdict_counts(con)
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
-from . import langfuse, litellm, openinference, otel
+from . import common, langfuse, litellm, openinference, otel
 from .common import (
-    CONTRACT_FIELDS,
     SOURCE_KEY,
     UNKNOWN_KEY,
     FormatError,
@@ -102,3 +102,9 @@ __all__ = [
     "line_reader",
     "load_mapping",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CONTRACT_FIELDS":  # the contract's field names, as the contract is at this read
+        return common.CONTRACT_FIELDS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from itertools import accumulate
 from typing import Any
 
-from specdec_core.contract.fields import FIELD_NAMES as CONTRACT_FIELDS  # noqa: E402, F401 (the one table)
+from specdec_core.contract import fields as contract
 
 UNKNOWN_KEY = "__unknown__"
 SOURCE_KEY = "__source_request_id__"
@@ -181,3 +181,9 @@ def datetime_text_to_rfc3339(text: str) -> str | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return format_utc(moment)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CONTRACT_FIELDS":  # the contract's field names, as the contract is at this read
+        return contract.FIELD_NAMES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

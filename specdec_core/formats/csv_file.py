@@ -9,6 +9,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,23 @@ from specdec_core.formats.files import (
     shown_bytes,
 )
 
+
 # How CSV cells (always text) become typed JSON values; a cell that does not parse is
 # passed on as text so validation rejects it with the field's name.
-_CSV_INTEGER = {f.name for f in contract.FIELDS if f.is_integer}
-_CSV_NUMBER = {f.name for f in contract.FIELDS if f.is_number}
-_CSV_BOOLEAN = {f.name for f in contract.FIELDS if f.kind == "bool"}
-_CSV_JSON = {f.name for f in contract.FIELDS if f.kind in ("str_list", "object")}
+@dataclass(frozen=True)
+class _CellKinds:
+    integer: frozenset[str]
+    number: frozenset[str]
+    boolean: frozenset[str]
+    json: frozenset[str]
+
+
+@contract.derived
+def _cell_kinds(table: contract.Contract) -> _CellKinds:
+    return _CellKinds(frozenset(f.name for f in table.fields if f.is_integer),
+                      frozenset(f.name for f in table.fields if f.is_number),
+                      frozenset(f.name for f in table.fields if f.kind == "bool"),
+                      frozenset(f.name for f in table.fields if f.kind in ("str_list", "object")))
 
 
 def _csv_integer(cell: str) -> object:
@@ -49,22 +61,22 @@ def _csv_integer(cell: str) -> object:
         return number if math.isfinite(number) else cell
 
 
-def _csv_cell(name: str, cell: str) -> object:
+def _csv_cell(name: str, cell: str, kinds: _CellKinds) -> object:
     if cell == "":
         return None
     try:
-        if name in _CSV_INTEGER or name == "ts":
+        if name in kinds.integer or name == "ts":
             return _csv_integer(cell)  # a ts that is a number is epoch milliseconds; RFC 3339 text stays text
-        if name in _CSV_NUMBER:
+        if name in kinds.number:
             return float(cell)
-        if name in _CSV_BOOLEAN:
+        if name in kinds.boolean:
             lowered = cell.strip().lower()
             if lowered in ("true", "1", "t", "yes"):
                 return True
             if lowered in ("false", "0", "f", "no"):
                 return False
             return cell
-        if name in _CSV_JSON:
+        if name in kinds.json:
             return loads(cell)  # past the depth allowed: kept as text, which validation judges
     except ValueError:
         return cell
@@ -225,6 +237,7 @@ def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_byt
                 yield RawBatch(name, [], [])
                 return
             header = [h.strip() for h in header]
+            kinds = _cell_kinds()
             repeated = sorted({h for h in header if header.count(h) > 1})
             for row_number, row in enumerate(_csv_rows(reader, lines), start=1):
                 if isinstance(row, str):  # "cell" or "line": what is longer than a record may be
@@ -247,7 +260,7 @@ def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_byt
                                                                                                     strict=True)}
                     reason = INVALID_UTF8
                 else:
-                    obj = {h: _csv_cell(h, cell) for h, cell in zip(header, row, strict=True)}
+                    obj = {h: _csv_cell(h, cell, kinds) for h, cell in zip(header, row, strict=True)}
                 numbers.append(row_number)
                 raws.append(safe_text(json.dumps(obj, ensure_ascii=False)))
                 reasons.append(reason)

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from os import PathLike
 from typing import Any
 
+from specdec_core.contract import fields as contract
+
 from .common import (
-    CONTRACT_FIELDS,
     MAX_JSON_DEPTH,
     TIME_UNITS,
     LineResult,
@@ -105,7 +106,7 @@ def _rule(source: str, field: str, spec: Any, max_value_bytes: int | None = None
     def fail(reason: str) -> MappingError:
         return MappingError(f"{source}: field '{field}': {reason}")
 
-    if field not in CONTRACT_FIELDS:
+    if field not in contract.FIELD_NAMES:
         raise MappingError(f"{source}: '{field}' is not a contract field")
     if isinstance(spec, str):
         spec = {"path": spec}

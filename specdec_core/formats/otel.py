@@ -8,7 +8,8 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from specdec_core.contract.span_attributes import SPAN_ATTRIBUTES
+from specdec_core.contract import fields as contract
+from specdec_core.contract.span_attributes import span_attribute_table
 
 from .common import (
     FormatError,
@@ -25,10 +26,13 @@ REQUEST_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 
 # Fields span_record derives from more than their own attribute (a fallback, a list, JSON text).
 _DERIVED = frozenset({"request_id", "prompt", "output_text", "finish_reason", "deployment", "cached_fingerprint"})
-# record field <- span attribute, taken as decoded: the rest of the contract's attribute table.
-_DIRECT: tuple[tuple[str, str], ...] = tuple(
-    (field, attribute) for field, attribute in SPAN_ATTRIBUTES.items() if field not in _DERIVED
-)
+
+
+@contract.derived
+def _direct(_contract: contract.Contract) -> tuple[tuple[str, str], ...]:
+    """record field <- span attribute, taken as decoded: the rest of the contract's attribute table."""
+    return tuple((field, attribute) for field, attribute in span_attribute_table().items() if field not in _DERIVED)
+
 
 _MISSING = object()  # an attribute that is absent, or whose AnyValue is empty
 
@@ -231,7 +235,7 @@ def span_record(span: dict, resource_attrs: dict[str, Any]) -> dict | None:
         record["ts"] = (epoch_to_rfc3339(start_ns, "ns") if start_ns is not None else None) or start
     if start_ns is not None and end_ns is not None:
         record["latency_ms"] = float(Decimal(end_ns - start_ns) / 1_000_000)  # inf, not an error, past a double
-    for field, key in _DIRECT:
+    for field, key in _direct():
         if key in attrs:
             record[field] = attrs[key]
     derived = {

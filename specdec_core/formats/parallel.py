@@ -30,8 +30,8 @@ from specdec_core.formats.common import TOO_DEEP
 
 log = logging.getLogger(__name__)
 
-# Files smaller than this are read here: starting the workers costs about 0.2 s, a file this size
-# about 1 s to read (--follow batches are far smaller).
+# Files smaller than this are read here: starting the workers costs about a fifth of what reading a file
+# this size does (--follow batches are far smaller).
 PARALLEL_FROM_BYTES = 32 << 20
 # Lines handed to a worker at a time, and slices in flight per worker: an OTLP line may hold hundreds of
 # spans, so a slice's records, not the file, are what is held at once.

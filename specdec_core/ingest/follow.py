@@ -103,12 +103,16 @@ def _grows_by_lines(path: Path) -> bool:
     return path.name.lower().endswith(JSONL_SUFFIXES) and not _is_gzip(path)
 
 
+# Lines one batch reads at most unless the caller says otherwise (`specdec ingest --follow --batch-rows`).
+DEFAULT_BATCH_ROWS = 10_000
+
+
 class Follower:
     """Polls the paths and commits what is new as one ingest batch per poll (at most `batch_rows` lines)."""
 
     def __init__(self, store: Store, paths: list[str], *, log_format: str = "auto",
                  mapping: formats.Mapping | None = None, limits: IngestLimits | None = None,
-                 batch_rows: int = 10_000, on_problem: Callable[[str], None] | None = None) -> None:
+                 batch_rows: int = DEFAULT_BATCH_ROWS, on_problem: Callable[[str], None] | None = None) -> None:
         self.store, self.paths, self.log_format, self.mapping = store, paths, log_format, mapping
         self.limits, self.batch_rows = limits, batch_rows
         # A file that can't be read is said once (one line each), and the follower goes on with the others.

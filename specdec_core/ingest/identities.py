@@ -28,13 +28,22 @@ from specdec_core.formats.common import MAX_JSON_DEPTH, TOO_DEEP, FormatError, l
 from specdec_core.ingest.validation import is_unknown
 from specdec_core.store.sql import list_literal
 
-# What decides a row's identity: its identity fields, and which of them the log left unknown.
-_IDENTITY_INPUT = (*contract.IDENTITY_INPUT, "unknown_fields")
-# DuckDB's hash function makes the join an equi-join; the exact comparison after it rules out collisions.
-ID_HASH = f"hash({', '.join(_IDENTITY_INPUT)})"  # DuckDB's hash, within one ingest
 _ID_JOIN = "t.id_hash = m.id_hash"
-# Only needed when two distinct identity tuples share a hash (checked per ingest): then the exact match decides.
-_ID_JOIN_EXACT = _ID_JOIN + " AND " + " AND ".join(f"t.{c} IS NOT DISTINCT FROM m.{c}" for c in _IDENTITY_INPUT)
+
+
+def _identity_input() -> tuple[str, ...]:
+    """What decides a row's identity: its identity fields, and which of them the log left unknown."""
+    return (*contract.IDENTITY_INPUT, "unknown_fields")
+
+
+def id_hash_sql() -> str:
+    """DuckDB's hash of a row's identity input, within one ingest: it makes the join an equi-join."""
+    return f"hash({', '.join(_identity_input())})"
+
+
+def _id_join_exact() -> str:
+    """The join when two distinct identity tuples share a hash (checked per ingest): the exact match decides."""
+    return _ID_JOIN + " AND " + " AND ".join(f"t.{c} IS NOT DISTINCT FROM m.{c}" for c in _identity_input())
 _INTEGER_FORMS = ("integer", "zero_is_null")
 
 
@@ -44,10 +53,10 @@ def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
     Returns the condition that joins `typed t` to `idmap m`.
     """
     _reject_too_deep_cached(con)
-    cols = ", ".join(_IDENTITY_INPUT)
+    cols = ", ".join(_identity_input())
     con.execute(f"CREATE OR REPLACE TEMP TABLE id_tuples AS SELECT DISTINCT {cols}, id_hash FROM typed")
     tuples, hashes = con.execute("SELECT count(*), count(DISTINCT id_hash) FROM id_tuples").fetchall()[0]
-    join = _ID_JOIN if hashes == tuples else _ID_JOIN_EXACT
+    join = _ID_JOIN if hashes == tuples else _id_join_exact()
     fields = sorted((f for f in contract.FIELDS if f.identity), key=lambda f: f.name)  # the canonical key order
     joins: list[str] = []  # the lookups of the fields written by the library, and their columns
     parts, values = [], []  # per field: its '"name":text' part of the identity JSON, and its canonical value

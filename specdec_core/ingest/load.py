@@ -26,20 +26,19 @@ from specdec_core.derived.verdicts import record_first_verdicts
 from specdec_core.formats import object_store
 from specdec_core.formats.files import JSON_DOCUMENT_SUFFIXES, JSONL_SUFFIXES, LogReadError, resolve_paths
 from specdec_core.formats.jsonl import first_line, foreign_inputs
-from specdec_core.ingest.identities import ID_HASH, compute_identities
+from specdec_core.ingest.identities import compute_identities, id_hash_sql
 from specdec_core.ingest.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
 from specdec_core.ingest.validation import (
-    _INDEX,
-    FIELD_NAMES,
     MARKERS_SQL,
-    REPEATED_FIELD,
     SOURCE_LINK_SQL,
     UNKNOWN_SQL,
     extra_sql,
+    field_index,
     field_text,
     field_type,
     paths_literal,
     reason_sql,
+    repeated_field_sql,
     text_in_texts,
     texts_type,
     typed_columns_sql,
@@ -48,7 +47,7 @@ from specdec_core.ingest.validation import (
     values_sql,
 )
 from specdec_core.store.connection import WRITER_MEMORY_LIMIT_NATIVE, Store
-from specdec_core.store.sql import scalar
+from specdec_core.store.sql import deployment_label, deployment_partition, scalar
 
 
 @dataclass(frozen=True)
@@ -83,16 +82,18 @@ _BATCH_STEPS = ("fingerprinting identities", "writing requests", "finding each h
 
 # A batch whose files are smaller than this is written on one DuckDB thread: its statements are tiny, most of
 # the work is planning them and (on a lake) the catalog's queries, and a second thread only adds handing work
-# over. A lake's batch of 40 lines took 1.0 s of CPU on two threads, 0.5 s on one (2 cores).
+# over: a small lake batch on two threads took twice the CPU of one (figures: docs/benchmarks.md).
 ONE_THREAD_BELOW = 1 << 20
 
-_CONTENT_COLUMNS = (*contract.FIELD_NAMES, "extra", "unknown_fields", "source_link")
-_IDENTITY_INPUT = contract.IDENTITY_INPUT
+
+
+def _content_columns() -> tuple[str, ...]:
+    return (*contract.FIELD_NAMES, "extra", "unknown_fields", "source_link")
 
 
 def _content_hash_sql(alias: str, prompt_hash: str) -> str:
     """A digest of a stored row's content; computed alike for new rows and loaded ones, only where ids repeat."""
-    cols = [prompt_hash if c == "prompt_hash" else f"{alias}.{c}" for c in _CONTENT_COLUMNS]
+    cols = [prompt_hash if c == "prompt_hash" else f"{alias}.{c}" for c in _content_columns()]
     return "md5(concat_ws(chr(31), " + ", ".join(f"coalesce(to_json({c})::VARCHAR, '~')" for c in cols) + "))"
 
 
@@ -125,16 +126,16 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
                           len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known,
                           coalesce(object_keys, json_keys(obj)) AS keys,
                           {", ".join(f"t[{i}] AS {field_type(n)}, {text_in_texts('s', n)} AS {field_text(n)}"
-                                     for n, i in _INDEX.items())}
+                                     for n, i in field_index().items())}
                    FROM lists),
         counted AS (SELECT *, {usual_layout_sql(usual)} AS usual_layout FROM (
                         SELECT *, len(keys) AS n_keys, {MARKERS_SQL} AS n_markers FROM fields)),
         vals AS (SELECT *, {values_sql()}, {UNKNOWN_SQL}, {SOURCE_LINK_SQL},
-                        {REPEATED_FIELD} AS repeated_field FROM counted),
+                        {repeated_field_sql()} AS repeated_field FROM counted),
         -- The raw text stays in the file's table: rejected rows are joined back to it by seq.
         verdict AS (
             SELECT seq, source_file, source_line, {extra} AS extra, unknown_fields, source_link,
-                   {", ".join(f"f_{n}" for n in FIELD_NAMES)},
+                   {", ".join(f"f_{n}" for n in contract.FIELD_NAMES)},
                    {reason_sql()} AS reason,
                    CASE WHEN {field_type('request_id')} = 'VARCHAR' THEN {field_text('request_id')} END AS raw_request_id
             FROM vals
@@ -142,7 +143,7 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
         typed_rows AS (
             SELECT seq, source_file, source_line, reason, raw_request_id, {typed_columns_sql()} FROM verdict
         )
-        SELECT *, {ID_HASH} AS id_hash FROM typed_rows
+        SELECT *, {id_hash_sql()} AS id_hash FROM typed_rows
     """
     if create:
         con.execute(f"CREATE OR REPLACE TEMP TABLE checked AS {select}", [source_file])
@@ -150,17 +151,20 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
     return con.execute(f"INSERT INTO checked {select}", [source_file]).fetchall()[0][0]
 
 
-_checked_columns: list[str] = []  # `checked`'s columns as DDL, once per process: planning the check costs 15 ms
+# `checked`'s columns as DDL, once per contract in a process: planning the check is costly.
+_checked_columns: dict[contract.Contract, list[str]] = {}
 
 
 def _create_work_tables(con: duckdb.DuckDBPyConnection) -> None:
     # Validating no lines creates `checked` with the column types the SQL produces (the first time; then
     # from those types); the rows that pass are `typed`.
-    if _checked_columns:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE checked ({', '.join(_checked_columns)})")
+    columns = _checked_columns.get(contract.current())
+    if columns:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE checked ({', '.join(columns)})")
     else:
         _validate(con, NO_LINES, "", create=True)
-        _checked_columns.extend(f'"{name}" {kind}' for name, kind, *_ in con.execute("DESCRIBE checked").fetchall())
+        _checked_columns[contract.current()] = [f'"{name}" {kind}' for name, kind, *_
+                                                in con.execute("DESCRIBE checked").fetchall()]
     con.execute("CREATE OR REPLACE TEMP VIEW typed AS SELECT * FROM checked WHERE reason IS NULL")
 
 
@@ -237,8 +241,8 @@ def _classify(con: duckdb.DuckDBPyConnection, join: str) -> None:
 
 def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str, inputs: dict[str, tuple[Path, Any, int]]
             ) -> tuple[int, int]:
-    columns = ", ".join("m.prompt_sha" if c == "prompt_hash" else f"t.{c}" for c in _CONTENT_COLUMNS)
-    names = ", ".join([*_CONTENT_COLUMNS, "fingerprint", "cached_identity_fingerprint", "source_file", "source_line",
+    columns = ", ".join("m.prompt_sha" if c == "prompt_hash" else f"t.{c}" for c in _content_columns())
+    names = ", ".join([*_content_columns(), "fingerprint", "cached_identity_fingerprint", "source_file", "source_line",
                        "ingest_id"])
     accepted = con.execute(f"""
         INSERT INTO requests ({names})
@@ -344,7 +348,7 @@ def ingest(
                 inputs[name] = (f, reader, line_offset)
             staged.append(stage_file(con, f, f"lines_{n}", first_seq, limits, reader, line_offset))
             # From here each row carries its seq and line: the checks, the writes and the summaries run
-            # in whatever order DuckDB's threads take (0.4-1.5 s of 14 s at 1M rows, alternated).
+            # in whatever order DuckDB's threads take, which is faster (figures: docs/benchmarks.md).
             con.execute("SET preserve_insertion_order = false")
             say(f"checking {f.name}")
             rest, n_aside = set_aside(con, staged[-1], name, limits)
@@ -424,8 +428,8 @@ def _backfill_cache_keys(con: duckdb.DuckDBPyConnection) -> int:
         ) GROUP BY 1
     """)
     # The stored misses given a key, as they will be: what incremental.py needs of them.
-    con.execute("CREATE OR REPLACE TEMP TABLE backfilled AS SELECT c.request_id, c.ts, coalesce(c.deployment, chr(0)) "
-                "AS dep, coalesce(c.deployment, '') AS deployment, h.key AS cache_key, c.cache_hit, c.fingerprint, "
+    con.execute(f"CREATE OR REPLACE TEMP TABLE backfilled AS SELECT c.request_id, c.ts, {deployment_partition('c')} "
+                f"AS dep, {deployment_label('c')} AS deployment, h.key AS cache_key, c.cache_hit, c.fingerprint, "
                 "c.source_file, c.source_line FROM requests c "
                 "JOIN links h ON c.request_id = h.source_link WHERE c.cache_key IS NULL")
     if not scalar(con, "SELECT count(*) FROM links"):

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 
 import duckdb
 
 from specdec_core.contract import fields as contract
 from specdec_core.store.sql import list_literal, literal
 
-FIELD_NAMES = contract.FIELD_NAMES
-_INDEX = {name: i + 1 for i, name in enumerate(FIELD_NAMES)}  # DuckDB lists are 1-based
 _EXPECTED = {kind: expected for kind, (expected, _) in contract.KINDS.items()}
 
 
@@ -104,17 +103,18 @@ def values_sql() -> str:
 # than those names none twice (nearly all do); nor does one in the file's
 # usual layout (usual_layout_sql). Only the others count the contract names among their keys, and only records
 # that name them more often than they hold distinct ones pay for finding which. An IN list, not a list
-# constant: a constant list inside a lambda is built again for every key of every record (3x slower).
+# constant: a constant list inside a lambda is built again for every key of every record.
 def _in_list(names: tuple[str, ...]) -> str:
     """Names as the right side of IN: inside a lambda, cheaper than a list constant built for every key."""
     return "(" + ", ".join(literal(n) for n in names) + ")"
 
 
-_CONTRACT_NAMES = _in_list(FIELD_NAMES)
-REPEATED_FIELD = (f"CASE WHEN n_keys > n_known + n_markers AND NOT usual_layout "
-                  f"AND len(list_filter(keys, lambda k: k IN {_CONTRACT_NAMES})) > n_known THEN "
-                  "list_filter(keys, lambda k, i: list_position(keys, k) < i "
-                  f"AND k IN {_CONTRACT_NAMES})[1] END")
+def _repeated_field(names: tuple[str, ...]) -> str:
+    contract_names = _in_list(names)
+    return (f"CASE WHEN n_keys > n_known + n_markers AND NOT usual_layout "
+            f"AND len(list_filter(keys, lambda k: k IN {contract_names})) > n_known THEN "
+            "list_filter(keys, lambda k, i: list_position(keys, k) < i "
+            f"AND k IN {contract_names})[1] END")
 
 
 def reason_sql() -> str:
@@ -159,13 +159,13 @@ def reason_sql() -> str:
 
 def paths_literal() -> str:
     """The JSON paths of the contract's fields."""
-    return list_literal(f'$."{name}"' for name in FIELD_NAMES)
+    return list_literal(f'$."{name}"' for name in contract.FIELD_NAMES)
 
 
 def texts_type() -> str:
     """from_json's type for the contract's fields as text: each as json_extract_string reads it (a string
     unquoted, anything else as JSON, null and absent as NULL; a name given twice: its first value)."""
-    return literal(json.dumps({name: "VARCHAR" for name in FIELD_NAMES}))
+    return literal(json.dumps({name: "VARCHAR" for name in contract.FIELD_NAMES}))
 
 
 def text_in_texts(struct: str, name: str) -> str:
@@ -206,10 +206,8 @@ MARKERS_SQL = (f"(list_contains(keys, '{UNKNOWN_KEY}')::INT + list_contains(keys
 # Fields the contract does not name are kept: a JSON merge patch with null deletes the known ones.
 # Only records with more keys than known fields and markers present have any, so only they are patched (a
 # LiteLLM or OTel record holds a marker nearly always, and the patch copied each whole record to find none).
-_KNOWN_KEYS = (*FIELD_NAMES, UNKNOWN_KEY, SOURCE_KEY)
-_PATCHED = ("nullif(json_merge_patch(obj, '{" + ",".join(f'"{n}":null' for n in _KNOWN_KEYS)
-            + "}')::VARCHAR, '{}')::JSON")
-EXTRA_SQL = f"CASE WHEN n_keys > n_known + n_markers THEN {_PATCHED} END"
+def _patched(known_keys: tuple[str, ...]) -> str:
+    return "nullif(json_merge_patch(obj, '{" + ",".join(f'"{n}":null' for n in known_keys) + "}')::VARCHAR, '{}')::JSON"
 
 # A service writes the same fields on every line. The patch copies and writes the whole record, long prompt
 # and output included, and pays for every field of it; a record whose other fields are exactly the file's
@@ -219,22 +217,52 @@ _SHAPE_KEY = re.compile(r"[^\x00-\x1f\"\\']{1,200}")
 MAX_SHAPE_KEYS = 100
 
 
-_KNOWN_IN = _in_list(_KNOWN_KEYS)
+@dataclass(frozen=True)
+class _Derived:
+    """The validation SQL's parts that list the contract's fields, made once per contract."""
+
+    index: dict[str, int]  # each field's place in the lists of types and texts (DuckDB lists are 1-based)
+    repeated_field: str
+    known_keys: tuple[str, ...]  # the contract's fields and the markers
+    known_in: str
+    patched: str
+
+
+@contract.derived
+def _derived(table: contract.Contract) -> _Derived:
+    known = (*table.field_names, UNKNOWN_KEY, SOURCE_KEY)
+    return _Derived({name: i + 1 for i, name in enumerate(table.field_names)}, _repeated_field(table.field_names),
+                    known, _in_list(known), _patched(known))
+
+
+def field_index() -> dict[str, int]:
+    """Each contract field's place in the lists `paths_literal` and `texts_type` read (1-based)."""
+    return _derived().index
+
+
+def repeated_field_sql() -> str:
+    return _derived().repeated_field
+
+
+def patched_sql() -> str:
+    """A record's object without the contract's fields and the markers: the fields kept as `extra`."""
+    return _derived().patched
 
 
 def usual_extra_keys(con: duckdb.DuckDBPyConnection, lines_sql: str, sample: int = 1000) -> tuple[str, ...]:
     """The fields beyond the contract's that most of a file's first `sample` records hold, in their order;
     () when they hold none, or names left to the patch (below)."""
     row = con.execute(f"""
-        SELECT u FROM (SELECT list_filter(TRY(json_keys(raw)), lambda k: k NOT IN {_KNOWN_IN}) AS u
+        SELECT u FROM (SELECT list_filter(TRY(json_keys(raw)), lambda k: k NOT IN {_derived().known_in}) AS u
                        FROM ({lines_sql}) WHERE raw[1] = '{{' LIMIT {int(sample)})
         WHERE len(u) > 0 GROUP BY u ORDER BY count(*) DESC, u LIMIT 1
     """).fetchone()
     keys = tuple(row[0]) if row else ()
     # Names a JSON path can't hold as they are (quotes, backslashes, control characters), and names equal to
     # another but for case, go through the patch.
-    lowered = {k.lower() for k in (*keys, *_KNOWN_KEYS)}
-    if (not keys or len(keys) > MAX_SHAPE_KEYS or len(lowered) != len(keys) + len(_KNOWN_KEYS)
+    known = _derived().known_keys
+    lowered = {k.lower() for k in (*keys, *known)}
+    if (not keys or len(keys) > MAX_SHAPE_KEYS or len(lowered) != len(keys) + len(known)
             or not all(_SHAPE_KEY.fullmatch(k) for k in keys)):
         return ()
     return keys
@@ -259,9 +287,10 @@ def extra_sql(usual: tuple[str, ...]) -> str:
     match nested deeper leaves a brace unclosed or one too many, a string value has no colon after it, a
     key JSON escapes is not found: those records, and any other layout, go through the patch.
     """
+    patched = _derived().patched
     if not usual:
-        return EXTRA_SQL
+        return f"CASE WHEN n_keys > n_known + n_markers THEN {patched} END"
     first = literal(json.dumps(usual[0], ensure_ascii=False))
     tail = f"TRY_CAST('{{' || substr(obj, strpos(obj, {first})) AS JSON)"
     return (f"CASE WHEN n_keys <= n_known + n_markers THEN NULL "
-            f"WHEN usual_layout THEN coalesce({tail}, {_PATCHED}) ELSE {_PATCHED} END")
+            f"WHEN usual_layout THEN coalesce({tail}, {patched}) ELSE {patched} END")

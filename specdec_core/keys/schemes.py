@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from specdec_core.contract.fields import NON_IDENTITY_FIELDS  # noqa: F401 (what auditing our keys ignores)
 from specdec_core.contract.identity import DecodeRequest, fingerprint, sha256_hex
 
 # The cache keys' and entries' version: bump to invalidate every entry written under an older identity definition.

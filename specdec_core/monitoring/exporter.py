@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+from specdec_core.contract import fields as contract
 from specdec_core.extras import require
 from specdec_core.monitoring.figures import (
     CUT_CHARS,
     DEFAULT_COMBINATIONS,
     DEFAULT_TOP,
     DIGEST_CHARS,
-    IDENTITY_FIELDS,
     MAX_LABEL_CHARS,
     OTHER,
     Figures,
@@ -137,7 +137,7 @@ def families(f: Figures, top: int, read_seconds: float = 0.0,
                  "Contaminated hits (as first judged) whose differing_fields hold `field`, a hit once per field; "
                  f"{fold}.", ["deployment", "field"])
     fields = {r[:2]: r[2] for r in f.contaminated_fields}
-    for key in sorted({(d, name) for d in deployments for name in IDENTITY_FIELDS} | set(fields)):
+    for key in sorted({(d, name) for d in deployments for name in contract.IDENTITY_FIELDS} | set(fields)):
         m.add_metric(list(key), fields.get(key, 0))
     yield m
 

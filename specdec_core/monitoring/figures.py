@@ -21,7 +21,6 @@ from typing import Any
 
 import duckdb
 
-from specdec_core.contract import fields as contract
 from specdec_core.derived import summaries as summary
 from specdec_core.derived.verdicts import FIRST_VERDICT_COUNTS_SQL
 from specdec_core.store.connection import Store
@@ -36,7 +35,6 @@ LABELS = ("deployment", "target_model", "draft_model")
 MAX_LABEL_CHARS = 128
 DIGEST_CHARS = 12
 CUT_CHARS = MAX_LABEL_CHARS - DIGEST_CHARS - 1
-IDENTITY_FIELDS: tuple[str, ...] = tuple(f.name for f in contract.FIELDS if f.identity)
 
 Row = tuple[Any, ...]
 

@@ -67,6 +67,16 @@ class ReplayJob:
 
 _JOBS: dict[str, ReplayJob] = {}
 _JOBS_LOCK = threading.Lock()
+# Finished jobs kept for a page that still shows one; the oldest go first. Their replays are stored, so a page
+# whose job is gone reads them from the store. A running job is always kept.
+KEEP_FINISHED = 64
+
+
+def _prune_finished() -> None:
+    """Drop the oldest finished jobs past KEEP_FINISHED; the caller holds _JOBS_LOCK."""
+    finished = [job_id for job_id, j in _JOBS.items() if j.finished]
+    for job_id in finished[: max(0, len(finished) - KEEP_FINISHED)]:
+        del _JOBS[job_id]
 
 
 def job(job_id: str) -> ReplayJob | None:
@@ -199,6 +209,7 @@ def start_job(store: Store, request_ids: Sequence[str], decoder_factory: Callabl
     ids = tuple(dict.fromkeys(request_ids))
     new = ReplayJob(ids)
     with _JOBS_LOCK:
+        _prune_finished()
         _JOBS[new.job_id] = new
     factory = decoder_factory or (lambda: replay_run.default_decoder())
     threading.Thread(target=_work, args=(new, store, factory, prompt), daemon=True,

@@ -50,8 +50,6 @@ from specdec_core.replay.diff import OutputDiff, diff_outputs
 from specdec_core.store.connection import Store
 from specdec_core.store.schema import REPLAY_COLUMNS
 
-CLASSIFICATIONS = ("match", "near_tie", "sampled", "foreign", "diverged", "unavailable", "redacted")
-
 
 class ReplayError(ValueError):
     """A replay that can't start (unknown request id, a prompt whose hash doesn't match)."""

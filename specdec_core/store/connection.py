@@ -50,7 +50,7 @@ T = TypeVar("T")
 # What DuckDB may hold while writing; beyond it, it spills to disk. An ingest stays under 2 GB: where a
 # Python reader stages the lines (another log format, CSV, Parquet), its own memory counts too and DuckDB
 # keeps to the lower figure (ingest/staging.py); DuckDB's own line reader leaves it the higher one. DuckDB 1.5
-# goes further past its limit than 2.0 did: at 1600MB a 1M-record ingest peaked at 1.97 GB, at 1400MB 1.72 GB.
+# goes further past its limit than 2.0 did (figures: docs/benchmarks.md, "Figures behind the code's choices").
 WRITER_MEMORY_LIMIT = "1GB"
 WRITER_MEMORY_LIMIT_NATIVE = "1400MB"
 
@@ -271,17 +271,11 @@ class Store:
             try:
                 with lakes.writing(self.lake, _prepare_lake_write, WRITER_MEMORY_LIMIT) as con:
                     yield con
-            except lakes.WriteConflict:
-                raise
-            except lakes.LakeError as exc:
-                raise StoreError(str(exc)) from None
-            except duckdb.Error as exc:
-                said = damage_message(exc, str(self))
+            except BaseException as exc:
+                said = translate(exc, self)
                 if said is None:
                     raise
-                raise StoreError(self.mask(said)) from None
-            except ForeignDatabaseError as exc:
-                raise ForeignDatabaseError(f"{self}: {exc}") from None
+                raise said from said.__cause__
             return
         target = Path(os.path.realpath(self.path))
         if target.is_dir():
@@ -307,10 +301,10 @@ class Store:
                     os.chmod(tmp, 0o600)  # the converted rows are as private as the copy would be
             except BaseException as exc:
                 _remove_working_copy(tmp)
-                if isinstance(exc, (OSError, duckdb.Error)):
-                    raise StoreError(f"{self.path}: cannot open for writing: {_own_words(exc, tmp, self.path)}"
-                                     ) from exc
-                raise
+                said = translate(exc, self, opening=tmp)
+                if said is None:
+                    raise
+                raise said from said.__cause__
             try:
                 _configure(con)
                 con.execute(f"SET memory_limit = '{WRITER_MEMORY_LIMIT}'")
@@ -330,17 +324,52 @@ class Store:
             except BaseException as exc:
                 con.close()
                 _remove_working_copy(tmp)
-                if isinstance(exc, ConversionError):
-                    raise StoreError(str(exc)) from None
-                if isinstance(exc, ForeignDatabaseError):
-                    raise ForeignDatabaseError(f"{self.path}: {exc}") from None
-                full = _out_of_space(exc)
-                if full:
-                    raise StoreError(f"{self.path}: cannot write: {full} (the working copy needs about the "
-                                     "database's size again); the database is unchanged") from exc
-                raise
+                said = translate(exc, self)
+                if said is None:
+                    raise
+                raise said from said.__cause__
             finally:
                 _remove_working_copy(tmp)
+
+
+def translate(exc: BaseException, store: Store, *, opening: Path | None = None) -> BaseException | None:
+    """What a failed `Store.write` says in place of `exc`: one line naming the store. None lets `exc` through
+    as it is (a lake's write conflict, which the caller retries; an error of the caller's own block).
+
+    `opening`: the working copy a file store's write was opening when `exc` came, before the block ran.
+    """
+    if store.lake is not None:
+        if isinstance(exc, lakes.WriteConflict):
+            return None
+        if isinstance(exc, lakes.LakeError):
+            return _instead(StoreError(store.mask(str(exc))))
+        if isinstance(exc, duckdb.Error):
+            said = damage_message(exc, str(store))
+            return None if said is None else _instead(StoreError(store.mask(said)))
+        if isinstance(exc, ForeignDatabaseError):
+            return _instead(ForeignDatabaseError(f"{store}: {exc}"))
+        return None
+    if opening is not None:
+        if isinstance(exc, (OSError, duckdb.Error)):
+            words = _own_words(exc, opening, store.path)
+            return _instead(StoreError(f"{store.path}: cannot open for writing: {words}"), cause=exc)
+        return None
+    if isinstance(exc, ConversionError):
+        return _instead(StoreError(str(exc)))
+    if isinstance(exc, ForeignDatabaseError):
+        return _instead(ForeignDatabaseError(f"{store.path}: {exc}"))
+    full = _out_of_space(exc)
+    if full:
+        return _instead(StoreError(f"{store.path}: cannot write: {full} (the working copy needs about the "
+                                   "database's size again); the database is unchanged"), cause=exc)
+    return None
+
+
+def _instead(said: BaseException, cause: BaseException | None = None) -> BaseException:
+    """`said`, to be raised as `raise said from cause` would (no cause: the original is not shown)."""
+    said.__cause__ = cause
+    said.__suppress_context__ = True
+    return said
 
 
 def _prepare_lake_write(con: duckdb.DuckDBPyConnection) -> None:

@@ -165,7 +165,7 @@ MAINTAIN_ABOVE_FILES = 150
 # A merge rewrites the files it merges. Files are merged by size tier, as a log-structured merge tree does:
 # the small ones at every maintenance, each larger tier once some table holds MERGE_AT files below its size.
 # A row is rewritten about once per tier, never at every maintenance: merging a follow's small files into a
-# 1M-row lake's one large file rewrote 160 MB every 30 s, and stalled the follow 3 s each time.
+# lake's one large file rewrote it each time and stalled the follow (figures: docs/benchmarks.md).
 MERGE_TIERS: tuple[int, ...] = (16 << 20, 128 << 20, 512 << 20)  # bytes; the last is DuckLake's target file size
 MERGE_AT = 8
 # Files a merge replaced are deleted only this long after: a reader still on an older snapshot keeps them.
@@ -196,8 +196,8 @@ def _merge(below: int) -> str:
 # A writer kept for many writes (a --follow, the dashboard's loads) spreads the merging over them: each write
 # past the threshold merges the tables holding the most small files until the store is back under it, and
 # every CHORES_EVERY-th such write also does the rest (inlined rows, deletes, old snapshots and files).
-# Merging every table at once paused a follow of 5,000 lines/s about 3 s every 20 batches (a 1M-row lake:
-# 150 small files, 18 of them the requests', 0.55 s to merge alone): the lake's largest lags.
+# Merging every table at once paused a follow for seconds at a time: the lake's largest lags (figures:
+# docs/benchmarks.md).
 CHORES_EVERY = 8
 
 
@@ -296,7 +296,7 @@ def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
     with _one_writer(location):
         held = _writer(location, setup)
         # The write's own connection to the kept instance: the batch's temp tables and views end with it.
-        # (Listing them to drop them cost a query of the whole catalog, 0.15 s of each small batch.)
+        # (Listing them to drop them cost a query of the whole catalog at every small batch.)
         con = held.con.cursor()
         try:
             con.execute(f"USE {ALIAS}")

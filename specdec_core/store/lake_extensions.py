@@ -59,8 +59,8 @@ def _extension_files(location: LakeLocation) -> list[Path]:
 
 
 # Extension files whose signature an instance of this process checked, as they were then. DuckDB checks it at
-# every LOAD by hashing the whole file: 0.25 s of CPU for the two a store needs, paid by every reader and writer
-# instance. The same file, unchanged, is loaded into the next instances without checking it again.
+# every LOAD by hashing the whole file, a cost paid by every reader and writer instance (docs/benchmarks.md).
+# The same file, unchanged, is loaded into the next instances without checking it again.
 _checked: set[tuple[str, int, int, int, int]] = set()
 
 

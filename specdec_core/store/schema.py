@@ -72,13 +72,13 @@ CREATE TABLE IF NOT EXISTS contaminated_first_verdicts (
 
 # Tables that had a PRIMARY KEY in stores made before it was dropped, with their key column and their DDL
 # now: ensure_schema makes them again without it, once, rows kept.
-UNKEYED_TABLES = {"identities": ("fingerprint", identities_ddl()),
-                  "contaminated_first_verdicts": ("request_id", FIRST_VERDICTS_DDL)}
+UNKEYED_TABLES = {"identities": ("fingerprint", identities_ddl),
+                  "contaminated_first_verdicts": ("request_id", lambda: FIRST_VERDICTS_DDL)}
 
 
 def drop_key_sql(table: str) -> str:
     """The statements that move `table`'s rows into a table made by its DDL now (UNKEYED_TABLES), without the key."""
-    return (f"ALTER TABLE {table} RENAME TO {table}_keyed;\n{UNKEYED_TABLES[table][1]}\n"
+    return (f"ALTER TABLE {table} RENAME TO {table}_keyed;\n{UNKEYED_TABLES[table][1]()}\n"
             f"INSERT INTO {table} BY NAME SELECT * FROM {table}_keyed;\nDROP TABLE {table}_keyed;")
 
 

@@ -17,6 +17,23 @@ def list_literal(texts: Iterable[str]) -> str:
     return "[" + ", ".join(literal(t) for t in texts) + "]"
 
 
+# The contract's deployment is optional. The figures, the pages and the reports show a request that logged none
+# under the empty name; the judging of hits keeps it apart from one that logged '' (NUL, which a log's
+# deployment name never holds): a hit is judged within its own deployment's cache.
+def deployment_label(alias: str | None = "r") -> str:
+    """SQL: the deployment a figure groups a request under ('' for none)."""
+    return f"coalesce({_column(alias, 'deployment')}, '')"
+
+
+def deployment_partition(alias: str | None = "r") -> str:
+    """SQL: the deployment whose cache a hit is judged in (chr(0) for none, apart from a logged '')."""
+    return f"coalesce({_column(alias, 'deployment')}, chr(0))"
+
+
+def _column(alias: str | None, name: str) -> str:
+    return f"{alias}.{name}" if alias else name
+
+
 def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None):
     """The single value a query returns (fetched fully: DuckDB keeps a half-read result pending)."""
     rows = con.execute(sql, params or []).fetchall()

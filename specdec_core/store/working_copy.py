@@ -14,24 +14,21 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import duckdb
 
 from specdec_core.store.instance import instance_config
 from specdec_core.store.sql import literal
 
-if TYPE_CHECKING:
-    from specdec_core.store.connection import Store
-
 log = logging.getLogger(__name__)
 # The name a connection gives the store's file it attaches (readers and writers alike).
 STORE_ALIAS = "store"
 
 # Rows per row group that a write into a store holding rows makes (DuckDB's default, 122,880, for a new store).
-# A batch's rows go into the last row group; at the default size the checkpoint of such a group took spikes
-# of up to 2 s as it filled (0.1 s at 37,000 rows, 0.7 s at 77,000, 2 s at 97,000): bench_follow's lag. At
-# 16,384, 26 batches of 10,000 rows into 1M rows checkpoint in 3.6 s against 7.4 s, the slowest 0.35 s.
+# A batch's rows go into the last row group; at the default size the checkpoint of such a group grows as it
+# fills, and was bench_follow's lag; smaller groups keep each checkpoint short (figures: docs/benchmarks.md,
+# "Figures behind the code's choices").
 APPEND_ROW_GROUP_SIZE = 16_384
 
 
@@ -41,9 +38,9 @@ APPEND_ROW_GROUP_SIZE = 16_384
 WORKING_COPY_SUFFIX = r"\.tmp(?:\.wal|\.spill|\.fresh)?"
 
 # A write that rebuilt every derived table (a migration, a copy into a store) leaves their old blocks free in
-# the file, and the new ones in an append's small row groups: a 5M-row store migrated in place grew from 1.1
-# to 1.5 GB, and a 20,000-line append's checkpoint then took 288 ms against 116 ms. Such a write asks for
-# its tables to be written into a fresh file, which it commits instead (5M rows: about 35 s, once).
+# the file, and the new ones in an append's small row groups: the file grows and every later append's
+# checkpoint slows (figures: docs/benchmarks.md). Such a write asks for its tables to be written into a
+# fresh file, which it commits instead, once.
 _COMPACT_MARK = "specdec_write_fresh_file"
 
 
@@ -178,7 +175,14 @@ def copies_share_blocks(folder: Path) -> bool:
 COPY_NOTE_BYTES = 256 << 20
 
 
-def copy_cost_note(store: Store, min_bytes: int = COPY_NOTE_BYTES) -> str | None:
+class _StoreFile(Protocol):
+    """What the note reads of a store (connection.Store, which imports this module)."""
+
+    path: Path
+    lake: Any
+
+
+def copy_cost_note(store: _StoreFile, min_bytes: int = COPY_NOTE_BYTES) -> str | None:
     """One line for a writer that will write again and again (--follow), when each of its writes copies a large
     store file whole; None for a lake, a small file, or a filesystem whose copies share blocks."""
     if store.lake is not None or not store.path.is_file():

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import pytest
 from helpers import DROP, rec, run_cli, write_csv, write_jsonl
 
-from specdec_core import analysis as metrics
+from specdec_core import analysis
 from specdec_core import contract as metrics_contract
 from specdec_core.analysis import Filters
 from specdec_core.analysis.report import mismatch_report, report_counts, report_csv
@@ -75,7 +75,7 @@ def incident(tmp_path_factory):
 
 
 def test_headline_numbers(incident):
-    h = metrics.headline(incident)
+    h = analysis.headline(incident)
     assert h.requests == 14
     assert h.hits == 9
     assert h.hit_rate == pytest.approx(9 / 14)
@@ -86,7 +86,7 @@ def test_headline_numbers(incident):
 
 
 def test_contaminated_hits_name_their_source_and_differing_fields(incident):
-    frame = metrics.contaminated_hits(incident)
+    frame = analysis.contaminated_hits(incident)
     got = {r.request_id: (r.source_request_id if isinstance(r.source_request_id, str) else None,
                           r.differing_fields) for r in frame.itertuples()}
     assert got == EXPECTED_CONTAMINATED
@@ -94,16 +94,16 @@ def test_contaminated_hits_name_their_source_and_differing_fields(incident):
 
 
 def test_key_collisions_group_by_deployment_and_key(incident):
-    frame = metrics.key_collisions(incident)
+    frame = analysis.key_collisions(incident)
     assert [(r.deployment, r.cache_key, r.identities, r.requests) for r in frame.itertuples()] == [
         ("prod", "K1", 4, 7)
     ]
-    identities = metrics.key_collision_identities(incident, "prod", "K1")
+    identities = analysis.key_collision_identities(incident, "prod", "K1")
     assert sorted(identities["requests"]) == [1, 1, 2, 3]  # B, D; C (m2, h8); A (m1, h2, h5)
 
 
 def test_unique_key_ratio_and_the_hit_rate_a_correct_key_could_reach(incident):
-    frame = metrics.key_ratio_by_deployment(incident).set_index("deployment")
+    frame = analysis.key_ratio_by_deployment(incident).set_index("deployment")
     prod = frame.loc["prod"]
     # A, B, C, D, the base request (h3, h4, m3, h7: greedy, so seed does not count) and P2 (m4, h9).
     assert (prod.unique_keys, prod.unique_identities) == (5, 6)
@@ -114,14 +114,14 @@ def test_unique_key_ratio_and_the_hit_rate_a_correct_key_could_reach(incident):
 
 
 def test_output_length_by_max_tokens_counts_violations(incident):
-    frame = metrics.output_length_by_max_tokens(incident).set_index("max_tokens")
+    frame = analysis.output_length_by_max_tokens(incident).set_index("max_tokens")
     assert frame.loc[8, "violations"] == 1 and frame.loc[8, "max"] == 16
     assert frame["violations"].sum() == 1
-    assert list(metrics.length_violations(incident)["request_id"]) == ["h6"]
+    assert list(analysis.length_violations(incident)["request_id"]) == ["h6"]
 
 
 def test_acceptance_rate_and_mean_accepted_length(incident):
-    frame = metrics.acceptance_by_combination(incident)
+    frame = analysis.acceptance_by_combination(incident)
     # Every miss drafted 8 and accepted 6 with 4 tokens per step: 2 steps, 3 tokens accepted per step.
     assert set(frame["acceptance_rate"].round(6)) == {0.75}
     assert set(frame["mean_accepted_length"].round(6)) == {3.0}
@@ -129,21 +129,21 @@ def test_acceptance_rate_and_mean_accepted_length(incident):
 
 
 def test_filters_narrow_every_number_and_injection_is_data(incident):
-    canary = metrics.headline(incident, Filters(deployments=("canary",)))
+    canary = analysis.headline(incident, Filters(deployments=("canary",)))
     assert (canary.requests, canary.hits, canary.contaminated_hits) == (1, 0, 0)
     window = Filters(start=datetime(2026, 3, 1, 10, 5, tzinfo=timezone.utc),
                      end=datetime(2026, 3, 1, 10, 7, tzinfo=timezone.utc))
-    assert metrics.headline(incident, window).contaminated_hits == 2  # h5, h6
-    assert metrics.headline(incident, Filters(draft_models=("d2",))).contaminated_hits == 1
-    canary_flags = {f.id: f.flagged for f in metrics.red_flags(incident, Filters(deployments=("canary",)))}
+    assert analysis.headline(incident, window).contaminated_hits == 2  # h5, h6
+    assert analysis.headline(incident, Filters(draft_models=("d2",))).contaminated_hits == 1
+    canary_flags = {f.id: f.flagged for f in analysis.red_flags(incident, Filters(deployments=("canary",)))}
     assert canary_flags["impossible_lengths"] is False and canary_flags["few_keys"] is False
     injected = Filters(deployments=("x' OR 1=1 --",), target_models=("'; DROP TABLE requests; --",))
-    assert metrics.headline(incident, injected).requests == 0
-    assert metrics.headline(incident).requests == 14
+    assert analysis.headline(incident, injected).requests == 0
+    assert analysis.headline(incident).requests == 14
 
 
 def test_red_flags_fire_on_the_incident(incident):
-    flags = {f.id: f for f in metrics.red_flags(incident)}
+    flags = {f.id: f for f in analysis.red_flags(incident)}
     assert flags["impossible_lengths"].flagged is True
     assert flags["few_keys"].flagged is True
     assert flags["hit_rate_too_good"].flagged is True
@@ -157,7 +157,7 @@ def test_clean_log_raises_no_flag(tmp_path):
     records = [rec("a", ts=at(0), cache_key="KA"), rec("b", ts=at(1), cache_key="KA", cache_hit=True),
                rec("c", ts=at(2), cache_key="KC", prompt="other")]
     ingest(store, [str(write_jsonl(tmp_path / "clean.jsonl", records))])
-    flags = {f.id: f.flagged for f in metrics.red_flags(store)}
+    flags = {f.id: f.flagged for f in analysis.red_flags(store)}
     assert flags == {"identical_outputs": False, "replay_disagrees": None, "biased_experiments": False,
                      "impossible_lengths": False, "hit_rate_too_good": False, "few_keys": False}
 
@@ -266,7 +266,7 @@ def test_identical_outputs_fires_when_requests_differ_only_in(field, tmp_path):
                            **{"prompt": f"Question {n}?", **SAMPLED, field: IDENTITY_CHANGES[field]}, **out))
     store = Store(tmp_path / "one-field.duckdb")
     ingest(store, [str(write_jsonl(tmp_path / "one-field.jsonl", records))])
-    flags = {f.id: f for f in metrics.red_flags(store)}
+    flags = {f.id: f for f in analysis.red_flags(store)}
     assert flags["identical_outputs"].flagged is True, flags["identical_outputs"].evidence
     assert flags["identical_outputs"].numbers["shared_outputs"] == 3
 
@@ -277,4 +277,4 @@ def test_identical_outputs_stays_quiet_for_greedy_requests_that_differ_only_in_t
                rec("h", ts=at(1), cache_key="K", cache_hit=True, draft_model="d2")]
     store = Store(tmp_path / "greedy.duckdb")
     ingest(store, [str(write_jsonl(tmp_path / "greedy.jsonl", records))])
-    assert {f.id: f for f in metrics.red_flags(store)}["identical_outputs"].numbers["shared_outputs"] == 0
+    assert {f.id: f for f in analysis.red_flags(store)}["identical_outputs"].numbers["shared_outputs"] == 0

@@ -1,7 +1,32 @@
-"""Settings shared by the browser tests."""
+"""Settings and fixtures shared by the browser tests: one Chromium per module, a fresh page per test."""
 
-from playwright.sync_api import expect
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+from served import CHROMIUM, CHROMIUM_ARGS
 
 # A dashboard served beside a loaded test run can take seconds to draw the last part of a page: an
 # assertion waits up to 30 s for it (and returns as soon as it holds) instead of Playwright's 5 s.
 expect.set_options(timeout=30_000)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    page = context.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.dialogs = dialogs  # an alert() from log text would land here
+    yield page
+    context.close()

@@ -7,8 +7,7 @@ import re
 
 import pytest
 from playwright.sync_api import Page, expect
-from test_incident_flow import heading, new_page, open_by_link, settle
-from test_served_dashboard import ROOT, browser, dashboard  # noqa: F401
+from served import ROOT, dashboard, heading, new_page, open_by_link, settle
 
 from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store

@@ -9,10 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
+from dashboard_data import build_foreign_db, build_incident_db
 from playwright.sync_api import Page, expect
-from test_pages import build_incident_db
-from test_replay_page import build_foreign_db
-from test_served_dashboard import ROOT, browser, dashboard, metric, registry_toml  # noqa: F401
+from served import ROOT, dashboard, heading, metric, new_page, open_by_link, registry_toml, settle
 
 from specdec_core.ingest.load import ingest
 from specdec_core.replay import run as replay
@@ -25,17 +24,6 @@ SCREENSHOTS = Path(os.environ.get("SPECDEC_SCREENSHOTS", ROOT / "test-output" / 
 PAGES = {"overview": ("", "Overview"), "cache": ("cache", "Cache"), "output_length": ("output_length", "Output length"),
          "mismatches": ("mismatches", "Mismatches"), "impact": ("impact", "Impact"), "keys": ("keys", "Keys"), "replay": ("replay", "Replay"),
          "search": ("search", "Search"), "export": ("export", "Export")}
-
-
-def new_page(browser, width: int = 1440, height: int = 900) -> Page:
-    page = browser.new_context(viewport={"width": width, "height": height}).new_page()
-    page.dialogs = []
-    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
-    return page
-
-
-def heading(page: Page, title: str) -> None:
-    expect(page.get_by_role("heading", level=1, name=title)).to_be_visible()
 
 
 @pytest.fixture(scope="module")
@@ -120,46 +108,6 @@ def test_metrics_and_plots_are_readable_at_1024_and_on_a_phone(browser, incident
     expect(plot).to_be_visible()
     assert plot.bounding_box()["width"] > 250, "the hit-rate plot is not squeezed by its legend"
     phone.context.close()
-
-
-# Drawn: the script run is over with nothing of the last one left (stale) or still loading (skeleton), the
-# fonts are in, every plotly chart has laid itself out, no transition is under way, and the layout held
-# still over two animation frames (the check runs once a frame). Waited for, not slept on: a fixed second
-# per page cost the browser tests about 25 s a run and was still a guess on a busy machine.
-SETTLED_JS = """() => {
-    const app = document.querySelector('[data-testid="stApp"]');
-    const main = document.querySelector('[data-testid="stMain"]');
-    const plots = [...document.querySelectorAll('.js-plotly-plot')];
-    const drawn = app && main && app.dataset.testScriptState === 'notRunning'
-        && app.dataset.testConnectionState === 'CONNECTED'
-        && !document.querySelector('[data-testid="stSkeleton"], [data-stale="true"]')
-        && !document.querySelector('[data-testid="stStatusWidget"] img, [data-testid="stStatusWidget"] svg')
-        && document.fonts.status === 'loaded'
-        && plots.every(gd => gd._fullLayout && gd.querySelector('.main-svg'))
-        && !document.getAnimations().some(a => a.playState === 'running' && a.effect
-                                          && a.effect.getComputedTiming().iterations !== Infinity);
-    const layout = drawn && JSON.stringify([main.scrollHeight, main.scrollWidth,
-        document.querySelectorAll('[data-testid="stElementContainer"]').length,
-        plots.map(gd => { const r = gd.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; })]);
-    window.__settledFrames = layout && layout === window.__settledLayout ? (window.__settledFrames || 0) + 1 : 0;
-    window.__settledLayout = layout;
-    return window.__settledFrames >= 2;
-}"""
-
-
-def settle(page: Page) -> None:
-    """Wait until the page has drawn its content (SETTLED_JS): no script running, nothing stale or loading,
-    charts laid out, nothing moving."""
-    page.evaluate("() => { window.__settledFrames = 0; window.__settledLayout = null; }")
-    page.wait_for_function(SETTLED_JS, timeout=60_000, polling="raf")
-
-
-def open_by_link(page: Page, title: str) -> None:
-    """Switch pages by the sidebar's link, in the page (no reload: the same session reruns the script).
-    Clicked where it is: on a phone the sidebar is folded away, and a pointer left on a link would show as
-    hovered in a screenshot."""
-    page.get_by_test_id("stSidebar").get_by_role("link", name=title, exact=True).dispatch_event("click")
-    heading(page, title)
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,11 @@ import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from dashboard_data import TINY, build_db
 from helpers import rec
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, expect
-from test_incident_flow import heading, new_page
-from test_pages import build_db
-from test_replay_page import TINY
-from test_served_dashboard import browser, dashboard, metric, registry_toml  # noqa: F401
+from served import dashboard, heading, metric, new_page, registry_toml
 
 from specdec_core.contract.identity import DecodeRequest
 

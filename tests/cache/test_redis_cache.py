@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from helpers import DeterministicEngine, free_port, start_redis
+from prom_stack import wait_for
 
 from specdec_core.cache import CacheError, CacheRead, RedisCache, encode_entry, open_cache
 from specdec_core.contract.identity import DecodeRequest, fingerprint, identity
@@ -88,7 +89,7 @@ def test_entry_expires_after_its_ttl(cache, redisdb):
     cache.set(key, _result("short-lived"), identity(REQ_A), ttl_s=0.3)
     assert 0 < redisdb.pttl(key) <= 300
     assert cache.get(key, identity(REQ_A)).status == "hit"
-    time.sleep(0.45)
+    wait_for(lambda: redisdb.pttl(key) == -2, 5, "Redis to expire the entry", every=0.02)  # -2: no such key
     assert cache.get(key, identity(REQ_A)).status == "miss"
     cache.set(key, _result("kept"), identity(REQ_A))
     assert redisdb.pttl(key) == -1  # no TTL: no expiry
@@ -174,8 +175,20 @@ def own_redis(tmp_path) -> Iterator[dict]:
         proc.wait(timeout=10)
 
 
+class Clock:
+    """The breaker's clock, moved by the test: an interval passes when the test says so, not when it sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_service_keeps_answering_when_redis_is_killed_mid_run_and_recovers(own_redis, caplog):
-    cache = RedisCache(f"redis://127.0.0.1:{own_redis['port']}/0", socket_timeout=0.5, breaker_interval_s=0.3)
+    clock = Clock()
+    cache = RedisCache(f"redis://127.0.0.1:{own_redis['port']}/0", socket_timeout=0.5, breaker_interval_s=30,
+                       clock=clock)
     engine = DeterministicEngine()
     service = DecodeService(cache, engine)
     first = service.decode(REQ_A)
@@ -197,7 +210,8 @@ def test_service_keeps_answering_when_redis_is_killed_mid_run_and_recovers(own_r
     assert any(getattr(r, "event", None) == "cache_error" for r in caplog.records)
 
     own_redis["proc"] = start_redis(own_redis["port"], own_redis["dir"])
-    time.sleep(0.35)  # the pause after a failure
+    assert cache.breaker.stats()["state"] == "open"
+    clock.now += 30  # the pause after a failure: the next call probes the server that is back
     service.decode(REQ_A)
     assert service.decode(REQ_A) == first
     assert service.counters()["hits"] == 2
@@ -236,25 +250,26 @@ def test_unreachable_cluster_url_is_a_miss_not_an_exception():
 
 
 def test_a_stopped_redis_opens_the_breaker_and_a_probe_closes_it_when_redis_is_back(own_redis):
+    clock = Clock()
     cache = RedisCache(
-        f"redis://127.0.0.1:{own_redis['port']}/0", retries=0, breaker_failures=3, breaker_interval_s=0.5
+        f"redis://127.0.0.1:{own_redis['port']}/0", retries=0, breaker_failures=3, breaker_interval_s=30, clock=clock
     )
     key = "specdec:default:v1:k"
     cache.set(key, _result("before"), identity(REQ_A))
     own_redis["proc"].kill()
     own_redis["proc"].wait(timeout=10)
 
-    started = time.monotonic()
-    for _ in range(3 + 10):
+    for _ in range(3 + 10):  # all inside one interval: the clock stands still
         assert cache.get(key, identity(REQ_A)) == CacheRead(None, "error")
-    assert time.monotonic() - started < 0.5  # all inside one interval
     assert cache.breaker.stats() == {
         "state": "open", "consecutive_failures": 3, "opens": 1, "probes": 0, "short_circuits": 10
     }
 
     own_redis["proc"] = start_redis(own_redis["port"], own_redis["dir"])
+    clock.now += 29.9
     assert cache.get(key, identity(REQ_A)).status == "error"  # still inside the interval: not asked
-    time.sleep(0.55)
+    assert cache.breaker.stats()["short_circuits"] == 11
+    clock.now += 0.1
     assert cache.get(key, identity(REQ_A)).status == "miss"  # the probe reached the fresh server
     assert cache.breaker.stats()["state"] == "closed"
     cache.set(key, _result("after"), identity(REQ_A))

@@ -52,6 +52,28 @@ def test_follow_idle_exit_of_nan_is_refused_in_one_line(capsys, tmp_path, loaded
     assert code == 2 and "--idle-exit" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["report", "--out", "{db}"], "specdec report: --out {db} is the database itself"),
+    (["ingest", "--metrics", "127.0.0.1:1", "{log}"], "specdec ingest: --metrics serves a follower's figures"),
+    (["ingest", "--max-fields", "0", "{log}"], "specdec ingest: --max-fields: expected a number >= 1, got 0"),
+])
+def test_a_usage_error_is_one_line_naming_the_command_and_exit_2(capsys, tmp_path, loaded_db, argv, says):
+    before = loaded_db.read_bytes()
+    names = {"db": str(loaded_db), "log": str(write_jsonl(tmp_path / "log.jsonl", [rec("c")]))}
+    code = cli_main([argv[0], "--db", str(loaded_db), *(a.format(**names) for a in argv[1:])])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith(says.format(**names)), err
+    assert loaded_db.read_bytes() == before  # nothing was read into it
+
+
+def test_audit_key_with_an_example_that_is_no_object_is_a_usage_error(capsys, tmp_path):
+    example = tmp_path / "example.json"
+    example.write_text("[1, 2]")
+    code = cli_main(["audit-key", "json:dumps", "--example", str(example)])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"specdec audit-key: example {example} must be one JSON object, got list\n"
+
+
 def test_stats_into_a_pipe_closed_early_exits_0_and_says_nothing(loaded_db):
     read_end, write_end = os.pipe()
     os.close(read_end)  # `| head -1` that has read its line and gone

@@ -6,7 +6,7 @@ import json
 import stat
 
 import duckdb
-from helpers import rec, run_cli, write_jsonl
+from helpers import contents, rec, run_cli, write_jsonl
 
 from specdec_core.analysis import RED_FLAG_IDS
 from specdec_core.store.connection import release_snapshots
@@ -102,7 +102,6 @@ def test_migrate_lets_fields_a_log_may_leave_unknown_be_null_and_says_so(tmp_pat
 def test_a_store_migrated_in_place_is_written_into_a_fresh_file_that_holds_the_same(tmp_path):
     # Rebuilding every derived table in the working copy left their old blocks free in the file (a 5M-row store
     # grew 1.1 -> 1.5 GB) and slowed every later checkpoint: the migration commits a fresh file instead.
-    from test_lake import contents
 
     log = write_jsonl(tmp_path / "log.jsonl", [rec(f"r{i}", ts=f"2026-03-01T10:{i // 600 % 60:02d}:{i // 10 % 60:02d}Z",
                                                    cache_key=f"K{i % 97}", cache_hit=i % 4 != 0, max_tokens=8 + i % 5,

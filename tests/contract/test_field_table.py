@@ -3,61 +3,72 @@ identity with no other change."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
+from helpers import rec, write_jsonl
 
-from specdec_core import contract
+import specdec_core
+from specdec_core import contract, fingerprint, identity
 from specdec_core.contract import fields
+from specdec_core.ingest import ingest
+from specdec_core.store import Store
 
-# Runs in a fresh interpreter: modules that derive SQL from the table read it when imported.
-EXTENDED = textwrap.dedent("""
-    import json, sys
-    from specdec_core.contract import fields as cf
-    cf.define(cf.FIELDS + (cf.Field("lora_adapter", "str", identity=True),))
+LORA = fields.Field("lora_adapter", "str", identity=True)
 
-    from specdec_core import identity, fingerprint
-    from specdec_core.store import Store
-    from specdec_core.ingest import ingest
 
+def test_a_field_added_to_the_table_is_validated_stored_and_part_of_the_identity(tmp_path):
     base = {"ts": "2026-03-01T10:00:00Z", "prompt": "hi", "target_model": "t", "temperature": 0.0,
-            "max_tokens": 8, "tokenizer_version": "v1", "cache_key": "K", "output_text": "x",
-            "output_tokens": 1}
+            "max_tokens": 8, "tokenizer_version": "v1", "cache_key": "K", "output_text": "x", "output_tokens": 1}
     lines = [
         {**base, "request_id": "m", "cache_hit": False, "lora_adapter": "support-v1"},
         {**base, "request_id": "h", "cache_hit": True, "lora_adapter": "support-v2", "ts": "2026-03-01T10:01:00Z"},
         {**base, "request_id": "bad", "cache_hit": False, "lora_adapter": 7},
     ]
-    log = sys.argv[1] + "/log.jsonl"
-    with open(log, "w") as fh:
-        fh.write("\\n".join(json.dumps(r) for r in lines) + "\\n")
-    store = Store(sys.argv[1] + "/s.duckdb")
-    result = ingest(store, [log])
+    log = write_jsonl(tmp_path / "log.jsonl", lines)
+    with fields.extended(LORA):
+        store = Store(tmp_path / "s.duckdb")
+        result = ingest(store, [str(log)])
+        with store.read() as con:
+            stored = dict(con.execute("SELECT request_id, lora_adapter FROM requests").fetchall())
+            reasons = [r[0] for r in con.execute("SELECT reason FROM quarantine").fetchall()]
+            judged = con.execute("SELECT contaminated, differing_fields FROM hit_sources").fetchall()
+        assert "lora_adapter" in identity(lines[0]) and fingerprint(lines[0]) != fingerprint(lines[1])
+    assert result.accepted == 2 and result.quarantined == 1
+    assert reasons == ["lora_adapter: expected a string, got 7"]
+    assert stored == {"m": "support-v1", "h": "support-v2"}
+    assert judged == [(True, "lora_adapter")]  # the hit served another adapter's output
+
+
+def test_after_the_block_the_contract_and_what_is_derived_from_it_are_as_shipped(tmp_path):
+    shipped = fields.current()
+    with fields.extended(LORA) as extended:
+        assert fields.current() is extended and "lora_adapter" in contract.IDENTITY_FIELDS
+    assert fields.current() is shipped and "lora_adapter" not in contract.IDENTITY_FIELDS
+    store = Store(tmp_path / "s.duckdb")
+    assert ingest(store, [str(write_jsonl(tmp_path / "log.jsonl", [rec("a")]))]).accepted == 1
     with store.read() as con:
-        stored = dict(con.execute("SELECT request_id, lora_adapter FROM requests").fetchall())
-        reasons = [r[0] for r in con.execute("SELECT reason FROM quarantine").fetchall()]
-        judged = con.execute("SELECT contaminated, differing_fields FROM hit_sources").fetchall()
-    print(json.dumps({
-        "accepted": result.accepted, "quarantined": result.quarantined, "stored": stored, "reasons": reasons,
-        "judged": judged, "identity_has_field": "lora_adapter" in identity(lines[0]),
-        "fingerprints_differ": fingerprint(lines[0]) != fingerprint(lines[1]),
-    }))
-""")
+        columns = {r[0] for r in con.execute("DESCRIBE requests").fetchall()}
+    assert "lora_adapter" not in columns and "lora_adapter" not in identity(rec("a"))
 
 
-def test_a_field_added_to_the_table_is_validated_stored_and_part_of_the_identity(tmp_path):
-    run = subprocess.run([sys.executable, "-c", EXTENDED, str(tmp_path)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    out = json.loads(run.stdout)
-    assert out["accepted"] == 2 and out["quarantined"] == 1
-    assert out["reasons"] == ["lora_adapter: expected a string, got 7"]
-    assert out["stored"] == {"m": "support-v1", "h": "support-v2"}
-    assert out["identity_has_field"] and out["fingerprints_differ"]
-    assert out["judged"] == [[True, "lora_adapter"]]  # the hit served another adapter's output
+def test_every_name_for_the_field_lists_reads_the_one_contract():
+    with fields.extended(LORA):
+        for name in ("FIELDS", "IDENTITY_FIELDS"):
+            assert getattr(specdec_core, name) is getattr(contract, name) is getattr(fields, name)
+        assert specdec_core.IDENTITY_FIELDS[-1] == "lora_adapter"
+        assert contract.NON_IDENTITY_FIELDS is fields.NON_IDENTITY_FIELDS
+    assert "lora_adapter" not in specdec_core.IDENTITY_FIELDS
 
 
 def test_the_identity_field_list_comes_from_the_table():
     assert contract.IDENTITY_FIELDS == tuple(f.name for f in fields.FIELDS if f.identity)
-    assert "lora_adapter" not in contract.IDENTITY_FIELDS  # the subprocess's extension stayed there
     assert set(contract.NON_IDENTITY_FIELDS) | set(contract.IDENTITY_FIELDS) | {"prompt_hash"} == set(fields.FIELD_NAMES)
+
+
+def test_a_field_of_an_unknown_kind_is_refused_and_the_contract_kept():
+    shipped = fields.current()
+    try:
+        fields.define(shipped.fields + (fields.Field("x", "colour"),))
+    except ValueError as exc:
+        assert str(exc) == "contract field x: unknown kind 'colour'"
+    else:
+        raise AssertionError("an unknown kind was accepted")
+    assert fields.current() is shipped

@@ -6,43 +6,13 @@ import json
 import re
 
 import pytest
+from apptest import ROOT, figure, markdown_unescape, metrics_of, open_app, stand_in_replay_module, texts
+from dashboard_data import build_db
 from helpers import rec
-from test_pages import (  # noqa: F401
-    build_db,
-    clean_db,
-    download,
-    incident_db,
-    markdown_unescape,
-    metrics_of,
-    no_legacy_pages_folder,
-    open_app,
-    stand_in_replay_module,
-    texts,
-)
 
 from specdec_core import analysis
 from specdec_core.replay import jobs
 from specdec_core.store.connection import Store
-
-
-def _plain(value):
-    """Plotly writes numeric arrays as {dtype, bdata} (base64): back to lists, to compare."""
-    if isinstance(value, dict) and "bdata" in value and "dtype" in value:
-        import base64
-
-        import numpy as np
-
-        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
-def figure(at, key: str) -> dict:
-    [chart] = [c for c in at.get("plotly_chart") if c.key == key]
-    return _plain(json.loads(chart.proto.spec))
 
 
 def test_hit_rate_too_good_shows_first_sight_hits_as_the_chart(monkeypatch, incident_db):
@@ -201,7 +171,6 @@ def test_ids_in_messages_show_without_backslashes_and_a_backtick_keeps_its_code_
 
 def test_page_links_look_like_links_and_progress_is_not_red(monkeypatch, incident_db):
     import tomllib
-    from test_pages import ROOT
 
     at = open_app(monkeypatch, incident_db)
     assert all(e.proto.icon for e in at.get("page_link"))

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 
+from apptest import figure, markdown_unescape, open_app, texts, ui
+from dashboard_data import T0, build_db
 from helpers import rec
-from test_charts_annotations_search import figure
-from test_pages import T0, build_db, incident_db, markdown_unescape, no_legacy_pages_folder, open_app, texts  # noqa: F401
 
-import ui
 from specdec_core import analysis
 from specdec_core.store.connection import Store
 

@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import streamlit.runtime.scriptrunner.script_runner as script_runner
-import streamlit.testing.v1.app_test as app_test_module
+from apptest import (
+    APP,
+    ROOT,
+    markdown_unescape,
+    metrics_of,
+    open_app,
+    stand_in_replay_module,
+    texts,
+    ui,
+    walk,
+)
+from dashboard_data import HTML_DEPLOYMENT, HTML_MODEL, HTML_OUTPUT, SCRIPT, build_db, incident_records
 from helpers import rec, write_jsonl
-from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
@@ -22,118 +30,12 @@ from specdec_core.ingest.load import ingest
 from specdec_core.replay import jobs
 from specdec_core.store.connection import Store
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # the ui package sits beside app.py, which is not a package
-import ui  # noqa: E402
-
-APP = ROOT / "app.py"
 UTC = timezone.utc
-T0 = "2026-03-01T10:"
 
 # --- fixture databases -------------------------------------------------------------------------------------
 
 
-def incident_records() -> list[dict]:
-    """prod: one miss, one clean hit and two hits served to other identities (r4 also longer than its
-    max_tokens); staging: two misses of other prompts on a second target model."""
-    return [
-        rec("r1", ts=T0 + "00:00Z"),
-        rec("r2", ts=T0 + "01:00Z", cache_hit=True, latency_ms=5.0),
-        rec("r3", ts=T0 + "02:00Z", cache_hit=True, max_tokens=16, latency_ms=5.0),
-        rec("r4", ts=T0 + "03:00Z", cache_hit=True, max_tokens=2, draft_model="llama-3b", latency_ms=5.0),
-        rec("s1", ts=T0 + "05:00Z", deployment="staging", cache_key="k-9", prompt="Other", target_model="qwen-7b",
-            draft_model=None, draft_tokens=None, accepted_tokens=None),
-        rec("s2", ts=T0 + "06:00Z", deployment="staging", cache_key="k-10", prompt="Third",
-            target_model="qwen-7b", draft_model=None, draft_tokens=None, accepted_tokens=None),
-    ]
-
-
-def build_db(folder: Path, records: list, name: str = "triage") -> Path:
-    log = write_jsonl(folder / f"{name}.jsonl", records)
-    db = folder / f"{name}.duckdb"
-    ingest(Store(db), [str(log)])
-    return db
-
-
-def build_incident_db(folder: Path) -> Path:
-    """The incident database; the browser test opens the same one."""
-    return build_db(folder, incident_records(), "incident")
-
-
-SCRIPT = "<script>alert(1)</script>"
-HTML_OUTPUT = '<img src=x onerror="alert(2)"><b>bold</b> & [link](javascript:alert(3))'
-HTML_DEPLOYMENT = "<i>prod</i>"
-HTML_MODEL = "m[x](javascript:alert(4))"
-
-
-@pytest.fixture(scope="module")
-def incident_db(tmp_path_factory) -> Path:
-    return build_incident_db(tmp_path_factory.mktemp("incident"))
-
-
-@pytest.fixture(scope="module")
-def clean_db(tmp_path_factory) -> Path:
-    return build_db(tmp_path_factory.mktemp("clean"), [
-        rec("c1", ts=T0 + "00:00Z"),
-        rec("c2", ts=T0 + "01:00Z", cache_hit=True),
-        rec("c3", ts=T0 + "02:00Z", cache_key="k-2", max_tokens=16),
-    ])
-
-
-@pytest.fixture(scope="module")
-def html_db(tmp_path_factory) -> Path:
-    """Log text that would be live HTML, a link or a script if it ever reached the page unescaped."""
-    html = {"deployment": HTML_DEPLOYMENT, "target_model": HTML_MODEL}
-    return build_db(tmp_path_factory.mktemp("html"), [
-        rec("x1", ts=T0 + "00:00Z", prompt=SCRIPT, output_text=HTML_OUTPUT, **html),
-        rec("x2", ts=T0 + "01:00Z", prompt=SCRIPT, cache_hit=True, output_text=HTML_OUTPUT, max_tokens=2, **html),
-    ])
-
-
 # --- running the app ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def no_legacy_pages_folder(monkeypatch):
-    """AppTest resets Streamlit's 'a pages/ folder means a legacy multipage app' flag before every run,
-    so each rerun would start the page alone and ui.page_header's rerun through app.py would swallow
-    button clicks. A real server clears the flag for good on the first st.navigation call;
-    test_a_page_run_alone_reruns_through_app checks the fix-up itself."""
-
-    class NavigationPagesManager(PagesManager):
-        uses_pages_directory = False
-
-    monkeypatch.setattr(script_runner, "PagesManager", NavigationPagesManager)
-
-
-def open_app(monkeypatch, db: Path, page: str | None = None, **query: str) -> AppTest:
-    monkeypatch.setenv("SPECDEC_DB", str(db))
-    at = AppTest.from_file(str(APP), default_timeout=60)
-    at.query_params.update(query)
-    at.run()
-    if page:
-        at.switch_page(f"pages/{page}.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def metrics_of(block) -> dict[str, str]:
-    return {m.label: m.value for m in block.metric}
-
-
-def texts(at: AppTest, kind: str) -> list[str]:
-    return [e.value for e in at.get(kind)]
-
-
-def walk(node) -> list:
-    children = getattr(node, "children", None)
-    if not children:
-        return [node]
-    return [node] + [e for child in children.values() for e in walk(child)]
-
-
-def markdown_unescape(text: str) -> str:
-    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text)
 
 
 # --- Overview ----------------------------------------------------------------------------------------------
@@ -429,47 +331,6 @@ def test_replay_page_says_when_a_request_is_unknown(monkeypatch, incident_db):
 # --- replay pages with a stand-in for specdec_core.replay.run (no models; dashboard/test_replay_page.py runs the real one) ----
 
 
-def stand_in_replay_module(monkeypatch) -> list:
-    """specdec_core.replay.run's functions replaced, its result types kept; records the calls the pages make."""
-    from specdec_core.replay.diff import OutputDiff, WordOp
-    from specdec_core.replay.run import ReplayResult
-
-    calls: list = []
-    ops = (WordOp("equal", "An ", "An "), WordOp("insert", "", "<b>other</b> "), WordOp("equal", "output.", "output."))
-
-    def replay(store, request_id, decoder, *, prompt=None):
-        calls.append(("replay", request_id, decoder, prompt))
-        with store.write():  # the real one stores its result: a new version of the database
-            pass
-        return ReplayResult(
-            request_id, "foreign", "served r1's output",
-            {"source": "r1", "why": "replay of the source matches production"},
-            production_text="An output.", replay_text="An <b>other</b> output.",
-            diff=OutputDiff(identical=False, production_tokens=3, replay_tokens=4, common_prefix_tokens=1,
-                            common_prefix_chars=3, first_divergent_token=1, first_divergent_char=3,
-                            similarity=0.5, word_ops=ops, max_tokens=16),
-            draft_tokens=8, accepted_tokens=6, source_request_id="r1", source_replay_text="An output.",
-        )
-
-    def replay_many(store, request_ids, decoder, progress=None):
-        out = []
-        for n, request_id in enumerate(request_ids, 1):
-            out.append(replay(store, request_id, decoder))
-            if progress:
-                progress(n, len(request_ids), out[-1])
-        return out
-
-    def replays_table(store, limit=1000):
-        return pd.DataFrame({"request_id": [c[1] for c in calls], "classification": "foreign"})
-
-    import specdec_core.replay.run as module
-
-    for name, stand_in in (("replay", replay), ("replay_many", replay_many), ("replays_table", replays_table),
-                           ("default_decoder", lambda: "decoder")):
-        monkeypatch.setattr(module, name, stand_in)
-    return calls
-
-
 def test_replay_shows_both_outputs_the_diff_and_the_source_for_a_foreign_output(monkeypatch, incident_db):
     calls = stand_in_replay_module(monkeypatch)
     at = open_app(monkeypatch, incident_db, "replay", request_id="r3")
@@ -512,31 +373,6 @@ def test_batch_replay_of_the_most_suspicious_requests(monkeypatch, incident_db):
 
 
 # --- export -------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def download(monkeypatch):
-    """download(button) -> the bytes a click on it serves (built on click where the data is deferred)."""
-    managers: list[MediaFileManager] = []
-
-    class RecordingManager(MediaFileManager):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            managers.append(self)
-
-    monkeypatch.setattr(app_test_module, "MediaFileManager", RecordingManager)
-
-    def click(button) -> bytes:
-        proto = button.proto
-        for manager in reversed(managers):
-            try:
-                url = manager.execute_deferred(proto.deferred_file_id) if proto.deferred_file_id else proto.url
-                return manager._storage.get_file(url.rsplit("/", 1)[-1].split(".")[0]).content
-            except Exception:
-                continue
-        raise LookupError(f"no download behind {button.label!r}")
-
-    return click
 
 
 EXPECTED_CSV = (

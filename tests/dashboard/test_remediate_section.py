@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from test_pages import build_db, incident_db, no_legacy_pages_folder, open_app  # noqa: F401
-from test_plan_and_fix_status import incident
+from apptest import open_app
+from dashboard_data import build_db
+from remediation_data import incident
 
 from specdec_core.remediation import plan_jsonl, purge_plan
 from specdec_core.store import Store

@@ -5,33 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import free_port, rec
-from test_pages import build_db, metrics_of, no_legacy_pages_folder, open_app, texts, ui  # noqa: F401
+from apptest import metrics_of, open_app, texts, ui
+from dashboard_data import build_foreign_db
+from helpers import free_port
 
 import specdec_core.replay.run as replay_module
-from specdec_core.contract.identity import DecodeRequest
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.decoding.registry import EngineSpec, ModelSpec, Registry
 from specdec_core.replay import jobs
-
-PROMPT = "The cache key"
-TINY = {"target_model": "tiny-target", "draft_model": "tiny-draft-a", "num_speculative_tokens": 4,
-        "temperature": 0.0, "tokenizer_version": "tiny-tok-v1", "prompt": PROMPT}
-
-
-def build_foreign_db(folder: Path, engine: SpecDecoder) -> tuple[Path, dict]:
-    """m1 (max_tokens 24) put its output under key k; h1 (max_tokens 6) hit k and was served it.
-    Returns the database and what the tiny models answer for max_tokens 24 and 6."""
-    outputs = {n: engine.generate(DecodeRequest(max_tokens=n, **TINY)) for n in (24, 6)}
-    assert outputs[24].text != outputs[6].text
-    long = outputs[24]
-    served = {"output_text": long.text, "output_tokens": len(long.token_ids), "cache_key": "k"}
-    db = build_db(folder, [
-        rec("m1", ts="2026-03-01T10:00:00Z", max_tokens=24, draft_tokens=long.draft_tokens,
-            accepted_tokens=long.accepted_tokens, **served, **TINY),
-        rec("h1", ts="2026-03-01T10:01:00Z", max_tokens=6, cache_hit=True, **served, **TINY),
-    ])
-    return db, outputs
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_core import analysis as metrics
+from specdec_core import analysis
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.decoding.registry import Registry
 from specdec_core.demo.models import fetch, registry_dict
@@ -37,7 +37,7 @@ def demo(tmp_path_factory):
 def test_the_committed_demo_loads_whole_and_its_contamination_is_the_ground_truth(demo):
     store, _, result, truth = demo
     assert result.accepted == result.read == len(truth) and result.quarantined == 0
-    found = metrics.contaminated_hits(store)
+    found = analysis.contaminated_hits(store)
     expected = {rid: t["served_by"] for rid, t in truth.items() if t["contaminated"]}
     assert dict(zip(found["request_id"], found["source_request_id"], strict=True)) == expected
 

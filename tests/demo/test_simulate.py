@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specdec_core import analysis as metrics
+from specdec_core import analysis
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.demo.simulate import DEPLOYMENTS, simulate
 from specdec_core.ingest.load import ingest
@@ -43,13 +43,13 @@ def test_contamination_only_in_narrow_key_deployments_and_only_before_the_fix(si
 
 def test_the_store_finds_exactly_the_contaminated_hits_the_simulator_served(simulated):
     _, store, _, truth = simulated
-    found = metrics.contaminated_hits(store)
+    found = analysis.contaminated_hits(store)
     expected = {t["request_id"]: t["served_by"] for t in truth if t["contaminated"]}
     assert dict(zip(found["request_id"], found["source_request_id"], strict=True)) == expected
 
 
 def test_the_fix_is_visible_as_contamination_stopping(simulated):
     summary, store, _, _ = simulated
-    window = metrics.contamination_window(store)
+    window = analysis.contamination_window(store)
     assert set(window["deployment"]) <= {"edge-a", "edge-b"}
     assert window["last_contaminated"].max().isoformat() < summary.fix_at

@@ -8,10 +8,10 @@ import hashlib
 import json
 from pathlib import Path
 
+from format_lines import MAP, litellm_line, mapped_line, otel_line
 from helpers import rec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_format_hostile_values import MAP, litellm_line, mapped_line, otel_line
 
 from specdec_core import formats
 from specdec_core.ingest.load import ingest

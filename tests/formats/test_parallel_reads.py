@@ -14,8 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import rec, write_jsonl
-from test_lake import contents
+from helpers import contents, rec, write_jsonl
 
 from specdec_core.formats import jsonl as readers
 from specdec_core.formats import line_reader, load_mapping, parallel

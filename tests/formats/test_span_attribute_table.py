@@ -3,49 +3,37 @@ every field written as an attribute is read back as itself, a field added to the
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
+import contextlib
 
 from helpers import rec
 
 from specdec_core.contract import fields
 from specdec_core.contract.span_attributes import SPAN_ATTRIBUTES, SPAN_TIMED_FIELDS
+from specdec_core.formats.otel import span_record
+from specdec_core.spans import span_attributes
 
-# One span whose attributes are what spans.py writes for a record, as OTLP JSON; read back by otel.py.
-ROUND_TRIP = textwrap.dedent("""
-    import json, sys
-    from specdec_core.contract import fields as cf
-    if sys.argv[2] == "extended":
-        cf.define(cf.FIELDS + (cf.Field("lora_adapter", "str", identity=True),))
-    from specdec_core.formats.otel import span_record
-    from specdec_core.spans import span_attributes
 
-    def any_value(v):
-        if isinstance(v, bool):
-            return {"boolValue": v}
-        if isinstance(v, int):
-            return {"intValue": str(v)}
-        if isinstance(v, float):
-            return {"doubleValue": v}
-        if isinstance(v, list):
-            return {"arrayValue": {"values": [any_value(x) for x in v]}}
-        return {"stringValue": v}
-
-    record = json.loads(sys.argv[1])
-    attrs = [{"key": k, "value": any_value(v)} for k, v in span_attributes(record).items()]
-    span = {"spanId": "00f067aa0ba902b7", "startTimeUnixNano": "1772359200000000000",
-            "endTimeUnixNano": "1772359200120000000", "attributes": attrs}
-    print(json.dumps({"attributes": sorted(a["key"] for a in attrs), "read": span_record(span, {})}))
-""")
+def any_value(v: object) -> dict:
+    """A value as OTLP JSON's AnyValue, as a collector's file exporter writes it."""
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}
+    if isinstance(v, float):
+        return {"doubleValue": v}
+    if isinstance(v, list):
+        return {"arrayValue": {"values": [any_value(x) for x in v]}}
+    return {"stringValue": v}
 
 
 def round_trip(record: dict, contract: str = "as shipped") -> dict:
-    run = subprocess.run([sys.executable, "-c", ROUND_TRIP, json.dumps(record), contract],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    return json.loads(run.stdout)
+    """One span whose attributes are what spans.py writes for `record`, read back by otel.py."""
+    extended = fields.extended(fields.Field("lora_adapter", "str", identity=True))
+    with extended if contract == "extended" else contextlib.nullcontext():
+        attrs = [{"key": k, "value": any_value(v)} for k, v in span_attributes(record).items()]
+        span = {"spanId": "00f067aa0ba902b7", "startTimeUnixNano": "1772359200000000000",
+                "endTimeUnixNano": "1772359200120000000", "attributes": attrs}
+        return {"attributes": sorted(a["key"] for a in attrs), "read": span_record(span, {})}
 
 
 def test_every_contract_field_but_the_span_times_has_one_attribute() -> None:

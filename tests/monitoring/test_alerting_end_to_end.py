@@ -40,6 +40,17 @@ def firing(stack, alert: str, deployment: str) -> list[dict]:
             and a["labels"].get("deployment") == deployment]
 
 
+def evaluated_over_what_is_scraped(stack) -> None:
+    """Wait for an evaluation of every rule that reads every sample Prometheus holds now: what an alert that
+    should not fire would have needed. (A webhook gets an alert only after Prometheus has it.)"""
+    now = time.time()
+    wait_for(lambda: stack.evaluated_after(now), 30, "a rule evaluation after the last scrape")
+
+
+def alerts_about(stack, deployment: str) -> list[dict]:
+    return [a for a in stack.active_alerts() if a["labels"].get("deployment") == deployment]
+
+
 def test_a_narrow_key_pages_and_a_correct_key_never_does(stack):
     # Both deployments serve for a while with nothing wrong: their series exist, at 0.
     stack.append(traffic("warm", "narrow", narrow=False) + traffic("warm", "good", narrow=False))
@@ -58,11 +69,13 @@ def test_a_narrow_key_pages_and_a_correct_key_never_does(stack):
     stack.append(traffic("t2", "fresh", narrow=True))
     wait_for(lambda: firing(stack, "SpecdecContaminatedHits", "fresh"), 60, "the page for fresh")
 
-    # The correct key kept serving all along; give the rules a few more evaluations to be wrong.
+    # The correct key kept serving all along: once the rules have been evaluated over its latest traffic,
+    # nothing about it is pending or firing.
     stack.append(traffic("t3", "good", narrow=False))
     wait_for(lambda: stack.query('specdec_requests_total{deployment="good",cache_hit="true"} == 3'), 30,
              "good's third hit")
-    time.sleep(3)
+    evaluated_over_what_is_scraped(stack)
+    assert not alerts_about(stack, "good")
     assert not [a for _, a in stack.hook.alerts() if a["labels"].get("deployment") == "good"]
     assert not stack.query('ALERTS{deployment="good"}')
     assert firing(stack, "SpecdecKeyCollisions", "narrow")  # its key now serves two identities
@@ -112,14 +125,21 @@ def test_a_follower_restart_changes_no_figure_and_pages_no_one(stack):
         return {json.dumps(r["metric"], sort_keys=True): float(r["value"][1])
                 for r in stack.query('{__name__=~"specdec_.*_total"}')}
 
-    before, alerts_before = counters(), len(stack.hook.alerts())
+    def alerting() -> set[str]:
+        return {json.dumps(a["labels"], sort_keys=True) for a in stack.active_alerts()}
+
+    before, alerts_before, notified_before = counters(), alerting(), len(stack.hook.alerts())
     assert stack.restart_follower() == 0
     wait_for(lambda: ready(stack.exporter_url), 60, "the restarted follower's exporter")
-    time.sleep(3)  # scrapes and evaluations of the restarted follower's figures
+    restarted = time.time()
+    wait_for(lambda: stack.scraped_after(restarted), 30, "a scrape of the restarted follower")
+    evaluated_over_what_is_scraped(stack)
     assert counters() == before
-    assert len(stack.hook.alerts()) == alerts_before
+    assert alerting() == alerts_before
+    assert len(stack.hook.alerts()) == notified_before
     stack.append(traffic("t4", "good", narrow=False))
     wait_for(lambda: stack.query('specdec_requests_total{deployment="good",cache_hit="true"} == 4'), 30,
              "good's fourth hit, through the restarted follower")
-    time.sleep(2)
+    evaluated_over_what_is_scraped(stack)
+    assert not alerts_about(stack, "good")
     assert not [a for _, a in stack.hook.alerts() if a["labels"].get("deployment") == "good"]

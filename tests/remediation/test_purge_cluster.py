@@ -11,7 +11,6 @@ from helpers import run_cli, write_jsonl
 from remediation_servers import (
     PASSWORD,
     PASSWORD_ENV,
-    cluster,  # noqa: F401 (a fixture)
     fill_other_applications,
     snapshot,
 )

@@ -17,7 +17,6 @@ from remediation_servers import (
     PASSWORD_ENV,
     fill_other_applications,
     snapshot,
-    standalone,  # noqa: F401 (a fixture)
 )
 
 from specdec_core.cli import main

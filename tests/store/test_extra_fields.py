@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec_core.ingest.load import ingest
-from specdec_core.ingest.validation import _PATCHED, usual_extra_keys
+from specdec_core.ingest.validation import patched_sql, usual_extra_keys
 from specdec_core.store.connection import Store
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10)
@@ -86,7 +86,7 @@ def test_extra_is_the_patch_of_each_line_and_the_fields_as_they_came(lines):
             stored = dict(con.execute("SELECT request_id, json(extra)::VARCHAR FROM requests").fetchall())
     con = duckdb.connect()
     for i, (text, others) in enumerate(lines):
-        patched = con.execute(f"SELECT ({_PATCHED})::VARCHAR FROM (SELECT ?::VARCHAR AS obj)", [text]).fetchone()[0]
+        patched = con.execute(f"SELECT ({patched_sql()})::VARCHAR FROM (SELECT ?::VARCHAR AS obj)", [text]).fetchone()[0]
         assert stored[f"r{i}"] == patched, text
         if others:
             expected = json.loads(json.dumps(_as_dict(others)), parse_float=float)
@@ -123,7 +123,7 @@ def test_a_field_named_twice_is_found_among_the_usual_other_fields(tmp_path):
         assert con.execute("SELECT reason FROM quarantine").fetchone()[0] == \
             "duplicate field: max_tokens appears more than once"
         extra = dict(con.execute("SELECT request_id, extra::VARCHAR FROM requests").fetchall())
-    patched = duckdb.connect().execute(f"SELECT ({_PATCHED})::VARCHAR FROM (SELECT ?::VARCHAR AS obj)",
+    patched = duckdb.connect().execute(f"SELECT ({patched_sql()})::VARCHAR FROM (SELECT ?::VARCHAR AS obj)",
                                        [lines[6]]).fetchone()[0]
     assert extra["other-twice"] == patched and set(json.loads(patched)) == {"trace_id", "region"}
     assert list(json.loads(extra["interleaved"])) == ["region", "trace_id"]

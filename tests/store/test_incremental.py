@@ -16,7 +16,7 @@ import duckdb
 import pandas as pd
 import pytest
 from helpers import DROP, rec, write_jsonl
-from test_contamination_reference import _spell_ts, random_log
+from random_logs import random_log, spell_ts
 
 from specdec_core.derived import incremental, summaries, verdicts
 from specdec_core.derived.hit_sources import judge_hits, last_miss_sql
@@ -54,10 +54,10 @@ def _linked_rows(rng: random.Random, n: int) -> list[dict]:
     rows = []
     for i in range(n):
         miss_at = rng.randrange(0, 60_000, 250)
-        rows.append(rec(f"lm{i}", ts=_spell_ts(miss_at, rng), cache_key=DROP, __unknown__=["cache_key"],
+        rows.append(rec(f"lm{i}", ts=spell_ts(miss_at, rng), cache_key=DROP, __unknown__=["cache_key"],
                         draft_model=rng.choice(["d1", "d2"])))
         for j in range(rng.randrange(0, 3)):
-            rows.append(rec(f"lh{i}-{j}", ts=_spell_ts(miss_at + rng.randrange(0, 5_000, 250), rng),
+            rows.append(rec(f"lh{i}-{j}", ts=spell_ts(miss_at + rng.randrange(0, 5_000, 250), rng),
                             cache_key=f"L{i % 4}", cache_hit=True, __source_request_id__=f"lm{i}",
                             draft_model=rng.choice(["d1", "d2"])))
     return rows

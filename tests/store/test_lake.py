@@ -13,38 +13,15 @@ import struct
 from pathlib import Path
 
 import pytest
-from helpers import rec, run_cli, write_jsonl
+from helpers import contents, rec, run_cli, write_jsonl
 
 from specdec_core.derived import migrate
-from specdec_core.derived.hit_sources import last_miss_sql
 from specdec_core.ingest import ingest
 from specdec_core.store import Store, StoreError
 from specdec_core.store.convert import side_install
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 OLD_STORE = FIXTURES / "store-duckdb-2.0.1"
-
-# Every stored table, in an order that does not depend on how it was written.
-TABLES = {
-    "requests": "SELECT * EXCLUDE (ingest_id) FROM requests ORDER BY request_id",
-    "identities": "SELECT * FROM identities ORDER BY fingerprint",
-    "quarantine": "SELECT * EXCLUDE (ingest_id) FROM quarantine ORDER BY source_file, source_line, reason",
-    "hit_sources": "SELECT * FROM hit_sources ORDER BY request_id",
-    "identity_first_seen": "SELECT * FROM identity_first_seen ORDER BY ALL",
-    "key_last_miss": last_miss_sql("SELECT * FROM key_last_miss") + " ORDER BY ALL",
-    "summary_minute": "SELECT * FROM summary_minute ORDER BY ALL",
-    "summary_keys": "SELECT * EXCLUDE (key_id, fp_id) FROM summary_keys ORDER BY ALL",
-    "summary_contaminated": "SELECT * FROM summary_contaminated ORDER BY ALL",
-    "summary_lengths": "SELECT * FROM summary_lengths ORDER BY ALL",
-    "contaminated_first_verdicts": "SELECT * FROM contaminated_first_verdicts ORDER BY ALL",
-    "summary_first_verdicts": "SELECT * FROM summary_first_verdicts ORDER BY ALL",
-    "ingests": "SELECT ingest_id, n_read, n_accepted, n_duplicates, n_quarantined FROM ingests ORDER BY ingest_id",
-}
-
-
-def contents(name: str) -> dict[str, list[tuple]]:
-    with Store(name).read() as con:
-        return {table: con.execute(sql).fetchall() for table, sql in TABLES.items()}
 
 
 def _batches(tmp_path: Path) -> list[Path]:
@@ -71,7 +48,6 @@ def test_a_lake_holds_what_a_file_holds_after_every_batch(tmp_path):
     assert contents(lake)["quarantine"], "the bad lines were quarantined alike"
     # The rows are Parquet files beside the catalog.
     assert list((tmp_path / "lake" / "s.sqlite.files").glob("**/*.parquet"))
-
 
 
 def test_a_lake_moved_whole_still_opens(tmp_path):
@@ -170,7 +146,8 @@ def test_without_the_side_install_conversion_says_how_to_get_it(tmp_path, monkey
 
 
 def test_the_dashboard_shows_a_lake_as_it_shows_a_file(tmp_path, monkeypatch):
-    from test_pages import incident_records, metrics_of, open_app, texts
+    from apptest import metrics_of, open_app, texts
+    from dashboard_data import incident_records
 
     log = write_jsonl(tmp_path / "incident.jsonl", incident_records())
     file_store, lake = str(tmp_path / "s.duckdb"), f"ducklake:{tmp_path / 's.sqlite'}"

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
-from helpers import rec, write_jsonl
-from test_lake import contents
+from helpers import contents, rec, write_jsonl
 
 from specdec_core.derived import migrate
 from specdec_core.ingest import ingest

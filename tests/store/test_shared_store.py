@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import write_jsonl
 from servers import create_database, postgres, s3, s3_keys
-from test_concurrency import _batch, _content, two_writers_and_a_reader
+from writers import batch, content, two_writers_and_a_reader
 
 from specdec_core.ingest import ingest
 from specdec_core.store import Store, StoreError
@@ -77,7 +77,7 @@ def test_two_machines_and_a_reader_on_postgres_and_s3(shared, tmp_path):
 
 def test_the_cli_reads_and_writes_the_configured_store_without_db(shared, tmp_path):
     env, _, _ = shared
-    log = write_jsonl(tmp_path / "app.jsonl", _batch("c", 300, 0))
+    log = write_jsonl(tmp_path / "app.jsonl", batch("c", 300, 0))
 
     def specdec(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "specdec_core", *args], cwd=ROOT, env=env,
@@ -114,9 +114,9 @@ def test_a_shared_store_that_cannot_be_reached_is_a_one_line_error(tmp_path, mon
 def test_a_writer_that_loses_the_commit_race_loads_its_batch_again_on_the_new_state(shared, tmp_path):
     import threading
 
-    seed = write_jsonl(tmp_path / "seed.jsonl", _batch("s", 100, 0))
-    a = write_jsonl(tmp_path / "a.jsonl", _batch("a", 500, 1))
-    b = write_jsonl(tmp_path / "b.jsonl", _batch("b", 500, 1))
+    seed = write_jsonl(tmp_path / "seed.jsonl", batch("s", 100, 0))
+    a = write_jsonl(tmp_path / "a.jsonl", batch("a", 500, 1))
+    b = write_jsonl(tmp_path / "b.jsonl", batch("b", 500, 1))
     ingest(Store(), [str(seed)])
     attempts: list[int] = []
 
@@ -133,4 +133,4 @@ def test_a_writer_that_loses_the_commit_race_loads_its_batch_again_on_the_new_st
     one_by_one = str(tmp_path / "sequential.duckdb")
     for f in (seed, b, a):
         ingest(Store(one_by_one), [str(f)])
-    assert _content(Store().name) == _content(one_by_one)
+    assert content(Store().name) == content(one_by_one)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from helpers import DROP, rec, write_jsonl
 
-from specdec_core import analysis as metrics
+from specdec_core import analysis
 from specdec_core.analysis import Filters, impact
 from specdec_core.demo.synthetic import make_synthetic_log
 from specdec_core.derived import migrate
@@ -52,7 +52,7 @@ def _ts(store: Store, n: int) -> datetime:
 
 
 def _filters(store: Store) -> dict[str, Filters]:
-    options = metrics.filter_options(store)
+    options = analysis.filter_options(store)
     deployments, targets, drafts = options.deployments, options.target_models, options.draft_models
     return {
         "none": Filters(),
@@ -78,26 +78,26 @@ def _filters(store: Store) -> dict[str, Filters]:
 
 
 QUESTIONS = {
-    "headline": lambda s, f: pd.DataFrame([metrics.headline(s, f)]),
-    "hit_rate_by_combination": metrics.hit_rate_by_combination,
-    "hit_rate_over_time": lambda s, f: metrics.hit_rate_over_time(s, f, bucket="1 minute"),
-    "hit_rate_over_time_auto": metrics.hit_rate_over_time,
-    "mismatch_rate_over_time": lambda s, f: metrics.mismatch_rate_over_time(s, f, bucket="5 minutes"),
-    "contamination_window": metrics.contamination_window,
-    "acceptance_by_combination": metrics.acceptance_by_combination,
-    "key_ratio_by_deployment": metrics.key_ratio_by_deployment,
-    "key_collisions": metrics.key_collisions,
-    "output_length_by_max_tokens": metrics.output_length_by_max_tokens,
-    "latency_hit_vs_miss": metrics.latency_hit_vs_miss,
-    "contaminated_hits": metrics.contaminated_hits,
-    "time_bucket": lambda s, f: pd.DataFrame([{"bucket": metrics.time_bucket(s, f)}]),
+    "headline": lambda s, f: pd.DataFrame([analysis.headline(s, f)]),
+    "hit_rate_by_combination": analysis.hit_rate_by_combination,
+    "hit_rate_over_time": lambda s, f: analysis.hit_rate_over_time(s, f, bucket="1 minute"),
+    "hit_rate_over_time_auto": analysis.hit_rate_over_time,
+    "mismatch_rate_over_time": lambda s, f: analysis.mismatch_rate_over_time(s, f, bucket="5 minutes"),
+    "contamination_window": analysis.contamination_window,
+    "acceptance_by_combination": analysis.acceptance_by_combination,
+    "key_ratio_by_deployment": analysis.key_ratio_by_deployment,
+    "key_collisions": analysis.key_collisions,
+    "output_length_by_max_tokens": analysis.output_length_by_max_tokens,
+    "latency_hit_vs_miss": analysis.latency_hit_vs_miss,
+    "contaminated_hits": analysis.contaminated_hits,
+    "time_bucket": lambda s, f: pd.DataFrame([{"bucket": analysis.time_bucket(s, f)}]),
     "impact_by_consumer": lambda s, f: pd.DataFrame([i.as_json() for i in impact.impact(s, "consumer", f)]),
     "impact_by_experiment": lambda s, f: pd.DataFrame([i.as_json() for i in impact.impact(s, "experiment", f)]),
     "experiment_impact": lambda s, f: pd.json_normalize([a.as_json() for a in impact.experiment_impact(s, f).arms]),
     "wrong_outputs_over_time": lambda s, f: impact.wrong_outputs_over_time(s, f, bucket="5 minutes"),
     "cross_feeding": lambda s, f: pd.DataFrame(impact.experiment_impact(s, f).as_json()["cross_feeding"]),
     "red_flags": lambda s, f: pd.DataFrame([{**flag.to_json(), "numbers": str(flag.numbers)}
-                                            for flag in metrics.red_flags(s, f)]),
+                                            for flag in analysis.red_flags(s, f)]),
 }
 
 
@@ -125,8 +125,8 @@ def test_every_question_answers_the_same_from_summaries_and_rows(store, question
 
 def test_filter_options_come_from_the_summary_alike(store):
     with summary.from_rows():
-        expected = metrics.filter_options(store)
-    assert metrics.filter_options(store) == expected
+        expected = analysis.filter_options(store)
+    assert analysis.filter_options(store) == expected
     assert "" in expected.deployments and "none" in expected.draft_models
 
 
@@ -138,10 +138,10 @@ def test_summaries_answer_when_ready_and_rows_otherwise(store, tmp_path):
     con = duckdb.connect(str(copy.path))
     con.execute("UPDATE summary_minute SET requests = requests + 1000 WHERE rowid = 0")
     con.close()
-    real = metrics.headline(store).requests
-    assert metrics.headline(copy).requests == real + 1000
+    real = analysis.headline(store).requests
+    assert analysis.headline(copy).requests == real + 1000
     with summary.from_rows():
-        assert metrics.headline(copy).requests == real
+        assert analysis.headline(copy).requests == real
     # Summaries of another version: a read refuses (it never writes); migrate rebuilds, dropping the planted count.
     release_snapshots()
     con = duckdb.connect(str(copy.path))
@@ -149,10 +149,10 @@ def test_summaries_answer_when_ready_and_rows_otherwise(store, tmp_path):
     con.close()
     before = copy.path.read_bytes()
     with pytest.raises(StoreError, match="specdec migrate"):
-        metrics.headline(copy)
+        analysis.headline(copy)
     assert copy.path.read_bytes() == before
     assert migrate(copy) == ["rejudged hits and rebuilt summaries"]
-    assert metrics.headline(copy).requests == real
+    assert analysis.headline(copy).requests == real
     with copy.read() as con:
         assert summary.ready(con)
     assert migrate(copy) == []  # nothing left to do
@@ -168,10 +168,10 @@ def test_key_hashes_another_duckdb_wrote_are_rebuilt_before_they_are_counted(sto
     con.execute("UPDATE summary_request_keys SET key_hash = key_hash + 1, identity_hash = 0")
     con.close()
     with pytest.raises(StoreError, match="specdec migrate"):
-        metrics.headline(copy)
+        analysis.headline(copy)
     assert migrate(copy) == ["rejudged hits and rebuilt summaries"]
     window = Filters(start=START + timedelta(minutes=2, seconds=17.25), end=START + timedelta(minutes=21))
-    assert metrics.headline(copy, window) == metrics.headline(store, window)
+    assert analysis.headline(copy, window) == analysis.headline(store, window)
     with copy.read() as con:
         assert con.execute("SELECT count(*) FROM summary_request_keys k JOIN requests r "
                            "ON r.ts = k.ts AND k.key_hash = hash(coalesce(r.deployment, ''), r.cache_key) AND "
@@ -188,11 +188,11 @@ def test_a_store_from_an_older_version_is_brought_up_to_date_by_migrate(store, t
                 "ALTER TABLE hit_sources DROP COLUMN source_ts; DELETE FROM meta WHERE key = 'summary_version'")
     con.close()
     with pytest.raises(StoreError, match="older specdec"):
-        metrics.contaminated_hits(old)
+        analysis.contaminated_hits(old)
     changes = migrate(old)
     assert changes[0] == "added column hit_sources.source_ts" and changes[-1] == "rejudged hits and rebuilt summaries"
-    hits = metrics.contaminated_hits(old)
-    assert len(hits) == len(metrics.contaminated_hits(store)) > 0 and hits["source_ts"].notna().any()
+    hits = analysis.contaminated_hits(old)
+    assert len(hits) == len(analysis.contaminated_hits(store)) > 0 and hits["source_ts"].notna().any()
     with old.read() as con:
         assert summary.ready(con)
 
@@ -200,9 +200,9 @@ def test_a_store_from_an_older_version_is_brought_up_to_date_by_migrate(store, t
 def test_a_later_ingest_rebuilds_the_summaries(tmp_path):
     s = Store(tmp_path / "two.duckdb")
     ingest(s, [str(write_jsonl(tmp_path / "a.jsonl", [rec("m1", ts="2026-03-01T10:00:00Z", cache_key="K")]))])
-    assert metrics.headline(s).contaminated_hits == 0
+    assert analysis.headline(s).contaminated_hits == 0
     later = [rec("h1", ts="2026-03-01T10:00:30Z", cache_key="K", cache_hit=True, max_tokens=99)]
     ingest(s, [str(write_jsonl(tmp_path / "b.jsonl", later))])
-    head = metrics.headline(s)
+    head = analysis.headline(s)
     assert (head.requests, head.hits, head.contaminated_hits) == (2, 1, 1)
-    assert list(metrics.contaminated_hits(s)["source_request_id"]) == ["m1"]
+    assert list(analysis.contaminated_hits(s)["source_request_id"]) == ["m1"]

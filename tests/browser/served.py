@@ -1,0 +1,134 @@
+"""A dashboard served by `streamlit run` and driven in Chromium: what the browser tests share."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from dashboard_data import TINY
+from playwright.sync_api import Page, expect
+
+from specdec_core.demo.models import registry_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def dashboard(db: Path, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`streamlit run app.py -- --db DB` on a free local port, until the block ends."""
+    port = free_port()
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
+             "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+             "--", "--db", str(db)],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as health:
+                    if health.read() == b"ok":
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the dashboard did not come up; its log: {log.read_text()[-2000:]}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def metric(page: Page, label: str):
+    return page.get_by_test_id("stMetric").filter(has_text=label).get_by_test_id("stMetricValue")
+
+
+def registry_toml(tiny_registry) -> str:
+    """A specdec.toml that knows only the tiny family the tests built, for the server process."""
+    models_root = tiny_registry.model(TINY["target_model"]).path.parents[1]
+    lines = []
+    for table, entries in registry_dict(models_root, families=("tiny",)).items():
+        for name, settings in entries.items():
+            lines.append(f'[{table}."{name}"]')
+            lines += [f"{key} = {json.dumps(value)}" for key, value in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+def new_page(browser, width: int = 1440, height: int = 900) -> Page:
+    page = browser.new_context(viewport={"width": width, "height": height}).new_page()
+    page.dialogs = []
+    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    return page
+
+
+def heading(page: Page, title: str) -> None:
+    expect(page.get_by_role("heading", level=1, name=title)).to_be_visible()
+
+
+# Drawn: the script run is over with nothing of the last one left (stale) or still loading (skeleton), the
+# fonts are in, every plotly chart has laid itself out, no transition is under way, and the layout held
+# still over two animation frames (the check runs once a frame). Waited for, not slept on: a fixed second
+# per page cost the browser tests about 25 s a run and was still a guess on a busy machine.
+SETTLED_JS = """() => {
+    const app = document.querySelector('[data-testid="stApp"]');
+    const main = document.querySelector('[data-testid="stMain"]');
+    const plots = [...document.querySelectorAll('.js-plotly-plot')];
+    const drawn = app && main && app.dataset.testScriptState === 'notRunning'
+        && app.dataset.testConnectionState === 'CONNECTED'
+        && !document.querySelector('[data-testid="stSkeleton"], [data-stale="true"]')
+        && !document.querySelector('[data-testid="stStatusWidget"] img, [data-testid="stStatusWidget"] svg')
+        && document.fonts.status === 'loaded'
+        && plots.every(gd => gd._fullLayout && gd.querySelector('.main-svg'))
+        && !document.getAnimations().some(a => a.playState === 'running' && a.effect
+                                          && a.effect.getComputedTiming().iterations !== Infinity);
+    const layout = drawn && JSON.stringify([main.scrollHeight, main.scrollWidth,
+        document.querySelectorAll('[data-testid="stElementContainer"]').length,
+        plots.map(gd => { const r = gd.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; })]);
+    window.__settledFrames = layout && layout === window.__settledLayout ? (window.__settledFrames || 0) + 1 : 0;
+    window.__settledLayout = layout;
+    return window.__settledFrames >= 2;
+}"""
+
+
+def settle(page: Page) -> None:
+    """Wait until the page has drawn its content (SETTLED_JS): no script running, nothing stale or loading,
+    charts laid out, nothing moving."""
+    page.evaluate("() => { window.__settledFrames = 0; window.__settledLayout = null; }")
+    page.wait_for_function(SETTLED_JS, timeout=60_000, polling="raf")
+
+
+def open_by_link(page: Page, title: str) -> None:
+    """Switch pages by the sidebar's link, in the page (no reload: the same session reruns the script).
+    Clicked where it is: on a phone the sidebar is folded away, and a pointer left on a link would show as
+    hovered in a screenshot."""
+    page.get_by_test_id("stSidebar").get_by_role("link", name=title, exact=True).dispatch_event("click")
+    heading(page, title)
