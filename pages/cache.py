@@ -21,8 +21,8 @@ combos = combos.assign(combination=[ui.plot_label(f"{t} / {d}")
 figure = px.bar(combos, x="combination", y="hit_rate", hover_data=["requests", "hits", "contaminated_hits"],
                 labels={"hit_rate": "hit rate", "combination": "target / draft"},
                 color_discrete_sequence=[ui.GOOD])
-figure.update_yaxes(tickformat=".0%", range=[0, 1])
-st.plotly_chart(ui.readable_layout(figure), key="hit_rate_by_combination")
+figure.update_yaxes(tickformat=".0%")
+st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="hit_rate_by_combination")
 
 st.subheader("Hit rate over time, per deployment")
 # Smoothed by default: bucket by bucket, a few requests per combination make each line a comb.
@@ -42,7 +42,7 @@ figure = px.line(over_time, x="bucket", y="smoothed_hit_rate", color="combinatio
                  color_discrete_sequence=ui.PALETTE, height=160 + 150 * max(deployments, 1),
                  facet_row_spacing=ui.panel_spacing(deployments, 150))
 figure.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
-figure.update_yaxes(tickformat=".0%", range=[0, 1.05])
+figure.update_yaxes(tickformat=".0%")
 ui.readable_layout(figure)
 point = ui.time_chart(figure, "hit_rate_over_time", bucket=bucket)
 ui.show_point_rows(figure, point, bucket, key="hit_rate_rows")
@@ -63,7 +63,7 @@ figure = go.Figure([
 ])
 figure.update_layout(barmode="stack", xaxis_title="cache hits", yaxis_title="deployment",
                      height=140 + 50 * max(len(ratios), 1))
-st.plotly_chart(ui.readable_layout(figure), key="first_sight_hits")
+st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="first_sight_hits")
 ui.table(ratios, column_config={
     "keys_per_identity": st.column_config.NumberColumn("keys per identity", format="%.3f"),
     "max_correct_hit_rate": st.column_config.NumberColumn("ceiling for a correct key", format="percent",
@@ -84,7 +84,7 @@ else:
     ])
     figure.update_layout(barmode="overlay", xaxis_title="latency (ms, log scale)", yaxis_title="requests")
     figure.update_xaxes(type="log")
-    st.plotly_chart(ui.readable_layout(figure), key="latency_histogram")
+    st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="latency_histogram")
     ui.table(latency)
 
 st.subheader("Speculative decoding health (decoded requests)")
@@ -98,9 +98,9 @@ else:
     left, right = st.columns(2)
     figure = px.bar(acceptance, x="combination", y="acceptance_rate", color_discrete_sequence=[ui.GOOD],
                     labels={"acceptance_rate": "acceptance rate", "combination": "target / draft"})
-    figure.update_yaxes(tickformat=".0%", range=[0, 1])
-    left.plotly_chart(ui.readable_layout(figure), key="acceptance_rate")
+    figure.update_yaxes(tickformat=".0%")
+    left.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="acceptance_rate")
     figure = px.bar(acceptance, x="combination", y="mean_accepted_length", color_discrete_sequence=[ui.GOOD],
                     labels={"mean_accepted_length": "accepted tokens per step", "combination": "target / draft"})
-    right.plotly_chart(ui.readable_layout(figure), key="mean_accepted_length")
+    right.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="mean_accepted_length")
     ui.table(acceptance.drop(columns="combination"))

@@ -18,6 +18,7 @@ from ui.charts import (
     annotations,
     bucket_delta,
     click_bridge,
+    fit_value_axes,
     panel_spacing,
     point_deployment,
     point_time,
@@ -71,7 +72,7 @@ from ui.tables import TIME_FORMAT, columns_for, header, request_table, table
 __all__ = [
     "ALARM", "ANNOTATIONS_KEY", "DB_ACCEPTED_KEY", "DB_KEY", "DB_REFUSED_KEY", "FILTERS_KEY", "GOOD", "PAGE_FILES",
     "PALETTE", "PRELOAD_KEY", "REPLAY_IDS_KEY", "REPLAY_JOB_KEY", "REPLAY_RESULTS_KEY", "REPLAY_START_KEY",
-    "SLIDER_LIMITS", "TIME_KEY", "VIEW_PARAMS_KEY", "TIME_ZOOM_KEY", "annotate", "annotations", "bucket_delta", "bucket_words", "plural", "cached", "click_bridge",
+    "SLIDER_LIMITS", "TIME_KEY", "VIEW_PARAMS_KEY", "TIME_ZOOM_KEY", "annotate", "annotations", "bucket_delta", "bucket_words", "plural", "cached", "click_bridge", "fit_value_axes",
     "code_span", "confine_db_choice", "confined_log_files", "dashboard_settings", "default_db_path",
     "deployment_label", "empty_state", "entrypoint", "filter_slug", "filters", "fmt_duration", "fmt_int", "fmt_pct",
     "fmt_ts", "has_data", "md_escape", "operator_stores", "page_header", "page_link", "panel_spacing",
