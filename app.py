@@ -181,13 +181,16 @@ def time_range(options: metrics.FilterOptions) -> tuple:
 
 
 def filters_from_url(options: metrics.FilterOptions) -> None:
-    """A URL the session did not write itself (pasted, reloaded, browser back) sets the filters it names."""
+    """A URL the session did not write itself (pasted, reloaded, browser Back) sets the view it names, and a
+    filter it leaves out goes back to all: Back from a filter change shows the view before it, and the URL
+    written next is that same view (a second write would be a history entry of its own)."""
     current = {k: tuple(st.query_params.get_all(k)) for k in URL_KEYS if k in st.query_params}
-    if not current or current == st.session_state.get(URL_WRITTEN_KEY):
+    written = st.session_state.get(URL_WRITTEN_KEY)
+    if current == written or (not current and written is None):
         return
     st.session_state[URL_WRITTEN_KEY] = current
     span = (options.span_start, options.span_end)
-    if span[0] is not None and ("start" in current or "end" in current):
+    if span[0] is not None:
         try:
             low = _url_time(current.get("start"), span[0])
             high = _url_time(current.get("end"), span[1])
@@ -196,8 +199,7 @@ def filters_from_url(options: metrics.FilterOptions) -> None:
             pass
     for url_key, key in (("deployment", "deployments"), ("target_model", "target_models"),
                          ("draft_model", "draft_models")):
-        if url_key in current:
-            st.session_state[f"f_{key}"] = [v for v in current[url_key] if v in getattr(options, key)]
+        st.session_state[f"f_{key}"] = [v for v in current.get(url_key, ()) if v in getattr(options, key)]
     st.session_state[NOTES_KEY] = current["notes"][0] if "notes" in current else ""
 
 

@@ -87,7 +87,7 @@ if selected:
     if left.button(f"Replay {len(selected)} selected", type="primary", key="replay_selected"):
         st.session_state[ui.REPLAY_IDS_KEY] = list(selected)
         st.session_state[ui.REPLAY_START_KEY] = list(selected)
-        st.switch_page(ui.PAGE_FILES["Replay"])
+        st.switch_page(ui.PAGE_FILES["Replay"], query_params=ui.view_params())
     if right.button("Clear the selection", key="clear_selection"):
         st.session_state[SELECTED_KEY] = []
         st.rerun()

@@ -140,7 +140,7 @@ def show_replay(view: stored.StoredReplay, *, key: str, served_from: str | None 
 
 def replay_link(replay_id: str, label: str = "Open this replay's page (a permanent link)") -> None:
     st.page_link(ui.PAGE_FILES["Replay"], label=label, icon=":material/link:",
-                 query_params={"replay_id": replay_id})
+                 query_params=ui.view_params(replay_id=replay_id))
 
 
 # --- one stored replay, by its permanent address -------------------------------------------------------------
@@ -160,7 +160,7 @@ if replay_id:
         show_replay(view, key="stored", served_from=record.source_request_id if record and record.contaminated
                     else None)
         st.page_link(ui.PAGE_FILES["Replay"], label="Replay this request again", icon=":material/replay:",
-                     query_params={"request_id": view.request_id})
+                     query_params=ui.view_params(request_id=view.request_id))
     st.stop()
 
 

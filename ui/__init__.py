@@ -66,6 +66,7 @@ from ui.state import (
     request_url,
     require_data,
     store,
+    view_params,
 )
 from ui.tables import TIME_FORMAT, columns_for, header, request_table, table
 
@@ -78,5 +79,5 @@ __all__ = [
     "fmt_ts", "has_data", "md_escape", "operator_stores", "page_header", "page_link", "panel_spacing",
     "plot_label", "point_deployment", "point_time", "readable_layout", "replay_url", "request_table", "request_url",
     "require_data", "short_digest", "show_point_rows", "store", "time_chart", "TIME_FORMAT", "columns_for", "header",
-    "table",
+    "table", "view_params",
 ]

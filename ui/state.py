@@ -141,6 +141,12 @@ def page_header(title: str) -> None:
 
 
 
+def view_params(**extra: str) -> dict[str, Any]:
+    """This view's filters as query parameters, with a page's own: a link or a switch that carries them
+    keeps the filters (a URL without them is a view of everything, as Back to it must show)."""
+    return {**(st.session_state.get(VIEW_PARAMS_KEY) or {}), **extra}
+
+
 def page_link(title: str, label: str | None = None, **kwargs: Any) -> None:
     """A link to another page of this view: the filters go with it, so the switch is one history entry."""
     kwargs.setdefault("query_params", st.session_state.get(VIEW_PARAMS_KEY) or {})
