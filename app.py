@@ -34,7 +34,7 @@ st.set_page_config(page_title="specdec-triage", page_icon="🔎", layout="wide")
 
 ICONS = {"Overview": ":material/dashboard:", "Cache": ":material/cached:", "Output length": ":material/straighten:",
          "Mismatches": ":material/difference:", "Keys": ":material/key:", "Replay": ":material/replay:",
-         "Search": ":material/search:", "Export": ":material/download:"}
+         "Search": ":material/search:", "Export": ":material/download:", "Request": ":material/receipt_long:"}
 PAGES = {title: st.Page(path, title=title, icon=ICONS[title], default=title == "Overview")
          for title, path in ui.PAGE_FILES.items()}
 # The sidebar's own links (below) carry the view's filters: a page switch is then one history entry with them,
@@ -238,6 +238,8 @@ def page_links() -> None:
     """The pages, each link carrying this view's filters (see `navigation`)."""
     view = st.session_state.get(ui.VIEW_PARAMS_KEY) or {}
     for title, page in PAGES.items():
+        if title in ui.LINKED_ONLY:
+            continue
         st.page_link(page, label=title, icon=ICONS[title], query_params=view, width="stretch")
 
 

@@ -46,11 +46,12 @@ if needle:
 hits = hits.reset_index(drop=True)
 selected: list[str] = st.session_state.setdefault(SELECTED_KEY, [])
 # What an engineer reads first, then the rest of the identity as the contract lists it, then the evidence.
-FIRST = ["request_id", "ts", "deployment", "target_model", "draft_model", "differing_fields", "source_request_id"]
+FIRST = ["request_id", "ts", "deployment", "differing_fields", "source_request_id", "target_model", "draft_model"]
 COLUMNS = FIRST + [f for f in contract.IDENTITY_FIELDS if f in hits.columns and f not in FIRST] + \
     [c for c in ("output_tokens", "cache_key", "source_ts", "output_preview") if c in hits.columns]
 table = hits[COLUMNS].copy()
 table.insert(0, "replay", table.request_id.isin(selected))
+table.insert(1, "open", [ui.request_url(r) for r in table.request_id])
 # The editor's own state is per position; it is keyed by the rows it shows, so a new filter starts it anew
 # from the ids ticked so far.
 editor_key = f"mismatch_editor_{len(table)}_{ui.short_digest(table.request_id)}"
@@ -77,7 +78,8 @@ st.caption(f"{shown}. Tick rows to replay them with their full identity; ticks s
            "their requests when the filter changes.")
 st.data_editor(table, hide_index=True, key=editor_key, on_change=remember_ticks,
                disabled=[c for c in table.columns if c != "replay"],
-               column_config={**ui.columns_for(table), "replay": st.column_config.CheckboxColumn("replay", width="small")})
+               column_config={**ui.columns_for(table), "replay": st.column_config.CheckboxColumn("replay", width="small"),
+                              "open": ui.request_link_column()})
 selected = st.session_state[SELECTED_KEY]
 if selected:
     hidden = [r for r in selected if r not in set(table.request_id)]

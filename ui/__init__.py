@@ -46,6 +46,7 @@ from ui.state import (
     DB_KEY,
     DB_REFUSED_KEY,
     FILTERS_KEY,
+    LINKED_ONLY,
     PAGE_FILES,
     PRELOAD_KEY,
     REPLAY_IDS_KEY,
@@ -68,7 +69,15 @@ from ui.state import (
     store,
     view_params,
 )
-from ui.tables import TIME_FORMAT, columns_for, header, request_table, table
+from ui.tables import (
+    TIME_FORMAT,
+    columns_for,
+    header,
+    request_link_column,
+    request_table,
+    side_by_side,
+    table,
+)
 
 __all__ = [
     "ALARM", "ANNOTATIONS_KEY", "DB_ACCEPTED_KEY", "DB_KEY", "DB_REFUSED_KEY", "FILTERS_KEY", "GOOD", "PAGE_FILES",
@@ -79,5 +88,5 @@ __all__ = [
     "fmt_ts", "has_data", "md_escape", "operator_stores", "page_header", "page_link", "panel_spacing",
     "plot_label", "point_deployment", "point_time", "readable_layout", "replay_url", "request_table", "request_url",
     "require_data", "short_digest", "show_point_rows", "store", "time_chart", "TIME_FORMAT", "columns_for", "header",
-    "table", "view_params",
+    "table", "view_params", "LINKED_ONLY", "request_link_column", "side_by_side",
 ]

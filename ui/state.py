@@ -40,7 +40,10 @@ PAGE_FILES = {
     "Replay": "pages/replay.py",
     "Search": "pages/search.py",
     "Export": "pages/export.py",
+    "Request": "pages/request.py",
 }
+# Pages reached from a row of a table, not from the sidebar: they show one thing, named in their URL.
+LINKED_ONLY = ("Request",)
 
 T = TypeVar("T")
 
@@ -159,7 +162,8 @@ def replay_url(replay_id: str) -> str:
 
 
 def request_url(request_id: str) -> str:
+    """The address of one request's page, relative to the dashboard."""
     from urllib.parse import quote
 
-    return f"replay?request_id={quote(request_id, safe='')}"
+    return f"request?request_id={quote(request_id, safe='')}"
 

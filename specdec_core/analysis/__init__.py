@@ -33,6 +33,7 @@ from specdec_core.analysis.overview import FilterOptions, Headline, HeadlineCoun
 from specdec_core.analysis.query import NO_FILTERS, Filters, time_bucket
 from specdec_core.analysis.red_flags import CEILING_MEANING, RED_FLAG_IDS, RedFlag, red_flags
 from specdec_core.analysis.report import KINDS, mismatch_report, report_counts, report_csv, write_report
+from specdec_core.analysis.request_detail import LengthCheck, RequestDetail, request_detail
 from specdec_core.analysis.requests import (
     RequestRecord,
     quarantined_records,
@@ -65,7 +66,7 @@ __all__ = [
     "hit_rate_over_time", "key_collision_identities", "key_collisions", "key_ratio_by_deployment",
     "latency_hit_vs_miss", "length_violations", "logging_gaps", "mismatch_rate_over_time", "mismatch_report",
     "output_length_by_max_tokens", "quarantined_records", "red_flags", "report_counts", "report_csv",
-    "request_record", "suspicious_requests", "time_bucket", "write_report",
+    "request_record", "request_detail", "RequestDetail", "LengthCheck", "suspicious_requests", "time_bucket", "write_report",
     "CEILING_MEANING", "ContaminationStatus", "KeySchemeChange", "contamination_status", "detected_annotations",
     "key_scheme_annotations", "key_scheme_changes", "scheme_change_annotations", "FilterOptions", "Freshness", "Headline", "HeadlineCounts", "RequestRecord",
 ]

@@ -4,6 +4,7 @@ text (issue #51, item 10)."""
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 
 import pytest
@@ -11,9 +12,14 @@ from test_charts_annotations_search import _plain
 from test_pages import (  # noqa: F401
     build_db,
     incident_db,
+    markdown_unescape,
     no_legacy_pages_folder,
     open_app,
+    stand_in_replay_module,
+    texts,
 )
+
+from specdec_core.replay import jobs
 
 
 def figures(at) -> dict[str, dict]:
@@ -52,3 +58,65 @@ def test_every_chart_range_fits_its_data(monkeypatch, incident_db, page):
             assert bottom <= low and high <= top <= high * 1.25 + (0.1 if high == 0 else 1e-9), \
                 (key, axis, layout["range"], high)
             assert (bottom, top) != (-1, 4)
+
+
+# --- the request page ---------------------------------------------------------------------------------------
+
+
+def highlighted_rows(table) -> set[int]:
+    styles = table.proto.arrow_data.styler.styles
+    # One rule, `#T_..._row3_col0, ... { background-color: #fde2c4 }`, lists every highlighted cell.
+    return {int(row) for row in re.findall(r"row(\d+)_col0\b", styles)} if "#fde2c4" in styles else set()
+
+
+def test_a_contaminated_hit_shows_its_source_side_by_side_with_the_differences_highlighted(monkeypatch,
+                                                                                             incident_db):
+    at = open_app(monkeypatch, incident_db, "request", request_id="r4")
+    assert [h.value for h in at.title] == ["Request"]
+    [fields, *_] = at.dataframe
+    table = fields.value
+    assert list(table.columns) == ["field", "this request", "source r1"]
+    marked = {table.field[n] for n in highlighted_rows(fields)}
+    assert marked == {"draft_model", "max_tokens"}
+    row = dict(zip(table.field, zip(table["this request"], table["source r1"], strict=True), strict=True))
+    assert row["max_tokens"] == ("2", "64") and row["cache_key"][0] == row["cache_key"][1]
+    [error] = [e.value for e in at.error if "contaminated hit" in e.value]
+    assert "r1" in error and "draft_model" in error
+    # The key, both prompts and both outputs, and the length check that fails.
+    codes = texts(at, "code")
+    assert codes[0] == row["cache_key"][0] and len(codes) == 5
+    assert any("more than its max_tokens of 2" in markdown_unescape(e.value) for e in at.error)
+    assert [m for m in texts(at, "markdown") if "Source r1" in markdown_unescape(m)]
+    assert sum("No replay stored for this request yet." in c for c in texts(at, "caption")) == 2
+
+
+def test_a_clean_request_shows_its_record_and_a_passing_length_check(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "request", request_id="r1")
+    [fields, *_] = at.dataframe
+    assert list(fields.value.columns) == ["field", "value"] and not highlighted_rows(fields)
+    assert not [e for e in at.error if "contaminated" in e.value]
+    assert [s.value for s in at.success if "within max_tokens" in markdown_unescape(s.value)]
+
+
+def test_an_unknown_request_says_so(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "request", request_id="nope")
+    assert any("No request" in w.value and "nope" in w.value for w in at.warning)
+
+
+def test_replay_on_the_request_page_starts_the_replay_and_opens_the_replay_page(monkeypatch, incident_db):
+    calls = stand_in_replay_module(monkeypatch)
+    at = open_app(monkeypatch, incident_db, "request", request_id="r3")
+    at.button(key="request_replay").click().run()
+    assert [h.value for h in at.title] == ["Replay"]
+    assert at.text_input(key="replay_request_id").value == "r3"
+    jobs.wait_all(30)
+    assert [c[:2] for c in calls] == [("replay", "r3")]
+
+
+@pytest.mark.parametrize("page", ["mismatches", "output_length"])
+def test_every_table_of_requests_links_each_row_to_its_page(monkeypatch, incident_db, page):
+    at = open_app(monkeypatch, incident_db, page)
+    linked = [t.value for t in at.dataframe if "open" in t.value.columns and "request_id" in t.value.columns]
+    assert linked, page
+    for table in linked:
+        assert list(table.open) == [f"request?request_id={r}" for r in table.request_id]
