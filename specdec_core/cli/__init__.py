@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "specdec_core.cli.audit_cmd",
     "specdec_core.cli.models_cmds",
     "specdec_core.cli.metrics_cmd",
+    "specdec_core.cli.dashboard_cmd",
 )
 
 
