@@ -171,6 +171,9 @@ def time_range(options: metrics.FilterOptions) -> tuple:
     low, high = st.slider(label, min_value=start, max_value=end, step=step,
                           format=ui.TIME_FORMAT.split(" ")[1] if one_day else ui.TIME_FORMAT, key="f_time")
     st.caption(f"{ui.fmt_ts(low)} to {ui.fmt_ts(high)}")
+    st.segmented_control("Quick range", list(QUICK_RANGES), key=QUICK_KEY, on_change=quick_range,
+                         args=(start, end), help="The last 15 minutes, hour, 6 or 24 hours of the log, up to its "
+                                                 "newest request; or all of it")
     if options.outside_span:
         beyond = "has a timestamp" if options.outside_span == 1 else "have timestamps"
         st.caption(f"{ui.plural(options.outside_span, 'request')} {beyond} beyond this slider (earliest "
@@ -178,6 +181,23 @@ def time_range(options: metrics.FilterOptions) -> tuple:
                    "keeps them in.")
     # A handle at its end is no bound on that side: requests loaded later, or beyond the slider, stay in view.
     return (None if low <= start else low), (None if high >= end else high)
+
+
+# Grafana's quick ranges, counted back from the newest request: "now" for a live store, the incident's end for
+# a log loaded after it.
+QUICK_RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "6h": timedelta(hours=6),
+                "24h": timedelta(hours=24), "all": None}
+QUICK_KEY = "quick_range"
+
+
+def quick_range(start: datetime, end: datetime) -> None:
+    """on_change of the quick ranges: the time filter becomes the last stretch of the log chosen (or all of
+    it). The control then lets go of its choice: a range dragged later is no quick range."""
+    name = st.session_state.get(QUICK_KEY)
+    if name in QUICK_RANGES:
+        length = QUICK_RANGES[name]
+        st.session_state["f_time"] = (start if length is None else max(start, end - length), end)
+    st.session_state[QUICK_KEY] = None
 
 
 def filters_from_url(options: metrics.FilterOptions) -> None:

@@ -25,6 +25,7 @@ from specdec_core.analysis.contamination import (
     contamination_window,
     mismatch_rate_over_time,
 )
+from specdec_core.analysis.deployment_state import DeploymentState, deployment_states
 from specdec_core.analysis.gaps import LoggingGap, logging_gaps
 from specdec_core.analysis.key_details import differing_identity_columns, key_prompts
 from specdec_core.analysis.keys import key_collision_identities, key_collisions
@@ -66,7 +67,7 @@ __all__ = [
     "hit_rate_over_time", "key_collision_identities", "key_collisions", "key_ratio_by_deployment",
     "latency_hit_vs_miss", "length_violations", "logging_gaps", "mismatch_rate_over_time", "mismatch_report",
     "output_length_by_max_tokens", "quarantined_records", "red_flags", "report_counts", "report_csv",
-    "request_record", "request_detail", "RequestDetail", "LengthCheck", "suspicious_requests", "time_bucket", "write_report",
+    "request_record", "request_detail", "DeploymentState", "deployment_states", "RequestDetail", "LengthCheck", "suspicious_requests", "time_bucket", "write_report",
     "CEILING_MEANING", "ContaminationStatus", "KeySchemeChange", "contamination_status", "detected_annotations",
     "key_scheme_annotations", "key_scheme_changes", "scheme_change_annotations", "FilterOptions", "Freshness", "Headline", "HeadlineCounts", "RequestRecord",
 ]

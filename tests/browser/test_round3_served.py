@@ -4,10 +4,13 @@ their data, the request page, red flags before the first chart."""
 from __future__ import annotations
 
 import pytest
+from helpers import rec
 from playwright.sync_api import Page, expect
 from test_glance_and_back import demo_url  # noqa: F401
 from test_incident_flow import heading, new_page, settle
-from test_served_dashboard import browser, metric  # noqa: F401
+from test_pages import build_db
+from test_round3 import HOSTILE_DEPLOYMENTS
+from test_served_dashboard import browser, dashboard, metric  # noqa: F401
 
 pytestmark = pytest.mark.browser
 
@@ -58,4 +61,53 @@ def test_back_after_a_filter_change_restores_the_view_before_it(browser, demo_ur
     assert page.url == f"{demo_url}/"
     expect(chosen(page, "Deployments")).not_to_contain_text("edge-a")
     heading(page, "Overview")
+    page.context.close()
+
+
+def test_red_flags_and_the_status_strip_come_before_the_first_chart(browser, demo_url):
+    for size in ((1440, 900), (390, 844)):
+        page = new_page(browser, *size)
+        page.goto(demo_url)
+        heading(page, "Overview")
+        chart = page.locator(".js-plotly-plot").first
+        expect(chart).to_be_visible()
+        flags = page.get_by_role("heading", name="Red flags")
+        first_flag = page.get_by_text("Identical outputs although parameters differ")
+        assert flags.bounding_box()["y"] < first_flag.bounding_box()["y"] < chart.bounding_box()["y"], size
+        if size[0] == 1440:
+            assert first_flag.bounding_box()["y"] < 900, "a red flag in view without scrolling"
+        strip = page.get_by_text("clean since 2026-11-20 11:52:57 UTC")
+        assert strip.bounding_box()["y"] < flags.bounding_box()["y"]
+        page.context.close()
+
+
+@pytest.fixture(scope="module")
+def hostile_url(tmp_path_factory, browser):
+    folder = tmp_path_factory.mktemp("hostile")
+    records = []
+    for n, deployment in enumerate(HOSTILE_DEPLOYMENTS):
+        key = f"k-{n}"
+        records += [rec(f"h{n}a", ts=f"2026-03-01T10:{n:02d}:00Z", deployment=deployment, cache_key=key),
+                    rec(f"h{n}b", ts=f"2026-03-01T10:{n:02d}:30Z", deployment=deployment, cache_key=key,
+                        cache_hit=True, max_tokens=2)]
+    db = build_db(folder, records, "hostile")
+    with dashboard(db, folder / "streamlit.log") as url:
+        yield url
+
+
+def test_log_text_makes_no_link_in_the_contamination_window_or_the_red_flags(browser, hostile_url):
+    page = new_page(browser)
+    page.goto(hostile_url)
+    heading(page, "Overview")
+    main = page.get_by_test_id("stMain")
+    # Wait for the last section drawn (the contamination window's table) before counting links.
+    expect(main.get_by_text("See every contaminated hit")).to_be_visible()
+    settle(page)
+    text = main.inner_text()
+    for deployment in HOSTILE_DEPLOYMENTS:
+        assert deployment in text.replace("\u2060", ""), deployment
+    hrefs = main.locator("a[href]").evaluate_all("links => links.map(a => a.getAttribute('href'))")
+    assert not [h for h in hrefs if "evil" in h or h.startswith(("http", "mailto"))], hrefs
+    assert main.locator("img").count() == 0
+    assert page.dialogs == []
     page.context.close()

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from datetime import datetime, timezone
 
 import pytest
+from helpers import rec
 from test_charts_annotations_search import _plain
 from test_pages import (  # noqa: F401
     build_db,
@@ -17,9 +19,11 @@ from test_pages import (  # noqa: F401
     open_app,
     stand_in_replay_module,
     texts,
+    walk,
 )
 
 from specdec_core.replay import jobs
+from ui.format import WORD_JOINER, md_escape
 
 
 def figures(at) -> dict[str, dict]:
@@ -120,3 +124,47 @@ def test_every_table_of_requests_links_each_row_to_its_page(monkeypatch, inciden
     assert linked, page
     for table in linked:
         assert list(table.open) == [f"request?request_id={r}" for r in table.request_id]
+
+
+# --- the Overview: each deployment and the red flags first; quick ranges --------------------------------------
+
+
+def test_the_status_strip_and_the_red_flags_come_before_every_number_and_chart(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db)
+    order = [(e.type, getattr(e, "value", None)) for e in walk(at.main) if e.type in
+             ("markdown", "subheader", "metric", "plotly_chart")]
+    kinds = [kind for kind, _ in order]
+    flags = order.index(("subheader", "Red flags"))
+    assert flags < kinds.index("metric") and flags < kinds.index("plotly_chart")
+    strip = [markdown_unescape(value) for kind, value in order[:flags] if kind == "markdown"]
+    assert strip == ["**prod** :red[**contaminated now**]", "**staging** :green[**clean**]"]
+    assert any(markdown_unescape(c).startswith("clean since 2026-03-01 10:05:00") for c in texts(at, "caption"))
+
+
+def test_a_quick_range_sets_the_time_filter_to_the_last_part_of_the_log(monkeypatch, tmp_path):
+    hours = [rec(f"q{n}", ts=f"2026-03-01T{10 + n // 4:02d}:{(n % 4) * 15:02d}:00Z", cache_key=f"k{n}")
+             for n in range(16)]
+    at = open_app(monkeypatch, build_db(tmp_path, hours))
+    at.sidebar.get("button_group")[0].set_value("1h").run()
+    assert at.session_state["f_time"][0] == datetime(2026, 3, 1, 12, 45, tzinfo=timezone.utc)
+    assert at.query_params["start"] in ("2026-03-01T12:45:00Z", ["2026-03-01T12:45:00Z"])
+    assert "end" not in at.query_params
+    assert {m.label: m.value for m in at.main.metric}["Requests"] == "5"
+    at.sidebar.get("button_group")[0].set_value("all").run()
+    assert "start" not in at.query_params and {m.label: m.value for m in at.main.metric}["Requests"] == "16"
+
+
+# --- log text is inert (issue #51, item 10) ------------------------------------------------------------------
+
+HOSTILE_DEPLOYMENTS = ('=HYPERLINK("http://evil.example/x","click")', "http://evil.example",
+                       "www.evil.example", "ops@evil.example", ":material/warning: :smile:")
+
+
+def test_md_escape_leaves_no_autolink_or_shortcode_for_markdown_to_find():
+    for text in HOSTILE_DEPLOYMENTS:
+        shown = md_escape(text)
+        unescaped = re.sub(r"\\(.)", r"\1", shown)
+        assert unescaped.replace(WORD_JOINER, "") == text
+        for pattern in (r"https?://", r"www\.", r"[\w.+-]+@[\w-]+\.", r":[\w/+-]+:"):
+            assert not re.search(pattern, unescaped), (text, pattern)
+    assert md_escape("10:02:00") == "10\\:02\\:00", "times keep their colons bare"
