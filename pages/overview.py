@@ -22,9 +22,9 @@ states = ui.cached(analysis.deployment_states, filters=filters)
 for first in range(0, min(len(states), STRIP_MOST), STRIP_COLUMNS):
     cells = st.columns(STRIP_COLUMNS)
     for cell, state in zip(cells, states[first:first + STRIP_COLUMNS], strict=False):
-        with cell.container(border=True):
-            st.markdown(f"**{ui.md_escape(ui.deployment_label(state.deployment))}** {STATE_MARK[state.state]}")
-            st.caption(ui.md_escape(state.sentence))
+        # One line each: on a phone the strip stacks, and boxes would push the flags a screen down.
+        cell.markdown(f"**{ui.md_escape(ui.deployment_label(state.deployment))}** {STATE_MARK[state.state]} "
+                      f":gray[{ui.md_escape(state.sentence)}]")
 if len(states) > STRIP_MOST:
     rest = states[STRIP_MOST:]
     st.caption(f"and {ui.plural(len(rest), 'more deployment')}: "
