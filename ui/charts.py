@@ -192,16 +192,16 @@ def _set_time_filter_from(key: str) -> None:
 
 # In drag-to-select mode Streamlit turns plotly's click-to-select off, so a click on a bar would be lost.
 # The script (no data in it) hands a click on a time chart to Streamlit as the selection of that one point;
-# a drag still selects a box. It runs in a same-origin component frame and watches for charts drawn later;
+# a drag still selects a box. It runs in a same-origin frame and watches for charts drawn later;
 # only charts drawn by time_chart (marked in their layout's meta) are touched.
 _CLICK_BRIDGE = f"<script>\n{(Path(__file__).parent / 'click_bridge.js').read_text(encoding='utf-8')}</script>"
 
 
 def click_bridge() -> None:
-    """Drawn once per run by the entrypoint (sidebar, no height), so every page's time charts have it."""
-    import streamlit.components.v1 as components
-
-    components.html(_CLICK_BRIDGE, height=0)
+    """Drawn once per run by the entrypoint (sidebar, 1 px: a height must be positive), so every page's time
+    charts have it. st.iframe, not st.components.v1.html: Streamlit deprecated that and logged so on every
+    run (336 times in 30 minutes); both run the script in a same-origin frame."""
+    st.iframe(_CLICK_BRIDGE, height=1, tab_index=-1, alt="chart click helper (no content)")
 
 
 def chart_span(bucket: str | None = None) -> tuple[float, float] | None:

@@ -4,6 +4,7 @@ text (issue #51, item 10)."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections import defaultdict
 from datetime import datetime, timezone
@@ -168,3 +169,9 @@ def test_md_escape_leaves_no_autolink_or_shortcode_for_markdown_to_find():
         for pattern in (r"https?://", r"www\.", r"[\w.+-]+@[\w-]+\.", r":[\w/+-]+:"):
             assert not re.search(pattern, unescaped), (text, pattern)
     assert md_escape("10:02:00") == "10\\:02\\:00", "times keep their colons bare"
+
+
+def test_a_page_run_logs_no_deprecation(monkeypatch, incident_db, caplog):
+    with caplog.at_level(logging.WARNING, logger="streamlit"):
+        open_app(monkeypatch, incident_db, "mismatches")
+    assert not [r.getMessage() for r in caplog.records if "deprecat" in r.name or "replace" in r.getMessage()]
