@@ -43,8 +43,8 @@ for first in range(0, len(flag_list), FLAG_COLUMNS):
         with cell.container(border=True):
             st.markdown(f"{STATUS[flag.flagged]} · **{ui.md_escape(flag.title)}**")
             st.caption(ui.md_escape(flag.evidence))
-            if flag.id == "hit_rate_too_good":
-                st.caption(analysis.CEILING_MEANING)
+            if flag.id == "hit_rate_too_good" and flag.numbers.get("above_ceiling"):
+                st.caption(analysis.CEILING_MEANING)  # only where the ceiling is the reason
             ui.page_link(FLAG_PAGES[flag.id], icon=":material/arrow_forward:")
 
 st.subheader("Numbers")

@@ -23,7 +23,9 @@ from test_pages import (  # noqa: F401
     walk,
 )
 
+from specdec_core import analysis
 from specdec_core.replay import jobs
+from specdec_core.store.connection import Store
 from ui.format import WORD_JOINER, md_escape
 
 
@@ -175,3 +177,31 @@ def test_a_page_run_logs_no_deprecation(monkeypatch, incident_db, caplog):
     with caplog.at_level(logging.WARNING, logger="streamlit"):
         open_app(monkeypatch, incident_db, "mismatches")
     assert not [r.getMessage() for r in caplog.records if "deprecat" in r.name or "replace" in r.getMessage()]
+
+
+def mid_log_records() -> list[dict]:
+    """20 identities asked three times a minute apart: the first 20 requests miss, the rest hit their own."""
+    return [rec(f"m{n}", ts=f"2026-03-01T10:{n:02d}:00Z", cache_key=f"k{n % 20}", cache_hit=n >= 20,
+                prompt=f"p{n % 20}") for n in range(60)]
+
+
+def test_a_hit_rate_flag_that_is_no_says_the_numbers_that_make_it_no(tmp_path):
+    # A range that starts mid-log: the ceiling is not judged, and the never-served hits are few.
+    store = Store(build_db(tmp_path, mid_log_records()))
+    later = analysis.Filters(start=datetime(2026, 3, 1, 10, 30, tzinfo=timezone.utc))
+    [flag] = [f for f in analysis.red_flags(store, later) if f.id == "hit_rate_too_good"]
+    assert flag.flagged is False and flag.numbers["above_ceiling"] == 0
+    assert flag.evidence.startswith("prod: 0 of 30 hits (0%) on identities never served before, within the 5%")
+    assert "The ceiling is not judged over a time range that starts after the log does" in flag.evidence
+    assert "could reach" not in flag.evidence
+
+
+def ceiling_captions(at) -> list[str]:
+    return [c for c in texts(at, "caption") if c.startswith("The ceiling is")]
+
+
+def test_the_ceiling_is_explained_only_where_it_is_the_reason(monkeypatch, incident_db, tmp_path):
+    # The incident's prod: 3 hits in 4 requests against a ceiling of 1 repeat in 4.
+    assert len(ceiling_captions(open_app(monkeypatch, incident_db))) == 1
+    at = open_app(monkeypatch, build_db(tmp_path, mid_log_records()), start="2026-03-01T10:30:00Z")
+    assert ceiling_captions(at) == []
