@@ -18,7 +18,7 @@ from specdec_core import analysis as metrics
 from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.config import ConfigError, PathRefused
 from specdec_core.replay import jobs as replay_jobs
-from specdec_core.store import LogReadError, StoreError, ingest
+from specdec_core.store import LogReadError, Store, StoreError, ingest
 
 LAST_INGEST_KEY = "last_ingest"
 UPLOAD_TYPES = ["jsonl", "gz", "csv", "parquet"]
@@ -29,6 +29,9 @@ URL_KEYS = ("start", "end", "deployment", "target_model", "draft_model", "db", "
 NOTES_KEY = "annotations_text"
 URL_WRITTEN_KEY = "_url_written"
 LIVE_EVERY_S = 5
+NEW_DB_TOGGLE = "load_new_db"
+NEW_DB_PATH = "load_new_db_path"
+NEXT_DB_KEY = "_db_next"  # a store a load just made, for the Database box to open on the next run
 
 st.set_page_config(page_title="specdec-triage", page_icon="🔎", layout="wide")
 
@@ -44,7 +47,14 @@ navigation = st.navigation(list(PAGES.values()), position="hidden")
 
 def load_logs(paths: list[str], names: dict[str, str] | None = None) -> None:
     """Ingest with a progress bar; the counts stay in the sidebar until the next load. `names`: the name
-    each file is recorded under, where that is not its path (an upload's own name)."""
+    each file is recorded under, where that is not its path (an upload's own name). With "into a new
+    database" ticked, into that store, which the dashboard then opens."""
+    try:
+        target = new_database() if st.session_state.get(NEW_DB_TOGGLE) else ui.store()
+    except (PathRefused, ConfigError, ValueError) as exc:
+        st.session_state.pop(LAST_INGEST_KEY, None)
+        st.error(f"Nothing loaded: {ui.md_escape(exc)}")
+        return
     try:
         log_format, mapping = chosen_format()
     except (ValueError, OSError) as exc:
@@ -58,7 +68,7 @@ def load_logs(paths: list[str], names: dict[str, str] | None = None) -> None:
 
     try:
         parts = {Path(path).resolve(): (name, 0) for path, name in (names or {}).items()}
-        result = ingest(ui.store(), paths, progress=progress, log_format=log_format, mapping=mapping, parts=parts)
+        result = ingest(target, paths, progress=progress, log_format=log_format, mapping=mapping, parts=parts)
     except (LogReadError, StoreError, OSError, ValueError) as exc:
         bar.empty()
         st.session_state.pop(LAST_INGEST_KEY, None)
@@ -68,7 +78,37 @@ def load_logs(paths: list[str], names: dict[str, str] | None = None) -> None:
         bar.empty()  # show_last_ingest says why, in red
     else:
         bar.progress(1.0, text="Loaded")
-    st.session_state[LAST_INGEST_KEY] = {**result.to_json(), "all_quarantined": result.all_quarantined}
+    st.session_state[LAST_INGEST_KEY] = {**result.to_json(), "all_quarantined": result.all_quarantined,
+                                         "db": target.name}
+    if target.name != ui.store().name:
+        st.session_state[NEXT_DB_KEY] = target.name  # the Database box is drawn already: it takes it next run
+        st.rerun()
+
+
+def new_database() -> Store:
+    """The store typed under "into a new database": inside the roots, and not there yet."""
+    chosen = ui.dashboard_settings().confine_store(str(st.session_state.get(NEW_DB_PATH) or ""))
+    store = Store(chosen)
+    if store.exists:
+        raise ValueError(f"{chosen} exists already: name a new file for a load of its own")
+    return store
+
+
+def partial_load_warning() -> None:
+    """On every page while the store shown is the one the last load went into and that load was mostly
+    quarantined: its figures are a fraction of the files, and why, grouped."""
+    counts = st.session_state.get(LAST_INGEST_KEY)
+    if (not counts or counts.get("db") != ui.store().name
+            or not metrics.mostly_quarantined(counts["read"], counts["quarantined"])):
+        return
+    reasons = ui.cached(metrics.quarantine_reasons, counts["ingest_id"])
+    grouped = "\n".join(f"- {ui.plural(int(r.records), 'record')}: {ui.code_span(r.reason)}, for example "
+                        f"{ui.md_escape(r.example[:200])}" for r in reasons.itertuples())
+    st.warning(f"**The last load was mostly refused**: {ui.fmt_int(counts['quarantined'])} of "
+               f"{ui.plural(counts['read'], 'record')} were quarantined and are not in these figures; "
+               f"{ui.fmt_int(counts['accepted'])} {'was' if counts['accepted'] == 1 else 'were'} added to what the "
+               f"database held. By reason:\n\n{grouped}"
+               "\n\nTo see those files alone, load them again with *Into a new database* (sidebar, Load logs).")
 
 
 def load_path(text: str) -> None:
@@ -343,6 +383,8 @@ with st.sidebar:
     links = st.container()
     if ui.DB_KEY not in st.session_state:
         st.session_state[ui.DB_KEY] = ui.default_db_path()
+    if NEXT_DB_KEY in st.session_state:
+        st.session_state[ui.DB_KEY] = st.session_state[ui.DB_ACCEPTED_KEY] = st.session_state.pop(NEXT_DB_KEY)
     db_from_url()
     st.text_input("Database", key=ui.DB_KEY, on_change=ui.confine_db_choice,
                   help="A DuckDB file made by `specdec ingest`; created on first load. Only inside the folders "
@@ -362,6 +404,13 @@ with st.sidebar:
         st.selectbox("Log format", list(LOG_FORMATS), format_func=LOG_FORMATS.get, key="load_format",
                      help="As `specdec ingest --format`; auto decides per file from its first record.")
         st.file_uploader("Mapping file (TOML, as `--map`), for other JSON Lines", type=["toml"], key="load_mapping")
+        if st.toggle("Into a new database", key=NEW_DB_TOGGLE,
+                     help="Load into a store of its own, not beside what this database holds: a load whose "
+                          "request ids are already here with other content is quarantined otherwise."):
+            # Beside the database open now (a folder the dashboard may write to), named by the time.
+            st.session_state.setdefault(NEW_DB_PATH, str(Path(ui.store().path).parent / (
+                f"load-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}.duckdb")))
+            st.text_input("New database file", key=NEW_DB_PATH)
         if st.button("Load path", disabled=not log_path.strip()):
             load_path(log_path.strip())
         uploads = st.file_uploader("Or upload log files", type=UPLOAD_TYPES, accept_multiple_files=True,
@@ -380,6 +429,8 @@ with st.sidebar:
     ui.click_bridge()
 
 st.session_state[ui.PRELOAD_KEY] = model_preload()
+
+partial_load_warning()
 
 with ui.entrypoint():
     navigation.run()

@@ -10,11 +10,12 @@ from collections import defaultdict
 from datetime import datetime, timezone
 
 import pytest
-from helpers import rec
+from helpers import rec, write_jsonl
 from test_charts_annotations_search import _plain
 from test_pages import (  # noqa: F401
     build_db,
     incident_db,
+    incident_records,
     markdown_unescape,
     no_legacy_pages_folder,
     open_app,
@@ -205,3 +206,35 @@ def test_the_ceiling_is_explained_only_where_it_is_the_reason(monkeypatch, incid
     assert len(ceiling_captions(open_app(monkeypatch, incident_db))) == 1
     at = open_app(monkeypatch, build_db(tmp_path, mid_log_records()), start="2026-03-01T10:30:00Z")
     assert ceiling_captions(at) == []
+
+
+# --- a mostly quarantined load -------------------------------------------------------------------------------
+
+
+def test_a_mostly_quarantined_load_is_said_on_every_page_and_can_go_into_a_new_database(monkeypatch, tmp_path):
+    db = build_db(tmp_path, incident_records())
+    # Four of five records reuse request ids already loaded, with other outputs: quarantined as conflicts.
+    clashing = [{**r, "output_text": "Another output."} for r in incident_records()[:4]]
+    log = write_jsonl(tmp_path / "again.jsonl", [*clashing, rec("n1", ts="2026-03-01T10:09:00Z", cache_key="k-n")])
+    at = open_app(monkeypatch, db)
+    assert not [w for w in at.warning if "mostly refused" in w.value]
+    at.sidebar.text_input(key="load_path").set_value(str(log)).run()
+    [b for b in at.sidebar.button if b.label == "Load path"][0].click().run()
+    for page in (None, "cache", "mismatches"):
+        if page:
+            at.switch_page(f"pages/{page}.py").run()
+        [warning] = [markdown_unescape(w.value) for w in at.warning if "mostly refused" in w.value]
+        assert "4 of 5 records were quarantined" in warning and "1 was added" in warning
+        assert "- 4 records: `conflict`, for example conflict: request_id r1 was loaded before" in warning
+
+    at.switch_page("pages/overview.py").run()
+    at.sidebar.toggle(key="load_new_db").set_value(True).run()
+    fresh = tmp_path / "alone.duckdb"
+    at.sidebar.text_input(key="load_new_db_path").set_value(str(fresh)).run()
+    [b for b in at.sidebar.button if b.label == "Load path"][0].click().run()
+    at.run()
+    assert at.sidebar.text_input(key="db_path").value == str(fresh)
+    assert {m.label: m.value for m in at.main.metric}["Requests"] == "5"
+    assert not [w for w in at.warning if "mostly refused" in w.value]
+    # The database it came from is as it was: 6 incident requests and the one the first load added.
+    assert analysis.headline(Store(db)).requests == 7
