@@ -41,6 +41,7 @@ HEADERS = {
     "mismatch_rate": "contaminated share of hits", "source_file": "file", "source_line": "line",
     "raw": "record as logged", "latency_ms": "latency (ms)", "match_field": "found in",
     "match_before": "…before", "match_text": "match", "match_after": "after…",
+    "first_request_id": "first request",
 }
 PERCENT_COLUMNS = ("similarity",)  # besides every *_rate
 

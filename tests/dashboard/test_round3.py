@@ -238,3 +238,11 @@ def test_a_mostly_quarantined_load_is_said_on_every_page_and_can_go_into_a_new_d
     assert not [w for w in at.warning if "mostly refused" in w.value]
     # The database it came from is as it was: 6 incident requests and the one the first load added.
     assert analysis.headline(Store(db)).requests == 7
+
+
+def test_the_identities_behind_a_key_link_each_to_its_first_request(monkeypatch, incident_db):
+    at = open_app(monkeypatch, incident_db, "keys")
+    [identities] = [t.value for t in at.dataframe if "first_request_id" in t.value.columns]
+    # prod's key k-1: r1 and r2 share an identity, r3 and r4 each have their own.
+    assert sorted(identities.first_request_id) == ["r1", "r3", "r4"]
+    assert list(identities.open) == [f"request?request_id={r}" for r in identities.first_request_id]
