@@ -213,13 +213,12 @@ if queued_start and not running():
 
 
 def choose_request() -> str:
-    """A link's ?request_id= or a new selection on Mismatches fills the box; typing replaces it."""
-    queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
+    """A link's ?request_id= fills the box; typing replaces it. Requests ticked on Mismatches are the batch's,
+    not this box's: shown here too, they were a second form with a second primary button for the same run."""
     linked = st.query_params.get("request_id", "")
-    for source, value in (("linked", linked), ("queued", queued[0] if queued else "")):
-        if value and st.session_state.get(f"_replay_{source}") != value:
-            st.session_state[f"_replay_{source}"] = value
-            st.session_state["replay_request_id"] = value
+    if linked and st.session_state.get("_replay_linked") != linked:
+        st.session_state["_replay_linked"] = linked
+        st.session_state["replay_request_id"] = linked
     return st.text_input("Request id", key="replay_request_id").strip()
 
 
@@ -272,8 +271,13 @@ def batch_section(job: jobs.ReplayJob | None) -> None:
     st.subheader("Batch replay")
     queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
     suspicious = "the most suspicious requests"
-    choices = [suspicious] + ([f"the {len(queued)} selected requests"] if queued else [])
-    which = st.radio("Replay", choices, index=len(choices) - 1, horizontal=True, key="batch_which")
+    if queued:
+        choices = [suspicious, f"the {len(queued)} selected requests"]
+        which = st.radio("Replay", choices, index=1, horizontal=True, key="batch_which")
+    else:  # one choice is no choice: the radio comes with the ticks on Mismatches
+        which = suspicious
+        st.caption("Replays the most suspicious requests: contaminated hits first, then length violations. Tick "
+                   "rows on Mismatches to replay those instead.")
     count = st.number_input("How many suspicious requests", min_value=1, max_value=1000, value=10, step=1,
                             key="batch_count", disabled=which != suspicious)
     if st.button("Replay batch", disabled=running(), key="replay_batch"):
