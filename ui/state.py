@@ -15,7 +15,7 @@ import streamlit as st
 
 from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.store import Store, StoreError, resolve_db
-from ui.format import md_escape
+from ui.format import code_span, md_escape
 
 DB_KEY = "db_path"
 DB_ACCEPTED_KEY = "db_path_accepted"
@@ -109,7 +109,7 @@ def require_data() -> None:
 
 def empty_state(db: Store) -> None:
     st.info(
-        f"No requests in `{md_escape(str(db.path))}` yet. Load logs from the sidebar (a path, or upload "
+        f"No requests in {code_span(db.path)} yet. Load logs from the sidebar (a path, or upload "
         "`.jsonl`, `.jsonl.gz`, `.csv` or `.parquet` files), or from a shell:\n\n"
         f"    specdec ingest PATH --db {db.path}\n\n"
         "`make run` loads the demo logs in `data/demo/` and opens this dashboard on them."

@@ -246,3 +246,14 @@ def test_the_identities_behind_a_key_link_each_to_its_first_request(monkeypatch,
     # prod's key k-1: r1 and r2 share an identity, r3 and r4 each have their own.
     assert sorted(identities.first_request_id) == ["r1", "r3", "r4"]
     assert list(identities.open) == [f"request?request_id={r}" for r in identities.first_request_id]
+
+
+def test_the_empty_store_message_shows_its_path_as_it_is(monkeypatch, tmp_path):
+    missing = tmp_path / "new.duckdb"
+    [info] = texts(open_app(monkeypatch, missing), "info")
+    assert f"No requests in `{missing}` yet" in info and "\\/" not in info
+
+
+def test_the_latency_axis_labels_only_powers_of_ten(monkeypatch, incident_db):
+    axis = figures(open_app(monkeypatch, incident_db, "cache"))["latency_histogram"]["layout"]["xaxis"]
+    assert axis["type"] == "log" and axis["dtick"] == 1
