@@ -57,7 +57,9 @@ def test_a_stored_replay_has_a_permanent_page_in_any_tab(browser, foreign_server
     heading(page, "Replay")
     expect(metric(page, "Classification")).to_have_text("foreign")
     expect(page.get_by_text("Replay of the source request m1", exact=True)).to_be_visible()
-    expect(page.get_by_text(re.compile(r"^Word diff: production against the replay of the source"))).to_be_visible()
+    expect(page.get_by_text(re.compile(r"^Word diff: production against the replay with the request's own identity "
+                                       r"\(production equals the replay of the source request m1 exactly\)"))
+           ).to_be_visible()
     expect(page.get_by_text("Why:")).to_be_visible()
     # The evidence reads as words and short numbers, not JSON with 17-digit floats.
     assert not re.search(r"\d\.\d{10,}", page.get_by_test_id("stMain").inner_text())

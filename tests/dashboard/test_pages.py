@@ -487,11 +487,13 @@ def test_replay_shows_both_outputs_the_diff_and_the_source_for_a_foreign_output(
     similarity = shown["Similarity to this request's replay"]
     assert (shown["Common prefix (tokens)"], similarity, shown["Acceptance rate (replay)"]) == ("1", "50.0%", "75.0%")
     assert texts(at, "code")[2:] == ["An output.", "An <b>other</b> output.", "An output."]
-    # A foreign output is diffed against the source's replay, the one that proves the cause.
+    # Production equals the source's replay exactly: the diff that explains the verdict is against this
+    # request's own replay (what production should have been), labelled so.
     [heading] = [m for m in texts(at, "markdown") if m.startswith("**Word diff")]
-    assert "against the replay of the source request r1" in markdown_unescape(heading)
+    assert ("against the replay with the request's own identity (production equals the replay of the source "
+            "request r1 exactly)") in markdown_unescape(heading)
     [ops] = [d.value for d in at.dataframe if "op" in d.value]
-    assert list(ops.op) == ["equal"]
+    assert "equal" in list(ops.op) and set(ops.op) != {"equal"}
     evidence = [d.value for d in at.dataframe if list(d.value.columns) == ["what", "value"]][0]
     assert list(evidence.itertuples(index=False, name=None)) == [
         ("Source", "r1"), ("Why", "replay of the source matches production")]

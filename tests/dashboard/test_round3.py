@@ -26,6 +26,7 @@ from test_pages import (  # noqa: F401
 
 from specdec_core import analysis
 from specdec_core.replay import jobs
+from specdec_core.replay.stored import StoredReplay
 from specdec_core.store.connection import Store
 from ui.format import WORD_JOINER, md_escape
 
@@ -257,3 +258,23 @@ def test_the_empty_store_message_shows_its_path_as_it_is(monkeypatch, tmp_path):
 def test_the_latency_axis_labels_only_powers_of_ten(monkeypatch, incident_db):
     axis = figures(open_app(monkeypatch, incident_db, "cache"))["latency_histogram"]["layout"]["xaxis"]
     assert axis["type"] == "log" and axis["dtick"] == 1
+
+
+# --- a foreign verdict's diff is the one that explains it ----------------------------------------------------
+
+
+def stored_foreign(source_text: str) -> StoredReplay:
+    return StoredReplay("r" * 32, "h1", datetime(2026, 3, 1, tzinfo=timezone.utc), "foreign", "why",
+                        "the cat sat", "a dog ran", "m1", source_text, 0.0, 0, 0, 3, None, None)
+
+
+def test_an_exact_foreign_is_diffed_against_the_request_s_own_replay_and_says_so():
+    label, text = stored_foreign("the cat sat").proof
+    assert text == "a dog ran" and "production equals the replay of the source request m1 exactly" in label
+    ops, similarity = stored_foreign("the cat sat").proof_diff()
+    assert similarity < 1 and {op.op for op in ops} != {"equal"}
+
+
+def test_a_near_tie_foreign_is_diffed_against_the_source_s_replay():
+    label, text = stored_foreign("the cat sat down").proof
+    assert text == "the cat sat down" and label == "the replay of the source request m1"
