@@ -35,14 +35,18 @@ over_time = over_time.assign(combination=over_time.combination.map(ui.plot_label
                              label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
 deployments = over_time.deployment.nunique()
 figure = px.line(over_time, x="bucket", y="smoothed_hit_rate", color="combination", facet_row="label",
-                 custom_data=["deployment"], markers=smoothing == 1 and deployments * over_time.bucket.nunique() < 400,
-                 hover_data={"requests": True, "hit_rate": ":.1%"},
+                 custom_data=["deployment", "label", "combination", "requests", "hit_rate"],
+                 markers=smoothing == 1 and deployments * over_time.bucket.nunique() < 400,
+                 category_orders={"label": sorted(over_time.label.unique())},
                  labels={"smoothed_hit_rate": "hit rate", "bucket": f"time (UTC, {ui.bucket_words(bucket)})",
                          "label": "deployment", "combination": "target / draft"},
                  color_discrete_sequence=ui.PALETTE, height=160 + 150 * max(deployments, 1),
                  facet_row_spacing=ui.panel_spacing(deployments, 150))
 figure.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
 figure.update_yaxes(tickformat=".0%")
+figure.update_traces(hovertemplate=f"<b>%{{customdata[1]}}</b> · %{{customdata[2]}}<br>%{{x|{ui.TIME_FORMAT_D3}}} UTC"
+                                   "<br>hit rate %{y:.1%} smoothed, %{customdata[4]:.1%} in this bucket of "
+                                   "%{customdata[3]:,} requests<extra></extra>")
 ui.readable_layout(figure)
 point = ui.time_chart(figure, "hit_rate_over_time", bucket=bucket)
 ui.show_point_rows(figure, point, bucket, key="hit_rate_rows")

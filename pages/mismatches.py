@@ -28,10 +28,13 @@ over_time = ui.cached(analysis.mismatch_rate_over_time, filters=filters, bucket=
 # say one deployment is worse than another.
 over_time = over_time[over_time.contaminated_hits > 0]
 over_time = over_time.assign(label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
-figure = px.bar(over_time, x="bucket", y="contaminated_hits", color="label", custom_data=["deployment"],
-                hover_data=["hits", "mismatch_rate"], color_discrete_sequence=ui.PALETTE,
+figure = px.bar(over_time, x="bucket", y="contaminated_hits", color="label",
+                custom_data=["deployment", "label", "hits", "mismatch_rate"], color_discrete_sequence=ui.PALETTE,
+                category_orders={"label": sorted(over_time.label.unique())},
                 labels={"bucket": f"time (UTC, {ui.bucket_words(bucket)})", "contaminated_hits": "contaminated hits",
                         "label": "deployment"})
+figure.update_traces(hovertemplate=f"<b>%{{customdata[1]}}</b><br>%{{x|{ui.TIME_FORMAT_D3}}} UTC<br>%{{y:,}} "
+                                   "contaminated of %{customdata[2]:,} hits (%{customdata[3]:.1%})<extra></extra>")
 ui.readable_layout(figure)
 point = ui.time_chart(figure, "mismatch_rate_over_time", bucket=bucket)
 ui.show_point_rows(figure, point, bucket, contaminated_only=True, key="mismatch_point_rows")

@@ -86,12 +86,15 @@ else:
     over_time = ui.cached(analysis.mismatch_rate_over_time, filters=filters, bucket=bucket)
     over_time = over_time[over_time.deployment.isin(window.deployment)]
     over_time = over_time.assign(label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
-    figure = px.bar(over_time, x="bucket", y="contaminated_hits", facet_row="label", custom_data=["deployment"],
-                    color_discrete_sequence=[ui.ALARM], hover_data=["hits"],
+    figure = px.bar(over_time, x="bucket", y="contaminated_hits", facet_row="label",
+                    custom_data=["deployment", "label", "hits"], color_discrete_sequence=[ui.ALARM],
+                    category_orders={"label": sorted(over_time.label.unique())},
                     labels={"bucket": f"time (UTC, {ui.bucket_words(bucket)})", "contaminated_hits": "contaminated",
                             "label": "deployment"},
                     height=140 + 120 * len(window), facet_row_spacing=ui.panel_spacing(len(window), 120))
     figure.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
+    figure.update_traces(hovertemplate=f"<b>%{{customdata[1]}}</b><br>%{{x|{ui.TIME_FORMAT_D3}}} UTC<br>"
+                                       "%{y:,} contaminated of %{customdata[2]:,} hits<extra></extra>")
     ui.readable_layout(figure)
     point = ui.time_chart(figure, "contamination_timeline", bucket=bucket)
     ui.show_point_rows(figure, point, bucket, contaminated_only=True, key="contamination_rows")

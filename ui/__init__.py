@@ -71,6 +71,7 @@ from ui.state import (
 )
 from ui.tables import (
     TIME_FORMAT,
+    TIME_FORMAT_D3,
     columns_for,
     header,
     request_link_column,
@@ -88,5 +89,5 @@ __all__ = [
     "fmt_ts", "has_data", "md_escape", "operator_stores", "page_header", "page_link", "panel_spacing",
     "plot_label", "point_deployment", "point_time", "readable_layout", "replay_url", "request_table", "request_url",
     "require_data", "short_digest", "show_point_rows", "store", "time_chart", "TIME_FORMAT", "columns_for", "header",
-    "table", "view_params", "LINKED_ONLY", "request_link_column", "side_by_side",
+    "table", "TIME_FORMAT_D3", "view_params", "LINKED_ONLY", "request_link_column", "side_by_side",
 ]

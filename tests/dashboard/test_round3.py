@@ -278,3 +278,15 @@ def test_an_exact_foreign_is_diffed_against_the_request_s_own_replay_and_says_so
 def test_a_near_tie_foreign_is_diffed_against_the_source_s_replay():
     label, text = stored_foreign("the cat sat down").proof
     assert text == "the cat sat down" and label == "the replay of the source request m1"
+
+
+@pytest.mark.parametrize(("page", "key"), [(None, "contamination_timeline"), ("mismatches", "mismatch_rate_over_time"),
+                                           ("cache", "hit_rate_over_time")])
+def test_time_charts_hover_in_words_and_order_deployments_by_name(monkeypatch, incident_db, page, key):
+    spec = figures(open_app(monkeypatch, incident_db, page))[key]
+    for trace in spec["data"]:
+        template = trace["hovertemplate"]
+        assert "=%{" not in template and template.endswith("<extra></extra>") and " UTC" in template
+    names = [a["text"] for a in spec["layout"].get("annotations", []) if a.get("textangle") == 90]
+    # plotly lists the panels' labels bottom-up: by name from the top down.
+    assert names == sorted(names, reverse=True)
