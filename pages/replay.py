@@ -244,13 +244,15 @@ def show_outcome(job: jobs.ReplayJob) -> None:
         batch = pd.DataFrame({
             "open": [ui.replay_url(r.replay_id) for r in job.results],
             "request_id": [r.request_id for r in job.results],
+            "request_page": [ui.request_url(r.request_id) for r in job.results],
             "classification": [r.classification for r in job.results],
             "similarity": [r.diff.similarity if r.diff else None for r in job.results],
             "source_request_id": [r.source_request_id for r in job.results],
             "message": [r.message for r in job.results],
         })
         ui.table(batch, key="batch_table", column_config={
-            "open": st.column_config.LinkColumn("replay page", display_text="open", width="small")})
+            "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
+            "request_page": ui.request_link_column()})
         if st.toggle("Show each row's diff", key="batch_diffs"):
             for n, result in enumerate(job.results):
                 with st.expander(f"{result.request_id}: {result.classification}"):
@@ -334,8 +336,10 @@ if history.empty:
                "`specdec replay` are stored and listed here, each with its own page.")
 else:
     history.insert(0, "open", [ui.replay_url(r) for r in history.replay_id])
+    history.insert(1, "request_page", [ui.request_url(r) for r in history.request_id])
     # The verdict and the request first: on a phone they are all that fits beside the link.
-    first = ["open", "classification", "request_id"]
+    first = ["open", "classification", "request_id", "request_page"]
     history = history[first + [c for c in history.columns if c not in first]]
     ui.table(history, key="replay_history", column_config={
-        "open": st.column_config.LinkColumn("replay page", display_text="open", width="small")})
+        "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
+        "request_page": ui.request_link_column()})
