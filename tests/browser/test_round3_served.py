@@ -3,6 +3,8 @@ their data, the request page, red flags before the first chart."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from helpers import rec
 from playwright.sync_api import Page, expect
@@ -110,4 +112,36 @@ def test_log_text_makes_no_link_in_the_contamination_window_or_the_red_flags(bro
     assert not [h for h in hrefs if "evil" in h or h.startswith(("http", "mailto"))], hrefs
     assert main.locator("img").count() == 0
     assert page.dialogs == []
+    page.context.close()
+
+
+def test_back_after_a_dragged_range_restores_the_range_before_it(browser, demo_url):
+    page = new_page(browser)
+    page.goto(f"{demo_url}/?deployment=edge-a")
+    heading(page, "Overview")
+    settle(page)
+    start = page.evaluate("history.length")
+    caption = page.get_by_test_id("stSidebar").get_by_text(" UTC to ")
+    whole = caption.inner_text()
+    chart = page.locator(".js-plotly-plot").first
+    chart.scroll_into_view_if_needed()
+    drag = chart.locator(".nsewdrag").first
+    box = drag.bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.3, y)
+    page.mouse.down()
+    for step in range(1, 11):
+        page.mouse.move(box["x"] + box["width"] * (0.3 + 0.03 * step), y)
+    page.mouse.up()
+    expect(page).to_have_url(re.compile(r"[?&]start="))
+    expect(caption).not_to_have_text(whole)
+    settle(page)
+    assert page.evaluate("history.length") == start + 1, "a dragged range is one history entry"
+
+    page.go_back()
+    expect(page).to_have_url(f"{demo_url}/?deployment=edge-a")
+    expect(caption).to_have_text(whole)
+    settle(page)
+    page.wait_for_timeout(1500)
+    assert page.url == f"{demo_url}/?deployment=edge-a", "the view before the drag stays"
     page.context.close()
