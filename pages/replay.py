@@ -329,12 +329,13 @@ else:
     request_section(job)
     batch_section(None)
 
-st.subheader("Replay history")
-history = ui.cached(stored.replay_history, filters=filters)
-if history.empty:
-    st.caption("No replay stored for the requests of this selection yet. Replays run here or with "
-               "`specdec replay` are stored and listed here, each with its own page.")
-else:
+
+def show_history() -> None:
+    history = ui.cached(stored.replay_history, filters=filters)
+    if history.empty:
+        st.caption("No replay stored for the requests of this selection yet. Replays run here or with "
+                   "`specdec replay` are stored and listed here, each with its own page.")
+        return
     history.insert(0, "open", [ui.replay_url(r) for r in history.replay_id])
     history.insert(1, "request_page", [ui.request_url(r) for r in history.request_id])
     # The verdict and the request first: on a phone they are all that fits beside the link.
@@ -343,3 +344,17 @@ else:
     ui.table(history, key="replay_history", column_config={
         "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
         "request_page": ui.request_link_column()})
+
+
+@st.fragment(run_every=1)
+def history_while_running() -> None:
+    """While a run stores its replays one by one, the history follows (the page itself is drawn again once,
+    when the run ends): it said "no replay stored" after 2 of 3 were."""
+    show_history()
+
+
+st.subheader("Replay history")
+if running():
+    history_while_running()
+else:
+    show_history()
