@@ -53,8 +53,7 @@ $(DB): $(STAMP) $(DEMO_LOG)
 # A demo database made by an older version is brought up to date first (the dashboard only reads).
 run: models $(DB)
 	$(VENV)/bin/specdec migrate --db $(DB)
-	$(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
-	  --server.headless true --browser.gatherUsageStats false -- --db $(DB)
+	$(VENV)/bin/specdec dashboard --db $(DB) --host 127.0.0.1 --port $(PORT)
 
 # docs/cli.md's section of every command's --help, written again from the parser (a test checks it).
 cli-docs: $(STAMP)

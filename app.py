@@ -19,7 +19,7 @@ from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.config import ConfigError, PathRefused
 from specdec_core.ingest import ingest
 from specdec_core.replay import jobs as replay_jobs
-from specdec_core.store import LogReadError, StoreError
+from specdec_core.store import LogReadError, Store, StoreError
 
 LAST_INGEST_KEY = "last_ingest"
 UPLOAD_TYPES = ["jsonl", "gz", "csv", "parquet"]
@@ -30,13 +30,16 @@ URL_KEYS = ("start", "end", "deployment", "target_model", "draft_model", "db", "
 NOTES_KEY = "annotations_text"
 URL_WRITTEN_KEY = "_url_written"
 LIVE_EVERY_S = 5
+NEW_DB_TOGGLE = "load_new_db"
+NEW_DB_PATH = "load_new_db_path"
+NEXT_DB_KEY = "_db_next"  # a store a load just made, for the Database box to open on the next run
 
 st.set_page_config(page_title="specdec-triage", page_icon="🔎", layout="wide")
 
 ICONS = {"Overview": ":material/dashboard:", "Cache": ":material/cached:", "Output length": ":material/straighten:",
          "Mismatches": ":material/difference:", "Keys": ":material/key:", "Replay": ":material/replay:",
          "Impact": ":material/group:",
-         "Search": ":material/search:", "Export": ":material/download:"}
+         "Search": ":material/search:", "Export": ":material/download:", "Request": ":material/receipt_long:"}
 PAGES = {title: st.Page(path, title=title, icon=ICONS[title], default=title == "Overview")
          for title, path in ui.PAGE_FILES.items()}
 # The sidebar's own links (below) carry the view's filters: a page switch is then one history entry with them,
@@ -46,7 +49,14 @@ navigation = st.navigation(list(PAGES.values()), position="hidden")
 
 def load_logs(paths: list[str], names: dict[str, str] | None = None) -> None:
     """Ingest with a progress bar; the counts stay in the sidebar until the next load. `names`: the name
-    each file is recorded under, where that is not its path (an upload's own name)."""
+    each file is recorded under, where that is not its path (an upload's own name). With "into a new
+    database" ticked, into that store, which the dashboard then opens."""
+    try:
+        target = new_database() if st.session_state.get(NEW_DB_TOGGLE) else ui.store()
+    except (PathRefused, ConfigError, ValueError) as exc:
+        st.session_state.pop(LAST_INGEST_KEY, None)
+        st.error(f"Nothing loaded: {ui.md_escape(exc)}")
+        return
     try:
         log_format, mapping = chosen_format()
     except (ValueError, OSError) as exc:
@@ -60,7 +70,7 @@ def load_logs(paths: list[str], names: dict[str, str] | None = None) -> None:
 
     try:
         parts = {Path(path).resolve(): (name, 0) for path, name in (names or {}).items()}
-        result = ingest(ui.store(), paths, progress=progress, log_format=log_format, mapping=mapping, parts=parts)
+        result = ingest(target, paths, progress=progress, log_format=log_format, mapping=mapping, parts=parts)
     except (LogReadError, StoreError, OSError, ValueError) as exc:
         bar.empty()
         st.session_state.pop(LAST_INGEST_KEY, None)
@@ -70,7 +80,37 @@ def load_logs(paths: list[str], names: dict[str, str] | None = None) -> None:
         bar.empty()  # show_last_ingest says why, in red
     else:
         bar.progress(1.0, text="Loaded")
-    st.session_state[LAST_INGEST_KEY] = {**result.to_json(), "all_quarantined": result.all_quarantined}
+    st.session_state[LAST_INGEST_KEY] = {**result.to_json(), "all_quarantined": result.all_quarantined,
+                                         "db": target.name}
+    if target.name != ui.store().name:
+        st.session_state[NEXT_DB_KEY] = target.name  # the Database box is drawn already: it takes it next run
+        st.rerun()
+
+
+def new_database() -> Store:
+    """The store typed under "into a new database": inside the roots, and not there yet."""
+    chosen = ui.dashboard_settings().confine_store(str(st.session_state.get(NEW_DB_PATH) or ""))
+    store = Store(chosen)
+    if store.exists:
+        raise ValueError(f"{chosen} exists already: name a new file for a load of its own")
+    return store
+
+
+def partial_load_warning() -> None:
+    """On every page while the store shown is the one the last load went into and that load was mostly
+    quarantined: its figures are a fraction of the files, and why, grouped."""
+    counts = st.session_state.get(LAST_INGEST_KEY)
+    if (not counts or counts.get("db") != ui.store().name
+            or not analysis.mostly_quarantined(counts["read"], counts["quarantined"])):
+        return
+    reasons = ui.cached(analysis.quarantine_reasons, counts["ingest_id"])
+    grouped = "\n".join(f"- {ui.plural(int(r.records), 'record')}: {ui.code_span(r.reason)}, for example "
+                        f"{ui.md_escape(r.example[:200])}" for r in reasons.itertuples())
+    st.warning(f"**The last load was mostly refused**: {ui.fmt_int(counts['quarantined'])} of "
+               f"{ui.plural(counts['read'], 'record')} were quarantined and are not in these figures; "
+               f"{ui.fmt_int(counts['accepted'])} {'was' if counts['accepted'] == 1 else 'were'} added to what the "
+               f"database held. By reason:\n\n{grouped}"
+               "\n\nTo see those files alone, load them again with *Into a new database* (sidebar, Load logs).")
 
 
 def load_path(text: str) -> None:
@@ -173,6 +213,9 @@ def time_range(options: analysis.FilterOptions) -> tuple:
     low, high = st.slider(label, min_value=start, max_value=end, step=step,
                           format=ui.TIME_FORMAT.split(" ")[1] if one_day else ui.TIME_FORMAT, key="f_time")
     st.caption(f"{ui.fmt_ts(low)} to {ui.fmt_ts(high)}")
+    st.segmented_control("Quick range", list(QUICK_RANGES), key=QUICK_KEY, on_change=quick_range,
+                         args=(start, end), help="The last 15 minutes, hour, 6 or 24 hours of the log, up to its "
+                                                 "newest request; or all of it")
     if options.outside_span:
         beyond = "has a timestamp" if options.outside_span == 1 else "have timestamps"
         st.caption(f"{ui.plural(options.outside_span, 'request')} {beyond} beyond this slider (earliest "
@@ -182,14 +225,34 @@ def time_range(options: analysis.FilterOptions) -> tuple:
     return (None if low <= start else low), (None if high >= end else high)
 
 
+# Grafana's quick ranges, counted back from the newest request: "now" for a live store, the incident's end for
+# a log loaded after it.
+QUICK_RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "6h": timedelta(hours=6),
+                "24h": timedelta(hours=24), "all": None}
+QUICK_KEY = "quick_range"
+
+
+def quick_range(start: datetime, end: datetime) -> None:
+    """on_change of the quick ranges: the time filter becomes the last stretch of the log chosen (or all of
+    it). The control then lets go of its choice: a range dragged later is no quick range."""
+    name = st.session_state.get(QUICK_KEY)
+    if name in QUICK_RANGES:
+        length = QUICK_RANGES[name]
+        st.session_state["f_time"] = (start if length is None else max(start, end - length), end)
+    st.session_state[QUICK_KEY] = None
+
+
 def filters_from_url(options: analysis.FilterOptions) -> None:
-    """A URL the session did not write itself (pasted, reloaded, browser back) sets the filters it names."""
+    """A URL the session did not write itself (pasted, reloaded, browser Back) sets the view it names, and a
+    filter it leaves out goes back to all: Back from a filter change shows the view before it, and the URL
+    written next is that same view (a second write would be a history entry of its own)."""
     current = {k: tuple(st.query_params.get_all(k)) for k in URL_KEYS if k in st.query_params}
-    if not current or current == st.session_state.get(URL_WRITTEN_KEY):
+    written = st.session_state.get(URL_WRITTEN_KEY)
+    if current == written or (not current and written is None):
         return
     st.session_state[URL_WRITTEN_KEY] = current
     span = (options.span_start, options.span_end)
-    if span[0] is not None and ("start" in current or "end" in current):
+    if span[0] is not None:
         try:
             low = _url_time(current.get("start"), span[0])
             high = _url_time(current.get("end"), span[1])
@@ -198,8 +261,7 @@ def filters_from_url(options: analysis.FilterOptions) -> None:
             pass
     for url_key, key in (("deployment", "deployments"), ("target_model", "target_models"),
                          ("draft_model", "draft_models")):
-        if url_key in current:
-            st.session_state[f"f_{key}"] = [v for v in current[url_key] if v in getattr(options, key)]
+        st.session_state[f"f_{key}"] = [v for v in current.get(url_key, ()) if v in getattr(options, key)]
     st.session_state[NOTES_KEY] = current["notes"][0] if "notes" in current else ""
 
 
@@ -238,6 +300,8 @@ def page_links() -> None:
     """The pages, each link carrying this view's filters (see `navigation`)."""
     view = st.session_state.get(ui.VIEW_PARAMS_KEY) or {}
     for title, page in PAGES.items():
+        if title in ui.LINKED_ONLY:
+            continue
         st.page_link(page, label=title, icon=ICONS[title], query_params=view, width="stretch")
 
 
@@ -321,6 +385,8 @@ with st.sidebar:
     links = st.container()
     if ui.DB_KEY not in st.session_state:
         st.session_state[ui.DB_KEY] = ui.default_db_path()
+    if NEXT_DB_KEY in st.session_state:
+        st.session_state[ui.DB_KEY] = st.session_state[ui.DB_ACCEPTED_KEY] = st.session_state.pop(NEXT_DB_KEY)
     db_from_url()
     st.text_input("Database", key=ui.DB_KEY, on_change=ui.confine_db_choice,
                   help="A DuckDB file made by `specdec ingest`; created on first load. Only inside the folders "
@@ -340,6 +406,13 @@ with st.sidebar:
         st.selectbox("Log format", list(LOG_FORMATS), format_func=LOG_FORMATS.get, key="load_format",
                      help="As `specdec ingest --format`; auto decides per file from its first record.")
         st.file_uploader("Mapping file (TOML, as `--map`), for other JSON Lines", type=["toml"], key="load_mapping")
+        if st.toggle("Into a new database", key=NEW_DB_TOGGLE,
+                     help="Load into a store of its own, not beside what this database holds: a load whose "
+                          "request ids are already here with other content is quarantined otherwise."):
+            # Beside the database open now (a folder the dashboard may write to), named by the time.
+            st.session_state.setdefault(NEW_DB_PATH, str(Path(ui.store().path).parent / (
+                f"load-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}.duckdb")))
+            st.text_input("New database file", key=NEW_DB_PATH)
         if st.button("Load path", disabled=not log_path.strip()):
             load_path(log_path.strip())
         uploads = st.file_uploader("Or upload log files", type=UPLOAD_TYPES, accept_multiple_files=True,
@@ -358,6 +431,8 @@ with st.sidebar:
     ui.click_bridge()
 
 st.session_state[ui.PRELOAD_KEY] = model_preload()
+
+partial_load_warning()
 
 with ui.entrypoint():
     navigation.run()

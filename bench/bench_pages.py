@@ -22,12 +22,13 @@ sys.path.insert(0, str(ROOT))
 import streamlit as st  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from specdec_core.analysis import headline  # noqa: E402
+from specdec_core.analysis import headline, suspicious_requests  # noqa: E402
 from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
 from specdec_core.ingest.load import ingest  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402
 
-PAGES = ("overview", "cache", "output_length", "mismatches", "impact", "keys", "replay", "search", "export")
+PAGES = ("overview", "cache", "output_length", "mismatches", "impact", "keys", "replay", "search", "export",
+         "request")
 # A search typed on the Search page: the scan over every prompt and output it costs.
 SEARCH_TEXT = "cache"
 TARGET_S = 2.0
@@ -50,13 +51,15 @@ def build_db(rows: int, out: Path, rebuild: bool) -> Store:
     return db
 
 
-def render(page: str) -> tuple[float, float]:
+def render(page: str, request_id: str = "") -> tuple[float, float]:
     """Seconds for the page's first render with an empty data cache, then for a rerun."""
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
     if page != "overview":
         at.switch_page(f"pages/{page}.py")
     if page == "search":  # the page takes its query from the address (?q=), as a link or Back gives it
         at.query_params["q"] = SEARCH_TEXT
+    if page == "request":  # one request's page, as a link from a table opens it: a contaminated hit
+        at.query_params["request_id"] = request_id
     st.cache_data.clear()
     t0 = time.perf_counter()
     at.run()
@@ -82,10 +85,11 @@ def main() -> None:
     print(f"{db.path}: {head.requests:,} requests, {head.contaminated_hits:,} contaminated hits, "
           f"{head.key_collisions:,} key collisions")
     os.environ["SPECDEC_DB"] = str(db.path)
+    request_id = str(suspicious_requests(db, 1).request_id.iloc[0])
     print(f"\n{'page':<15}{'cold (s)':>10}{'warm (s)':>10}  target < {TARGET_S:.0f} s cold")
     worst = 0.0
     for page in PAGES:
-        cold, warm = render(page)
+        cold, warm = render(page, request_id)
         worst = max(worst, cold)
         print(f"{page:<15}{cold:>10.2f}{warm:>10.2f}  {'ok' if cold < TARGET_S else 'SLOW'}")
     print(f"\nslowest cold render {worst:.2f} s ({'within' if worst < TARGET_S else 'over'} the target)")

@@ -21,8 +21,8 @@ combos = combos.assign(combination=[ui.plot_label(f"{t} / {d}")
 figure = px.bar(combos, x="combination", y="hit_rate", hover_data=["requests", "hits", "contaminated_hits"],
                 labels={"hit_rate": "hit rate", "combination": "target / draft"},
                 color_discrete_sequence=[ui.GOOD])
-figure.update_yaxes(tickformat=".0%", range=[0, 1])
-st.plotly_chart(ui.readable_layout(figure), key="hit_rate_by_combination")
+figure.update_yaxes(tickformat=".0%")
+st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="hit_rate_by_combination")
 
 st.subheader("Hit rate over time, per deployment")
 # Smoothed by default: bucket by bucket, a few requests per combination make each line a comb.
@@ -35,14 +35,18 @@ over_time = over_time.assign(combination=over_time.combination.map(ui.plot_label
                              label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
 deployments = over_time.deployment.nunique()
 figure = px.line(over_time, x="bucket", y="smoothed_hit_rate", color="combination", facet_row="label",
-                 custom_data=["deployment"], markers=smoothing == 1 and deployments * over_time.bucket.nunique() < 400,
-                 hover_data={"requests": True, "hit_rate": ":.1%"},
+                 custom_data=["deployment", "label", "combination", "requests", "hit_rate"],
+                 markers=smoothing == 1 and deployments * over_time.bucket.nunique() < 400,
+                 category_orders={"label": sorted(over_time.label.unique())},
                  labels={"smoothed_hit_rate": "hit rate", "bucket": f"time (UTC, {ui.bucket_words(bucket)})",
                          "label": "deployment", "combination": "target / draft"},
                  color_discrete_sequence=ui.PALETTE, height=160 + 150 * max(deployments, 1),
                  facet_row_spacing=ui.panel_spacing(deployments, 150))
 figure.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
-figure.update_yaxes(tickformat=".0%", range=[0, 1.05])
+figure.update_yaxes(tickformat=".0%")
+figure.update_traces(hovertemplate=f"<b>%{{customdata[1]}}</b> · %{{customdata[2]}}<br>%{{x|{ui.TIME_FORMAT_D3}}} UTC"
+                                   "<br>hit rate %{y:.1%} smoothed, %{customdata[4]:.1%} in this bucket of "
+                                   "%{customdata[3]:,} requests<extra></extra>")
 ui.readable_layout(figure)
 point = ui.time_chart(figure, "hit_rate_over_time", bucket=bucket)
 ui.show_point_rows(figure, point, bucket, key="hit_rate_rows")
@@ -63,7 +67,7 @@ figure = go.Figure([
 ])
 figure.update_layout(barmode="stack", xaxis_title="cache hits", yaxis_title="deployment",
                      height=140 + 50 * max(len(ratios), 1))
-st.plotly_chart(ui.readable_layout(figure), key="first_sight_hits")
+st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="first_sight_hits")
 ui.table(ratios, column_config={
     "keys_per_identity": st.column_config.NumberColumn("keys per identity", format="%.3f"),
     "max_correct_hit_rate": st.column_config.NumberColumn("ceiling for a correct key", format="percent",
@@ -83,8 +87,8 @@ else:
         for outcome, part in histogram.groupby("outcome")
     ])
     figure.update_layout(barmode="overlay", xaxis_title="latency (ms, log scale)", yaxis_title="requests")
-    figure.update_xaxes(type="log")
-    st.plotly_chart(ui.readable_layout(figure), key="latency_histogram")
+    figure.update_xaxes(type="log", dtick=1)  # a label per power of ten: the 2s and 5s between crowded it
+    st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="latency_histogram")
     ui.table(latency)
 
 st.subheader("Speculative decoding health (decoded requests)")
@@ -98,9 +102,9 @@ else:
     left, right = st.columns(2)
     figure = px.bar(acceptance, x="combination", y="acceptance_rate", color_discrete_sequence=[ui.GOOD],
                     labels={"acceptance_rate": "acceptance rate", "combination": "target / draft"})
-    figure.update_yaxes(tickformat=".0%", range=[0, 1])
-    left.plotly_chart(ui.readable_layout(figure), key="acceptance_rate")
+    figure.update_yaxes(tickformat=".0%")
+    left.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="acceptance_rate")
     figure = px.bar(acceptance, x="combination", y="mean_accepted_length", color_discrete_sequence=[ui.GOOD],
                     labels={"mean_accepted_length": "accepted tokens per step", "combination": "target / draft"})
-    right.plotly_chart(ui.readable_layout(figure), key="mean_accepted_length")
+    right.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="mean_accepted_length")
     ui.table(acceptance.drop(columns="combination"))

@@ -53,5 +53,7 @@ else:
                        key="download_replays")
     replays = replays.copy()
     replays.insert(0, "open", [ui.replay_url(r) for r in replays.replay_id])
+    replays.insert(1, "request_page", [ui.request_url(r) for r in replays.request_id])
     ui.table(replays, column_config={
-        "open": st.column_config.LinkColumn("replay page", display_text="open", width="small")})
+        "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
+        "request_page": ui.request_link_column()})

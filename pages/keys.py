@@ -53,7 +53,9 @@ else:
                     + ", ".join(ui.code_span(f) for f in differing))
     # The highlighted differing fields first: in view without scrolling sideways.
     identities = identities[differing + [c for c in identities.columns if c not in differing]]
-    ui.table(identities, highlight=differing, key="key_identities")
+    # The link to its first request right after the differing fields, which stay first.
+    identities.insert(len(differing), "open", [ui.request_url(r) for r in identities.first_request_id])
+    ui.table(identities, highlight=differing, key="key_identities", column_config={"open": ui.request_link_column()})
     prompts = ui.cached(analysis.key_prompts, chosen.deployment, chosen.cache_key, filters=filters)
     distinct = prompts.prompt.dropna().unique()
     st.markdown(f"**Prompt{'s' if len(distinct) > 1 else ''} behind this key**")

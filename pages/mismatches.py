@@ -28,10 +28,13 @@ over_time = ui.cached(analysis.mismatch_rate_over_time, filters=filters, bucket=
 # say one deployment is worse than another.
 over_time = over_time[over_time.contaminated_hits > 0]
 over_time = over_time.assign(label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
-figure = px.bar(over_time, x="bucket", y="contaminated_hits", color="label", custom_data=["deployment"],
-                hover_data=["hits", "mismatch_rate"], color_discrete_sequence=ui.PALETTE,
+figure = px.bar(over_time, x="bucket", y="contaminated_hits", color="label",
+                custom_data=["deployment", "label", "hits", "mismatch_rate"], color_discrete_sequence=ui.PALETTE,
+                category_orders={"label": sorted(over_time.label.unique())},
                 labels={"bucket": f"time (UTC, {ui.bucket_words(bucket)})", "contaminated_hits": "contaminated hits",
                         "label": "deployment"})
+figure.update_traces(hovertemplate=f"<b>%{{customdata[1]}}</b><br>%{{x|{ui.TIME_FORMAT_D3}}} UTC<br>%{{y:,}} "
+                                   "contaminated of %{customdata[2]:,} hits (%{customdata[3]:.1%})<extra></extra>")
 ui.readable_layout(figure)
 point = ui.time_chart(figure, "mismatch_rate_over_time", bucket=bucket)
 ui.show_point_rows(figure, point, bucket, contaminated_only=True, key="mismatch_point_rows")
@@ -46,11 +49,12 @@ if needle:
 hits = hits.reset_index(drop=True)
 selected: list[str] = st.session_state.setdefault(SELECTED_KEY, [])
 # What an engineer reads first, then the rest of the identity as the contract lists it, then the evidence.
-FIRST = ["request_id", "ts", "deployment", "target_model", "draft_model", "differing_fields", "source_request_id"]
+FIRST = ["request_id", "ts", "deployment", "differing_fields", "source_request_id", "target_model", "draft_model"]
 COLUMNS = FIRST + [f for f in contract.IDENTITY_FIELDS if f in hits.columns and f not in FIRST] + \
     [c for c in ("output_tokens", "cache_key", "source_ts", "output_preview") if c in hits.columns]
 table = hits[COLUMNS].copy()
 table.insert(0, "replay", table.request_id.isin(selected))
+table.insert(1, "open", [ui.request_url(r) for r in table.request_id])
 # The editor's own state is per position; it is keyed by the rows it shows, so a new filter starts it anew
 # from the ids ticked so far.
 editor_key = f"mismatch_editor_{len(table)}_{ui.short_digest(table.request_id)}"
@@ -77,7 +81,8 @@ st.caption(f"{shown}. Tick rows to replay them with their full identity; ticks s
            "their requests when the filter changes.")
 st.data_editor(table, hide_index=True, key=editor_key, on_change=remember_ticks,
                disabled=[c for c in table.columns if c != "replay"],
-               column_config={**ui.columns_for(table), "replay": st.column_config.CheckboxColumn("replay", width="small")})
+               column_config={**ui.columns_for(table), "replay": st.column_config.CheckboxColumn("replay", width="small"),
+                              "open": ui.request_link_column()})
 selected = st.session_state[SELECTED_KEY]
 if selected:
     hidden = [r for r in selected if r not in set(table.request_id)]
@@ -87,7 +92,7 @@ if selected:
     if left.button(f"Replay {len(selected)} selected", type="primary", key="replay_selected"):
         st.session_state[ui.REPLAY_IDS_KEY] = list(selected)
         st.session_state[ui.REPLAY_START_KEY] = list(selected)
-        st.switch_page(ui.PAGE_FILES["Replay"])
+        st.switch_page(ui.PAGE_FILES["Replay"], query_params=ui.view_params())
     if right.button("Clear the selection", key="clear_selection"):
         st.session_state[SELECTED_KEY] = []
         st.rerun()

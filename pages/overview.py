@@ -13,6 +13,41 @@ ui.require_data()
 filters = ui.filters()
 head = ui.cached(analysis.headline, filters=filters)
 
+STATE_MARK = {"contaminated": ":red[**contaminated now**]", "clean": ":green[**clean**]", "no_data": ":gray[**no data**]"}
+STRIP_COLUMNS = 4
+STRIP_MOST = 12  # a strip, not a table: the rest are named in a line below it
+
+# Each deployment at a glance, then the red flags: both before the first number or chart.
+states = ui.cached(analysis.deployment_states, filters=filters)
+for first in range(0, min(len(states), STRIP_MOST), STRIP_COLUMNS):
+    cells = st.columns(STRIP_COLUMNS)
+    for cell, state in zip(cells, states[first:first + STRIP_COLUMNS], strict=False):
+        # One line each: on a phone the strip stacks, and boxes would push the flags a screen down.
+        cell.markdown(f"**{ui.md_escape(ui.deployment_label(state.deployment))}** {STATE_MARK[state.state]} "
+                      f":gray[{ui.md_escape(state.sentence)}]")
+if len(states) > STRIP_MOST:
+    rest = states[STRIP_MOST:]
+    st.caption(f"and {ui.plural(len(rest), 'more deployment')}: "
+               f"{ui.plural(sum(s.state == 'contaminated' for s in rest), 'contaminated now', 'contaminated now')}.")
+
+st.subheader("Red flags")
+STATUS = {True: ":red[**Yes**]", False: ":green[**No**]", None: ":gray[**Unknown**]"}
+# The page that shows each red flag's evidence.
+FLAG_PAGES = {"identical_outputs": "Mismatches", "replay_disagrees": "Replay", "biased_experiments": "Mismatches",
+              "impossible_lengths": "Output length", "hit_rate_too_good": "Cache", "few_keys": "Keys"}
+FLAG_COLUMNS = 3
+flag_list = ui.cached(analysis.red_flags, filters=filters, head=head)
+for first in range(0, len(flag_list), FLAG_COLUMNS):
+    cells = st.columns(FLAG_COLUMNS)
+    for cell, flag in zip(cells, flag_list[first:first + FLAG_COLUMNS], strict=False):
+        with cell.container(border=True):
+            st.markdown(f"{STATUS[flag.flagged]} · **{ui.md_escape(flag.title)}**")
+            st.caption(ui.md_escape(flag.evidence))
+            if flag.id == "hit_rate_too_good" and flag.numbers.get("above_ceiling"):
+                st.caption(analysis.CEILING_MEANING)  # only where the ceiling is the reason
+            ui.page_link(FLAG_PAGES[flag.id], icon=":material/arrow_forward:")
+
+st.subheader("Numbers")
 # Four narrow metrics a row, each value a short number: at 1024 px wide none is cut.
 row = st.columns(4)
 row[0].metric("Requests", ui.fmt_int(head.requests))
@@ -52,27 +87,17 @@ else:
     over_time = ui.cached(analysis.mismatch_rate_over_time, filters=filters, bucket=bucket)
     over_time = over_time[over_time.deployment.isin(window.deployment)]
     over_time = over_time.assign(label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
-    figure = px.bar(over_time, x="bucket", y="contaminated_hits", facet_row="label", custom_data=["deployment"],
-                    color_discrete_sequence=[ui.ALARM], hover_data=["hits"],
+    figure = px.bar(over_time, x="bucket", y="contaminated_hits", facet_row="label",
+                    custom_data=["deployment", "label", "hits"], color_discrete_sequence=[ui.ALARM],
+                    category_orders={"label": sorted(over_time.label.unique())},
                     labels={"bucket": f"time (UTC, {ui.bucket_words(bucket)})", "contaminated_hits": "contaminated",
                             "label": "deployment"},
                     height=140 + 120 * len(window), facet_row_spacing=ui.panel_spacing(len(window), 120))
     figure.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
+    figure.update_traces(hovertemplate=f"<b>%{{customdata[1]}}</b><br>%{{x|{ui.TIME_FORMAT_D3}}} UTC<br>"
+                                       "%{y:,} contaminated of %{customdata[2]:,} hits<extra></extra>")
     ui.readable_layout(figure)
     point = ui.time_chart(figure, "contamination_timeline", bucket=bucket)
     ui.show_point_rows(figure, point, bucket, contaminated_only=True, key="contamination_rows")
     ui.table(window.sort_values(["first_contaminated", "deployment"]), key="contamination_window")
     ui.page_link("Mismatches", "See every contaminated hit", icon=":material/arrow_forward:")
-
-st.subheader("Red flags")
-STATUS = {True: ":red[**Yes**]", False: ":green[**No**]", None: ":gray[**Unknown**]"}
-# The page that shows each red flag's evidence.
-FLAG_PAGES = {"identical_outputs": "Mismatches", "replay_disagrees": "Replay", "biased_experiments": "Mismatches",
-              "impossible_lengths": "Output length", "hit_rate_too_good": "Cache", "few_keys": "Keys"}
-for flag in ui.cached(analysis.red_flags, filters=filters, head=head):
-    with st.container(border=True):
-        st.markdown(f"{STATUS[flag.flagged]} · **{ui.md_escape(flag.title)}**")
-        st.caption(ui.md_escape(flag.evidence))
-        if flag.id == "hit_rate_too_good":
-            st.caption(analysis.CEILING_MEANING)
-        ui.page_link(FLAG_PAGES[flag.id], icon=":material/arrow_forward:")

@@ -140,7 +140,7 @@ def show_replay(view: stored.StoredReplay, *, key: str, served_from: str | None 
 
 def replay_link(replay_id: str, label: str = "Open this replay's page (a permanent link)") -> None:
     st.page_link(ui.PAGE_FILES["Replay"], label=label, icon=":material/link:",
-                 query_params={"replay_id": replay_id})
+                 query_params=ui.view_params(replay_id=replay_id))
 
 
 # --- one stored replay, by its permanent address -------------------------------------------------------------
@@ -160,7 +160,7 @@ if replay_id:
         show_replay(view, key="stored", served_from=record.source_request_id if record and record.contaminated
                     else None)
         st.page_link(ui.PAGE_FILES["Replay"], label="Replay this request again", icon=":material/replay:",
-                     query_params={"request_id": view.request_id})
+                     query_params=ui.view_params(request_id=view.request_id))
     st.stop()
 
 
@@ -213,13 +213,12 @@ if queued_start and not running():
 
 
 def choose_request() -> str:
-    """A link's ?request_id= or a new selection on Mismatches fills the box; typing replaces it."""
-    queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
+    """A link's ?request_id= fills the box; typing replaces it. Requests ticked on Mismatches are the batch's,
+    not this box's: shown here too, they were a second form with a second primary button for the same run."""
     linked = st.query_params.get("request_id", "")
-    for source, value in (("linked", linked), ("queued", queued[0] if queued else "")):
-        if value and st.session_state.get(f"_replay_{source}") != value:
-            st.session_state[f"_replay_{source}"] = value
-            st.session_state["replay_request_id"] = value
+    if linked and st.session_state.get("_replay_linked") != linked:
+        st.session_state["_replay_linked"] = linked
+        st.session_state["replay_request_id"] = linked
     return st.text_input("Request id", key="replay_request_id").strip()
 
 
@@ -245,13 +244,15 @@ def show_outcome(job: jobs.ReplayJob) -> None:
         batch = pd.DataFrame({
             "open": [ui.replay_url(r.replay_id) for r in job.results],
             "request_id": [r.request_id for r in job.results],
+            "request_page": [ui.request_url(r.request_id) for r in job.results],
             "classification": [r.classification for r in job.results],
             "similarity": [r.diff.similarity if r.diff else None for r in job.results],
             "source_request_id": [r.source_request_id for r in job.results],
             "message": [r.message for r in job.results],
         })
         ui.table(batch, key="batch_table", column_config={
-            "open": st.column_config.LinkColumn("replay page", display_text="open", width="small")})
+            "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
+            "request_page": ui.request_link_column()})
         if st.toggle("Show each row's diff", key="batch_diffs"):
             for n, result in enumerate(job.results):
                 with st.expander(f"{result.request_id}: {result.classification}"):
@@ -272,8 +273,13 @@ def batch_section(job: jobs.ReplayJob | None) -> None:
     st.subheader("Batch replay")
     queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
     suspicious = "the most suspicious requests"
-    choices = [suspicious] + ([f"the {len(queued)} selected requests"] if queued else [])
-    which = st.radio("Replay", choices, index=len(choices) - 1, horizontal=True, key="batch_which")
+    if queued:
+        choices = [suspicious, f"the {len(queued)} selected requests"]
+        which = st.radio("Replay", choices, index=1, horizontal=True, key="batch_which")
+    else:  # one choice is no choice: the radio comes with the ticks on Mismatches
+        which = suspicious
+        st.caption("Replays the most suspicious requests: contaminated hits first, then length violations. Tick "
+                   "rows on Mismatches to replay those instead.")
     count = st.number_input("How many suspicious requests", min_value=1, max_value=1000, value=10, step=1,
                             key="batch_count", disabled=which != suspicious)
     if st.button("Replay batch", disabled=running(), key="replay_batch"):
@@ -323,15 +329,32 @@ else:
     request_section(job)
     batch_section(None)
 
-st.subheader("Replay history")
-history = ui.cached(stored.replay_history, filters=filters)
-if history.empty:
-    st.caption("No replay stored for the requests of this selection yet. Replays run here or with "
-               "`specdec replay` are stored and listed here, each with its own page.")
-else:
+
+def show_history() -> None:
+    history = ui.cached(stored.replay_history, filters=filters)
+    if history.empty:
+        st.caption("No replay stored for the requests of this selection yet. Replays run here or with "
+                   "`specdec replay` are stored and listed here, each with its own page.")
+        return
     history.insert(0, "open", [ui.replay_url(r) for r in history.replay_id])
+    history.insert(1, "request_page", [ui.request_url(r) for r in history.request_id])
     # The verdict and the request first: on a phone they are all that fits beside the link.
-    first = ["open", "classification", "request_id"]
+    first = ["open", "classification", "request_id", "request_page"]
     history = history[first + [c for c in history.columns if c not in first]]
     ui.table(history, key="replay_history", column_config={
-        "open": st.column_config.LinkColumn("replay page", display_text="open", width="small")})
+        "open": st.column_config.LinkColumn("replay page", display_text="open", width="small"),
+        "request_page": ui.request_link_column()})
+
+
+@st.fragment(run_every=1)
+def history_while_running() -> None:
+    """While a run stores its replays one by one, the history follows (the page itself is drawn again once,
+    when the run ends): it said "no replay stored" after 2 of 3 were."""
+    show_history()
+
+
+st.subheader("Replay history")
+if running():
+    history_while_running()
+else:
+    show_history()

@@ -44,7 +44,8 @@ def walk(node) -> list:
 
 
 def markdown_unescape(text: str) -> str:
-    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text)
+    """Markdown as it reads on screen: without md_escape's backslashes and invisible word joiners."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text).replace("\u2060", "")
 
 
 def stand_in_replay_module(monkeypatch) -> list:

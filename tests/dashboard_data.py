@@ -77,3 +77,8 @@ def build_foreign_db(folder: Path, engine: SpecDecoder) -> tuple[Path, dict]:
         rec("h1", ts="2026-03-01T10:01:00Z", max_tokens=6, cache_hit=True, **served, **TINY),
     ])
     return db, outputs
+
+
+# Deployment names that markdown would turn into a link, a mail link or an icon: log text must stay inert.
+HOSTILE_DEPLOYMENTS = ('=HYPERLINK("http://evil.example/x","click")', "http://evil.example",
+                       "www.evil.example", "ops@evil.example", ":material/warning: :smile:")

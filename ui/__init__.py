@@ -18,6 +18,7 @@ from ui.charts import (
     annotations,
     bucket_delta,
     click_bridge,
+    fit_value_axes,
     panel_spacing,
     point_deployment,
     point_time,
@@ -45,6 +46,7 @@ from ui.state import (
     DB_KEY,
     DB_REFUSED_KEY,
     FILTERS_KEY,
+    LINKED_ONLY,
     PAGE_FILES,
     PRELOAD_KEY,
     REPLAY_IDS_KEY,
@@ -65,17 +67,27 @@ from ui.state import (
     request_url,
     require_data,
     store,
+    view_params,
 )
-from ui.tables import TIME_FORMAT, columns_for, header, request_table, table
+from ui.tables import (
+    TIME_FORMAT,
+    TIME_FORMAT_D3,
+    columns_for,
+    header,
+    request_link_column,
+    request_table,
+    side_by_side,
+    table,
+)
 
 __all__ = [
     "ALARM", "ANNOTATIONS_KEY", "DB_ACCEPTED_KEY", "DB_KEY", "DB_REFUSED_KEY", "FILTERS_KEY", "GOOD", "PAGE_FILES",
     "PALETTE", "PRELOAD_KEY", "REPLAY_IDS_KEY", "REPLAY_JOB_KEY", "REPLAY_RESULTS_KEY", "REPLAY_START_KEY",
-    "SLIDER_LIMITS", "TIME_KEY", "VIEW_PARAMS_KEY", "TIME_ZOOM_KEY", "annotate", "annotations", "bucket_delta", "bucket_words", "plural", "cached", "click_bridge",
+    "SLIDER_LIMITS", "TIME_KEY", "VIEW_PARAMS_KEY", "TIME_ZOOM_KEY", "annotate", "annotations", "bucket_delta", "bucket_words", "plural", "cached", "click_bridge", "fit_value_axes",
     "code_span", "confine_db_choice", "confined_log_files", "dashboard_settings", "default_db_path",
     "deployment_label", "empty_state", "entrypoint", "filter_slug", "filters", "fmt_duration", "fmt_int", "fmt_pct",
     "fmt_ts", "has_data", "md_escape", "operator_stores", "page_header", "page_link", "panel_spacing",
     "plot_label", "point_deployment", "point_time", "readable_layout", "replay_url", "request_table", "request_url",
     "require_data", "short_digest", "show_point_rows", "store", "time_chart", "TIME_FORMAT", "columns_for", "header",
-    "table",
+    "table", "TIME_FORMAT_D3", "view_params", "LINKED_ONLY", "request_link_column", "side_by_side",
 ]

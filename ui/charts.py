@@ -40,6 +40,47 @@ def readable_layout(figure: Any, *, height: int | None = None) -> Any:
     return figure
 
 
+def fit_value_axes(figure: Any, *, pad: float = 0.08) -> Any:
+    """Each value axis's range set from the data drawn on it, from zero (stacked bars by their sums), with
+    a little room above. Set explicitly, not left to plotly's autorange: once a chart's time axis has a
+    fixed range, plotly.js stops autoranging its other axes too and draws them at its default -1..4,
+    cutting every taller bar at 4."""
+    stacked = (figure.layout.barmode or "group") in ("stack", "relative")
+    extent: dict[str, dict[Any, list[float]]] = {}
+    for number, trace in enumerate(figure.data):
+        if trace.type not in ("bar", "scatter"):
+            continue
+        horizontal = getattr(trace, "orientation", None) == "h"
+        values, places = (trace.x, trace.y) if horizontal else (trace.y, trace.x)
+        if values is None:
+            continue
+        axis = "x" + (trace.xaxis or "x")[1:] if horizontal else "y" + (trace.yaxis or "y")[1:]
+        together = stacked and trace.type == "bar" and places is not None
+        slots = extent.setdefault(axis, {})
+        numbers = pd.to_numeric(pd.Series(list(values), dtype=object), errors="coerce")
+        for n, value in enumerate(numbers):
+            if pd.isna(value):
+                continue
+            slot = slots.setdefault(places[n] if together else (number, n), [0.0, 0.0])
+            slot[0 if value < 0 else 1] += float(value)
+    for axis, slots in extent.items():
+        if not slots:
+            continue
+        low = min(slot[0] for slot in slots.values())
+        high = max(slot[1] for slot in slots.values())
+        room = (high - low or 1.0) * pad
+        # Each panel of a faceted chart on its own scale: a quiet deployment's bars stay readable beside a
+        # busy one's, and no panel's range is another's.
+        figure.update_layout({_axis_name(axis): {"range": [low - room if low < 0 else 0.0, high + room],
+                                                 "autorange": False, "matches": None}})
+    return figure
+
+
+def _axis_name(axis: str) -> str:
+    """'y2' -> 'yaxis2', 'x' -> 'xaxis': the layout's name of a trace's axis."""
+    return f"{axis[0]}axis{axis[1:]}"
+
+
 def panel_spacing(panels: int, panel_px: int) -> float:
     """facet_row_spacing that leaves about 30 px between panels of `panel_px` each: room for the labels of a
     panel's marks (annotate), which sit above it and ran into the bars of the panel above at plotly's 3%."""
@@ -151,16 +192,16 @@ def _set_time_filter_from(key: str) -> None:
 
 # In drag-to-select mode Streamlit turns plotly's click-to-select off, so a click on a bar would be lost.
 # The script (no data in it) hands a click on a time chart to Streamlit as the selection of that one point;
-# a drag still selects a box. It runs in a same-origin component frame and watches for charts drawn later;
+# a drag still selects a box. It runs in a same-origin frame and watches for charts drawn later;
 # only charts drawn by time_chart (marked in their layout's meta) are touched.
 _CLICK_BRIDGE = f"<script>\n{(Path(__file__).parent / 'click_bridge.js').read_text(encoding='utf-8')}</script>"
 
 
 def click_bridge() -> None:
-    """Drawn once per run by the entrypoint (sidebar, no height), so every page's time charts have it."""
-    import streamlit.components.v1 as components
-
-    components.html(_CLICK_BRIDGE, height=0)
+    """Drawn once per run by the entrypoint (sidebar, 1 px: a height must be positive), so every page's time
+    charts have it. st.iframe, not st.components.v1.html: Streamlit deprecated that and logged so on every
+    run (336 times in 30 minutes); both run the script in a same-origin frame."""
+    st.iframe(_CLICK_BRIDGE, height=1, tab_index=-1, alt="chart click helper (no content)")
 
 
 def chart_span(bucket: str | None = None) -> tuple[float, float] | None:
@@ -185,6 +226,7 @@ def time_chart(figure: Any, key: str, deployment: str | None = None, *, bucket: 
     span = chart_span(bucket)
     if span is not None:
         figure.update_xaxes(range=list(span), autorange=False)
+    fit_value_axes(figure)
     # One timestamp format (tables, the slider, the sentences); the date under the first tick and where
     # it changes, as plotly does by default.
     figure.update_xaxes(hoverformat=TIME_FORMAT_D3, tickformat="%H:%M\n%Y-%m-%d")

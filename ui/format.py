@@ -17,17 +17,32 @@ from specdec_core.analysis import Filters
 _MD_SPECIAL = set(string.punctuation)
 
 
+# Markdown in the browser turns more than markup into links: GitHub's autolink literals (`http://…`, `www.…`,
+# `name@host.tld`) and emoji and icon shortcodes (`:smile:`, `:material/home:`) are found in the text after
+# escapes are read, so a backslash can't stop them. A word joiner (invisible, zero width) after `@`, inside
+# `www.` and after a `:` that a slash or a letter follows breaks every such pattern and shows the text as it
+# is (a time's `10:02` keeps its colon bare).
+WORD_JOINER = "\u2060"
+
+
 def md_escape(text: object) -> str:
     """Log text made inert inside st.markdown: every ASCII punctuation backslash-escaped (CommonMark),
-    so no HTML, link, image, directive or formula can form; newlines become spaces."""
+    so no HTML, link, image, directive or formula can form; a word joiner where an autolink or a shortcode
+    could start (WORD_JOINER), so neither can; newlines become spaces."""
     out = []
-    for ch in str(text):
+    value = str(text)
+    for n, ch in enumerate(value):
         if ch in _MD_SPECIAL:
             out.append("\\" + ch)
+            after = value[n + 1:n + 2]
+            if ch == "@" or (ch == ":" and after and (after in "/+-_" or after.isalpha())):
+                out.append(WORD_JOINER)
         elif ch in "\r\n":
             out.append(" ")
         else:
             out.append(ch)
+            if ch in "wW" and value[n - 2:n + 2].lower() == "www.":
+                out.append(WORD_JOINER)
     return "".join(out)
 
 

@@ -15,7 +15,7 @@ import streamlit as st
 
 from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.store import Store, StoreError, resolve_db
-from ui.format import md_escape
+from ui.format import code_span, md_escape
 
 DB_KEY = "db_path"
 DB_ACCEPTED_KEY = "db_path_accepted"
@@ -41,7 +41,10 @@ PAGE_FILES = {
     "Replay": "pages/replay.py",
     "Search": "pages/search.py",
     "Export": "pages/export.py",
+    "Request": "pages/request.py",
 }
+# Pages reached from a row of a table, not from the sidebar: they show one thing, named in their URL.
+LINKED_ONLY = ("Request",)
 
 T = TypeVar("T")
 
@@ -107,7 +110,7 @@ def require_data() -> None:
 
 def empty_state(db: Store) -> None:
     st.info(
-        f"No requests in `{md_escape(str(db.path))}` yet. Load logs from the sidebar (a path, or upload "
+        f"No requests in {code_span(db.path)} yet. Load logs from the sidebar (a path, or upload "
         "`.jsonl`, `.jsonl.gz`, `.csv` or `.parquet` files), or from a shell:\n\n"
         f"    specdec ingest PATH --db {db.path}\n\n"
         "`make run` loads the demo logs in `data/demo/` and opens this dashboard on them."
@@ -142,6 +145,12 @@ def page_header(title: str) -> None:
 
 
 
+def view_params(**extra: str) -> dict[str, Any]:
+    """This view's filters as query parameters, with a page's own: a link or a switch that carries them
+    keeps the filters (a URL without them is a view of everything, as Back to it must show)."""
+    return {**(st.session_state.get(VIEW_PARAMS_KEY) or {}), **extra}
+
+
 def page_link(title: str, label: str | None = None, **kwargs: Any) -> None:
     """A link to another page of this view: the filters go with it, so the switch is one history entry."""
     kwargs.setdefault("query_params", st.session_state.get(VIEW_PARAMS_KEY) or {})
@@ -154,7 +163,8 @@ def replay_url(replay_id: str) -> str:
 
 
 def request_url(request_id: str) -> str:
+    """The address of one request's page, relative to the dashboard."""
     from urllib.parse import quote
 
-    return f"replay?request_id={quote(request_id, safe='')}"
+    return f"request?request_id={quote(request_id, safe='')}"
 

@@ -12,6 +12,12 @@ import streamlit as st
 from ui.format import fmt_pct
 from ui.state import request_url
 
+
+def request_link_column() -> Any:
+    """The first column of every table of requests: a link to the request's own page."""
+    return st.column_config.LinkColumn("request", display_text="open", width="small",
+                                       help="The request's page: its source, both outputs, replays")
+
 # One timestamp format everywhere: fmt_ts's "%Y-%m-%d %H:%M:%S" as moment.js (tables, the slider) and d3
 # (charts' hover) write it. The zone is named once where the time is shown: a header, a label, an axis.
 TIME_FORMAT = "YYYY-MM-DD HH:mm:ss"
@@ -35,6 +41,7 @@ HEADERS = {
     "mismatch_rate": "contaminated share of hits", "source_file": "file", "source_line": "line",
     "raw": "record as logged", "latency_ms": "latency (ms)", "match_field": "found in",
     "match_before": "…before", "match_text": "match", "match_after": "after…",
+    "first_request_id": "first request",
 }
 PERCENT_COLUMNS = ("similarity",)  # besides every *_rate
 
@@ -92,9 +99,17 @@ def table(frame: pd.DataFrame, *, highlight: Sequence[str] = (), column_config: 
     return st.dataframe(data, hide_index=True, column_config=config, **kwargs)
 
 
+def side_by_side(rows: pd.DataFrame, *, marked: Sequence[int], **kwargs: Any) -> Any:
+    """A comparison of text columns (a field, then one column per side), the `marked` rows on a highlighted
+    background: where two requests' identities differ."""
+    marked_rows = set(marked)
+    styled = rows.style.apply(lambda row: [HIGHLIGHT if row.name in marked_rows else ""] * len(row), axis=1)
+    return st.dataframe(styled, hide_index=True, **kwargs)
+
+
 def request_table(rows: pd.DataFrame, *, key: str, **kwargs: Any) -> Any:
-    """Requests with a link to each one's replay page in the first column."""
+    """Requests with a link to each one's page in the first column."""
     shown = rows.copy()
     shown.insert(0, "open", [request_url(r) for r in shown["request_id"]])
-    links = {"open": st.column_config.LinkColumn("replay", display_text="open", width="small")}
+    links = {"open": request_link_column()}
     return table(shown, key=key, column_config={**links, **kwargs.pop("column_config", {})}, **kwargs)

@@ -25,6 +25,7 @@ from specdec_core.analysis.contamination import (
     contamination_window,
     mismatch_rate_over_time,
 )
+from specdec_core.analysis.deployment_state import DeploymentState, deployment_states
 from specdec_core.analysis.fix_status import (
     FixStatus,
     SchemeChangeHits,
@@ -37,9 +38,11 @@ from specdec_core.analysis.key_details import differing_identity_columns, key_pr
 from specdec_core.analysis.keys import key_collision_identities, key_collisions
 from specdec_core.analysis.lengths import length_violations, output_length_by_max_tokens
 from specdec_core.analysis.overview import FilterOptions, Headline, HeadlineCounts, filter_options, headline
+from specdec_core.analysis.quarantine import mostly_quarantined, quarantine_reasons
 from specdec_core.analysis.query import NO_FILTERS, Filters, time_bucket
 from specdec_core.analysis.red_flags import CEILING_MEANING, RED_FLAG_IDS, RedFlag, red_flags
 from specdec_core.analysis.report import KINDS, mismatch_report, report_counts, report_csv, write_report
+from specdec_core.analysis.request_detail import LengthCheck, RequestDetail, request_detail
 from specdec_core.analysis.requests import (
     RequestRecord,
     quarantined_records,
@@ -72,7 +75,7 @@ __all__ = [
     "hit_rate_over_time", "key_collision_identities", "key_collisions", "key_ratio_by_deployment",
     "latency_hit_vs_miss", "length_violations", "logging_gaps", "mismatch_rate_over_time", "mismatch_report",
     "output_length_by_max_tokens", "quarantined_records", "red_flags", "report_counts", "report_csv",
-    "request_record", "suspicious_requests", "time_bucket", "write_report",
+    "request_record", "request_detail", "mostly_quarantined", "quarantine_reasons", "DeploymentState", "deployment_states", "RequestDetail", "LengthCheck", "suspicious_requests", "time_bucket", "write_report",
     "CEILING_MEANING", "ContaminationStatus", "KeySchemeChange", "contamination_status", "detected_annotations",
     "key_scheme_annotations", "key_scheme_changes", "FixStatus", "SchemeChangeHits", "fix_stats", "fix_status",
     "scheme_change_hits", "scheme_change_annotations", "FilterOptions", "Freshness", "Headline", "HeadlineCounts", "RequestRecord",

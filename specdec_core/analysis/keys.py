@@ -59,7 +59,8 @@ def key_collisions(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_
 
 
 KEY_COLLISION_IDENTITIES_SQL = """
-SELECT r.fingerprint, count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
+SELECT r.fingerprint, arg_min(r.request_id, (r.ts, r.request_id)) AS first_request_id, count(*) AS requests,
+       count(*) FILTER (WHERE r.cache_hit) AS hits,
        min(r.ts) AS first_seen, max(r.ts) AS last_seen, any_value(r.target_model) AS target_model,
        any_value(coalesce(nullif(r.draft_model, 'none'), 'none')) AS draft_model,
        any_value(r.temperature) AS temperature, any_value(r.max_tokens) AS max_tokens,

@@ -189,13 +189,26 @@ def _hit_rate_too_good(ratios: pd.DataFrame, filters: Filters) -> RedFlag:
             why.append(f"{d.first_sight_hits:,} of {d.hits:,} hits ({d.first_sight_hits / d.hits:.0%}) were for an "
                        "identity this deployment had never served before")
         evidence.append(f"{d.deployment or '(none)'}: {'; '.join(why)}")
+    if too_good.empty:
+        evidence = [_within_bounds(d, filters) for d in ratios.itertuples() if d.hits]
+    judged = "" if filters.start is None or not too_good.empty else (
+        " The ceiling is not judged over a time range that starts after the log does: the identities asked "
+        "for before it are not counted.")
     return RedFlag(
         "hit_rate_too_good", "Hit rate too good for this workload", not too_good.empty,
-        ". ".join(evidence)
-        or "Every deployment's hit rate is within what a correct key could reach, and hits are on identities "
-           "seen before.",
-        {"deployments": len(too_good)},
+        (". ".join(evidence) + "." if evidence else "No cache hits in this selection.") + judged,
+        {"deployments": len(too_good), "above_ceiling": int(too_good.above.sum()) if not too_good.empty else 0},
     )
+
+
+def _within_bounds(d: Any, filters: Filters) -> str:
+    """Why a deployment's hit rate is not too good: its own numbers against each bound that was judged."""
+    text = (f"{d.deployment or '(none)'}: {d.first_sight_hits:,} of {d.hits:,} hits "
+            f"({d.first_sight_hits / d.hits:.0%}) on identities never served before, within the "
+            f"{FIRST_SIGHT_HIT_SHARE:.0%} that entries older than the log explain")
+    if filters.start is None:
+        text += f"; hit rate {d.hit_rate:.0%}, within the {d.max_correct_hit_rate:.0%} a correct key could reach"
+    return text
 
 
 def _few_keys(ratios: pd.DataFrame) -> RedFlag:

@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "specdec_core.cli.metrics_cmd",
     "specdec_core.cli.cache_cmd",
     "specdec_core.cli.impact_cmd",
+    "specdec_core.cli.dashboard_cmd",
 )
 
 

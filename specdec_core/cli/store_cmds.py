@@ -10,9 +10,10 @@ import os
 import sys
 import time
 from dataclasses import replace
+from datetime import datetime, timezone
 
 from specdec_core import formats
-from specdec_core.analysis import fix_stats, fix_status, headline, logging_gaps, red_flags
+from specdec_core.analysis import Filters, fix_stats, fix_status, headline, logging_gaps, red_flags
 from specdec_core.analysis.report import KINDS, write_report
 from specdec_core.cli.common import UsageError, add_db, existing_store
 from specdec_core.formats import object_store
@@ -158,14 +159,30 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def utc_time(text: str) -> datetime:
+    """An ISO 8601 time for --start/--end; one without a zone is UTC, as every time the tool shows."""
+    try:
+        ts = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time, e.g. 2026-11-20T10:50:00Z") from None
+    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
+def stats_filters(args: argparse.Namespace) -> Filters:
+    """The dashboard's filters, from the command line: the same numbers for the same selection."""
+    return Filters(start=args.start, end=args.end, deployments=tuple(args.deployment or ()),
+                   target_models=tuple(args.target_model or ()), draft_models=tuple(args.draft_model or ()))
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     store = existing_store(args, "stats")
     if store is None:
         return 1
-    h = headline(store)
-    gaps = logging_gaps(store)
+    chosen = stats_filters(args)
+    h = headline(store, chosen)
+    gaps = logging_gaps(store, chosen)
     if args.json:
-        flags = red_flags(store, head=h)
+        flags = red_flags(store, chosen, head=h)
         print(json.dumps({**dataclasses.asdict(h),
                           "red_flags": [{"id": f.id, "flagged": f.flagged, "evidence": f.evidence} for f in flags],
                           "logging_gaps": [{**dataclasses.asdict(g), "sentence": g.sentence} for g in gaps],
@@ -241,4 +258,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("stats", help="the headline numbers in the terminal")
     add_db(p)
     p.add_argument("--json", action="store_true")
+    # The dashboard's sidebar filters, as its URL names them.
+    p.add_argument("--start", type=utc_time, metavar="TIME", help="from this time (ISO 8601; UTC unless it says)")
+    p.add_argument("--end", type=utc_time, metavar="TIME", help="up to this time")
+    p.add_argument("--deployment", action="append", metavar="NAME", help="only this deployment (repeatable)")
+    p.add_argument("--target-model", action="append", metavar="NAME", help="only this target model (repeatable)")
+    p.add_argument("--draft-model", action="append", metavar="NAME",
+                   help="only this draft model, 'none' for requests without one (repeatable)")
     p.set_defaults(func=cmd_stats)

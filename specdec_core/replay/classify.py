@@ -292,6 +292,9 @@ def weigh_source(decoder: Any, record: dict[str, Any], req: DecodeRequest, resul
     if reproduces is None and length is None:
         return SourceWeighing(None, evidence, source_text)
     reasons = ([f"its replay {reproduces}"] if reproduces else []) + ([length] if length else [])
+    # The evidence says in words how the source explains production, beside the exact comparison: a foreign
+    # verdict on a near-tie read "equals production: no" alone.
+    evidence["source_explains_production"] = "; ".join(reasons)
     message = (f"production returned the output of request {source['request_id']} (differs in "
                f"{', '.join(fields)}), which populated cache key {record['cache_key']}: " + "; ".join(reasons))
     own_ties = greedy[1]["near_tie_positions"] if greedy is not None and greedy[0] else []

@@ -44,11 +44,17 @@ class StoredReplay:
     def proof(self) -> tuple[str, str | None]:
         """(what production is compared with, its text): the replay that proves the cause.
 
-        For a foreign output that is the source's replay (production is its output); otherwise the
-        request's own replay.
+        For a foreign output whose source's replay differs from production (equal up to near-ties, or a
+        plausible sample of it), that replay: the diff shows where the two part. Where the source's replay
+        equals production exactly, a diff against it has nothing to show: the request's own replay is what
+        production should have been, and the diff against it shows what the cache changed.
         """
-        if self.classification == "foreign" and self.source_replay_text is not None:
+        if (self.classification == "foreign" and self.source_replay_text is not None
+                and self.source_replay_text != self.production_text):
             return f"the replay of the source request {self.source_request_id}", self.source_replay_text
+        if self.classification == "foreign" and self.source_replay_text is not None:
+            return (f"the replay with the request's own identity (production equals the replay of the source "
+                    f"request {self.source_request_id} exactly)", self.replay_text)
         return "the replay with the request's own identity", self.replay_text
 
     def proof_diff(self) -> tuple[tuple[WordOp, ...], float] | None:
@@ -150,7 +156,8 @@ LABELS = {
     "source_request_id": "Source request (put the output in the cache)",
     "differing_fields": "Identity fields that differ from the source",
     "cache_key": "Cache key",
-    "source_replay_equals_production": "The source's replay equals production",
+    "source_replay_equals_production": "The source's replay equals production exactly",
+    "source_explains_production": "How the source explains production",
     "length_explained_by_source_max_tokens": "Length explained by the source's max_tokens",
     "first_divergent_token": "First divergent token",
     "production_rank_at_divergence": "Rank of production's token there",

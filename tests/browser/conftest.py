@@ -6,7 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
-from served import CHROMIUM, CHROMIUM_ARGS
+from served import CHROMIUM, CHROMIUM_ARGS, ROOT, dashboard
+
+from specdec_core.ingest import ingest
+from specdec_core.store import Store
 
 # A dashboard served beside a loaded test run can take seconds to draw the last part of a page: an
 # assertion waits up to 30 s for it (and returns as soon as it holds) instead of Playwright's 5 s.
@@ -30,3 +33,13 @@ def page(browser) -> Iterator[Page]:
     page.dialogs = dialogs  # an alert() from log text would land here
     yield page
     context.close()
+
+
+@pytest.fixture(scope="module")
+def demo_url(tmp_path_factory, browser):
+    """The demo incident served once per module, for the tests that walk it."""
+    folder = tmp_path_factory.mktemp("glance")
+    db = folder / "demo.duckdb"
+    ingest(Store(db), [str(ROOT / "data" / "demo" / "requests.jsonl.gz")])
+    with dashboard(db, folder / "streamlit.log") as url:
+        yield url

@@ -7,23 +7,11 @@ import re
 
 import pytest
 from playwright.sync_api import Page, expect
-from served import ROOT, dashboard, heading, new_page, open_by_link, settle
-
-from specdec_core.ingest.load import ingest
-from specdec_core.store.connection import Store
+from served import heading, new_page, open_by_link, settle
 
 pytestmark = pytest.mark.browser
 HOUR = "start=2026-11-20T09:00:00Z&end=2026-11-20T10:00:00Z"
 HOUR_CAPTION = "2026-11-20 09:00:00 UTC to 2026-11-20 10:00:00 UTC"
-
-
-@pytest.fixture(scope="module")
-def demo_url(tmp_path_factory, browser):
-    folder = tmp_path_factory.mktemp("glance")
-    db = folder / "demo.duckdb"
-    ingest(Store(db), [str(ROOT / "data" / "demo" / "requests.jsonl.gz")])
-    with dashboard(db, folder / "streamlit.log") as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

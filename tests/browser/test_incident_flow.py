@@ -45,7 +45,9 @@ def test_a_stored_replay_has_a_permanent_page_in_any_tab(browser, foreign_server
     heading(page, "Replay")
     expect(metric(page, "Classification")).to_have_text("foreign")
     expect(page.get_by_text("Replay of the source request m1", exact=True)).to_be_visible()
-    expect(page.get_by_text(re.compile(r"^Word diff: production against the replay of the source"))).to_be_visible()
+    expect(page.get_by_text(re.compile(r"^Word diff: production against the replay with the request's own identity "
+                                       r"\(production equals the replay of the source request m1 exactly\)"))
+           ).to_be_visible()
     expect(page.get_by_text("Why:")).to_be_visible()
     # The evidence reads as words and short numbers, not JSON with 17-digit floats.
     assert not re.search(r"\d\.\d{10,}", page.get_by_test_id("stMain").inner_text())
@@ -140,9 +142,24 @@ def test_screenshots_of_every_page(browser, demo_server, width, height):
         if name not in ("replay", "search", "export"):
             # The pages with charts drew them, not their placeholders.
             expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible()
-        page.screenshot(path=SCREENSHOTS / f"{name}-{width}x{height}.png")
+        shoot(page, SCREENSHOTS / f"{name}-{width}x{height}.png")
+    # A contaminated hit's own page, as a link from any table of requests opens it.
+    page.goto(f"{demo_server}/request?request_id={DEMO_CONTAMINATED_HIT}")
+    heading(page, "Request")
+    expect(page.get_by_text("A contaminated hit: production served the output cached by")).to_be_visible()
+    settle(page)
+    shoot(page, SCREENSHOTS / f"request-{width}x{height}.png")
     assert page.dialogs == []
     page.context.close()
+
+
+DEMO_CONTAMINATED_HIT = "req-000134"
+
+
+def shoot(page: Page, path: Path) -> None:
+    """A screenshot with the Database box's text hidden: it holds this machine's path to the test's store."""
+    page.add_style_tag(content='[data-testid="stSidebar"] input[aria-label="Database"] {color: transparent}')
+    page.screenshot(path=path)
 
 
 def test_a_replay_puts_its_permanent_link_in_the_address_bar_and_a_batch_shows_first(browser, foreign_server):

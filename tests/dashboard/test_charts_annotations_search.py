@@ -119,7 +119,7 @@ def test_search_finds_requests_by_output_text(monkeypatch, tmp_path):
     at = open_app(monkeypatch, db, "search")
     at.text_input(key="search_text").set_value("INVOICE").run()
     [results] = [d.value for d in at.dataframe]
-    assert list(results.request_id) == ["a"] and results.open[0] == "replay?request_id=a"
+    assert list(results.request_id) == ["a"] and results.open[0] == "request?request_id=a"
     at.text_input(key="search_text").set_value("100% of_").run()
     assert list(at.dataframe[0].value.request_id) == ["c"], "% and _ are literal"
     at.text_input(key="search_text").set_value("inv(").run()

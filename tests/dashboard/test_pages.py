@@ -289,13 +289,16 @@ def test_ticked_mismatches_stay_with_their_requests_when_the_filter_changes(monk
     jobs.wait_all(30)
     at.switch_page("pages/replay.py").run()
     assert [c[1] for c in calls] == ["r4"], "Replay selected starts the replay of the ticked request"
-    assert at.text_input(key="replay_request_id").value == "r4"
+    # The batch shows the run; the single-request box below is not filled with the same request again.
+    assert at.text_input(key="replay_request_id").value == ""
+    assert [b.label for b in at.main.button if b.label == "Replay with the full identity"] == []
     assert metrics_of(at.main)["Classification"] == "foreign"
 
 
 def test_the_batch_offers_selected_requests_only_when_there_are_some(monkeypatch, incident_db):
     at = open_app(monkeypatch, incident_db, "replay")
-    assert at.radio(key="batch_which").options == ["the most suspicious requests"]
+    assert not [r for r in at.main.radio if r.key == "batch_which"], "no radio of one option"
+    assert any(c.startswith("Replays the most suspicious requests") for c in texts(at, "caption"))
 
 
 def test_keys_page_shows_the_identities_behind_a_shared_key(monkeypatch, incident_db):
@@ -344,11 +347,13 @@ def test_replay_shows_both_outputs_the_diff_and_the_source_for_a_foreign_output(
     similarity = shown["Similarity to this request's replay"]
     assert (shown["Common prefix (tokens)"], similarity, shown["Acceptance rate (replay)"]) == ("1", "50.0%", "75.0%")
     assert texts(at, "code")[2:] == ["An output.", "An <b>other</b> output.", "An output."]
-    # A foreign output is diffed against the source's replay, the one that proves the cause.
+    # Production equals the source's replay exactly: the diff that explains the verdict is against this
+    # request's own replay (what production should have been), labelled so.
     [heading] = [m for m in texts(at, "markdown") if m.startswith("**Word diff")]
-    assert "against the replay of the source request r1" in markdown_unescape(heading)
+    assert ("against the replay with the request's own identity (production equals the replay of the source "
+            "request r1 exactly)") in markdown_unescape(heading)
     [ops] = [d.value for d in at.dataframe if "op" in d.value]
-    assert list(ops.op) == ["equal"]
+    assert "equal" in list(ops.op) and set(ops.op) != {"equal"}
     evidence = [d.value for d in at.dataframe if list(d.value.columns) == ["what", "value"]][0]
     assert list(evidence.itertuples(index=False, name=None)) == [
         ("Source", "r1"), ("Why", "replay of the source matches production")]

@@ -43,7 +43,7 @@ def test_replaying_a_contaminated_hit_proves_its_foreign_source(monkeypatch, for
     at.run()
     assert metrics_of(at.main)["Classification"] == "foreign"
     assert texts(at, "code")[-3:] == [outputs[24].text, outputs[6].text, outputs[24].text]
-    assert any("against the replay of the source request m1" in m.replace("\\", "")
+    assert any("production equals the replay of the source request m1 exactly" in m.replace("\\", "")
                for m in texts(at, "markdown"))
 
     at.switch_page("pages/overview.py").run()

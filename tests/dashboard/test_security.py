@@ -14,6 +14,7 @@ from helpers import rec, write_jsonl
 from specdec_core import config
 from specdec_core.analysis.report import mismatch_report, report_csv
 from specdec_core.cli import main
+from specdec_core.dashboard_launch import streamlit_command
 from specdec_core.ingest.load import ingest
 from specdec_core.store.connection import Store
 
@@ -138,8 +139,12 @@ def test_the_dashboard_binds_to_this_machine_only_by_default():
     config = (ROOT / ".streamlit" / "config.toml").read_text()
     assert re.search(r'^\[server\][^\[]*^address\s*=\s*"127\.0\.0\.1"', config, re.M | re.S), config
     run_target = re.search(r"^run:.*?(?=^\S)", (ROOT / "Makefile").read_text(), re.M | re.S).group(0)
-    assert "--server.address 127.0.0.1" in run_target
+    assert "specdec dashboard" in run_target and "--host 127.0.0.1" in run_target
     assert "0.0.0.0" not in run_target and "0.0.0.0" not in config
+    # `specdec dashboard` alone binds to this machine too, wherever it is started (the config file above is
+    # read only in the folder Streamlit starts in).
+    command = streamlit_command(None)
+    assert command[command.index("--server.address") + 1] == "127.0.0.1"
 
 
 def test_a_ducklake_store_string_is_confined_by_the_files_it_opens(roots):

@@ -1,0 +1,47 @@
+"""`specdec dashboard`: serve the dashboard over a store, from any folder (as `datasette serve`, `mlflow ui`)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from specdec_core.dashboard_launch import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DashboardNotFound,
+    parse_port,
+    streamlit_command,
+)
+from specdec_core.extras import require
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    require("dashboard", "streamlit")
+    try:
+        port = parse_port(args.port)
+        command = streamlit_command(args.db, args.host, port)
+    except (ValueError, DashboardNotFound) as exc:
+        print(f"specdec dashboard: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    print(f"specdec dashboard: serving http://{args.host}:{port}/ (Ctrl-C stops it)", file=sys.stderr, flush=True)
+    server = subprocess.Popen(command)
+    try:
+        return server.wait()
+    except KeyboardInterrupt:  # Streamlit got the same Ctrl-C and stops itself
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        return 130
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("dashboard", help="serve the dashboard over a store (http://127.0.0.1:8501/)",
+                              description="Serve the triage dashboard over a store, from any folder. It binds to "
+                                          "this machine only unless --host says otherwise: it has no login.")
+    p.add_argument("--db", metavar="STORE", help="the store to open (default: $SPECDEC_DB, the [store] of "
+                                                 "specdec.toml, else data/specdec.duckdb)")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on ({DEFAULT_HOST})")
+    p.add_argument("--port", default=str(DEFAULT_PORT), help=f"port to listen on ({DEFAULT_PORT})")
+    p.set_defaults(func=cmd_dashboard)

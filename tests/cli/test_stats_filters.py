@@ -1,0 +1,36 @@
+"""`specdec stats` takes the dashboard's filters (issue #55, item 9): the same numbers for the same selection."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+from helpers import rec, run_cli, write_jsonl
+
+from specdec_core.analysis import Filters, headline
+from specdec_core.ingest.load import ingest
+from specdec_core.store.connection import Store
+
+
+def test_stats_filters_give_the_numbers_the_dashboard_shows_for_them(tmp_path):
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "log.jsonl", [
+        rec("a1", ts="2026-03-01T10:00:00Z"), rec("a2", ts="2026-03-01T10:05:00Z", cache_hit=True, max_tokens=2),
+        rec("b1", ts="2026-03-01T10:06:00Z", deployment="staging", cache_key="k-9"),
+        rec("a3", ts="2026-03-01T11:00:00Z", cache_key="k-3"),
+    ]))])
+    done = run_cli("stats", "--db", str(store.path), "--json", "--deployment", "prod", "--start",
+                   "2026-03-01T10:01:00", "--end", "2026-03-01T10:30:00Z")
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    chosen = Filters(start=datetime(2026, 3, 1, 10, 1, tzinfo=timezone.utc),
+                     end=datetime(2026, 3, 1, 10, 30, tzinfo=timezone.utc), deployments=("prod",))
+    assert shown["requests"] == headline(store, chosen).requests == 1
+    assert shown["contaminated_hits"] == 1 and shown["length_violations"] == 1
+    assert json.loads(run_cli("stats", "--db", str(store.path), "--json").stdout)["requests"] == 4
+
+
+def test_a_bad_time_is_one_line_naming_it(tmp_path):
+    done = run_cli("stats", "--db", str(tmp_path / "none.duckdb"), "--start", "yesterday")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "'yesterday' is not an ISO 8601 time" in done.stderr
