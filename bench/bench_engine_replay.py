@@ -52,6 +52,7 @@ from specdec_core.analysis import request_record, suspicious_requests  # noqa: E
 from specdec_core.contract.identity import DecodeRequest  # noqa: E402
 from specdec_core.decoding.engine import SpecDecoder  # noqa: E402
 from specdec_core.decoding.registry import Registry  # noqa: E402
+from specdec_core.decoding.router import DecoderRouter  # noqa: E402
 from specdec_core.demo.models import fetch, registry_dict  # noqa: E402
 from specdec_core.ingest.load import ingest  # noqa: E402
 from specdec_core.replay.run import ReplayResult, replay_many  # noqa: E402
@@ -158,7 +159,7 @@ def batch_rows(store: Store, ids: list[str], reqs: list[DecodeRequest], local: S
     rows = [("in-process", time.perf_counter() - started, len(here), "", 0)]
     print_row(rows[-1])
     for concurrency in levels:
-        remote = SpecDecoder(engine_registry(models_dir, family, url, concurrency), device="cpu")
+        remote = DecoderRouter(SpecDecoder(engine_registry(models_dir, family, url, concurrency), device="cpu"))
         remote.generate(reqs[0])  # the server loads its model on its first request
         failures: list[str] = []
         where = f"{label}, max_concurrency {concurrency}"
@@ -224,7 +225,7 @@ def stand_in(answer: bytes) -> tuple[ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_port}/v1"
 
 
-def sent_body(remote: SpecDecoder, req: DecodeRequest) -> tuple[str, dict[str, Any]]:
+def sent_body(remote: DecoderRouter, req: DecodeRequest) -> tuple[str, dict[str, Any]]:
     """(path, body) of the call `remote.generate(req)` makes to its engine."""
     engine = remote.engine_for(req)
     assert engine is not None
@@ -261,7 +262,7 @@ def ab_rounds(bare: Callable[[], float], client: Callable[[], tuple[float, float
     return bares, clients, own
 
 
-def timed(remote: SpecDecoder, req: DecodeRequest) -> Callable[[], tuple[float, float]]:
+def timed(remote: DecoderRouter, req: DecodeRequest) -> Callable[[], tuple[float, float]]:
     def call() -> tuple[float, float]:
         started = time.perf_counter()
         out = remote.generate(req)
@@ -276,7 +277,7 @@ def ms(values: list[float], sign: str = "") -> str:
     return f"{q2 * 1000:{sign}.2f} ms ({q1 * 1000:{sign}.2f} to {q3 * 1000:{sign}.2f})"
 
 
-def overhead(remote: SpecDecoder, req: DecodeRequest, url: str, models_dir: Path, family: str, runs: int,
+def overhead(remote: DecoderRouter, req: DecodeRequest, url: str, models_dir: Path, family: str, runs: int,
              warmup: int = 3) -> None:
     path, body = sent_body(remote, req)  # after the first call: the fields this server takes, as the client sends
     headers = {"Content-Type": "application/json", "Accept": "application/json"}  # the client's own
@@ -285,7 +286,7 @@ def overhead(remote: SpecDecoder, req: DecodeRequest, url: str, models_dir: Path
 
     server, stub_url = stand_in(answer)
     try:
-        stub = SpecDecoder(engine_registry(models_dir, family, stub_url, 1), device="cpu")
+        stub = DecoderRouter(SpecDecoder(engine_registry(models_dir, family, stub_url, 1), device="cpu"))
         learnt, engine = stub.engine_for(req), remote.engine_for(req)
         assert learnt is not None and engine is not None
         learnt._refused, learnt._ids_refused = set(engine._refused), engine._ids_refused
@@ -370,7 +371,7 @@ def main() -> None:
             print(f"\n{HEADER}")
             for row in rows:
                 print_row(row)
-        remote = SpecDecoder(engine_registry(models_dir, args.family, url, 1), device="cpu")
+        remote = DecoderRouter(SpecDecoder(engine_registry(models_dir, args.family, url, 1), device="cpu"))
         greedy = next((r for r in reqs if r.is_greedy), reqs[0])  # deterministic: both sides get the same answer
         overhead(remote, greedy, url, models_dir, args.family, args.runs)
         print(f"load average at the end {os.getloadavg()[0]:.1f}")

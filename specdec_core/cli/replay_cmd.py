@@ -46,8 +46,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     failures: list[str] = []
     try:
         from specdec_core.decoding.engine import SpecDecoder
+        from specdec_core.decoding.router import DecoderRouter
 
-        decoder = SpecDecoder(device=args.device)
+        decoder = DecoderRouter(SpecDecoder(device=args.device))
         if args.request_id is not None:
             results = [replay(store, args.request_id, decoder, prompt=args.prompt)]
         else:

@@ -33,10 +33,11 @@ from specdec_core.contract.identity import DecodeRequest
 from specdec_core.contract.result import DecodeError, DecodeResult
 from specdec_core.decoding.loader import ModelLoader
 from specdec_core.decoding.proposers import DEFAULT_DRAFT_TOKENS, Proposer, proposer_for  # noqa: F401 (the default is public)
-from specdec_core.decoding.registry import Registry, RegistryError
+from specdec_core.decoding.registry import Registry
 from specdec_core.decoding.scoring import TokenScores, sampling_logits
 from specdec_core.decoding.seeds import request_seed
 from specdec_core.decoding.stops import cut_at_stop
+from specdec_core.decoding.tokenizers import Tokenizers
 from specdec_core.extras import require
 
 torch = require("replay", "torch")
@@ -140,7 +141,9 @@ def context_positions(model: Any) -> int | None:
 
 
 class SpecDecoder:
-    """Decodes a DecodeRequest with the speculation it names; reuses loaded models between calls.
+    """Decodes a DecodeRequest in this process with the speculation it names; reuses loaded models between calls.
+
+    A model the registry puts on an engine is not decoded here: `decoding.router.DecoderRouter` sends it there.
 
     A prompt, or a prompt and output to score, longer than the target's context is refused (DecodeError) before
     the model sees it: one such logged record would otherwise hold the decoder in a forward pass over millions
@@ -163,6 +166,7 @@ class SpecDecoder:
         self.logits_processors = tuple(logits_processors)
         self.device, self.dtype = resolve_device(device)
         self.loader = ModelLoader(self.registry, device=str(self.device), dtype=self.dtype, capacity=capacity)
+        self.tokenizers = Tokenizers(self.registry, self.loader)
         self.threads = threads
         self._lock = threading.RLock()
 
@@ -186,19 +190,9 @@ class SpecDecoder:
             if wanted != before:
                 torch.set_num_threads(before)
 
-    def engine_for(self, req: DecodeRequest) -> Any | None:
-        """The engine decoder of a request whose target is on an [engines.NAME] server, else None (in-process)."""
-        spec = self.registry.engine_of(req.target_model)
-        if spec is None:
-            return None
-        from specdec_core.decoding.openai_engine import engine_decoder
-
-        return engine_decoder(self, spec)
-
     def can_score(self, req: DecodeRequest) -> bool:
-        """Whether `score` can run for this request: always in-process; on an engine, where it returns logprobs."""
-        remote = self.engine_for(req)
-        return True if remote is None else remote.can_score(req)
+        """Always: the target is loaded here, and its logits are at hand."""
+        return True
 
     @property
     def load_count(self) -> int:
@@ -208,15 +202,11 @@ class SpecDecoder:
     # --- tokens in and out -------------------------------------------------------------------
 
     def positions(self, model_name: str) -> int | None:
-        """The context length of a model of the registry (context_positions); None for a model on an engine."""
-        if self.registry.engine_of(model_name) is not None:
-            return None
+        """The context length of a model of the registry (context_positions)."""
         return context_positions(self.loader.model(model_name, "target model"))
 
     def fits(self, req: DecodeRequest, output_tokens: int = 0) -> None:
         """Raise DecodeError unless the request's prompt, and `output_tokens` after it, fit the target's context."""
-        if self.engine_for(req) is not None:  # the server refuses what its context can't hold
-            return
         with self._lock:
             self._fits(req, self.loader.model(req.target_model, "target model"), len(self.prompt_ids(req)),
                        output_tokens)
@@ -236,38 +226,14 @@ class SpecDecoder:
 
     def prompt_ids(self, req: DecodeRequest) -> list[int]:
         """The prompt as the request's tokenizer version feeds it to the model."""
-        if req.prompt is None:
-            raise ValueError("prompt: the log holds only prompt_hash, so this request can't be decoded")
-        spec = self.registry.tokenizer(req.tokenizer_version)
-        tok = self.loader.tokenizer(req.tokenizer_version)
-        text = spec.preprocess(req.prompt)
-        if spec.chat_template:
-            if not getattr(tok, "chat_template", None):
-                raise RegistryError(f"tokenizer {spec.name}: chat_template = true but its tokenizer has no chat template")
-            rendered = tok.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-            )
-            ids = tok.encode(rendered, add_special_tokens=False)
-        else:
-            ids = tok.encode(text, add_special_tokens=True)
-        if not ids:  # an empty prompt still needs one position to predict from
-            start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-            ids = [int(start)]
-        return list(ids)
+        return self.tokenizers.prompt_ids(req)
 
     def encode_output(self, req: DecodeRequest, text: str) -> list[int]:
         """Token ids of an output text (a production output) under the request's tokenizer."""
-        remote = self.engine_for(req)
-        if remote is not None:
-            return remote.encode_output(req, text)
-        tok = self.loader.tokenizer(req.tokenizer_version)
-        return list(tok.encode(text, add_special_tokens=False))
+        return self.tokenizers.encode_output(req, text)
 
     def decode(self, req: DecodeRequest, token_ids: Sequence[int]) -> str:
-        remote = self.engine_for(req)
-        if remote is not None:
-            return remote.decode(req, token_ids)
-        return self.loader.tokenizer(req.tokenizer_version).decode(list(token_ids), skip_special_tokens=True)
+        return self.tokenizers.decode(req, token_ids)
 
     # --- environment -------------------------------------------------------------------------
 
@@ -324,10 +290,8 @@ class SpecDecoder:
         args.update(proposer.generation_args())
         return GenerationConfig(**args)
 
-    def generate(self, req: DecodeRequest) -> DecodeResult:
-        remote = self.engine_for(req)
-        if remote is not None:  # outside the lock: engine calls of a batch run side by side
-            return remote.generate(req)
+    def generate(self, req: DecodeRequest, *, watchers: Sequence[Any] = ()) -> DecodeResult:
+        """`watchers`: logits processors for this call only (progress, cancel), left out of the environment."""
         with self._lock:
             started = time.perf_counter()
             proposer = proposer_for(req)
@@ -342,10 +306,10 @@ class SpecDecoder:
                 StoppingCriteriaList = require("replay", "transformers").StoppingCriteriaList
 
                 kwargs["stopping_criteria"] = StoppingCriteriaList([_StopOnText(tok, len(prompt), req.stop)])
-            if self.logits_processors:
+            if self.logits_processors or watchers:
                 LogitsProcessorList = require("replay", "transformers").LogitsProcessorList
 
-                kwargs["logits_processor"] = LogitsProcessorList(self.logits_processors)
+                kwargs["logits_processor"] = LogitsProcessorList([*self.logits_processors, *watchers])
             input_ids = torch.tensor([prompt], dtype=torch.long, device=target.device)
             devices = [self.device.index or 0] if self.device.type == "cuda" else []
             with (
@@ -400,9 +364,6 @@ class SpecDecoder:
 
     def score(self, req: DecodeRequest, output_token_ids: Sequence[int]) -> TokenScores:
         """Run the target over prompt + output (teacher forcing) and score every output token."""
-        remote = self.engine_for(req)
-        if remote is not None:
-            return remote.score(req, output_token_ids)
         with self._lock:
             target = self.loader.model(req.target_model, "target model")
             prompt = self.prompt_ids(req)

@@ -1,4 +1,4 @@
-"""Replay on an OpenAI-compatible engine (vLLM, SGLang, TGI, `transformers serve`), behind SpecDecoder's interface.
+"""Replay on an OpenAI-compatible engine (vLLM, SGLang, TGI, `transformers serve`), behind the `Decoder` protocol.
 
 The request goes with its identity, exactly:
 
@@ -48,7 +48,8 @@ from specdec_core.decoding.engine_client import (
     EngineError,
     shown,
 )
-from specdec_core.decoding.registry import EngineSpec
+from specdec_core.decoding.protocol import TokenizerProvider
+from specdec_core.decoding.registry import EngineSpec, Registry
 from specdec_core.decoding.scoring import TokenScores
 from specdec_core.decoding.seeds import request_seed
 from specdec_core.decoding.stops import cut_at_stop
@@ -75,18 +76,6 @@ SPECULATION_NOTE = ("the server's own speculative config: the logged draft_model
                     "num_speculative_tokens {n!r} can't be set per request")
 
 
-def engine_decoder(local: Any, spec: EngineSpec) -> EngineDecoder:
-    """The one EngineDecoder of an engine on `local`'s registry (made on first use)."""
-    clients = local.registry.engine_clients
-    with _MAKE_LOCK:
-        if spec.name not in clients:
-            clients[spec.name] = EngineDecoder(local, spec)
-        return clients[spec.name]
-
-
-_MAKE_LOCK = threading.Lock()
-
-
 def messages_of(prompt: str) -> list[dict[str, Any]]:
     """The chat messages a logged prompt holds: a JSON list of messages (or {"messages": [...]}), else one user turn."""
     try:
@@ -107,8 +96,10 @@ def _refused_fields(detail: str, sent: Sequence[str]) -> list[str]:
 class EngineDecoder:
     """Generates (and, where the engine returns prompt log-probabilities, scores) on one engine."""
 
-    def __init__(self, local: Any, spec: EngineSpec, client: EngineClient | None = None) -> None:
-        self.local, self.registry, self.spec = local, local.registry, spec
+    def __init__(self, spec: EngineSpec, registry: Registry, tokenizers: TokenizerProvider,
+                 client: EngineClient | None = None) -> None:
+        """`tokenizers`: the tokenizer versions on this machine, to send token ids and count an answer's tokens."""
+        self.spec, self.registry, self.tokenizers = spec, registry, tokenizers
         self.client = client or EngineClient(spec)
         self._refused: set[str] = set()  # fields this server refused once: not sent again
         self._ids_refused = False
@@ -119,19 +110,17 @@ class EngineDecoder:
     # --- tokens -------------------------------------------------------------------------------
 
     def local_tokenizer(self, req: DecodeRequest) -> bool:
-        name = req.tokenizer_version
-        return self.registry.knows(name, "tokenizer") and self.registry.is_available(name)
+        return self.tokenizers.available(req.tokenizer_version)
 
     def encode_output(self, req: DecodeRequest, text: str) -> list[int]:
         """Token ids of a text; without the tokenizer here, its UTF-8 bytes (positions then count bytes)."""
         if self.local_tokenizer(req):
-            return list(self.local.loader.tokenizer(req.tokenizer_version).encode(text, add_special_tokens=False))
+            return self.tokenizers.encode_output(req, text)
         return list(text.encode("utf-8"))
 
     def decode(self, req: DecodeRequest, token_ids: Sequence[int]) -> str:
         if self.local_tokenizer(req):
-            tok = self.local.loader.tokenizer(req.tokenizer_version)
-            return tok.decode(list(token_ids), skip_special_tokens=True)
+            return self.tokenizers.decode(req, token_ids)
         return bytes(int(t) & 0xFF for t in token_ids).decode("utf-8", errors="replace")
 
     def served_name(self, req: DecodeRequest) -> str:
@@ -163,26 +152,16 @@ class EngineDecoder:
         assert req.prompt is not None
         if self.local_tokenizer(req):
             if self._ids_refused:
-                body["prompt"] = self._rendered(req)
+                body["prompt"] = self.tokenizers.prompt_text(req)
                 notes["prompt"] = "the preprocessed text (the server refuses token ids): the server tokenized it"
             else:
-                body["prompt"] = self.local.prompt_ids(req)
+                body["prompt"] = self.tokenizers.prompt_ids(req)
                 notes["prompt"] = f"token ids after {req.tokenizer_version}'s preprocessing"
             return "/completions", body, notes
         body["messages"] = messages_of(req.prompt)
         notes["prompt"] = (f"chat messages: tokenizer {req.tokenizer_version!r} is not on this machine, so the "
                            "server's chat template applied and no normalisation")
         return "/chat/completions", body, notes
-
-    def _rendered(self, req: DecodeRequest) -> str:
-        """The prompt text as the tokenizer version feeds it: normalised, then the chat template where it has one."""
-        spec = self.registry.tokenizer(req.tokenizer_version)
-        text = spec.preprocess(req.prompt or "")
-        if spec.chat_template:
-            tok = self.local.loader.tokenizer(req.tokenizer_version)
-            text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                           tokenize=False)
-        return text
 
     def _post(self, path: str, body: dict[str, Any], refused: list[str]) -> Any:
         """POST, dropping a field the server refuses (said in `refused`), or token ids it refuses."""
@@ -246,7 +225,7 @@ class EngineDecoder:
             evidence["stop_applied_here"] = "the server's text went past a stop sequence: cut here"
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
         if self.local_tokenizer(req) and natural_count(usage.get("prompt_tokens")) is not None:
-            here = len(self.local.prompt_ids(req))
+            here = len(self.tokenizers.prompt_ids(req))
             if usage["prompt_tokens"] != here:
                 evidence["prompt_tokens"] = f"the server counted {usage['prompt_tokens']}, this tokenizer {here}"
         counted = server_count(answer)
@@ -263,10 +242,7 @@ class EngineDecoder:
                                    if req.speculation is not None else
                                    "the server's own speculative config (the log names no draft); it can't be set "
                                    "per request")
-        environment = {"engine": self.spec.name, "engine_url": self.spec.url, "endpoint": path,
-                       "served_model": body["model"], "target_model": req.target_model,
-                       "tokenizer_version": req.tokenizer_version, "draft_model": req.speculation,
-                       "speculation": "engine",
+        environment = {**self.environment(req),
                        "parameters_sent": {k: v for k, v in body.items() if k not in ("prompt", "messages")},
                        "engine_evidence": evidence}
         return DecodeResult(text=text, token_ids=tuple(token_ids), finish_reason=finish, output_tokens=output_tokens,
@@ -315,6 +291,16 @@ class EngineDecoder:
             how += f" (the server counted {counted[0]}, {counted[1]})"
         return text, ids, len(ids), how, over
 
+    def environment(self, req: DecodeRequest) -> dict[str, Any]:
+        """Where the request goes; a generated result adds what was sent and what the server said of itself."""
+        return {"engine": self.spec.name, "engine_url": self.spec.url,
+                "endpoint": "/completions" if self.local_tokenizer(req) else "/chat/completions",
+                "served_model": self.served_name(req), "target_model": req.target_model,
+                "tokenizer_version": req.tokenizer_version, "draft_model": req.speculation, "speculation": "engine"}
+
+    def fits(self, req: DecodeRequest, output_tokens: int = 0) -> None:
+        """Nothing to check here: the server refuses what its context can't hold."""
+
     def _answer_text(self, answer: dict[str, Any], path: str) -> tuple[str, str | None]:
         choices = answer.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -337,7 +323,7 @@ class EngineDecoder:
         with self._lock:
             if self._scoring is None:
                 try:
-                    rows = self._prompt_logprobs(req, self.local.prompt_ids(req)[:2], 1)
+                    rows = self._prompt_logprobs(req, self.tokenizers.prompt_ids(req)[:2], 1)
                 except EngineError as exc:
                     # A refusal, or an answer without the field, says the server has none; an answer holding
                     # impossible values is malformed, and nothing of it may become a verdict.
@@ -377,7 +363,7 @@ class EngineDecoder:
         are computed over the listed tokens only. Raw logits are not returned: the relative near-tie threshold
         falls back to the absolute margin.
         """
-        prompt = self.local.prompt_ids(req)
+        prompt = self.tokenizers.prompt_ids(req)
         output = [int(t) for t in output_token_ids]
         if not output:
             return TokenScores((), (), (), (), (), (), (), len(prompt))

@@ -273,8 +273,6 @@ class Registry:
         self.tokenizers: dict[str, TokenizerSpec] = dict(tokenizers or {})
         self.engines: dict[str, EngineSpec] = dict(engines or {})
         self.source = source
-        # Clients of the engines, made on first use and shared by every replay on this registry.
-        self.engine_clients: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         return f"Registry({self.source or '<memory>'}: {len(self.models)} models, {len(self.tokenizers)} tokenizers)"

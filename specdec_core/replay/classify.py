@@ -17,6 +17,9 @@ from typing import Any
 
 from specdec_core.contract.identity import DecodeRequest, differing_fields, identity
 from specdec_core.contract.result import DecodeResult
+from specdec_core.decoding.protocol import Decoder
+from specdec_core.decoding.router import Routing
+from specdec_core.replay.diff import OutputDiff
 
 # Top-two logits closer than this are a near-tie: numerics of another environment can flip them.
 NEAR_TIE_LOGIT_MARGIN = 0.05
@@ -39,7 +42,7 @@ def mean(values: Iterable[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def production_ids(decoder: Any, req: DecodeRequest, production: str, replay_ids: Sequence[int]) -> list[int]:
+def production_ids(decoder: Decoder, req: DecodeRequest, production: str, replay_ids: Sequence[int]) -> list[int]:
     """Production's text as tokens, split the way the model split it wherever the replay says the same.
 
     Re-tokenizing a generated text need not give back the generated tokens (a model may emit a
@@ -63,7 +66,7 @@ def near_tie_threshold(top_logit: float, near_tie_margin: float) -> float:
     return max(near_tie_margin, NEAR_TIE_RELATIVE_MARGIN * abs(top_logit))
 
 
-def greedy_explains(decoder: Any, req: DecodeRequest, token_ids: list[int],
+def greedy_explains(decoder: Decoder, req: DecodeRequest, token_ids: list[int],
                     near_tie_margin: float) -> tuple[bool, dict[str, Any]]:
     """Whether greedy decoding of `req` gives these tokens up to near-ties, scored by teacher forcing.
 
@@ -87,7 +90,7 @@ def greedy_explains(decoder: Any, req: DecodeRequest, token_ids: list[int],
     return True, {**first, "near_tie_positions": near_ties}
 
 
-def _score_evidence(decoder: Any, req: DecodeRequest, prod_ids: list[int],
+def _score_evidence(decoder: Decoder, req: DecodeRequest, prod_ids: list[int],
                     replay_ids: tuple[int, ...]) -> dict[str, Any]:
     """Production's tokens under the target for this identity, beside the replay's own tokens."""
     prod = decoder.score(req, prod_ids)
@@ -102,7 +105,7 @@ def _score_evidence(decoder: Any, req: DecodeRequest, prod_ids: list[int],
     }
 
 
-def sampled_source_explains(decoder: Any, req: DecodeRequest, prod_ids: list[int],
+def sampled_source_explains(decoder: Decoder, req: DecodeRequest, prod_ids: list[int],
                             greedy: tuple[bool, dict[str, Any]] | None, source_req: DecodeRequest,
                             source_ids: list[int]) -> tuple[bool, dict[str, Any]]:
     """Whether production is a plausible sample of a sampled source, and implausible for this request."""
@@ -172,7 +175,7 @@ def match_message(evidence: dict[str, Any]) -> str:
     return message
 
 
-def classify_difference(decoder: Any, req: DecodeRequest, prod_ids: list[int], result: DecodeResult,
+def classify_difference(decoder: Decoder, req: DecodeRequest, prod_ids: list[int], result: DecodeResult,
                         greedy: tuple[bool, dict[str, Any]] | None) -> Verdict:
     """Why production differs from the replay, when no cache source explains it.
 
@@ -207,15 +210,15 @@ def classify_difference(decoder: Any, req: DecodeRequest, prod_ids: list[int], r
     return Verdict("sampled", message, evidence)
 
 
-def unscored_note(decoder: Any, req: DecodeRequest) -> str:
-    remote = decoder.engine_for(req) if hasattr(decoder, "engine_for") else None
+def unscored_note(decoder: Decoder, req: DecodeRequest) -> str:
+    remote = decoder.engine_for(req) if isinstance(decoder, Routing) else None
     why = remote.scoring_note() if remote is not None and remote.local_tokenizer(req) else (
         f"tokenizer {req.tokenizer_version!r} is not on this machine, so production's text can't be scored")
     return (f"near_tie vs diverged, production's plausibility and a source equal up to near-ties need the "
             f"target's log-probabilities: {why}")
 
 
-def unscored_verdict(req: DecodeRequest, diff: Any) -> Verdict:
+def unscored_verdict(req: DecodeRequest, diff: OutputDiff) -> Verdict:
     """Why production differs, where nothing can be scored: a sampled request says so; a greedy one is undecided."""
     at = diff.first_divergent_token
     if not req.is_greedy:
@@ -239,7 +242,7 @@ class SourceWeighing:
     source_replay_text: str | None
 
 
-def weigh_source(decoder: Any, record: dict[str, Any], req: DecodeRequest, result: DecodeResult,
+def weigh_source(decoder: Decoder, record: dict[str, Any], req: DecodeRequest, result: DecodeResult,
                  prod_ids: list[int], greedy: tuple[bool, dict[str, Any]] | None, source: dict[str, Any],
                  source_req: DecodeRequest, source_replayable: bool, near_tie_margin: float, *,
                  scores: bool = True) -> SourceWeighing:

@@ -7,13 +7,19 @@ its page can be reopened however the job ends.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+from specdec_core.contract.identity import DecodeRequest
+from specdec_core.contract.result import DecodeResult
+from specdec_core.decoding.openai_engine import EngineDecoder
+from specdec_core.decoding.protocol import Decoder
+from specdec_core.decoding.registry import EngineSpec, Registry
+from specdec_core.decoding.router import DecoderRouter, Routing, routed
+from specdec_core.decoding.scoring import TokenScores
 from specdec_core.replay import run as replay_run
 from specdec_core.replay.engine_batch import EngineFailure
 from specdec_core.replay.run import ReplayResult
@@ -111,71 +117,91 @@ class _TokenProgress:
 
 
 class ProgressDecoder:
-    """The decoder a job replays with: the real one, reporting its stages to the job.
+    """The decoder a job replays with: the real one (behind its router), reporting its stages to the job.
 
-    Anything it does not override is the wrapped decoder's, so replay classification is unchanged.
+    Every answer is the wrapped decoder's, so replay classification is unchanged.
     """
 
-    def __init__(self, inner: Any, job: ReplayJob) -> None:
-        self._inner, self._job = inner, job
+    def __init__(self, inner: Decoder, job: ReplayJob) -> None:
+        self._inner, self._job = routed(inner), job
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    @property
+    def registry(self) -> Registry:
+        return self._inner.registry
 
     def _check(self) -> None:
         if self._job._cancel.is_set():
             raise ReplayCancelled("cancelled")
 
-    def generate(self, req: Any) -> Any:
+    def engine_for(self, req: DecodeRequest) -> EngineDecoder | None:
+        return self._inner.engine_for(req) if isinstance(self._inner, Routing) else None
+
+    def generate(self, req: DecodeRequest) -> DecodeResult:
         self._check()
-        remote = self._inner.engine_for(req) if hasattr(self._inner, "engine_for") else None
+        remote = self.engine_for(req)
         if remote is not None:  # a call to the engine: cancelled before it is sent, bounded by its timeout
             self._job.stage = f"waiting for engine {remote.spec.name}"
-            result = self._inner.generate(req)
+            result = remote.generate(req)
             self._job.stage = "scoring"
             return result
-        loader = getattr(self._inner, "loader", None)
+        local = self._inner.local if isinstance(self._inner, DecoderRouter) else self._inner
+        loader = getattr(local, "loader", None)
         if loader is not None:
             self._job.stage = "loading models"
             loader.model(req.target_model, "target model")
             loader.tokenizer(req.tokenizer_version)
-            if req.speculation is not None and self._inner.registry.knows(req.speculation):
+            if req.speculation is not None and local.registry.knows(req.speculation):
                 loader.model(req.speculation, "draft model")
         self._job.stage, self._job.token, self._job.max_tokens = "decoding", 0, req.max_tokens
-        processors = getattr(self._inner, "logits_processors", None)
-        if processors is None:
-            return self._inner.generate(req)
-        prompt = len(self._inner.prompt_ids(req))
-        positions = getattr(self._inner, "positions", None)
-        limit = positions(req.target_model) if positions is not None else None
+        if not isinstance(local, SteppedDecoder):
+            return local.generate(req)
+        prompt = len(local.prompt_ids(req))
+        limit = local.positions(req.target_model)
         if limit is not None:  # decoding stops where the target's context ends, whatever max_tokens asks
             self._job.max_tokens = max(min(req.max_tokens, limit - prompt), 0)
-        hook = _TokenProgress(self._job, prompt)
-        with self._inner._lock:
-            self._inner.logits_processors = (*processors, hook)
-            try:
-                result = self._inner.generate(req)
-            finally:
-                self._inner.logits_processors = processors
+        result = local.generate(req, watchers=(_TokenProgress(self._job, prompt),))
         self._job.stage = "scoring"
-        environment = dict(result.environment)
-        environment["logits_processors"] = [p for p in environment.get("logits_processors", []) if p != repr(hook)]
-        return dataclasses.replace(result, environment=environment)
+        return result
 
-    def score(self, req: Any, token_ids: Any) -> Any:
+    def score(self, req: DecodeRequest, output_token_ids: Sequence[int]) -> TokenScores:
         self._check()
         self._job.stage = "scoring"
-        return self._inner.score(req, token_ids)
+        return self._inner.score(req, output_token_ids)
+
+    def can_score(self, req: DecodeRequest) -> bool:
+        return self._inner.can_score(req)
+
+    def fits(self, req: DecodeRequest, output_tokens: int = 0) -> None:
+        self._inner.fits(req, output_tokens)
+
+    def encode_output(self, req: DecodeRequest, text: str) -> list[int]:
+        return self._inner.encode_output(req, text)
+
+    def decode(self, req: DecodeRequest, token_ids: Sequence[int]) -> str:
+        return self._inner.decode(req, token_ids)
+
+    def environment(self, req: DecodeRequest) -> dict[str, Any]:
+        return self._inner.environment(req)
 
 
-def _work(job: ReplayJob, store: Store, decoder_factory: Callable[[], Any], prompt: str | None) -> None:
+@runtime_checkable
+class SteppedDecoder(Protocol):
+    """An in-process decoder that calls logits processors once per decoding step (SpecDecoder)."""
+
+    def prompt_ids(self, req: DecodeRequest) -> list[int]: ...
+
+    def positions(self, model_name: str) -> int | None: ...
+
+    def generate(self, req: DecodeRequest, *, watchers: Sequence[Any] = ()) -> DecodeResult: ...
+
+
+def _work(job: ReplayJob, store: Store, decoder_factory: Callable[[], Decoder], prompt: str | None) -> None:
     from specdec_core.analysis import request_record
     from specdec_core.replay.engine_batch import run_batch
 
-    def engine_of(request_id: str) -> Any:
+    def engine_of(request_id: str) -> EngineSpec | None:
         record = request_record(store, request_id)
-        registry = getattr(decoder, "registry", None)
-        return registry.engine_of(record["target_model"]) if record is not None and registry is not None else None
+        return decoder.registry.engine_of(record["target_model"]) if record is not None else None
 
     def one(request_id: str) -> ReplayResult:
         job.current = request_id
@@ -203,7 +229,7 @@ def _work(job: ReplayJob, store: Store, decoder_factory: Callable[[], Any], prom
         job._done.set()
 
 
-def start_job(store: Store, request_ids: Sequence[str], decoder_factory: Callable[[], Any] | None = None, *,
+def start_job(store: Store, request_ids: Sequence[str], decoder_factory: Callable[[], Decoder] | None = None, *,
               prompt: str | None = None) -> ReplayJob:
     """Replay the requests one by one in a background thread; each result is stored as it finishes."""
     ids = tuple(dict.fromkeys(request_ids))
@@ -227,7 +253,7 @@ class Preload:
     finished: bool = False
 
 
-def preload_models(decoder_factory: Callable[[], Any] | None = None) -> Preload:
+def preload_models(decoder_factory: Callable[[], Decoder] | None = None) -> Preload:
     """Load the registry's available models (up to what the loader keeps) in a background thread."""
     state = Preload()
 
@@ -235,7 +261,8 @@ def preload_models(decoder_factory: Callable[[], Any] | None = None) -> Preload:
         try:
             state.stage = "loading the decoder"
             decoder = (decoder_factory or replay_run.default_decoder)()
-            registry, loader = decoder.registry, decoder.loader
+            local = decoder.local if isinstance(decoder, DecoderRouter) else decoder
+            registry, loader = decoder.registry, local.loader
             keep = getattr(loader, "capacity", 4)
             # model_names is a property; a model on an engine has no weights here to load
             names = [n for n in registry.model_names

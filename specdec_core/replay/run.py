@@ -1,6 +1,6 @@
 """Replay a logged request with its full identity, diff it against production, and say why they differ.
 
-A replay runs the request through the local SpecDecoder with no cache: its full
+A replay runs the request through a decoder (in-process, or the engine the registry names) with no cache: its full
 identity is the key. What decides the classification is kept as evidence:
 
 - `match`: the replay returned production's output exactly (on a contaminated hit, the
@@ -34,6 +34,8 @@ from specdec_core.analysis import request_record
 from specdec_core.contract import fields as contract
 from specdec_core.contract.identity import DecodeRequest, sha256_hex
 from specdec_core.contract.result import DecodeError
+from specdec_core.decoding.protocol import Decoder
+from specdec_core.decoding.router import DecoderRouter, routed
 from specdec_core.replay.classify import (
     NEAR_TIE_LOGIT_MARGIN,
     classify_difference,
@@ -110,11 +112,11 @@ def finite_json(value: Any) -> Any:
 
 
 @lru_cache(maxsize=1)
-def default_decoder() -> Any:
-    """One SpecDecoder per process on the configured registry: loaded models are reused."""
+def default_decoder() -> Decoder:
+    """One router per process on the configured registry: loaded models and engine decoders are reused."""
     from specdec_core.decoding.engine import SpecDecoder
 
-    return SpecDecoder()
+    return DecoderRouter(SpecDecoder())
 
 
 def _request_from(record: dict[str, Any], prompt: str | None) -> DecodeRequest:
@@ -127,7 +129,7 @@ def _request_from(record: dict[str, Any], prompt: str | None) -> DecodeRequest:
     return DecodeRequest.from_record(fields)
 
 
-def _unavailable(decoder: Any, req: DecodeRequest) -> dict[str, str]:
+def _unavailable(decoder: Decoder, req: DecodeRequest) -> dict[str, str]:
     registry = decoder.registry
     if registry.engine_of(req.target_model) is not None:
         # The engine runs its own draft; a tokenizer version not here means the chat endpoint with the messages.
@@ -158,9 +160,10 @@ def _source_of(store: Store, record: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt: str | None = None,
+def replay_record(store: Store, record: dict[str, Any], decoder: Decoder, *, prompt: str | None = None,
                   near_tie_margin: float = NEAR_TIE_LOGIT_MARGIN) -> ReplayResult:
-    """Replay one logged request (as `metrics.request_record` returns it); does not store the result."""
+    """Replay one logged request (as `analysis.request_record` returns it); does not store the result."""
+    decoder = routed(decoder)
     request_id = record["request_id"]
     production = record["output_text"]
     req = _request_from(record, prompt)
@@ -183,8 +186,7 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
                             production_text=production)
     prod_ids = production_ids(decoder, req, production, result.token_ids)
     try:  # scoring production's output, and diffing it, cost quadratic time past the context
-        if hasattr(decoder, "fits"):
-            decoder.fits(req, len(prod_ids))
+        decoder.fits(req, len(prod_ids))
     except DecodeError as exc:
         return ReplayResult(request_id, "unavailable", f"can't compare production's {exc}; production did not "
                             "decode it with this model", {"too_long": str(exc)}, production_text=production,
@@ -209,7 +211,7 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
         evidence = {"output_tokens": replay_length(result), **harmless_contamination(record, req), **length_note}
         return ReplayResult(request_id, "match", match_message(evidence), evidence, **common)
 
-    scores = decoder.can_score(req) if hasattr(decoder, "can_score") else True
+    scores = decoder.can_score(req)
     if not scores:
         length_note["not_available"] = unscored_note(decoder, req)
     greedy = greedy_explains(decoder, req, prod_ids, near_tie_margin) if req.is_greedy and scores else None
@@ -220,7 +222,7 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Any, *, prompt:
         source_req = _request_from(source, prompt if source.get("prompt") is None else None)
         weighed = weigh_source(decoder, record, req, result, prod_ids, greedy, source, source_req,
                                not _unavailable(decoder, source_req), near_tie_margin,
-                               scores=scores and (not hasattr(decoder, "can_score") or decoder.can_score(source_req)))
+                               scores=scores and decoder.can_score(source_req))
         common["source_request_id"] = source["request_id"]
         common["source_replay_text"] = weighed.source_replay_text
         if weighed.verdict is not None:
@@ -277,7 +279,7 @@ def _save(store: Store, results: list[ReplayResult]) -> None:
                         [[row[name] for name in names] for row in rows])
 
 
-def replay(store: Store, request_id: str, decoder: Any | None = None, *, prompt: str | None = None,
+def replay(store: Store, request_id: str, decoder: Decoder | None = None, *, prompt: str | None = None,
            near_tie_margin: float = NEAR_TIE_LOGIT_MARGIN) -> ReplayResult:
     """Replay one request, classify the difference, and store the result in `replays`."""
     record = request_record(store, request_id)
@@ -292,7 +294,7 @@ def replay(store: Store, request_id: str, decoder: Any | None = None, *, prompt:
 ReplayProgress = Callable[[int, int, ReplayResult], None]
 
 
-def replay_many(store: Store, request_ids: Iterable[str], decoder: Any | None = None,
+def replay_many(store: Store, request_ids: Iterable[str], decoder: Decoder | None = None,
                 progress: ReplayProgress | None = None, failures: list[str] | None = None) -> list[ReplayResult]:
     """Replay several requests with one decoder (models load once); stored together at the end.
 
@@ -302,7 +304,7 @@ def replay_many(store: Store, request_ids: Iterable[str], decoder: Any | None = 
     """
     from specdec_core.replay.engine_batch import run_batch
 
-    decoder = decoder or default_decoder()
+    decoder = routed(decoder or default_decoder())
     ids = list(dict.fromkeys(request_ids))
     records: dict[str, dict[str, Any]] = {}
     for request_id in ids:
@@ -310,7 +312,7 @@ def replay_many(store: Store, request_ids: Iterable[str], decoder: Any | None = 
         if record is None:
             raise ReplayError(f"request_id {request_id!r} is not in {store.path}")
         records[request_id] = record.as_log_record()
-    registry = getattr(decoder, "registry", None)
+    registry = decoder.registry
     done: dict[str, ReplayResult] = {}
 
     def on_result(result: ReplayResult) -> None:
@@ -318,7 +320,7 @@ def replay_many(store: Store, request_ids: Iterable[str], decoder: Any | None = 
         if progress:
             progress(len(done), len(ids), result)
 
-    failed = run_batch(ids, lambda rid: registry.engine_of(records[rid]["target_model"]) if registry else None,
+    failed = run_batch(ids, lambda rid: registry.engine_of(records[rid]["target_model"]),
                        lambda rid: replay_record(store, records[rid], decoder), on_result)
     lines = [f.line() for f in failed]
     results = [done[rid] for rid in ids if rid in done]

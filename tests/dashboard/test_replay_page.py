@@ -10,8 +10,8 @@ from dashboard_data import build_foreign_db
 from helpers import free_port
 
 import specdec_core.replay.run as replay_module
-from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.decoding.registry import EngineSpec, ModelSpec, Registry
+from specdec_core.decoding.router import DecoderRouter
 from specdec_core.replay import jobs
 
 
@@ -61,7 +61,7 @@ def test_a_dead_engine_is_one_line_saying_what_it_cost(monkeypatch, foreign, tin
     foreign_db, _ = foreign
     spec = EngineSpec("staging", f"http://127.0.0.1:{free_port()}/v1", timeout_s=5.0)
     models = {**tiny_registry.models, "tiny-target": ModelSpec("tiny-target", engine="staging", served_name="big")}
-    decoder = SpecDecoder(Registry(models, tiny_registry.tokenizers, engines={"staging": spec}), device="cpu")
+    decoder = DecoderRouter.for_registry(Registry(models, tiny_registry.tokenizers, engines={"staging": spec}), device="cpu")
     monkeypatch.setattr(replay_module, "default_decoder", lambda: decoder)
     at = open_app(monkeypatch, foreign_db, "replay")
     at.session_state[ui.REPLAY_START_KEY] = ["m1", "h1"]  # as Mismatches queues a batch

@@ -14,6 +14,7 @@ from specdec_core.contract.identity import DecodeRequest
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.decoding.engine_client import EngineError
 from specdec_core.decoding.registry import EngineSpec, ModelSpec, Registry
+from specdec_core.decoding.router import DecoderRouter
 from specdec_core.ingest.load import ingest
 from specdec_core.replay import jobs
 from specdec_core.replay.run import replay, replay_many
@@ -48,7 +49,7 @@ def served(tiny_registry):
 
 @pytest.fixture(scope="module")
 def remote(tiny_registry, served):
-    return SpecDecoder(on_engine(tiny_registry, *served), device="cpu")
+    return DecoderRouter.for_registry(on_engine(tiny_registry, *served), device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +108,7 @@ def test_what_the_server_cannot_take_is_done_here_or_said(remote, tiny_registry,
     assert "parameters_refused" not in sampled.environment["engine_evidence"]
     assert sampled.environment["parameters_sent"]["seed"] == 3
     # A server that refuses the seed gets the request without it, and the evidence says so.
-    refusing = SpecDecoder(on_engine(tiny_registry, f"{faults.url}/no-seed/v1", "served-x"), device="cpu")
+    refusing = DecoderRouter.for_registry(on_engine(tiny_registry, f"{faults.url}/no-seed/v1", "served-x"), device="cpu")
     out = refusing.generate(DecodeRequest(**B))
     assert out.environment["engine_evidence"]["parameters_refused"] == "seed=3"
     assert "seed" not in faults.seen[-1][2]
@@ -125,7 +126,7 @@ def test_a_batch_replays_side_by_side_with_progress(tmp_path, incident, remote):
 
 
 def test_preloading_loads_the_local_models_and_none_on_an_engine(tiny_registry):
-    decoder = SpecDecoder(on_engine(tiny_registry, "http://127.0.0.1:9/v1", "x"), device="cpu")
+    decoder = DecoderRouter.for_registry(on_engine(tiny_registry, "http://127.0.0.1:9/v1", "x"), device="cpu")
     state = jobs.preload_models(lambda: decoder)
     deadline = time.monotonic() + 60
     while not state.finished and time.monotonic() < deadline:
@@ -173,7 +174,7 @@ def batch(tmp_path):
     ("429-always", "HTTP 429 after retries: slow down"),
 ])
 def test_a_faulty_engine_gives_one_clear_line_and_stores_nothing(tiny_registry, faults, batch, fault, says):
-    decoder = SpecDecoder(on_engine(tiny_registry, f"{faults.url}/{fault}/v1", "served-x", timeout_s=0.5,
+    decoder = DecoderRouter.for_registry(on_engine(tiny_registry, f"{faults.url}/{fault}/v1", "served-x", timeout_s=0.5,
                                     max_concurrency=1 if fault == "hang" else 3), device="cpu")
     failures: list[str] = []
     results = replay_many(batch, ["f0", "f1", "f2"], decoder, failures=failures)
@@ -187,7 +188,7 @@ def test_a_faulty_engine_gives_one_clear_line_and_stores_nothing(tiny_registry, 
 
 
 def test_a_429_with_retry_after_is_waited_out_and_then_replays(tiny_registry, faults, batch):
-    decoder = SpecDecoder(on_engine(tiny_registry, f"{faults.url}/429-once/v1", "served-x"), device="cpu")
+    decoder = DecoderRouter.for_registry(on_engine(tiny_registry, f"{faults.url}/429-once/v1", "served-x"), device="cpu")
     started = time.monotonic()
     result = replay(batch, "f0", decoder)
     assert time.monotonic() - started >= 1.0  # Retry-After: 1
@@ -200,7 +201,7 @@ def test_a_429_with_retry_after_is_waited_out_and_then_replays(tiny_registry, fa
     ("hang", "no answer within timeout_s = 0.5 s"),  # dead after the first call: the other two are not sent
 ])
 def test_a_failed_engine_in_a_job_is_one_sentence_of_what_it_cost(tiny_registry, faults, batch, fault, reason):
-    decoder = SpecDecoder(on_engine(tiny_registry, f"{faults.url}/{fault}/v1", "served-x", timeout_s=0.5,
+    decoder = DecoderRouter.for_registry(on_engine(tiny_registry, f"{faults.url}/{fault}/v1", "served-x", timeout_s=0.5,
                                     max_concurrency=1), device="cpu")
     job = jobs.start_job(batch, ["f0", "f1", "f2"], lambda: decoder)
     assert job.wait(30)
@@ -212,7 +213,7 @@ def test_a_failed_engine_in_a_job_is_one_sentence_of_what_it_cost(tiny_registry,
 
 def test_the_api_key_is_sent_from_the_environment_and_never_shown(tiny_registry, faults, batch, monkeypatch):
     monkeypatch.setenv("SPECDEC_TEST_KEY", "sk-secret-123")
-    decoder = SpecDecoder(on_engine(tiny_registry, f"{faults.url}/ok/v1", "served-x",
+    decoder = DecoderRouter.for_registry(on_engine(tiny_registry, f"{faults.url}/ok/v1", "served-x",
                                     api_key_env="SPECDEC_TEST_KEY"), device="cpu")
     result = replay(batch, "f1", decoder)
     assert faults.seen[-1][1]["Authorization"] == "Bearer sk-secret-123"
@@ -257,7 +258,7 @@ def test_with_prompt_logprobs_near_ties_are_told_from_divergence_as_in_process(t
     store = fresh_store(tmp_path, log)
     model, tok = local.loader.model("tiny-target"), local.loader.tokenizer("tiny-tok-v1")
     with LogprobServer(model, tok, "tiny-70b-served") as server:
-        remote = SpecDecoder(on_engine(tiny_registry, server.url, "tiny-70b-served"), device="cpu")
+        remote = DecoderRouter.for_registry(on_engine(tiny_registry, server.url, "tiny-70b-served"), device="cpu")
         there = replay(store, "t", remote, near_tie_margin=smallest + 1e-4)
         asked = [b for b in server.seen if b.get("prompt_logprobs")]
     here = replay(store, "t", local, near_tie_margin=smallest + 1e-4)

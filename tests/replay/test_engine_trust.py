@@ -15,7 +15,6 @@ from engine_servers import FaultServer, LlamaServer, RawServer
 from helpers import rec, run_cli, write_jsonl
 
 from specdec_core.contract.identity import DecodeRequest
-from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.decoding.engine_client import (
     CLOSED,
     HTTP,
@@ -28,6 +27,7 @@ from specdec_core.decoding.engine_client import (
     probe,
 )
 from specdec_core.decoding.registry import EngineSpec, ModelSpec, Registry
+from specdec_core.decoding.router import DecoderRouter
 from specdec_core.ingest.load import ingest
 from specdec_core.replay import jobs
 from specdec_core.replay.diff import MAX_DIFF_WORDS, diff_outputs
@@ -164,7 +164,7 @@ def test_a_deeply_nested_answer_is_malformed_in_one_line_also_for_models_list(ra
 def test_an_engine_still_rate_limiting_after_its_retries_is_dead_for_the_batch(tmp_path, faults):
     store = store_of(tmp_path, [rec(f"r{i}", **dict(REMOTE, prompt=f"{PROMPT} {i}"), cache_key=f"k{i}")
                                 for i in range(6)])
-    decoder = SpecDecoder(remote_registry(f"{faults.url}/429-always/v1"), device="cpu")
+    decoder = DecoderRouter.for_registry(remote_registry(f"{faults.url}/429-always/v1"), device="cpu")
     failures: list[str] = []
     assert replay_many(store, [f"r{i}" for i in range(6)], decoder, failures=failures) == []
     [line] = failures
@@ -187,7 +187,7 @@ def test_a_key_no_header_can_carry_is_one_line_naming_the_variable_never_the_val
     assert "\n" not in message and "CRET" not in message
     # A dashboard job stores and shows that sentence, and nothing else.
     store = store_of(tmp_path, [rec("r0", **REMOTE)])
-    decoder = SpecDecoder(remote_registry(f"{faults.url}/ok/v1", api_key_env=KEY_ENV), device="cpu")
+    decoder = DecoderRouter.for_registry(remote_registry(f"{faults.url}/ok/v1", api_key_env=KEY_ENV), device="cpu")
     job = jobs.start_job(store, ["r0"], lambda: decoder)
     assert job.wait(30) and not job.results and not job.errors
     [failure] = job.engine_failures
@@ -231,7 +231,7 @@ def test_replay_output_escapes_terminal_control_sequences(tmp_path):
 @pytest.mark.parametrize("bad", ["nan", "inf", "huge", "positive", "rank0", "rank-huge"])
 def test_an_impossible_log_probability_or_rank_is_malformed_and_stores_nothing(tmp_path, tiny_registry, llama, bad):
     store = store_of(tmp_path, [rec("t", **TINY, output_text=" something production said", output_tokens=4)])
-    decoder = SpecDecoder(tiny_on(tiny_registry, f"{llama.url}/logprobs-{bad}/v1", "models/target-f32.gguf"),
+    decoder = DecoderRouter.for_registry(tiny_on(tiny_registry, f"{llama.url}/logprobs-{bad}/v1", "models/target-f32.gguf"),
                           device="cpu")
     with pytest.raises(EngineError) as err:
         replay(store, "t", decoder)
@@ -251,7 +251,7 @@ def test_json_output_and_stored_evidence_are_strict_json_whatever_a_score_is():
 
 
 def test_an_answer_past_max_tokens_is_cut_to_it_and_flagged(tiny_registry, llama):
-    decoder = SpecDecoder(tiny_on(tiny_registry, f"{llama.url}/long/v1", "models/target-f32.gguf"), device="cpu")
+    decoder = DecoderRouter.for_registry(tiny_on(tiny_registry, f"{llama.url}/long/v1", "models/target-f32.gguf"), device="cpu")
     started = time.monotonic()
     out = decoder.generate(DecodeRequest(**TINY))
     assert time.monotonic() - started < 5
@@ -262,7 +262,7 @@ def test_an_answer_past_max_tokens_is_cut_to_it_and_flagged(tiny_registry, llama
 
 def test_an_answer_past_max_tokens_that_cant_be_counted_here_is_refused(tmp_path, llama):
     store = store_of(tmp_path, [rec("r0", **REMOTE)])
-    decoder = SpecDecoder(remote_registry(f"{llama.url}/long/v1", served="models/target-f32.gguf"), device="cpu")
+    decoder = DecoderRouter.for_registry(remote_registry(f"{llama.url}/long/v1", served="models/target-f32.gguf"), device="cpu")
     with pytest.raises(EngineError) as err:
         replay(store, "r0", decoder)
     assert err.value.kind == MALFORMED and "ignored max_tokens" in err.value.detail
@@ -283,7 +283,7 @@ def test_the_diff_of_huge_outputs_compares_a_bounded_number_of_words():
 
 
 def test_every_sampling_field_is_sent_with_its_off_value_and_the_applied_settings_agree(tiny_registry, llama):
-    decoder = SpecDecoder(tiny_on(tiny_registry, f"{llama.url}/ok/v1", "models/target-f32.gguf"), device="cpu")
+    decoder = DecoderRouter.for_registry(tiny_on(tiny_registry, f"{llama.url}/ok/v1", "models/target-f32.gguf"), device="cpu")
     sampled = DecodeRequest(**dict(TINY, temperature=0.7, top_p=0.95, seed=7))
     out = decoder.generate(sampled)
     sent = llama.seen[-1]
@@ -298,7 +298,7 @@ def test_every_sampling_field_is_sent_with_its_off_value_and_the_applied_setting
 
 
 def test_settings_the_server_applied_otherwise_are_parameters_ignored(tiny_registry, llama):
-    decoder = SpecDecoder(tiny_on(tiny_registry, f"{llama.url}/stubborn/v1", "models/target-f32.gguf"),
+    decoder = DecoderRouter.for_registry(tiny_on(tiny_registry, f"{llama.url}/stubborn/v1", "models/target-f32.gguf"),
                           device="cpu")
     out = decoder.generate(DecodeRequest(**dict(TINY, temperature=0.7, top_p=0.95, seed=7)))
     ignored = out.environment["engine_evidence"]["parameters_ignored"]
@@ -306,12 +306,12 @@ def test_settings_the_server_applied_otherwise_are_parameters_ignored(tiny_regis
 
 
 def test_the_servers_token_ids_are_the_replays_tokens_and_the_evidence_says_so(tiny_registry, llama, tok):
-    decoder = SpecDecoder(tiny_on(tiny_registry, f"{llama.url}/ok/v1", "models/target-f32.gguf"), device="cpu")
+    decoder = DecoderRouter.for_registry(tiny_on(tiny_registry, f"{llama.url}/ok/v1", "models/target-f32.gguf"), device="cpu")
     out = decoder.generate(DecodeRequest(**TINY))
     assert list(out.token_ids) == tok.encode(llama.text, add_special_tokens=False)
     assert "the server's own token ids" in out.environment["engine_evidence"]["output_length"]
     # Without ids the text is re-tokenized here, and a server count that disagrees is said beside it.
-    counted = SpecDecoder(tiny_on(tiny_registry, f"{llama.url}/count-9/v1", "models/target-f32.gguf"), device="cpu")
+    counted = DecoderRouter.for_registry(tiny_on(tiny_registry, f"{llama.url}/count-9/v1", "models/target-f32.gguf"), device="cpu")
     out = counted.generate(DecodeRequest(**TINY))
     how = out.environment["engine_evidence"]["output_length"]
     here = len(tok.encode(llama.text, add_special_tokens=False))
@@ -333,7 +333,7 @@ def test_on_the_chat_path_the_length_rule_counts_the_servers_tokens_not_bytes(tm
     # Production stopped at the source's 32; this request's own replay stops there too (the server counts 32
     # tokens, in far more bytes): the source's max_tokens explains nothing.
     store = _across_max_tokens(tmp_path, own=48, source=32, produced=32)
-    decoder = SpecDecoder(remote_registry(f"{llama.url}/count-32/v1", served="models/target-f32.gguf"),
+    decoder = DecoderRouter.for_registry(remote_registry(f"{llama.url}/count-32/v1", served="models/target-f32.gguf"),
                           device="cpu")
     result = replay(store, "hit", decoder)
     assert result.classification != "foreign", result.message
@@ -343,7 +343,7 @@ def test_on_the_chat_path_the_length_rule_counts_the_servers_tokens_not_bytes(tm
 
 def test_production_longer_than_its_own_max_tokens_is_foreign_when_the_sources_allows_it(tmp_path, faults):
     store = _across_max_tokens(tmp_path, own=32, source=48, produced=38, finish="stop")
-    decoder = SpecDecoder(remote_registry(f"{faults.url}/ok/v1"), device="cpu")
+    decoder = DecoderRouter.for_registry(remote_registry(f"{faults.url}/ok/v1"), device="cpu")
     result = replay(store, "hit", decoder)
     assert result.classification == "foreign", result.message
     assert "38 tokens, more than this request's max_tokens 32 allows" in result.message
