@@ -16,6 +16,7 @@ from specdec_core.analysis.query import (
 )
 from specdec_core.derived.summaries import NO_DRAFT, histogram_quantiles
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
 HIT_RATE_BY_COMBINATION_SQL = f"""
 SELECT r.target_model, {draft_label()} AS draft_model, count(*) AS requests,
@@ -60,8 +61,8 @@ def hit_rate_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str 
     return over_time(store, HIT_RATE_OVER_TIME_SQL, HIT_RATE_OVER_TIME_MINUTE_SQL, filters, bucket)
 
 
-KEY_RATIO_BY_DEPLOYMENT_SQL = """
-SELECT coalesce(r.deployment, '') AS deployment, count(*) AS requests,
+KEY_RATIO_BY_DEPLOYMENT_SQL = f"""
+SELECT {deployment_label()} AS deployment, count(*) AS requests,
        count(DISTINCT r.cache_key) AS unique_keys, count(DISTINCT r.fingerprint) AS unique_identities,
        count(DISTINCT r.cache_key) / count(DISTINCT r.fingerprint) AS keys_per_identity,
        avg(r.cache_hit::INT) AS hit_rate,
@@ -71,7 +72,7 @@ SELECT coalesce(r.deployment, '') AS deployment, count(*) AS requests,
        -- Hits on an identity the deployment had never seen: only a shared key (or an entry older than
        -- the log) can serve those.
        count(*) FILTER (WHERE h.first_sight) AS first_sight_hits
-FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NOT NULL AND {where}
+FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NOT NULL AND {{where}}
 GROUP BY ALL ORDER BY deployment
 """
 
@@ -97,7 +98,7 @@ WITH c AS (
            coalesce(sum(c.first_sight), 0)::BIGINT AS first_sight_hits
     FROM {{source}} c GROUP BY 1
 ), u AS (
-    SELECT coalesce(r.deployment, '') AS deployment, count(*) AS requests,
+    SELECT {deployment_label()} AS deployment, count(*) AS requests,
            count(*) FILTER (WHERE r.cache_hit) AS hits, count(*) FILTER (WHERE h.first_sight) AS first_sight_hits
     FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NULL AND {{where}} GROUP BY 1
 ), k AS (

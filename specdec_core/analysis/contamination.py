@@ -15,9 +15,10 @@ from specdec_core.analysis.query import (
 )
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
 CONTAMINATED_HITS_SQL = f"""
-SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_key, h.source_request_id,
+SELECT r.request_id, r.ts, {deployment_label()} AS deployment, r.cache_key, h.source_request_id,
        h.source_ts, h.differing_fields, h.fingerprint_mismatch, r.target_model,
        {draft_label()} AS draft_model, r.temperature, r.max_tokens, r.seed::VARCHAR AS seed,
        r.tokenizer_version, r.output_tokens, left(r.output_text, 120) AS output_preview
@@ -41,13 +42,13 @@ def contaminated_hits(store: Store, filters: Filters = NO_FILTERS, limit: int = 
         return run(con, CONTAMINATED_HITS_SQL, filters, [limit]).df()
 
 
-MISMATCH_RATE_OVER_TIME_SQL = """
-SELECT time_bucket(CAST(? AS INTERVAL), r.ts) AS bucket, coalesce(r.deployment, '') AS deployment,
+MISMATCH_RATE_OVER_TIME_SQL = f"""
+SELECT time_bucket(CAST(? AS INTERVAL), r.ts) AS bucket, {deployment_label()} AS deployment,
        count(*) FILTER (WHERE r.cache_hit) AS hits,
        count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
        count(*) FILTER (WHERE h.contaminated) / nullif(count(*), 0) AS mismatch_rate
 FROM requests r LEFT JOIN hit_sources h USING (request_id)
-WHERE {where}
+WHERE {{where}}
 GROUP BY ALL ORDER BY bucket, deployment
 """
 
@@ -66,11 +67,11 @@ def mismatch_rate_over_time(store: Store, filters: Filters = NO_FILTERS, bucket:
     return over_time(store, MISMATCH_RATE_OVER_TIME_SQL, MISMATCH_RATE_OVER_TIME_MINUTE_SQL, filters, bucket)
 
 
-CONTAMINATION_WINDOW_SQL = """
-SELECT coalesce(r.deployment, '') AS deployment, count(*) AS contaminated_hits,
+CONTAMINATION_WINDOW_SQL = f"""
+SELECT {deployment_label()} AS deployment, count(*) AS contaminated_hits,
        min(r.ts) AS first_contaminated, max(r.ts) AS last_contaminated
 FROM requests r JOIN hit_sources h USING (request_id)
-WHERE {where} AND h.contaminated
+WHERE {{where}} AND h.contaminated
 GROUP BY ALL ORDER BY first_contaminated, deployment
 """
 

@@ -10,11 +10,12 @@ from typing import Any
 from specdec_core.analysis.query import NO_FILTERS, Filters, df
 from specdec_core.analysis.status import KeySchemeChange, fmt_time, key_scheme_changes, plural
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
 # A key's scheme is its shape, as key_scheme_changes cuts it: all but its last ':'-separated part.
-HITS_AFTER_FIX_SQL = """
+HITS_AFTER_FIX_SQL = f"""
 SELECT count(*) AS hits FROM requests r
-WHERE {where} AND r.cache_hit AND coalesce(r.deployment, '') = ? AND r.ts > ? AND contains(r.cache_key, ':')
+WHERE {{where}} AND r.cache_hit AND {deployment_label()} = ? AND r.ts > ? AND contains(r.cache_key, ':')
   AND list_contains(?, left(r.cache_key, length(r.cache_key) - strpos(reverse(r.cache_key), ':')))
 """
 

@@ -17,6 +17,7 @@ import pandas as pd
 from specdec_core.analysis.query import NO_FILTERS, Filters, df, native, run, time_bucket
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
 IMPACT_DIMENSIONS = ("consumer", "experiment", "deployment")
 
@@ -261,14 +262,14 @@ def wrong_outputs_over_time(store: Store, filters: Filters = NO_FILTERS, bucket:
     return frame
 
 
-_AFFECTED_SQL = """
+_AFFECTED_SQL = f"""
 SELECT r.request_id, r.ts, CASE WHEN h.contaminated THEN 'contaminated_hit' ELSE 'length_violation' END AS kind,
        coalesce(r.consumer, '') AS consumer, coalesce(r.experiment, '') AS experiment,
-       coalesce(r.deployment, '') AS deployment, r.cache_key, h.source_request_id,
+       {deployment_label()} AS deployment, r.cache_key, h.source_request_id,
        coalesce(s.experiment, '') AS served_from, h.differing_fields, r.target_model, r.draft_model,
        r.max_tokens, r.output_tokens, left(r.output_text, 200) AS output_preview
 FROM requests r LEFT JOIN hit_sources h USING (request_id) LEFT JOIN requests s ON s.request_id = h.source_request_id
-WHERE {where} AND coalesce(r.consumer, '') = ? AND (h.contaminated OR r.output_tokens > r.max_tokens)
+WHERE {{where}} AND coalesce(r.consumer, '') = ? AND (h.contaminated OR r.output_tokens > r.max_tokens)
 ORDER BY r.ts, r.request_id
 """
 

@@ -7,11 +7,12 @@ import pandas as pd
 from specdec_core.analysis.query import NO_FILTERS, Filters, df
 from specdec_core.contract import fields as contract
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
-KEY_PROMPTS_SQL = """
+KEY_PROMPTS_SQL = f"""
 SELECT r.fingerprint, any_value(r.prompt) AS prompt, any_value(r.prompt_hash) AS prompt_hash,
        min(r.ts) AS first_seen
-FROM requests r WHERE {where} AND coalesce(r.deployment, '') = ? AND r.cache_key = ?
+FROM requests r WHERE {{where}} AND {deployment_label()} = ? AND r.cache_key = ?
 GROUP BY r.fingerprint ORDER BY first_seen
 """
 

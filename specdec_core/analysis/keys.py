@@ -11,12 +11,13 @@ from specdec_core.analysis.query import (
 )
 from specdec_core.derived.summaries import key_hash
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
-KEY_COLLISIONS_SQL = """
-SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, count(DISTINCT r.fingerprint) AS identities,
+KEY_COLLISIONS_SQL = f"""
+SELECT {deployment_label()} AS deployment, r.cache_key, count(DISTINCT r.fingerprint) AS identities,
        count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
        min(r.ts) AS first_seen, max(r.ts) AS last_seen
-FROM requests r WHERE r.cache_key IS NOT NULL AND {where}
+FROM requests r WHERE r.cache_key IS NOT NULL AND {{where}}
 GROUP BY ALL HAVING count(DISTINCT r.fingerprint) > 1
 ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
 """
@@ -58,7 +59,7 @@ def key_collisions(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_
               ranged=KEY_COLLISIONS_SHARED_SQL)
 
 
-KEY_COLLISION_IDENTITIES_SQL = """
+KEY_COLLISION_IDENTITIES_SQL = f"""
 SELECT r.fingerprint, arg_min(r.request_id, (r.ts, r.request_id)) AS first_request_id, count(*) AS requests,
        count(*) FILTER (WHERE r.cache_hit) AS hits,
        min(r.ts) AS first_seen, max(r.ts) AS last_seen, any_value(r.target_model) AS target_model,
@@ -67,7 +68,7 @@ SELECT r.fingerprint, arg_min(r.request_id, (r.ts, r.request_id)) AS first_reque
        any_value(r.seed)::VARCHAR AS seed, any_value(r.tokenizer_version) AS tokenizer_version,
        any_value(i.identity)::VARCHAR AS identity
 FROM requests r JOIN identities i USING (fingerprint)
-WHERE {where} AND coalesce(r.deployment, '') = ? AND r.cache_key = ?
+WHERE {{where}} AND {deployment_label()} = ? AND r.cache_key = ?
 GROUP BY r.fingerprint ORDER BY first_seen
 """
 

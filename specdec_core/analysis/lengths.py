@@ -14,6 +14,7 @@ from specdec_core.analysis.query import (
 )
 from specdec_core.derived.summaries import histogram_quantiles
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
 OUTPUT_LENGTH_BY_MAX_TOKENS_SQL = """
 SELECT r.max_tokens, count(*) AS requests, min(r.output_tokens) AS min,
@@ -38,7 +39,7 @@ def output_length_by_max_tokens(store: Store, filters: Filters = NO_FILTERS) -> 
 
 
 LENGTH_VIOLATIONS_SQL = f"""
-SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.max_tokens, r.output_tokens,
+SELECT r.request_id, r.ts, {deployment_label()} AS deployment, r.max_tokens, r.output_tokens,
        r.cache_hit, h.source_request_id, r.target_model, {draft_label()} AS draft_model, r.temperature,
        r.cache_key
 FROM requests r LEFT JOIN hit_sources h USING (request_id)

@@ -16,6 +16,7 @@ from specdec_core.analysis.query import (
 )
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def filter_options(store: Store, span_limits: tuple[datetime, datetime] | None =
             table, deployment, draft = "summary_minute r", "deployment", "draft_model"
         else:
             start, end = con.execute("SELECT min(ts), max(ts) FROM requests").fetchall()[0]
-            table, deployment, draft = "requests r", "coalesce(deployment, '')", draft_label()
+            table, deployment, draft = "requests r", deployment_label(None), draft_label()
         span_start, span_end, outside = _time_span(con, start, end, span_limits or DATETIME_LIMITS)
         return FilterOptions(
             deployments=values(f"SELECT DISTINCT {deployment} FROM {table} ORDER BY 1"),
@@ -112,10 +113,10 @@ FROM {{source}} c
 # are taken from those, a few hundred thousand rows however many millions the range holds. A request whose
 # log leaves its cache key unknown has no key to count, share or collide on: it is left out, as the
 # summaries leave it out.
-KEY_COUNTS_SQL = """
+KEY_COUNTS_SQL = f"""
 WITH p AS MATERIALIZED (
-    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint FROM requests r
-    WHERE r.cache_key IS NOT NULL AND {where} GROUP BY ALL
+    SELECT {deployment_label()} AS deployment, r.cache_key, r.fingerprint FROM requests r
+    WHERE r.cache_key IS NOT NULL AND {{where}} GROUP BY ALL
 )
 SELECT (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, cache_key)) AS unique_keys,
        (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, fingerprint)) AS unique_identities,

@@ -13,6 +13,7 @@ import pandas as pd
 
 from specdec_core.analysis.query import NO_FILTERS, Filters, df
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
 SEARCH_FIELDS = ("prompt", "output_text")
 SEARCH_MODES = ("contains", "regex")
@@ -30,30 +31,30 @@ EXCERPT_FIELD_NAMES = {"output_text": "output", "prompt": "prompt"}
 
 # The excerpt is cut only from the rows listed (the LIMIT), never over the whole log. Group 1 of the
 # locating pattern is the text before the first match and group 2 the match: a user's own groups come after.
-MATCHING_REQUESTS_WITH_EXCERPTS_SQL = """
+MATCHING_REQUESTS_WITH_EXCERPTS_SQL = f"""
 WITH found AS (
-    SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.target_model, r.cache_hit,
+    SELECT r.request_id, r.ts, {deployment_label()} AS deployment, r.target_model, r.cache_hit,
            r.max_tokens, r.output_tokens, r.prompt, r.output_text, count(*) OVER () AS matches
     FROM requests r
-    WHERE {where} AND ({match})
+    WHERE {{where}} AND ({{match}})
     ORDER BY r.ts, r.request_id LIMIT ?
 ), located AS (
-    SELECT *, CASE {field} END AS match_field
+    SELECT *, CASE {{field}} END AS match_field
     FROM found r
 ), matched AS (
-    SELECT *, CASE match_field {text} END AS matched_text
+    SELECT *, CASE match_field {{text}} END AS matched_text
     FROM located r
 ), cut AS (
-    SELECT *, regexp_extract(matched_text, ?, ['before', 'hit'], '{flags}') AS parts
+    SELECT *, regexp_extract(matched_text, ?, ['before', 'hit'], '{{flags}}') AS parts
     FROM matched
 )
 SELECT request_id, ts, deployment, target_model, cache_hit, max_tokens, output_tokens,
        left(prompt, 160) AS prompt_preview, left(output_text, 160) AS output_preview, match_field,
-       CASE WHEN length(parts.before) > {chars} THEN '…' ELSE '' END || right(parts.before, {chars})
+       CASE WHEN length(parts.before) > {{chars}} THEN '…' ELSE '' END || right(parts.before, {{chars}})
            AS match_before,
        parts.hit AS match_text,
-       left(substr(matched_text, length(parts.before) + length(parts.hit) + 1), {chars})
-           || CASE WHEN length(matched_text) - length(parts.before) - length(parts.hit) > {chars}
+       left(substr(matched_text, length(parts.before) + length(parts.hit) + 1), {{chars}})
+           || CASE WHEN length(matched_text) - length(parts.before) - length(parts.hit) > {{chars}}
                    THEN '…' ELSE '' END AS match_after,
        matches
 FROM cut

@@ -12,6 +12,7 @@ import pandas as pd
 from specdec_core.analysis.contamination import contamination_window
 from specdec_core.analysis.query import NO_FILTERS, Filters, df
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
 # A contamination is over when the clean stretch after its last hit is both this long and this many times
 # its usual gap between contaminated hits: a quiet minute inside a busy incident is no end.
@@ -94,9 +95,9 @@ class ContaminationStatus:
         return f"{what}, {since}; {end}."
 
 
-LOGGED_SPAN_SQL = """
-SELECT coalesce(r.deployment, '') AS deployment, min(r.ts) AS logs_begin, max(r.ts) AS logs_end
-FROM requests r WHERE {where} GROUP BY ALL
+LOGGED_SPAN_SQL = f"""
+SELECT {deployment_label()} AS deployment, min(r.ts) AS logs_begin, max(r.ts) AS logs_end
+FROM requests r WHERE {{where}} GROUP BY ALL
 """
 LOGGED_SPAN_MINUTE_SQL = """
 SELECT c.deployment, min(c.first_ts) AS logs_begin, max(c.last_ts) AS logs_end FROM {source} c GROUP BY ALL
@@ -148,11 +149,11 @@ class KeySchemeChange:
 
 # A key's shape is all but its last ':'-separated part (the digest): `edge-b-v1:model_prompt:9f2c...` has
 # the shape `edge-b-v1:model_prompt`. Keys without a ':' have no shape to compare.
-KEY_SHAPES_SQL = """
+KEY_SHAPES_SQL = f"""
 WITH keys AS (  -- each distinct key once: the shape is cut from a few thousand strings, not every request's
-    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, count(*) AS requests, min(r.ts) AS first_ts,
+    SELECT {deployment_label()} AS deployment, r.cache_key, count(*) AS requests, min(r.ts) AS first_ts,
            max(r.ts) AS last_ts
-    FROM requests r WHERE {where} AND contains(r.cache_key, ':') GROUP BY ALL
+    FROM requests r WHERE {{where}} AND contains(r.cache_key, ':') GROUP BY ALL
 )
 SELECT deployment, left(cache_key, length(cache_key) - strpos(reverse(cache_key), ':')) AS prefix,
        sum(requests) AS requests, min(first_ts) AS first_ts, max(last_ts) AS last_ts

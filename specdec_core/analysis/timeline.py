@@ -10,6 +10,7 @@ import pandas as pd
 
 from specdec_core.analysis.query import HITS, NO_FILTERS, Filters, df, draft_label, time_bucket
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
 # Smoothing windows offered, in buckets: 1 is no smoothing.
 SMOOTHING_WINDOWS = (1, 3, 5, 10)
@@ -25,7 +26,7 @@ ORDER BY deployment, combination, bucket
 
 HIT_RATE_BY_DEPLOYMENT_OVER_TIME_SQL = f"""
 WITH b AS (
-    SELECT time_bucket(CAST(? AS INTERVAL), r.ts) AS bucket, coalesce(r.deployment, '') AS deployment,
+    SELECT time_bucket(CAST(? AS INTERVAL), r.ts) AS bucket, {deployment_label()} AS deployment,
            r.target_model || ' / ' || {draft_label()} AS combination, count(*) AS requests,
            count(*) FILTER (WHERE r.cache_hit) AS hits
     FROM requests r WHERE {{where}} GROUP BY ALL
@@ -55,11 +56,11 @@ def hit_rate_by_deployment_over_time(store: Store, filters: Filters = NO_FILTERS
 
 
 REQUESTS_IN_WINDOW_SQL = f"""
-SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.cache_hit,
+SELECT r.request_id, r.ts, {deployment_label()} AS deployment, r.cache_hit,
        coalesce(h.contaminated, FALSE) AS contaminated, h.source_request_id, h.differing_fields,
        r.target_model, {draft_label()} AS draft_model, r.max_tokens, r.output_tokens, r.latency_ms, r.cache_key
 FROM requests r LEFT JOIN hit_sources h USING (request_id)
-WHERE {{where}} AND r.ts >= ? AND r.ts < ? AND (? IS NULL OR coalesce(r.deployment, '') = ?)
+WHERE {{where}} AND r.ts >= ? AND r.ts < ? AND (? IS NULL OR {deployment_label()} = ?)
       AND (NOT ? OR h.contaminated) AND (? IS NULL OR r.max_tokens = ?) AND (NOT ? OR r.output_tokens > r.max_tokens)
 ORDER BY r.ts, r.request_id LIMIT ?
 """

@@ -113,7 +113,7 @@ FROM requests r JOIN hit_sources h USING (request_id) WHERE h.contaminated AND {
 # Requests per consumer and arm with the labels the filters read; a violation's times; the sums an arm's means and
 # acceptance rate divide (acceptance over rows that logged both token counts).
 BOTH_TOKENS = "r.draft_tokens IS NOT NULL AND r.accepted_tokens IS NOT NULL"
-AUDIENCE_SQL = f"""SELECT coalesce(r.deployment, '') AS deployment, r.target_model, {draft_label()} AS draft_model,
+AUDIENCE_SQL = f"""SELECT {deployment_label()} AS deployment, r.target_model, {draft_label()} AS draft_model,
        coalesce(r.consumer, '') AS consumer, coalesce(r.experiment, '') AS experiment,
        count(*) AS requests, count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS violations,
        min(r.ts) FILTER (WHERE r.output_tokens > r.max_tokens) AS first_violation,
@@ -129,7 +129,7 @@ AUDIENCE_MERGE = {"requests": "sum", "violations": "sum", "first_violation": "mi
                   "accepted_tokens": "sum"}
 
 # Each contaminated hit: who received it, its arm and its source's arm ('' where the source is not in the log).
-IMPACT_HITS_SQL = f"""SELECT r.request_id, r.ts, coalesce(r.deployment, '') AS deployment, r.target_model,
+IMPACT_HITS_SQL = f"""SELECT r.request_id, r.ts, {deployment_label()} AS deployment, r.target_model,
        {draft_label()} AS draft_model, coalesce(r.consumer, '') AS consumer,
        coalesce(r.experiment, '') AS experiment, coalesce(s.experiment, '') AS source_experiment,
        r.output_tokens > r.max_tokens AS violation, r.output_tokens, r.latency_ms,

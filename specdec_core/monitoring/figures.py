@@ -24,7 +24,7 @@ import duckdb
 from specdec_core.derived import summaries as summary
 from specdec_core.derived.verdicts import FIRST_VERDICT_COUNTS_SQL
 from specdec_core.store.connection import Store
-from specdec_core.store.sql import literal
+from specdec_core.store.sql import deployment_label, literal
 
 OTHER = "other"
 DEFAULT_TOP = 50
@@ -180,8 +180,8 @@ KEYS_SUMMARY_SQL = """WITH k AS (
         GROUP BY ALL HAVING count(*) > 1) GROUP BY 1, 2
 )
 SELECT h, p, keys, identities, coalesce(collisions, 0) AS collisions FROM k LEFT JOIN c USING (h, p)"""
-KEYS_ROWS_SQL = """WITH p AS (
-    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key, r.fingerprint FROM requests r
+KEYS_ROWS_SQL = f"""WITH p AS (
+    SELECT {deployment_label()} AS deployment, r.cache_key, r.fingerprint FROM requests r
     WHERE r.cache_key IS NOT NULL GROUP BY ALL
 ), per_key AS (SELECT deployment, cache_key, count(*) AS n FROM p GROUP BY ALL),
 k AS (

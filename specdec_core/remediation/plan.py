@@ -20,6 +20,7 @@ import pandas as pd
 
 from specdec_core.analysis.query import NO_FILTERS, Filters, df
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
 REASONS = ("contaminated", "collision")
 DEFAULT_KEY_TEMPLATE = "{cache_key}"
@@ -83,15 +84,15 @@ def redis_key(template: str, deployment: str, cache_key: str) -> str:
 
 # Every key of the selection that served a contaminated hit or more than one identity; contamination itself
 # was judged over the whole log at ingest (hit_sources), the filters choose which requests count.
-PLAN_SQL = """
+PLAN_SQL = f"""
 WITH k AS (
-    SELECT coalesce(r.deployment, '') AS deployment, r.cache_key,
+    SELECT {deployment_label()} AS deployment, r.cache_key,
            count(DISTINCT r.fingerprint) AS identities,
            count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
            min(r.ts) FILTER (WHERE h.contaminated) AS first_contaminated,
            min(r.ts) AS first_seen, max(r.ts) AS last_seen
     FROM requests r LEFT JOIN hit_sources h USING (request_id)
-    WHERE r.cache_key IS NOT NULL AND {where}
+    WHERE r.cache_key IS NOT NULL AND {{where}}
     GROUP BY ALL
 )
 SELECT * FROM k WHERE contaminated_hits > 0 OR identities > 1

@@ -18,6 +18,7 @@ from specdec_core.analysis.query import NO_FILTERS, Filters
 from specdec_core.replay.diff import WordOp, word_diff
 from specdec_core.replay.run import STORED_MESSAGE_KEY, STORED_SOURCE_TEXT_KEY
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
 
 @dataclass(frozen=True)
@@ -113,11 +114,11 @@ def _json(text: str | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"value": value}
 
 
-REPLAY_HISTORY_SQL = """
+REPLAY_HISTORY_SQL = f"""
 SELECT p.replay_id, p.replayed_at, p.request_id, p.classification, p.similarity, p.first_divergent_token,
-       p.source_request_id, coalesce(r.deployment, '') AS deployment, r.target_model, r.ts AS request_ts
+       p.source_request_id, {deployment_label()} AS deployment, r.target_model, r.ts AS request_ts
 FROM replays p JOIN requests r USING (request_id)
-WHERE {where} AND (? IS NULL OR p.request_id = ?) AND (? IS NULL OR list_contains(?, p.replay_id))
+WHERE {{where}} AND (? IS NULL OR p.request_id = ?) AND (? IS NULL OR list_contains(?, p.replay_id))
 ORDER BY p.replayed_at DESC, p.replay_id LIMIT ?
 """
 
@@ -132,12 +133,12 @@ def replay_history(store: Store, filters: Filters = NO_FILTERS, *, request_id: s
                            params + [request_id, request_id, ids, ids, limit]).df()
 
 
-REPLAYS_FOR_EXPORT_SQL = """
-SELECT p.replayed_at, p.replay_id, p.request_id, coalesce(r.deployment, '') AS deployment, r.target_model,
+REPLAYS_FOR_EXPORT_SQL = f"""
+SELECT p.replayed_at, p.replay_id, p.request_id, {deployment_label()} AS deployment, r.target_model,
        p.classification, p.similarity, p.first_divergent_token, p.common_prefix_tokens, p.draft_tokens,
        p.accepted_tokens, p.source_request_id, p.evidence::VARCHAR AS evidence
 FROM replays p JOIN requests r USING (request_id)
-WHERE {where}
+WHERE {{where}}
 ORDER BY p.replayed_at DESC, p.replay_id LIMIT ?
 """
 
