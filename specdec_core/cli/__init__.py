@@ -66,6 +66,12 @@ def _quiet_stdout() -> None:
         pass
 
 
+def _command_name(args: argparse.Namespace) -> str:
+    """The command as typed: `cache plan`, `metrics serve`, or a command of no group, `ingest`."""
+    sub = getattr(args, f"{args.command}_command", None)
+    return f"{args.command} {sub}" if isinstance(sub, str) else args.command
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -75,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _quiet_stdout()
             return 0
         except (UsageError, MissingExtra) as exc:
-            print(f"specdec {args.command}: {exc}", file=sys.stderr)
+            print(f"specdec {_command_name(args)}: {exc}", file=sys.stderr)
             return 2
         except (StoreError, OSError) as exc:  # what a command didn't say itself: still one line, naming the file
             print(f"specdec {args.command}: {mask_secrets(str(exc))}", file=sys.stderr)

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from specdec_core.analysis import Filters
-from specdec_core.cli.store_cmds import add_db, existing_store
+from specdec_core.cli.common import UsageError, add_db, existing_store
 from specdec_core.remediation import (
     DEFAULT_KEY_TEMPLATE,
     Interrupted,
@@ -53,14 +53,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         filters = filters_from_args(args)
     except ValueError as exc:
-        return _fail("plan", exc, 2)
+        raise UsageError(str(exc)) from None
     store = existing_store(args, "cache plan")
     if store is None:
         return 1
     try:
         entries = purge_plan(store, filters, args.key_template)
     except PlanError as exc:
-        return _fail("plan", exc, 2)
+        raise UsageError(str(exc)) from None
     try:
         write_plan(entries, args.out)
     except OSError as exc:
@@ -100,7 +100,7 @@ def _raise_interrupt(_signum: int, _frame: Any) -> None:
 
 def cmd_purge(args: argparse.Namespace) -> int:
     if (args.plan is None) == (args.namespace is None):
-        return _fail("purge", "give --plan PLAN.jsonl or --namespace PREFIX (one of them)", 2)
+        raise UsageError("give --plan PLAN.jsonl or --namespace PREFIX (one of them)")
     try:
         target = _target(args)
         keys = read_plan_keys(args.plan) if args.plan is not None else None

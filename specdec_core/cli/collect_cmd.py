@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdec_core.cli.store_cmds import add_db
+from specdec_core.cli.common import UsageError, add_db
 from specdec_core.ingest import IngestLimits
 from specdec_core.store import Store, StoreError
 
@@ -22,13 +22,10 @@ def cmd_collect(args: argparse.Namespace) -> int:
     if args.token_env:
         token = os.environ.get(args.token_env, "")
         if not token.strip():
-            print(f"specdec collect: --token-env {args.token_env}: that environment variable is empty or unset",
-                  file=sys.stderr)
-            return 2
+            raise UsageError(f"--token-env {args.token_env}: that environment variable is empty or unset")
     for name in ("max_body_bytes", "max_backlog_bytes", "batch_rows"):
         if getattr(args, name) < 1:
-            print(f"specdec collect: --{name.replace('_', '-')}: expected a number >= 1", file=sys.stderr)
-            return 2
+            raise UsageError(f"--{name.replace('_', '-')}: expected a number >= 1")
     store = Store(args.db)
     options = CollectOptions(listen=args.listen, grpc=args.grpc, spool=Path(args.spool) if args.spool else None,
                              token=token, max_body_bytes=args.max_body_bytes,
@@ -36,8 +33,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     try:
         check_listen(options)
     except CollectError as exc:
-        print(f"specdec collect: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
 
     metrics = None
 
@@ -54,17 +50,20 @@ def cmd_collect(args: argparse.Namespace) -> int:
     try:
         collector = Collector(store, options, limits=IngestLimits.from_env(), on_batch=show, on_problem=problem)
         collector.start()
-    except (CollectError, OSError) as exc:
+    except CollectError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
         print(f"specdec collect: {exc}", file=sys.stderr)
-        return 1 if isinstance(exc, OSError) else 2
+        return 1
     if args.metrics:
         from specdec_core.cli.metrics_cmd import start_follower_metrics
 
-        metrics = start_follower_metrics(store, args.metrics, args.metrics_top)
-        if isinstance(metrics, int):
+        try:
+            metrics = start_follower_metrics(store, args.metrics, args.metrics_top)
+        except BaseException:  # what was acknowledged already is ingested before the command says why it stops
             collector.stop()
             collector.run()
-            return metrics
+            raise
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda _signum, _frame: collector.stop())  # stop taking exports, ingest, exit 0
     where = f"http://{options.listen.rpartition(':')[0]}:{collector.http_port}/v1/traces"

@@ -6,6 +6,7 @@ import argparse
 import subprocess
 import sys
 
+from specdec_core.cli.common import UsageError
 from specdec_core.dashboard_launch import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -21,9 +22,11 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     try:
         port = parse_port(args.port)
         command = streamlit_command(args.db, args.host, port)
-    except (ValueError, DashboardNotFound) as exc:
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except DashboardNotFound as exc:
         print(f"specdec dashboard: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ValueError) else 1
+        return 1
     print(f"specdec dashboard: serving http://{args.host}:{port}/ (Ctrl-C stops it)", file=sys.stderr, flush=True)
     server = subprocess.Popen(command)
     try:

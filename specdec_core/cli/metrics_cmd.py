@@ -7,26 +7,35 @@ import json
 import signal
 import sys
 import threading
+from types import ModuleType
+from typing import Any
 
-from specdec_core.cli.common import add_db, existing_store
+from specdec_core.cli.common import UsageError, add_db, existing_store
 from specdec_core.config import ConfigError, dashboard_settings
-from specdec_core.extras import MissingExtra, require
+from specdec_core.extras import require
 from specdec_core.monitoring.figures import DEFAULT_TOP
 from specdec_core.store.connection import Store, StoreError, release_snapshots
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 
 
-def exporter_module(command: str):
-    """monitoring.exporter, or None after saying in one line how to install prometheus_client."""
-    try:
-        require("metrics", "prometheus_client")
-    except MissingExtra as exc:
-        print(f"specdec {command}: {exc}", file=sys.stderr)
-        return None
+def exporter_module() -> ModuleType:
+    """monitoring.exporter; MissingExtra (says how to install prometheus_client) without the metrics extra."""
+    require("metrics", "prometheus_client")
     from specdec_core.monitoring import exporter
 
     return exporter
+
+
+def _listen(exporter: ModuleType, listen: str, top: int, flag: str, top_flag: str) -> str:
+    """The HOST:PORT to serve on; UsageError for a bad address or a --top below 1."""
+    try:
+        address = exporter.parse_listen(listen)
+    except ValueError as exc:
+        raise UsageError(f"{flag} {exc}" if "HOST:PORT" in str(exc) else str(exc)) from None
+    if top < 1:
+        raise UsageError(f"{top_flag} {top}: expected a number >= 1")
+    return address
 
 
 def add_top(parser: argparse.ArgumentParser, flag: str = "--top") -> None:
@@ -36,17 +45,8 @@ def add_top(parser: argparse.ArgumentParser, flag: str = "--top") -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    exporter = exporter_module("metrics serve")
-    if exporter is None:
-        return 2
-    try:
-        listen = exporter.parse_listen(args.listen)
-        if args.top < 1:
-            raise ValueError(f"--top {args.top}: expected a number >= 1")
-    except ValueError as exc:
-        print(f"specdec metrics serve: --listen {exc}" if "HOST:PORT" in str(exc) else
-              f"specdec metrics serve: {exc}", file=sys.stderr)
-        return 2
+    exporter = exporter_module()
+    listen = _listen(exporter, args.listen, args.top, "--listen", "--top")
     store = existing_store(args, "metrics serve")
     if store is None:
         return 1
@@ -78,26 +78,17 @@ def readable(store: Store) -> None:
         release_snapshots()  # the exporter reads on a thread of its own: this thread's view is not needed
 
 
-def start_follower_metrics(store, listen_text: str, top: int):
-    """`specdec ingest --follow --metrics HOST:PORT`: the running exporter (monitoring.exporter.Running), or
-    the exit code after saying why not."""
-    exporter = exporter_module("ingest")
-    if exporter is None:
-        return 2
+def start_follower_metrics(store: Store, listen_text: str, top: int) -> Any:
+    """`specdec ingest --follow --metrics HOST:PORT`: the running exporter (monitoring.exporter.Running).
+
+    UsageError for a bad address or --metrics-top, MissingExtra without prometheus_client, OSError (one line
+    naming the address) when it can't listen there."""
+    exporter = exporter_module()
+    listen = _listen(exporter, listen_text, top, "--metrics", "--metrics-top")
     try:
-        listen = exporter.parse_listen(listen_text)
-        if top < 1:
-            raise ValueError(f"--metrics-top {top}: expected a number >= 1")
-    except ValueError as exc:
-        print(f"specdec ingest: --metrics {exc}" if "HOST:PORT" in str(exc) else f"specdec ingest: {exc}",
-              file=sys.stderr)
-        return 2
-    try:
-        server = exporter.serve(store, listen, top)
+        return exporter.serve(store, listen, top)
     except OSError as exc:
-        print(f"specdec ingest: --metrics: can't listen on {listen}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    return server
+        raise OSError(f"--metrics: can't listen on {listen}: {exc.strerror or exc}") from None
 
 
 def _dashboard_url(args: argparse.Namespace) -> str:
@@ -118,8 +109,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     try:
         print(rules_yaml(RuleOptions(_dashboard_url(args), args.window, args.stale_after)), end="")
     except (ValueError, ConfigError) as exc:
-        print(f"specdec metrics rules: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     return 0
 
 
@@ -129,8 +119,7 @@ def cmd_grafana(args: argparse.Namespace) -> int:
     try:
         board = dashboard(_dashboard_url(args))
     except (ValueError, ConfigError) as exc:
-        print(f"specdec metrics grafana: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     print(json.dumps(board, indent=2))
     return 0
 

@@ -109,8 +109,6 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
         from specdec_core.cli.metrics_cmd import start_follower_metrics
 
         metrics = start_follower_metrics(store, args.metrics, args.metrics_top)
-        if isinstance(metrics, int):
-            return metrics
     note = copy_cost_note(store)
     if note:
         print(f"specdec ingest: {note}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The speculative decoder on transformers + torch: the engine, one proposer per file, the model registry.
+"""The decoders replay uses behind one protocol: in-process on transformers + torch, or an engine's server.
 
 The registry is plain Python; the engine and its loader need the replay extra (torch, transformers)
 and load on first use, so reading `specdec.toml` works without them.
@@ -12,12 +12,15 @@ from typing import Any
 from specdec_core.decoding.registry import Registry, RegistryError, UnknownModelError
 
 _LAZY: dict[str, str] = {
+    "Decoder": "protocol",
+    "DecoderRouter": "router",
     "SpecDecoder": "engine",
     "ModelLoader": "loader",
     "TokenScores": "scoring",
 }
 
-__all__ = ["ModelLoader", "Registry", "RegistryError", "SpecDecoder", "TokenScores", "UnknownModelError"]
+__all__ = ["Decoder", "DecoderRouter", "ModelLoader", "Registry", "RegistryError", "SpecDecoder", "TokenScores",
+           "UnknownModelError"]
 
 
 def __getattr__(name: str) -> Any:
