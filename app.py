@@ -17,7 +17,7 @@ import ui
 from specdec_core import analysis
 from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.config import ConfigError, PathRefused
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.replay import jobs as replay_jobs
 from specdec_core.store import LogReadError, Store, StoreError
 

@@ -35,7 +35,7 @@ from common import HOSTILE, OUT, ROOT, UNKNOWN_FIELDS, run_child  # noqa: E402
 APPEND = """
 import sys, time
 from specdec_core.store import Store
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 if len(sys.argv) > 3:  # --warm: a first ingest into a scratch store pays the imports, as a long-lived process has
     ingest(Store(sys.argv[3]), [sys.argv[1]])
 t = time.perf_counter()
@@ -53,7 +53,7 @@ def base_store(rows: int, kind: str = "file") -> Path:
     db = OUT / (f"append-base-{rows}.duckdb" if kind == "file" else f"append-base-{rows}.lake")
     if rows and not db.exists():
         from specdec_core.demo.synthetic import make_synthetic_log
-        from specdec_core.ingest import ingest
+        from specdec_core.ingestion import ingest
         from specdec_core.store import Store
 
         log = make_synthetic_log(OUT / f"append-base-{rows}.jsonl", rows, start=START)

@@ -54,7 +54,7 @@ from specdec_core.decoding.engine import SpecDecoder  # noqa: E402
 from specdec_core.decoding.registry import Registry  # noqa: E402
 from specdec_core.decoding.router import DecoderRouter  # noqa: E402
 from specdec_core.demo.models import fetch, registry_dict  # noqa: E402
-from specdec_core.ingest.load import ingest  # noqa: E402
+from specdec_core.ingestion.load import ingest  # noqa: E402
 from specdec_core.replay.run import ReplayResult, replay_many  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402
 

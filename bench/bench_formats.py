@@ -42,7 +42,7 @@ con.close()
 OURS = """
 import sys, time
 from specdec_core.store import Store
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 phases, last = {}, [time.perf_counter(), "opening"]
 def progress(step, total, what):
     now = time.perf_counter()

@@ -26,7 +26,7 @@ from specdec_core.analysis import headline  # noqa: E402
 from specdec_core.analysis.impact import experiment_impact, impact  # noqa: E402
 from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
 from specdec_core.derived import migrate  # noqa: E402
-from specdec_core.ingest import ingest  # noqa: E402
+from specdec_core.ingestion import ingest  # noqa: E402
 from specdec_core.store import Store  # noqa: E402
 
 TARGET_S = 0.5

@@ -33,7 +33,7 @@ con.close()
 
 OURS = """
 import sys, time
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 phases, last = [], [time.perf_counter(), "opening the store"]
 def progress(step, total, what):

@@ -24,7 +24,7 @@ from common import median_seconds  # noqa: E402
 
 from specdec_core import analysis  # noqa: E402
 from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
-from specdec_core.ingest.load import ingest  # noqa: E402
+from specdec_core.ingestion.load import ingest  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402
 
 

@@ -40,7 +40,7 @@ from common import median_seconds, run_child  # noqa: E402
 from specdec_core import analysis  # noqa: E402
 from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
 from specdec_core.derived import migrate  # noqa: E402
-from specdec_core.ingest import ingest  # noqa: E402
+from specdec_core.ingestion import ingest  # noqa: E402
 from specdec_core.monitoring.exporter import Listen, StoreCollector, serve  # noqa: E402
 from specdec_core.monitoring.figures import read_figures  # noqa: E402
 from specdec_core.monitoring.rules import rules_yaml  # noqa: E402

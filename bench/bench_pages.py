@@ -24,7 +24,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from specdec_core.analysis import headline, suspicious_requests  # noqa: E402
 from specdec_core.demo.synthetic import make_synthetic_log  # noqa: E402
-from specdec_core.ingest.load import ingest  # noqa: E402
+from specdec_core.ingestion.load import ingest  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402
 
 PAGES = ("overview", "cache", "output_length", "mismatches", "impact", "keys", "replay", "search", "export",

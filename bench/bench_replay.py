@@ -22,7 +22,7 @@ from specdec_core.contract.identity import DecodeRequest  # noqa: E402
 from specdec_core.decoding.engine import SpecDecoder  # noqa: E402
 from specdec_core.demo.models import fetch  # noqa: E402
 from specdec_core.demo.simulate import PROMPTS  # noqa: E402
-from specdec_core.ingest.load import ingest  # noqa: E402
+from specdec_core.ingestion.load import ingest  # noqa: E402
 from specdec_core.replay.run import replay, replay_many  # noqa: E402
 from specdec_core.service import DecodeService  # noqa: E402
 from specdec_core.store.connection import Store  # noqa: E402

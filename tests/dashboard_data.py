@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from helpers import rec, write_jsonl
 
 from specdec_core.contract.identity import DecodeRequest
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
 if TYPE_CHECKING:

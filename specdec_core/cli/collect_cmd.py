@@ -1,4 +1,4 @@
-"""`specdec collect`: receive OTLP spans live and ingest them as a followed log (specdec_core.ingest.collect)."""
+"""`specdec collect`: receive OTLP spans live and ingest them as a followed log (specdec_core.ingestion.collect)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 from specdec_core.cli.common import UsageError, add_db
-from specdec_core.ingest import IngestLimits
+from specdec_core.ingestion import IngestLimits
 from specdec_core.store import Store, StoreError
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from specdec_core.ingest.collect import CollectError, CollectOptions, Collector, check_listen
+    from specdec_core.ingestion.collect import CollectError, CollectOptions, Collector, check_listen
 
     token = None
     if args.token_env:

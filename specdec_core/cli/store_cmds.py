@@ -17,8 +17,8 @@ from specdec_core.analysis import Filters, fix_stats, fix_status, headline, logg
 from specdec_core.analysis.report import KINDS, write_report
 from specdec_core.cli.common import UsageError, add_db, existing_store
 from specdec_core.formats import object_store
-from specdec_core.ingest import IngestLimits, ingest
-from specdec_core.ingest.follow import DEFAULT_BATCH_ROWS
+from specdec_core.ingestion import IngestLimits, ingest
+from specdec_core.ingestion.follow import DEFAULT_BATCH_ROWS
 from specdec_core.monitoring.figures import DEFAULT_TOP
 from specdec_core.store import LogReadError, Store, StoreError
 from specdec_core.store.working_copy import copy_cost_note
@@ -87,7 +87,7 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
     """`--follow`: one status line per committed batch until interrupted (or idle for --idle-exit seconds)."""
     import signal
 
-    from specdec_core.ingest.follow import Follower, follow
+    from specdec_core.ingestion.follow import Follower, follow
 
     # NaN compares false with everything (it polled without pause); inf can't be slept.
     if not (math.isfinite(args.every) and args.every > 0) or args.batch_rows < 1 or (
@@ -114,7 +114,7 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
         print(f"specdec ingest: {note}", file=sys.stderr)
     make = Follower
     if any(object_store.is_s3(p) for p in args.paths):  # s3:// objects are loaded whole, once they hold still
-        from specdec_core.ingest.object_follow import ObjectFollower
+        from specdec_core.ingestion.object_follow import ObjectFollower
 
         make = ObjectFollower
     follower = make(store, args.paths, log_format=args.format, mapping=mapping, limits=limits,

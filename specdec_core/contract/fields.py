@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 # Validation kinds: what a field's value must be. The SQL checks and the one-line reasons are
-# written per kind (ingest/validation.py); so are the store's column type and CSV parsing.
+# written per kind (ingestion/validation.py); so are the store's column type and CSV parsing.
 KINDS: dict[str, tuple[str, str]] = {
     # kind: (what a value must be, in a reason; the store's column type)
     "str": ("a string", "VARCHAR"),

@@ -249,7 +249,7 @@ def _stop_json(stop: tuple[str, ...] | None) -> str:
 
 def value_json(f: Field) -> Callable[[Any], str]:
     """The canonical JSON text of a value of identity field `f` (not the prompt): what `identity_json` writes,
-    and what the store writes for each distinct value of a batch (ingest/identities.py)."""
+    and what the store writes for each distinct value of a batch (ingestion/identities.py)."""
     s = _json_str
     if f.canonical == "number":
         return lambda v: _NUMBER_JSON.get(v) or _number_json(v)

@@ -1,7 +1,7 @@
 """Bring `hit_sources` and the summaries up to date after a batch, at a cost that follows the batch, not the store.
 
 The batch is the rows of `requests` with the ingest's id; `backfilled` holds stored misses whose
-cache key the batch supplied (ingest/load.py, `_backfill_cache_keys`). What a batch may change:
+cache key the batch supplied (ingestion/load.py, `_backfill_cache_keys`). What a batch may change:
 
 - its own hits' verdicts;
 - stored hits of a (deployment, cache_key) whose misses changed (the batch's misses, the backfilled

@@ -23,7 +23,7 @@ thousands of rows instead of millions.
   experiment arm (and the filters' labels): who received what (analysis/impact.py).
 - `summary_impact_hits`: each contaminated hit with who received it, its arm, the arm of its source and its
   measures, so an arm's figures can be read without its contaminated hits.
-- `summary_first_verdicts`: the hits first judged contaminated (store/verdicts.py), counted per labels and
+- `summary_first_verdicts`: the hits first judged contaminated (derived/verdicts.py), counted per labels and
   differing fields: the monitoring counters read these few rows, not one row per hit ever judged.
 
 A question with a time range that the histograms or distinct counts can't answer

@@ -224,7 +224,7 @@ def open_binary(path: Path) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-# A record longer than this is quarantined (IngestLimits.max_record_bytes, ingest/staging.py, by default).
+# A record longer than this is quarantined (IngestLimits.max_record_bytes, ingestion/staging.py, by default).
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 # Of a line longer than the limit, the quarantine keeps this much, with its size and its whole text's MD5: a
 # log (or a gzip of a few KB) can hold a line of gigabytes, which no reader and no store should hold whole.

@@ -49,7 +49,7 @@ T = TypeVar("T")
 
 # What DuckDB may hold while writing; beyond it, it spills to disk. An ingest stays under 2 GB: where a
 # Python reader stages the lines (another log format, CSV, Parquet), its own memory counts too and DuckDB
-# keeps to the lower figure (ingest/staging.py); DuckDB's own line reader leaves it the higher one. DuckDB 1.5
+# keeps to the lower figure (ingestion/staging.py); DuckDB's own line reader leaves it the higher one. DuckDB 1.5
 # goes further past its limit than 2.0 did (figures: docs/benchmarks.md, "Figures behind the code's choices").
 WRITER_MEMORY_LIMIT = "1GB"
 WRITER_MEMORY_LIMIT_NATIVE = "1400MB"

@@ -301,7 +301,7 @@ def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
         try:
             con.execute(f"USE {ALIAS}")
             con.execute(f"SET memory_limit = '{memory_limit}'")
-            restore_threads(con)  # the write before may have asked for fewer (ingest/load.py)
+            restore_threads(con)  # the write before may have asked for fewer (ingestion/load.py)
             con.execute("BEGIN TRANSACTION")
             setup(con)
             yield con

@@ -6,7 +6,7 @@ import pytest
 from helpers import rec, write_jsonl
 
 from specdec_core import analysis
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 
 
 def test_acceptance_rate_of_one_request() -> None:

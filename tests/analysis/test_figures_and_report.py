@@ -16,7 +16,7 @@ from specdec_core import contract as metrics_contract
 from specdec_core.analysis import Filters
 from specdec_core.analysis.report import mismatch_report, report_counts, report_csv
 from specdec_core.contract.identity import identity
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
 

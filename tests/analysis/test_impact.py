@@ -20,7 +20,7 @@ from specdec_core.analysis.impact import (
 )
 from specdec_core.contract.identity import DecodeRequest, identity
 from specdec_core.derived.summaries import from_rows
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.store import Store
 from specdec_core.store.connection import release_snapshots
 

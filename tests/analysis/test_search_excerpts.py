@@ -6,7 +6,7 @@ from helpers import rec, write_jsonl
 
 from specdec_core import analysis
 from specdec_core.analysis.search import EXCERPT_CHARS
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
 

@@ -12,7 +12,7 @@ from helpers import rec, write_jsonl
 from specdec_core import analysis
 from specdec_core.analysis import Filters
 from specdec_core.derived import summaries as summary
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
 ROOT = Path(__file__).resolve().parents[2]

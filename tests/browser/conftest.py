@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 from served import CHROMIUM, CHROMIUM_ARGS, ROOT, dashboard
 
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.store import Store
 
 # A dashboard served beside a loaded test run can take seconds to draw the last part of a page: an

@@ -13,7 +13,7 @@ from dashboard_data import build_foreign_db, build_incident_db
 from playwright.sync_api import Page, expect
 from served import ROOT, dashboard, heading, metric, new_page, open_by_link, registry_toml, settle
 
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.replay import run as replay
 from specdec_core.store.connection import Store
 

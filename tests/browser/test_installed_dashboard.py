@@ -18,7 +18,7 @@ import pytest
 from helpers import rec, run_cli, write_jsonl
 from served import free_port
 
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.settings_file import tomllib
 from specdec_core.store.connection import Store
 

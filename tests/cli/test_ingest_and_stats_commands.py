@@ -8,7 +8,7 @@ import random
 from helpers import rec, run_cli, write_jsonl
 
 from specdec_core.contract.identity import fingerprint
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
 specdec = run_cli

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from helpers import rec, run_cli, write_jsonl
 
 from specdec_core.analysis import Filters, headline
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
 

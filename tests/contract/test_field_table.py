@@ -8,7 +8,7 @@ from helpers import rec, write_jsonl
 import specdec_core
 from specdec_core import contract, fingerprint, identity
 from specdec_core.contract import fields
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.store import Store
 
 LORA = fields.Field("lora_adapter", "str", identity=True)

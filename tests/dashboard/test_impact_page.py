@@ -13,7 +13,7 @@ from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
 from specdec_core.analysis.impact import affected_csv
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]

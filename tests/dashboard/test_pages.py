@@ -26,7 +26,7 @@ from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
 from specdec_core.analysis import Filters, differing_identity_columns, report
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.replay import jobs
 from specdec_core.store.connection import Store
 

@@ -15,7 +15,7 @@ from specdec_core import config
 from specdec_core.analysis.report import mismatch_report, report_csv
 from specdec_core.cli import main
 from specdec_core.dashboard_launch import streamlit_command
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
 ROOT = Path(__file__).resolve().parents[2]

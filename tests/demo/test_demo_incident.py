@@ -11,7 +11,7 @@ from specdec_core import analysis
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.decoding.registry import Registry
 from specdec_core.demo.models import fetch, registry_dict
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.replay.run import replay
 from specdec_core.store.connection import Store
 

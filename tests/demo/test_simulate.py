@@ -9,7 +9,7 @@ import pytest
 from specdec_core import analysis
 from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.demo.simulate import DEPLOYMENTS, simulate
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
 

@@ -53,9 +53,10 @@ def run_block(block: str, **replace: str) -> dict:
     return namespace
 
 
-def test_the_page_has_its_two_examples():
+def test_the_page_has_its_three_examples():
     blocks = python_blocks()
-    assert len(blocks) == 2 and "DecodeService(" in blocks[0] and "assert_key_covers" in blocks[1]
+    assert len(blocks) == 3 and "DecodeService(" in blocks[0] and "invalidate(" in blocks[1]
+    assert "assert_key_covers" in blocks[2]
 
 
 def test_the_service_example_keys_decodes_and_logs_through_redis(redis_url, example_models):
@@ -73,7 +74,7 @@ def test_the_service_example_keys_decodes_and_logs_through_redis(redis_url, exam
 
 
 def test_the_key_audit_example_passes_and_would_fail_a_narrow_key():
-    ns = run_block(python_blocks()[1])
+    ns = run_block(python_blocks()[2])
     tests = [f for name, f in ns.items() if name.startswith("test_")]
     assert len(tests) == 1
     tests[0]()

@@ -10,7 +10,7 @@ from helpers import rec, write_csv, write_jsonl
 
 from specdec_core.contract import IDENTITY_FIELDS, fingerprint
 from specdec_core.formats import line_reader, load_mapping
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.service import DecodeService
 from specdec_core.store import Store
 

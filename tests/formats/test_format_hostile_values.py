@@ -15,7 +15,7 @@ from helpers import rec, write_jsonl
 
 from specdec_core import formats
 from specdec_core.formats.common import MAX_JSON_DEPTH, epoch_to_rfc3339, to_decimal
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "formats"
@@ -166,7 +166,7 @@ def test_a_map_constant_larger_than_a_record_is_refused_before_anything_is_read(
 
 
 def test_a_large_map_constant_makes_smaller_batches_of_records(tmp_path):
-    from specdec_core.ingest.staging import FOREIGN_CHUNK_BYTES, FOREIGN_CHUNK_ROWS, foreign_chunk_rows
+    from specdec_core.ingestion.staging import FOREIGN_CHUNK_BYTES, FOREIGN_CHUNK_ROWS, foreign_chunk_rows
 
     mapping_file = tmp_path / "map.toml"
     mapping_file.write_text(MAP.read_text(encoding="utf-8").replace(

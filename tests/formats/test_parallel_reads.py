@@ -18,7 +18,7 @@ from helpers import contents, rec, write_jsonl
 
 from specdec_core.formats import jsonl as readers
 from specdec_core.formats import line_reader, load_mapping, parallel
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.store import Store
 
 FORMATS = Path(__file__).parents[1] / "fixtures" / "formats"
@@ -98,7 +98,7 @@ def test_a_script_that_ingests_at_its_top_level_starts_its_workers_once(tmp_path
         import sys
         from specdec_core.formats import parallel
         from specdec_core.store import Store
-        from specdec_core.ingest import ingest
+        from specdec_core.ingestion import ingest
         parallel.PARALLEL_FROM_BYTES = 0
         parallel.SLICE_LINES = 2
         print("started", flush=True)

@@ -14,7 +14,7 @@ import pytest
 from helpers import free_port, rec, write_jsonl
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.monitoring import exporter
 from specdec_core.monitoring.exporter import Listen, serve
 from specdec_core.monitoring.figures import MAX_LABEL_CHARS

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specdec_core.analysis import headline
 from specdec_core.analysis.query import Filters
 from specdec_core.derived.summaries import from_rows
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.monitoring.exporter import Listen, serve
 from specdec_core.monitoring.figures import Figures, read_figures
 from specdec_core.store import Store, StoreError

@@ -148,7 +148,8 @@ def test_a_command_needing_the_replay_extra_says_so_in_one_line(args: tuple[str,
              "models": ["--models-dir", str(tmp_path / "models")]}[args[0]]
     done = bare_cli(*args, *extra)
     assert done.returncode == 2
-    assert done.stderr == (f"specdec {args[0]}: needs the replay extra (torch is not installed): "
+    command = "models fetch" if args[0] == "models" else args[0]  # a group's subcommand is named too
+    assert done.stderr == (f"specdec {command}: needs the replay extra (torch is not installed): "
                            "pip install 'specdec-triage[replay]'\n")
     assert not (tmp_path / "models").exists() and not (tmp_path / "demo.jsonl").exists()
 

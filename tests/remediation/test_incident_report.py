@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import rec, run_cli, write_jsonl
 
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.remediation import PurgeRecord, record_purge
 from specdec_core.remediation.report import incident_report, render_markdown
 from specdec_core.store import Store

@@ -14,7 +14,7 @@ from remediation_data import T0, incident
 from specdec_core import analysis
 from specdec_core.analysis import Filters
 from specdec_core.cli import main
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.remediation import PurgeRecord, plan_counts, purge_log, purge_plan, record_purge
 from specdec_core.store import Store
 

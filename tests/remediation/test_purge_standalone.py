@@ -20,7 +20,7 @@ from remediation_servers import (
 )
 
 from specdec_core.cli import main
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.remediation import RedisTarget, purge_keys, purge_log, purge_namespace
 from specdec_core.store import Store
 

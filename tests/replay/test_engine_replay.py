@@ -15,7 +15,7 @@ from specdec_core.decoding.engine import SpecDecoder
 from specdec_core.decoding.engine_client import EngineError
 from specdec_core.decoding.registry import EngineSpec, ModelSpec, Registry
 from specdec_core.decoding.router import DecoderRouter
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.replay import jobs
 from specdec_core.replay.run import replay, replay_many
 from specdec_core.service import DecodeService

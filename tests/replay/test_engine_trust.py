@@ -28,7 +28,7 @@ from specdec_core.decoding.engine_client import (
 )
 from specdec_core.decoding.registry import EngineSpec, ModelSpec, Registry
 from specdec_core.decoding.router import DecoderRouter
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.replay import jobs
 from specdec_core.replay.diff import MAX_DIFF_WORDS, diff_outputs
 from specdec_core.replay.run import ReplayResult, _replay_row, replay, replay_many

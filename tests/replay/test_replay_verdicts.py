@@ -11,7 +11,7 @@ from specdec_core.cache import MemoryCache
 from specdec_core.contract.identity import DecodeRequest, sha256_hex
 from specdec_core.contract.result import DecodeError
 from specdec_core.decoding.engine import SpecDecoder
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.replay.run import ReplayError, replay, replay_many
 from specdec_core.service import DecodeService
 from specdec_core.store.connection import Store

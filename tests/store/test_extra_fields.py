@@ -19,8 +19,8 @@ from helpers import rec, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec_core.ingest.load import ingest
-from specdec_core.ingest.validation import patched_sql, usual_extra_keys
+from specdec_core.ingestion.load import ingest
+from specdec_core.ingestion.validation import patched_sql, usual_extra_keys
 from specdec_core.store.connection import Store
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from helpers import rec, write_csv
 
-from specdec_core.ingest.follow import Follower
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.follow import Follower
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -215,8 +215,8 @@ def test_a_follow_of_a_large_file_store_that_is_copied_whole_is_told_of_the_lake
 
 
 def test_lines_longer_than_a_poll_reads_are_copied_from_the_file_and_cut_past_the_limit(tmp_path, monkeypatch):
-    from specdec_core.ingest import follow as following
-    from specdec_core.ingest.staging import IngestLimits
+    from specdec_core.ingestion import follow as following
+    from specdec_core.ingestion.staging import IngestLimits
 
     monkeypatch.setattr(following, "_WINDOW", 1 << 20)  # what a poll reads at once; 64 MiB otherwise
     limits = IngestLimits(max_record_bytes=2 << 20)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from helpers import rec
 
-from specdec_core.ingest import follow as follow_module
-from specdec_core.ingest.follow import GZIP_PATIENCE, Follower
-from specdec_core.ingest.load import ingest
-from specdec_core.ingest.staging import IngestLimits
+from specdec_core.ingestion import follow as follow_module
+from specdec_core.ingestion.follow import GZIP_PATIENCE, Follower
+from specdec_core.ingestion.load import ingest
+from specdec_core.ingestion.staging import IngestLimits
 from specdec_core.store.connection import Store
 
 

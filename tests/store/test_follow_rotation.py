@@ -10,7 +10,7 @@ from pathlib import Path
 
 from helpers import rec
 
-from specdec_core.ingest.follow import Follower
+from specdec_core.ingestion.follow import Follower
 from specdec_core.store.connection import Store
 
 

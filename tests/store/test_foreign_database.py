@@ -11,7 +11,7 @@ import pytest
 from helpers import free_port, rec, run_cli, write_jsonl
 
 from specdec_core.cli import main as cli_main
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.store.connection import Store
 
 FOREIGN = {

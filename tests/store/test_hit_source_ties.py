@@ -19,7 +19,7 @@ import duckdb
 from helpers import instant, rec, write_jsonl
 
 from specdec_core.contract.identity import fingerprint, identity
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store, release_snapshots
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=timezone.utc)

@@ -1,4 +1,4 @@
-"""The store writes each identity in SQL (ingest/identities.py); the library is the reference.
+"""The store writes each identity in SQL (ingestion/identities.py); the library is the reference.
 
 Random batches of valid records, with values on the edges that serialisation can get wrong (floats that
 round to zero or print in exponent form, seeds past 64 bits, stop lists out of order with repeats,
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from specdec_core.contract import fields as contract
 from specdec_core.contract.identity import canonical_json, identity_with_unknown, sha256_hex
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)

@@ -21,7 +21,7 @@ from random_logs import random_log, spell_ts
 from specdec_core.derived import incremental, summaries, verdicts
 from specdec_core.derived.hit_sources import judge_hits, last_miss_sql
 from specdec_core.derived.summaries import build_summaries
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store, release_snapshots
 from specdec_core.store.schema import FIRST_VERDICTS_DDL
 

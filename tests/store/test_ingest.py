@@ -14,7 +14,7 @@ from helpers import DROP, rec, write_csv, write_jsonl
 
 from specdec_core.contract.identity import canonical_json, fingerprint, identity
 from specdec_core.formats.files import LogReadError
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store, StoreError
 
 

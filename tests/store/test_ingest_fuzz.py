@@ -17,7 +17,7 @@ from helpers import BASE, rec, write_jsonl
 
 from specdec_core.contract.fields import FIELD_NAMES
 from specdec_core.contract.identity import fingerprint
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
 HOSTILE = [

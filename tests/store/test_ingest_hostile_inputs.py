@@ -21,8 +21,8 @@ from helpers import rec, run_cli, write_csv, write_jsonl
 
 from specdec_core.cli import main as cli_main
 from specdec_core.formats.files import LogReadError
-from specdec_core.ingest.load import ingest
-from specdec_core.ingest.staging import IngestLimits
+from specdec_core.ingestion.load import ingest
+from specdec_core.ingestion.staging import IngestLimits
 from specdec_core.store import connection
 from specdec_core.store.connection import Store, StoreError
 
@@ -102,7 +102,7 @@ def test_csv_and_parquet_files_with_glob_characters_are_read_as_themselves(store
 
 def _ingest_in_subprocess(db: Path, path: str, timeout: float = 60) -> dict:
     code = ("import json, sys; from specdec_core.store.connection import Store; "
-            "from specdec_core.ingest.load import ingest; "
+            "from specdec_core.ingestion.load import ingest; "
             "print(json.dumps(ingest(Store(sys.argv[1]), [sys.argv[2]]).to_json()))")
     done = subprocess.run([sys.executable, "-c", code, str(db), path], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)

@@ -7,7 +7,7 @@ import os
 import pytest
 from helpers import rec, run_cli, write_jsonl
 
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.store import Store
 from specdec_core.store.connection import release_snapshots
 

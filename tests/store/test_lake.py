@@ -16,7 +16,7 @@ import pytest
 from helpers import contents, rec, run_cli, write_jsonl
 
 from specdec_core.derived import migrate
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.store import Store, StoreError
 from specdec_core.store.convert import side_install
 

@@ -10,7 +10,7 @@ import pytest
 from helpers import rec, write_jsonl
 
 from specdec_core.cli import main as cli_main
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store import lake as lakes
 from specdec_core.store.connection import Store
 

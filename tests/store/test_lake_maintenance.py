@@ -9,7 +9,7 @@ import hashlib
 from helpers import contents, rec, write_jsonl
 
 from specdec_core.derived import migrate
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.store import Store
 
 

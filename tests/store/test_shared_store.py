@@ -15,7 +15,7 @@ from helpers import write_jsonl
 from servers import create_database, postgres, s3, s3_keys
 from writers import batch, content, two_writers_and_a_reader
 
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.store import Store, StoreError
 from specdec_core.store import lake as lakes
 

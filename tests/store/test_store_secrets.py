@@ -7,7 +7,7 @@ import pytest
 from helpers import free_port, rec, write_jsonl
 
 from specdec_core.cli import main as cli_main
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.store import Store, StoreError
 from specdec_core.store.location import mask_secrets
 

@@ -14,7 +14,7 @@ from specdec_core.analysis import Filters, impact
 from specdec_core.demo.synthetic import make_synthetic_log
 from specdec_core.derived import migrate
 from specdec_core.derived import summaries as summary
-from specdec_core.ingest.load import ingest
+from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store, StoreError, release_snapshots
 from specdec_core.store.schema import SUMMARY_VERSION
 

@@ -8,13 +8,13 @@ import sys
 
 from helpers import rec, write_jsonl
 
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 from specdec_core.store import Store
 
 WRITER = """
 import sys
 from specdec_core.store import Store
-from specdec_core.ingest import ingest
+from specdec_core.ingestion import ingest
 r = ingest(Store(sys.argv[1]), [sys.argv[2]])
 print(r.accepted)
 """

@@ -29,8 +29,8 @@ import pyarrow as pa
 
 from specdec_core import formats
 from specdec_core.formats.files import JSONL_SUFFIXES, LogReadError, resolve_paths
-from specdec_core.ingest.load import IngestResult, ingest
-from specdec_core.ingest.staging import IngestLimits
+from specdec_core.ingestion.load import IngestResult, ingest
+from specdec_core.ingestion.staging import IngestLimits
 from specdec_core.store.connection import Store
 from specdec_core.store.ddl import create_tables
 from specdec_core.store.working_copy import copy_bytes

@@ -2,7 +2,7 @@
 
 Read = accepted + duplicates + quarantined, for every ingest. The identity and
 fingerprint of each row are computed once here, over the distinct identity tuples,
-from the library's own text for each field value (ingest/identities.py), so the store
+from the library's own text for each field value (ingestion/identities.py), so the store
 and the library cannot disagree.
 """
 
@@ -26,9 +26,9 @@ from specdec_core.derived.verdicts import record_first_verdicts
 from specdec_core.formats import object_store
 from specdec_core.formats.files import JSON_DOCUMENT_SUFFIXES, JSONL_SUFFIXES, LogReadError, resolve_paths
 from specdec_core.formats.jsonl import first_line, foreign_inputs
-from specdec_core.ingest.identities import compute_identities, id_hash_sql
-from specdec_core.ingest.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
-from specdec_core.ingest.validation import (
+from specdec_core.ingestion.identities import compute_identities, id_hash_sql
+from specdec_core.ingestion.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
+from specdec_core.ingestion.validation import (
     MARKERS_SQL,
     SOURCE_LINK_SQL,
     UNKNOWN_SQL,

@@ -25,7 +25,7 @@ from specdec_core.contract.identity import (
     value_json,
 )
 from specdec_core.formats.common import MAX_JSON_DEPTH, TOO_DEEP, FormatError, loads, too_deep
-from specdec_core.ingest.validation import is_unknown
+from specdec_core.ingestion.validation import is_unknown
 from specdec_core.store.sql import list_literal
 
 _ID_JOIN = "t.id_hash = m.id_hash"

@@ -1,7 +1,7 @@
 """`specdec collect`: an OTLP receiver (HTTP protobuf and JSON, gRPC) that feeds the follow path.
 
 An export is answered with success only once its spans are written to a spool file and fsynced; the spool
-folder is then followed as `specdec ingest --follow` follows a log (store/follow.py: batches, positions
+folder is then followed as `specdec ingest --follow` follows a log (ingestion/follow.py: batches, positions
 committed with the rows), so a collector killed at any moment loses no acknowledged span, and an export
 whose answer was lost is sent again and found an exact duplicate. Each spool file opens with a header line
 unique to it: a follower tells files apart by their first bytes, and two spool files' first spans may match.
@@ -23,8 +23,8 @@ from typing import Any
 
 from specdec_core import formats
 from specdec_core.extras import require
-from specdec_core.ingest.follow import Batch, Follower
-from specdec_core.ingest.otlp_decode import (
+from specdec_core.ingestion.follow import Batch, Follower
+from specdec_core.ingestion.otlp_decode import (
     BadExport,
     TooLarge,
     gunzip,
@@ -33,8 +33,8 @@ from specdec_core.ingest.otlp_decode import (
     protobuf_line,
     trace_service,
 )
-from specdec_core.ingest.spool import SPOOL_PREFIX, Spool, SpoolInUse
-from specdec_core.ingest.staging import IngestLimits
+from specdec_core.ingestion.spool import SPOOL_PREFIX, Spool, SpoolInUse
+from specdec_core.ingestion.staging import IngestLimits
 from specdec_core.store.connection import Store, StoreError
 
 DEFAULT_LISTEN = "127.0.0.1:4318"

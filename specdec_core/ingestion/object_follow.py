@@ -18,9 +18,9 @@ import pyarrow as pa
 from specdec_core import formats
 from specdec_core.formats import object_store
 from specdec_core.formats.files import LogReadError
-from specdec_core.ingest.follow import OFFSETS_DDL, Batch, Follower
-from specdec_core.ingest.load import IngestResult, ingest
-from specdec_core.ingest.staging import IngestLimits
+from specdec_core.ingestion.follow import OFFSETS_DDL, Batch, Follower
+from specdec_core.ingestion.load import IngestResult, ingest
+from specdec_core.ingestion.staging import IngestLimits
 from specdec_core.store.connection import Store
 from specdec_core.store.ddl import create_tables
 
