@@ -355,7 +355,7 @@ def ingest(
             read += n_aside + _validate(con, rest, name) + staged[-1].skipped
         skipped = sum(s.skipped for s in staged)
         _raws_view(con, staged)
-        backfilled = _backfill_cache_keys(con)
+        backfilled, n_backfilled = _backfill_cache_keys(con, "checked")
         say(_BATCH_STEPS[0])
         join = compute_identities(con)
         _classify(con, join)
@@ -371,8 +371,8 @@ def ingest(
             say(_BATCH_STEPS[3])
             build_summaries(con)
         else:
-            if accepted or backfilled:  # only what the batch may have changed: its cost follows the batch
-                update_derived(con, ingest_id)
+            if accepted or n_backfilled:  # only what the batch may have changed: its cost follows the batch
+                update_derived(con, ingest_id, backfilled)
             say(_BATCH_STEPS[3])
         record_first_verdicts(con, ingest_id)
         duplicates = read - accepted - quarantined - skipped
@@ -409,37 +409,37 @@ def file_format(path: Path, log_format: str, mapping: formats.Mapping | None) ->
     return formats.detect(first_line(path) or "")
 
 
-def _backfill_cache_keys(con: duckdb.DuckDBPyConnection) -> int:
+def _backfill_cache_keys(con: duckdb.DuckDBPyConnection, checked: str) -> tuple[str, int]:
     """A miss whose log has no cache key (LiteLLM logs none on a miss) takes the key of the hits it sourced.
 
-    Whichever arrives first: a batch's misses take it from stored hits, stored misses from the batch's hits
-    (those are kept in `backfilled`: their keys' hits are judged again). Of several hits naming one miss,
-    the earliest (then the first logged) gives the key. Returns how many stored misses got a key.
+    Whichever arrives first: the batch's misses (in `checked`) take it from stored hits, stored misses from the
+    batch's hits. Of several hits naming one miss, the earliest (then the first logged) gives the key. Returns
+    the relation of the stored misses given a key, as they now are (their keys' hits are judged again:
+    derived/incremental.py), and how many they are.
     """
     valid_hits = "reason IS NULL AND cache_hit AND source_link IS NOT NULL AND cache_key IS NOT NULL"
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE links AS
         SELECT source_link, arg_min(cache_key, (ts, source_file, source_line)) AS key FROM (
-            SELECT source_link, cache_key, ts, source_file, source_line FROM checked WHERE {valid_hits}
+            SELECT source_link, cache_key, ts, source_file, source_line FROM {checked} WHERE {valid_hits}
             UNION ALL
             SELECT source_link, cache_key, ts, source_file, source_line FROM requests
             WHERE cache_hit AND source_link IS NOT NULL AND cache_key IS NOT NULL AND source_link IN
-                  (SELECT request_id FROM checked WHERE reason IS NULL AND NOT cache_hit AND cache_key IS NULL)
+                  (SELECT request_id FROM {checked} WHERE reason IS NULL AND NOT cache_hit AND cache_key IS NULL)
         ) GROUP BY 1
     """)
-    # The stored misses given a key, as they will be: what incremental.py needs of them.
     con.execute(f"CREATE OR REPLACE TEMP TABLE backfilled AS SELECT c.request_id, c.ts, {deployment_partition('c')} "
                 f"AS dep, {deployment_label('c')} AS deployment, h.key AS cache_key, c.cache_hit, c.fingerprint, "
                 "c.source_file, c.source_line FROM requests c "
                 "JOIN links h ON c.request_id = h.source_link WHERE c.cache_key IS NULL")
     if not scalar(con, "SELECT count(*) FROM links"):
-        return 0
-    for table in ("checked", "requests"):
-        reject = "c.reason IS NULL AND " if table == "checked" else ""
+        return "backfilled", 0
+    for table in (checked, "requests"):
+        reject = "c.reason IS NULL AND " if table == checked else ""
         con.execute(f"""
             UPDATE {table} c SET cache_key = h.key,
                    unknown_fields = nullif(list_filter(c.unknown_fields, lambda x: x <> 'cache_key'), [])
             FROM links h
             WHERE {reject}c.request_id = h.source_link AND c.cache_key IS NULL
         """)
-    return scalar(con, "SELECT count(*) FROM backfilled")
+    return "backfilled", scalar(con, "SELECT count(*) FROM backfilled")
