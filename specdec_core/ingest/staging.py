@@ -247,8 +247,8 @@ def _stage_foreign(con: duckdb.DuckDBPyConnection, path: Path, name: str, table:
     return _staged(con, table, first_seq, origin_sql="origin", skipped=skipped)
 
 
-def set_aside(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, limits: IngestLimits
-               ) -> tuple[Lines, int]:
+def set_aside(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, limits: IngestLimits, checked: str
+              ) -> tuple[Lines, int]:
     """Reject, into `checked`, the records the JSON checks must not see: too large, too wide, or already judged.
 
     Returns the file's lines without those, and how many there were. Only lines long enough to
@@ -275,7 +275,7 @@ def set_aside(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, li
                                           "reason": pa.array(reasons, pa.string())}))
     con.execute(f"CREATE OR REPLACE TEMP TABLE {aside} AS SELECT * FROM aside_arrow")
     con.unregister("aside_arrow")
-    con.execute(f"INSERT INTO checked (seq, source_file, source_line, reason) "
+    con.execute(f"INSERT INTO {checked} (seq, source_file, source_line, reason) "
                 f"SELECT seq, ?, source_line, reason FROM {aside}", [source_file])
     rest = replace(lines, sql=f"SELECT * FROM ({lines.sql}) WHERE seq NOT IN (SELECT seq FROM {aside})")
     return rest, len(rows)
