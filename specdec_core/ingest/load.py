@@ -108,7 +108,7 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, ch
     paths, texts, extra = paths_literal(), texts_type(), extra_sql(usual)
     select = f"""
         WITH staging AS (
-            SELECT seq, ?::VARCHAR AS source_file, source_line, raw FROM ({lines.sql})
+            SELECT seq, $source_file::VARCHAR AS source_file, source_line, raw FROM ({lines.sql})
             WHERE raw IS NOT NULL AND (raw[1] = '{{' OR NOT regexp_full_match(raw, '\\s*'))
         ),
         -- A line that opens with '{{' is parsed once for its keys: NULL when it is not valid JSON. Only
@@ -148,9 +148,9 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, ch
         SELECT *, {id_hash_sql()} AS id_hash FROM typed_rows
     """
     if create:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {checked} AS {select}", [source_file])
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {checked} AS {select}", {"source_file": source_file})
         return 0
-    return con.execute(f"INSERT INTO {checked} {select}", [source_file]).fetchall()[0][0]
+    return con.execute(f"INSERT INTO {checked} {select}", {"source_file": source_file}).fetchall()[0][0]
 
 
 # `checked`'s columns as DDL, once per contract in a process: planning the check is costly.
