@@ -15,6 +15,7 @@ import pandas as pd
 from specdec_core.derived import summaries as summary
 from specdec_core.derived.summaries import minute_source
 from specdec_core.store.connection import Store
+from specdec_core.store.sql import deployment_label
 
 
 @dataclass(frozen=True)
@@ -26,24 +27,29 @@ class Filters:
     draft_models: tuple[str, ...] = ()  # NO_DRAFT selects requests without speculation
 
     def where(self, alias: str = "r") -> tuple[str, list[Any]]:
-        """A WHERE clause over the requests table and its parameters."""
-        clauses, params = ["TRUE"], []
+        """A WHERE clause over the requests table and its parameters (positional)."""
+        conditions = self._conditions(alias)
+        return (" AND ".join(["TRUE", *(re.sub(r"\$\w+", "?", c) for c, _, _ in conditions)]),
+                [value for _, _, value in conditions])
+
+    def named_where(self, alias: str = "r") -> tuple[str, dict[str, Any]]:
+        """A WHERE clause over the requests table and its parameters, bound by name (`$filter_...`)."""
+        conditions = self._conditions(alias)
+        return " AND ".join(["TRUE", *(c for c, _, _ in conditions)]), {name: v for _, name, v in conditions}
+
+    def _conditions(self, alias: str) -> list[tuple[str, str, Any]]:
+        """(condition over $name, name, value) for each filter set."""
+        conditions: list[tuple[str, str, Any]] = []
         if self.start is not None:
-            clauses.append(f"{alias}.ts >= ?")
-            params.append(self.start)
+            conditions.append((f"{alias}.ts >= $filter_start", "filter_start", self.start))
         if self.end is not None:
-            clauses.append(f"{alias}.ts <= ?")
-            params.append(self.end)
-        if self.deployments:
-            clauses.append(f"list_contains(?, coalesce({alias}.deployment, ''))")
-            params.append(list(self.deployments))
-        if self.target_models:
-            clauses.append(f"list_contains(?, {alias}.target_model)")
-            params.append(list(self.target_models))
-        if self.draft_models:
-            clauses.append(f"list_contains(?, {draft_label(alias)})")
-            params.append(list(self.draft_models))
-        return " AND ".join(clauses), params
+            conditions.append((f"{alias}.ts <= $filter_end", "filter_end", self.end))
+        for values, name, column in ((self.deployments, "filter_deployments", deployment_label(alias)),
+                                     (self.target_models, "filter_target_models", f"{alias}.target_model"),
+                                     (self.draft_models, "filter_draft_models", draft_label(alias))):
+            if values:
+                conditions.append((f"list_contains(${name}, {column})", name, list(values)))
+        return conditions
 
 
 NO_FILTERS = Filters()

@@ -11,7 +11,7 @@ import string
 import duckdb
 import pandas as pd
 
-from specdec_core.analysis.query import NO_FILTERS, Filters, df
+from specdec_core.analysis.query import NO_FILTERS, Filters
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
@@ -29,39 +29,6 @@ EXCERPT_CHARS = 32
 EXCERPT_ORDER = ("output_text", "prompt")
 EXCERPT_FIELD_NAMES = {"output_text": "output", "prompt": "prompt"}
 
-# The excerpt is cut only from the rows listed (the LIMIT), never over the whole log. Group 1 of the
-# locating pattern is the text before the first match and group 2 the match: a user's own groups come after.
-MATCHING_REQUESTS_WITH_EXCERPTS_SQL = f"""
-WITH found AS (
-    SELECT r.request_id, r.ts, {deployment_label()} AS deployment, r.target_model, r.cache_hit,
-           r.max_tokens, r.output_tokens, r.prompt, r.output_text, count(*) OVER () AS matches
-    FROM requests r
-    WHERE {{where}} AND ({{match}})
-    ORDER BY r.ts, r.request_id LIMIT ?
-), located AS (
-    SELECT *, CASE {{field}} END AS match_field
-    FROM found r
-), matched AS (
-    SELECT *, CASE match_field {{text}} END AS matched_text
-    FROM located r
-), cut AS (
-    SELECT *, regexp_extract(matched_text, ?, ['before', 'hit'], '{{flags}}') AS parts
-    FROM matched
-)
-SELECT request_id, ts, deployment, target_model, cache_hit, max_tokens, output_tokens,
-       left(prompt, 160) AS prompt_preview, left(output_text, 160) AS output_preview, match_field,
-       CASE WHEN length(parts.before) > {{chars}} THEN '…' ELSE '' END || right(parts.before, {{chars}})
-           AS match_before,
-       parts.hit AS match_text,
-       left(substr(matched_text, length(parts.before) + length(parts.hit) + 1), {{chars}})
-           || CASE WHEN length(matched_text) - length(parts.before) - length(parts.hit) > {{chars}}
-                   THEN '…' ELSE '' END AS match_after,
-       matches
-FROM cut
-ORDER BY ts, request_id
-"""
-
-
 def regex_literal(text: str) -> str:
     """`text` as a regular expression (RE2, DuckDB's) that matches it literally: RE2 reads a backslash
     before any ASCII punctuation as that character."""
@@ -69,11 +36,55 @@ def regex_literal(text: str) -> str:
 
 
 def _condition(field: str, mode: str, case_sensitive: bool) -> str:
+    """Whether the request's `field` holds $text (or, as a regular expression, matches it)."""
     if mode == "contains":
         # contains(), not ILIKE: with the pattern a bound value DuckDB scans it as a general pattern, an
         # order of magnitude slower (docs/benchmarks.md); with text, % and _ are no wildcards.
-        return f"contains(r.{field}, ?)" if case_sensitive else f"contains(lower(r.{field}), lower(?))"
-    return f"regexp_matches(r.{field}, ?, '{'c' if case_sensitive else 'i'}')"
+        return f"contains(r.{field}, $text)" if case_sensitive else f"contains(lower(r.{field}), lower($text))"
+    return f"regexp_matches(r.{field}, $text, '{'c' if case_sensitive else 'i'}')"
+
+
+def matching_requests_with_excerpts_sql(where: str, fields: tuple[str, ...], mode: str, case_sensitive: bool) -> str:
+    """The requests `where` picks whose `fields` hold $text, in time order (the first $limit), each with the
+    field it matched in first and the match with the text around it; `matches` counts every match.
+
+    The excerpt is cut only from the rows listed (the LIMIT), never over the whole log. Group 1 of the
+    locating pattern ($locate) is the text before the first match and group 2 the match: a user's own groups
+    come after."""
+    match = " OR ".join(_condition(f, mode, case_sensitive) for f in fields)
+    ordered = [f for f in EXCERPT_ORDER if f in fields]
+    located = " ".join(f"WHEN {_condition(f, mode, case_sensitive)} THEN '{EXCERPT_FIELD_NAMES[f]}'" for f in ordered)
+    matched_text = " ".join(f"WHEN '{EXCERPT_FIELD_NAMES[f]}' THEN r.{f}" for f in ordered)
+    flags, chars = "c" if case_sensitive else "i", int(EXCERPT_CHARS)
+    return f"""
+WITH found AS (
+    SELECT r.request_id, r.ts, {deployment_label('r')} AS deployment, r.target_model, r.cache_hit,
+           r.max_tokens, r.output_tokens, r.prompt, r.output_text, count(*) OVER () AS matches
+    FROM requests r
+    WHERE {where} AND ({match})
+    ORDER BY r.ts, r.request_id LIMIT $limit
+), located AS (
+    SELECT *, CASE {located} END AS match_field
+    FROM found r
+), matched AS (
+    SELECT *, CASE match_field {matched_text} END AS matched_text
+    FROM located r
+), cut AS (
+    SELECT *, regexp_extract(matched_text, $locate, ['before', 'hit'], '{flags}') AS parts
+    FROM matched
+)
+SELECT request_id, ts, deployment, target_model, cache_hit, max_tokens, output_tokens,
+       left(prompt, 160) AS prompt_preview, left(output_text, 160) AS output_preview, match_field,
+       CASE WHEN length(parts.before) > {chars} THEN '…' ELSE '' END || right(parts.before, {chars})
+           AS match_before,
+       parts.hit AS match_text,
+       left(substr(matched_text, length(parts.before) + length(parts.hit) + 1), {chars})
+           || CASE WHEN length(matched_text) - length(parts.before) - length(parts.hit) > {chars}
+                   THEN '…' ELSE '' END AS match_after,
+       matches
+FROM cut
+ORDER BY ts, request_id
+"""
 
 
 def search_requests(store: Store, text: str, *, fields: tuple[str, ...] = SEARCH_FIELDS, mode: str = "contains",
@@ -89,15 +100,11 @@ def search_requests(store: Store, text: str, *, fields: tuple[str, ...] = SEARCH
     fields = tuple(f for f in SEARCH_FIELDS if f in fields)
     if not fields:
         raise SearchError(f"choose at least one field to search: {', '.join(SEARCH_FIELDS)}")
-    match = " OR ".join(_condition(f, mode, case_sensitive) for f in fields)
-    ordered = [f for f in EXCERPT_ORDER if f in fields]
-    field = " ".join(f"WHEN {_condition(f, mode, case_sensitive)} THEN '{EXCERPT_FIELD_NAMES[f]}'" for f in ordered)
-    matched_text = " ".join(f"WHEN '{EXCERPT_FIELD_NAMES[f]}' THEN r.{f}" for f in ordered)
+    where, params = filters.named_where()
     locate = "(?s:(.*?))(" + (regex_literal(text) if mode == "contains" else text) + ")"
-    sql = (MATCHING_REQUESTS_WITH_EXCERPTS_SQL.replace("{match}", match).replace("{field}", field)
-           .replace("{text}", matched_text).replace("{flags}", "c" if case_sensitive else "i")
-           .replace("{chars}", str(EXCERPT_CHARS)))
+    sql = matching_requests_with_excerpts_sql(where, fields, mode, case_sensitive)
     try:
-        return df(store, sql, filters, [text] * len(fields) + [limit] + [text] * len(ordered) + [locate])
+        with store.read() as con:
+            return con.execute(sql, {**params, "text": text, "limit": limit, "locate": locate}).df()
     except duckdb.InvalidInputException as exc:
         raise SearchError(f"not a valid regular expression ({exc}); or search for the text as it is") from exc

@@ -60,8 +60,21 @@ first_rows AS (SELECT dep, fingerprint, first_ts AS ts FROM identity_first_seen)
 -- Only the rows a hit names: joined whole, the store's every row would be the hash table.
 link_rows AS (SELECT * FROM r WHERE request_id IN (SELECT source_link FROM r WHERE source_link IS NOT NULL))"""
 
-HIT_SOURCES_SQL_TEMPLATE = """
-WITH {ROWS},
+
+def _difference(f: contract.Field) -> str:
+    # A field left out of either identity (greedy), or unknown in either, is not compared.
+    guard = "NOT (a.greedy OR b.greedy) AND " if f.sampling_only else ""
+    known = (f"NOT coalesce(list_contains(a.unknown, '{f.name}'), false) "
+             f"AND NOT coalesce(list_contains(b.unknown, '{f.name}'), false) AND ")
+    return f"           CASE WHEN {guard}{known}a.{f.name} IS DISTINCT FROM b.{f.name} THEN '{f.name}' END"
+
+
+def hit_sources_sql(rows: str = ALL_ROWS) -> str:
+    """The verdict of each hit in `hits`; `rows` defines hits, miss_rows, first_rows and link_rows: the hits
+    to judge, and (at least) the misses of their keys, the rows of their identities and their linked sources."""
+    differences = ",\n".join(_difference(f) for f in contract.FIELDS if f.identity)
+    return f"""
+WITH {rows},
 -- Misses of one entry at the same instant: the one logged last wrote the entry last. One per instant
 -- also makes the ASOF join's pick deterministic.
 misses AS (
@@ -95,7 +108,7 @@ joined AS (
     SELECT DISTINCT fp, other_fp FROM judged WHERE source_differs OR fingerprint_mismatch
 ), diffs AS (
     SELECT p.fp, p.other_fp, array_to_string(list_sort(list_filter([
-{DIFFERENCES}
+{differences}
        ], lambda x: x IS NOT NULL)), ';') AS differing_fields
     FROM pairs p JOIN identities a ON a.fingerprint = p.fp LEFT JOIN identities b ON b.fingerprint = p.other_fp
 )
@@ -106,21 +119,6 @@ SELECT j.request_id, j.source_request_id,
        nullif(d.differing_fields, '') AS differing_fields, j.first_sight, j.source_ts
 FROM judged j LEFT JOIN diffs d ON d.fp = j.fp AND d.other_fp = j.other_fp
 """
-
-
-def _difference(f: contract.Field) -> str:
-    # A field left out of either identity (greedy), or unknown in either, is not compared.
-    guard = "NOT (a.greedy OR b.greedy) AND " if f.sampling_only else ""
-    known = (f"NOT coalesce(list_contains(a.unknown, '{f.name}'), false) "
-             f"AND NOT coalesce(list_contains(b.unknown, '{f.name}'), false) AND ")
-    return f"           CASE WHEN {guard}{known}a.{f.name} IS DISTINCT FROM b.{f.name} THEN '{f.name}' END"
-
-
-def hit_sources_sql(rows: str = ALL_ROWS) -> str:
-    """The verdict of each hit in `hits`; `rows` defines hits, miss_rows, first_rows and link_rows: the hits
-    to judge, and (at least) the misses of their keys, the rows of their identities and their linked sources."""
-    differences = ",\n".join(_difference(f) for f in contract.FIELDS if f.identity)
-    return HIT_SOURCES_SQL_TEMPLATE.replace("{DIFFERENCES}", differences).replace("{ROWS}", rows)
 
 
 def judge_hits(con: duckdb.DuckDBPyConnection) -> None:

@@ -84,36 +84,50 @@ MINUTE_MERGE = {"requests": "sum", "contaminated": "sum", "first_sight": "sum", 
                 "decoded_requests": "sum", "draft_tokens": "sum", "accepted_tokens": "sum", "steps": "sum",
                 "logged_draft_tokens": "sum", "logged_accepted_tokens": "sum"}
 
-# Each summary's rows over the requests that `{where}` picks (over `requests r`, `hit_sources h`): all of them
-# for a full build, those a batch touched for an update (derived/incremental.py).
-MINUTE_SQL = f"""SELECT {MINUTE_DIMENSIONS}, {MINUTE_MEASURES}
-FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {{where}} GROUP BY ALL"""
+# Each summary's rows over the requests `where` picks (a condition over `requests r`): all of them (TRUE) for a
+# full build, those a batch touched for an update (derived/incremental.py). `hit_sources` names the verdicts read:
+# the stored ones, or an update's just judged (a relation with hit_sources' columns).
+def minute_sql(where: str = "TRUE", *, hit_sources: str = "hit_sources") -> str:
+    return f"""SELECT {MINUTE_DIMENSIONS}, {MINUTE_MEASURES}
+FROM requests r LEFT JOIN {hit_sources} h USING (request_id) WHERE {where} GROUP BY ALL"""
 
-PAIRS_SQL = f"""SELECT {deployment_label('r')} AS deployment, r.cache_key, r.fingerprint,
+
+def pairs_sql(where: str = "TRUE") -> str:
+    return f"""SELECT {deployment_label('r')} AS deployment, r.cache_key, r.fingerprint,
        any_value(r.target_model) AS target_model, any_value({draft_label()}) AS draft_model,
        count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
        count(*) FILTER (WHERE h.first_sight) AS first_sight,
        min(r.ts) AS first_seen, max(r.ts) AS last_seen
-FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {{where}} GROUP BY 1, 2, 3"""
+FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where} GROUP BY 1, 2, 3"""
 
-LENGTHS_SQL = f"""SELECT {deployment_label('r')} AS deployment, r.target_model, {draft_label()} AS draft_model,
+
+def lengths_sql(where: str = "TRUE") -> str:
+    return f"""SELECT {deployment_label('r')} AS deployment, r.target_model, {draft_label()} AS draft_model,
        r.max_tokens, r.output_tokens AS value, count(*) AS n
-FROM requests r WHERE {{where}} GROUP BY ALL"""
+FROM requests r WHERE {where} GROUP BY ALL"""
 
-LATENCY_SQL = f"""SELECT {deployment_label('r')} AS deployment, r.target_model, {draft_label()} AS draft_model,
+
+def latency_sql(where: str = "TRUE") -> str:
+    return f"""SELECT {deployment_label('r')} AS deployment, r.target_model, {draft_label()} AS draft_model,
        r.cache_hit, r.latency_ms AS value, count(*) AS n
-FROM requests r WHERE r.latency_ms IS NOT NULL AND {{where}} GROUP BY ALL"""
+FROM requests r WHERE r.latency_ms IS NOT NULL AND {where} GROUP BY ALL"""
 
-CONTAMINATED_SQL = f"""SELECT r.request_id, r.ts, {deployment_label('r')} AS deployment, r.cache_key,
+
+def contaminated_sql(where: str = "TRUE", *, hit_sources: str = "hit_sources") -> str:
+    return f"""SELECT r.request_id, r.ts, {deployment_label('r')} AS deployment, r.cache_key,
        h.source_request_id, h.source_ts, h.differing_fields, h.fingerprint_mismatch, r.target_model,
        {draft_label()} AS draft_model, r.temperature, r.max_tokens, r.seed::VARCHAR AS seed,
        r.tokenizer_version, r.output_tokens, left(r.output_text, 120) AS output_preview
-FROM requests r JOIN hit_sources h USING (request_id) WHERE h.contaminated AND {{where}}"""
+FROM requests r JOIN {hit_sources} h USING (request_id) WHERE h.contaminated AND {where}"""
+
 
 # Requests per consumer and arm with the labels the filters read; a violation's times; the sums an arm's means and
 # acceptance rate divide (acceptance over rows that logged both token counts).
 BOTH_TOKENS = "r.draft_tokens IS NOT NULL AND r.accepted_tokens IS NOT NULL"
-AUDIENCE_SQL = f"""SELECT {deployment_label()} AS deployment, r.target_model, {draft_label()} AS draft_model,
+
+
+def audience_sql(where: str = "TRUE") -> str:
+    return f"""SELECT {deployment_label('r')} AS deployment, r.target_model, {draft_label()} AS draft_model,
        coalesce(r.consumer, '') AS consumer, coalesce(r.experiment, '') AS experiment,
        count(*) AS requests, count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS violations,
        min(r.ts) FILTER (WHERE r.output_tokens > r.max_tokens) AS first_violation,
@@ -122,35 +136,43 @@ AUDIENCE_SQL = f"""SELECT {deployment_label()} AS deployment, r.target_model, {d
        sum(r.latency_ms) AS latency_sum,
        sum(r.draft_tokens) FILTER (WHERE {BOTH_TOKENS})::HUGEINT AS draft_tokens,
        sum(r.accepted_tokens) FILTER (WHERE {BOTH_TOKENS})::HUGEINT AS accepted_tokens
-FROM requests r WHERE {{where}} GROUP BY ALL"""
+FROM requests r WHERE {where} GROUP BY ALL"""
+
+
 AUDIENCE_KEYS = ("deployment", "target_model", "draft_model", "consumer", "experiment")
 AUDIENCE_MERGE = {"requests": "sum", "violations": "sum", "first_violation": "min", "last_violation": "max",
                   "output_tokens": "sum", "latency_n": "sum", "latency_sum": "sum", "draft_tokens": "sum",
                   "accepted_tokens": "sum"}
 
-# Each contaminated hit: who received it, its arm and its source's arm ('' where the source is not in the log).
-IMPACT_HITS_SQL = f"""SELECT r.request_id, r.ts, {deployment_label()} AS deployment, r.target_model,
+
+def impact_hits_sql(where: str = "TRUE", *, hit_sources: str = "hit_sources") -> str:
+    """Each contaminated hit: who received it, its arm and its source's arm ('' where the source is not in the log)."""
+    return f"""SELECT r.request_id, r.ts, {deployment_label('r')} AS deployment, r.target_model,
        {draft_label()} AS draft_model, coalesce(r.consumer, '') AS consumer,
        coalesce(r.experiment, '') AS experiment, coalesce(s.experiment, '') AS source_experiment,
        r.output_tokens > r.max_tokens AS violation, r.output_tokens, r.latency_ms,
        CASE WHEN {BOTH_TOKENS} THEN r.draft_tokens END AS draft_tokens,
        CASE WHEN {BOTH_TOKENS} THEN r.accepted_tokens END AS accepted_tokens
-FROM requests r JOIN hit_sources h USING (request_id) LEFT JOIN requests s ON s.request_id = h.source_request_id
-WHERE h.contaminated AND {{where}}"""
+FROM requests r JOIN {hit_sources} h USING (request_id) LEFT JOIN requests s ON s.request_id = h.source_request_id
+WHERE h.contaminated AND {where}"""
 
-# The pairs of keys that more than one identity used. A filter only removes pairs, so a key
-# shared under any filter is among these: collisions are counted over this small table.
-SHARED_KEYS_SQL = """SELECT * FROM summary_keys
+
+def shared_keys_sql(where: str = "TRUE") -> str:
+    """The pairs of keys that more than one identity used (`where` over summary_keys). A filter only removes
+    pairs, so a key shared under any filter is among these: collisions are counted over this small table."""
+    return f"""SELECT * FROM summary_keys
 WHERE key_id IN (SELECT key_id FROM summary_keys WHERE {where} GROUP BY key_id HAVING count(*) > 1)"""
 
-# Each output text per identity and labels, by 64 bits of the text's MD5 (stable across DuckDB versions, as
-# stored values must be; taken once per group, not per request): the identical-outputs red flag without
-# hashing every output text of the log. A batch appends its own rows, so one (text, identity, labels) may
-# have several: read it summed.
-OUTPUTS_SQL = f"""SELECT md5_number_lower(output_text) AS out_hash, * EXCLUDE (output_text) FROM (
+
+def outputs_sql(where: str = "TRUE") -> str:
+    """Each output text per identity and labels, by 64 bits of the text's MD5 (stable across DuckDB versions, as
+    stored values must be; taken once per group, not per request): the identical-outputs red flag without
+    hashing every output text of the log. A batch appends its own rows, so one (text, identity, labels) may
+    have several: read it summed."""
+    return f"""SELECT md5_number_lower(output_text) AS out_hash, * EXCLUDE (output_text) FROM (
     SELECT r.output_text, r.fingerprint, {deployment_label('r')} AS deployment, r.target_model,
            {draft_label()} AS draft_model, count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits
-    FROM requests r WHERE {{where}} GROUP BY ALL)"""
+    FROM requests r WHERE {where} GROUP BY ALL)"""
 
 
 def key_hash(deployment: str, text: str) -> str:
@@ -158,16 +180,17 @@ def key_hash(deployment: str, text: str) -> str:
     return f"hash({deployment}, {text})"
 
 
-# The rows of the requests `{where}` picks that have a cache key, as summary_request_keys holds them: labels as the
-# filters read them (Filters.where applies to this table as to `requests r`), the key and identity (each with its
-# deployment) as DuckDB's 64-bit hash, as the time-range counts used to hash them from the text at every question.
-# Exact but for a hash collision among a range's keys (about one chance in 30 million for a million keys).
-REQUEST_KEYS_SQL = f"""SELECT r.ts, {deployment_label('r')} AS deployment, r.target_model,
+def request_keys_sql(where: str = "TRUE") -> str:
+    """The rows of the requests `where` picks that have a cache key, as summary_request_keys holds them: labels as
+    the filters read them (Filters.where applies to this table as to `requests r`), the key and identity (each
+    with its deployment) as DuckDB's 64-bit hash, as the time-range counts used to hash them from the text at
+    every question. Exact but for a hash collision among a range's keys (about one chance in 30 million for a
+    million keys)."""
+    return f"""SELECT r.ts, {deployment_label('r')} AS deployment, r.target_model,
        {draft_label()} AS draft_model, r.cache_hit,
        {key_hash(deployment_label("r"), "r.cache_key")} AS key_hash,
        {key_hash(deployment_label("r"), "r.fingerprint")} AS identity_hash
-FROM requests r WHERE r.cache_key IS NOT NULL AND {{where}}"""
-
+FROM requests r WHERE r.cache_key IS NOT NULL AND {where}"""
 
 
 def output_identity_columns(alias: str = "i") -> str:
@@ -177,13 +200,14 @@ def output_identity_columns(alias: str = "i") -> str:
                      else f"{alias}.{f.name}" for f in contract.FIELDS if f.identity)
 
 
-# Every request of `{where}` as summary_request_outputs holds it: labels as the filters read them, the output
-# text and the identity fields that decide it as DuckDB's 64-bit hashes (the same hash as the row answer's).
-def request_outputs_sql() -> str:
+def request_outputs_sql(where: str = "TRUE") -> str:
+    """Every request of `where` as summary_request_outputs holds it: labels as the filters read them, the output
+    text and the identity fields that decide it as DuckDB's 64-bit hashes (the same hash as the row answer's)."""
     return f"""SELECT r.ts, {deployment_label('r')} AS deployment, r.target_model,
        {draft_label()} AS draft_model, r.cache_hit, hash(r.output_text) AS out_hash,
        hash(({output_identity_columns()})) AS out_identity
-FROM requests r JOIN identities i USING (fingerprint) WHERE {{where}}"""
+FROM requests r JOIN identities i USING (fingerprint) WHERE {where}"""
+
 
 # Batches append rows a group already has; once the table has grown past twice its size when last one row per
 # group (plus OUTPUTS_SLACK rows), it is folded again: each row is folded a bounded number of times.
@@ -199,20 +223,14 @@ COMPACT_OUTPUTS_SQL = ("CREATE OR REPLACE TABLE summary_outputs AS SELECT * EXCL
                        "sum(requests)::BIGINT AS requests, sum(hits)::BIGINT AS hits FROM summary_outputs GROUP BY ALL")
 
 
-
-def over(sql: str, where: str) -> str:
-    """One of the summaries' queries over the rows `where` picks."""
-    return sql.replace("{where}", where)
-
-
 def build_sql() -> str:
     """Every summary table built from `requests` and `hit_sources`: the full rebuild."""
     return f"""
-CREATE OR REPLACE TABLE summary_minute AS {over(MINUTE_SQL, "TRUE")} ORDER BY minute;
+CREATE OR REPLACE TABLE summary_minute AS {minute_sql()} ORDER BY minute;
 
 CREATE OR REPLACE TABLE summary_keys AS
 -- key_id and fp_id number the keys and fingerprints densely: distinct counts over integers, not 64-char text.
-WITH pairs AS ({over(PAIRS_SQL, "TRUE")}), keys AS (
+WITH pairs AS ({pairs_sql()}), keys AS (
     SELECT deployment, cache_key, row_number() OVER () AS key_id FROM (SELECT DISTINCT deployment, cache_key FROM pairs)
 ), fps AS (
     SELECT fingerprint, row_number() OVER () AS fp_id FROM (SELECT DISTINCT fingerprint FROM pairs)
@@ -220,16 +238,16 @@ WITH pairs AS ({over(PAIRS_SQL, "TRUE")}), keys AS (
 SELECT pairs.*, keys.key_id, fps.fp_id
 FROM pairs JOIN keys USING (deployment, cache_key) JOIN fps USING (fingerprint);
 
-CREATE OR REPLACE TABLE summary_shared_keys AS {over(SHARED_KEYS_SQL, "TRUE")};
-CREATE OR REPLACE TABLE summary_lengths AS {over(LENGTHS_SQL, "TRUE")};
-CREATE OR REPLACE TABLE summary_latency AS {over(LATENCY_SQL, "TRUE")};
-CREATE OR REPLACE TABLE summary_contaminated AS {over(CONTAMINATED_SQL, "TRUE")} ORDER BY r.ts, r.request_id;
-CREATE OR REPLACE TABLE summary_outputs AS {over(OUTPUTS_SQL, "TRUE")};
-CREATE OR REPLACE TABLE summary_audience AS {over(AUDIENCE_SQL, "TRUE")};
-CREATE OR REPLACE TABLE summary_impact_hits AS {over(IMPACT_HITS_SQL, "TRUE")} ORDER BY r.ts, r.request_id;
+CREATE OR REPLACE TABLE summary_shared_keys AS {shared_keys_sql()};
+CREATE OR REPLACE TABLE summary_lengths AS {lengths_sql()};
+CREATE OR REPLACE TABLE summary_latency AS {latency_sql()};
+CREATE OR REPLACE TABLE summary_contaminated AS {contaminated_sql()} ORDER BY r.ts, r.request_id;
+CREATE OR REPLACE TABLE summary_outputs AS {outputs_sql()};
+CREATE OR REPLACE TABLE summary_audience AS {audience_sql()};
+CREATE OR REPLACE TABLE summary_impact_hits AS {impact_hits_sql()} ORDER BY r.ts, r.request_id;
 -- In time order: a range's scan skips the row groups outside it.
-CREATE OR REPLACE TABLE summary_request_keys AS {over(REQUEST_KEYS_SQL, "TRUE")} ORDER BY r.ts;
-CREATE OR REPLACE TABLE summary_request_outputs AS {over(request_outputs_sql(), "TRUE")} ORDER BY r.ts;
+CREATE OR REPLACE TABLE summary_request_keys AS {request_keys_sql()} ORDER BY r.ts;
+CREATE OR REPLACE TABLE summary_request_outputs AS {request_outputs_sql()} ORDER BY r.ts;
 {OUTPUTS_COMPACTED_SQL};
 {VERSION_SQL};
 """

@@ -17,18 +17,22 @@ import duckdb
 from specdec_core.store.ddl import create_tables
 from specdec_core.store.schema import FIRST_VERDICTS_DDL
 
-# The hits judged contaminated for the first time by this write (the ingest's id as a parameter).
+# The hits judged contaminated for the first time by this write ($ingest_id).
 NEW_VERDICTS_SQL = """
-SELECT c.request_id, c.deployment, c.target_model, c.draft_model, c.differing_fields, ?::BIGINT AS ingest_id
+SELECT c.request_id, c.deployment, c.target_model, c.draft_model, c.differing_fields, $ingest_id::BIGINT AS ingest_id
 FROM summary_contaminated c
 WHERE c.request_id NOT IN (SELECT request_id FROM contaminated_first_verdicts)
 """
 
-# First verdicts counted per labels and field list (a summary: `build_summaries` counts it anew from the record,
-# each write appends its new verdicts' counts, so a combination may have several rows: read it summed). What the
-# monitoring counters read: a few rows however many hits.
-FIRST_VERDICT_COUNTS_SQL = """SELECT deployment, target_model, draft_model, differing_fields, count(*)::BIGINT AS hits
+def first_verdict_counts_sql(verdicts: str) -> str:
+    """The verdicts of the relation `verdicts` counted per labels and field list (a summary: `build_summaries`
+    counts it anew from the record, each write appends its new verdicts' counts, so a combination may have
+    several rows: read it summed). What the monitoring counters read: a few rows however many hits."""
+    return f"""SELECT deployment, target_model, draft_model, differing_fields, count(*)::BIGINT AS hits
 FROM {verdicts} GROUP BY ALL"""
+
+
+
 # Appended rows beyond twice one row per combination, plus this many, fold the table into one row per combination
 # again: each row is folded a bounded number of times, and a write only appends (one file in a lake, no update).
 FOLD_SLACK = 10_000
@@ -42,7 +46,7 @@ def build_first_verdict_counts(con: duckdb.DuckDBPyConnection) -> None:
     """Within a write: count the recorded first verdicts into `summary_first_verdicts` anew."""
     create_tables(con, FIRST_VERDICTS_DDL)
     con.execute("CREATE OR REPLACE TABLE summary_first_verdicts AS "
-                + FIRST_VERDICT_COUNTS_SQL.format(verdicts="contaminated_first_verdicts"))
+                + first_verdict_counts_sql("contaminated_first_verdicts"))
 
 
 def record_first_verdicts(con: duckdb.DuckDBPyConnection, ingest_id: int | None) -> None:
@@ -51,12 +55,12 @@ def record_first_verdicts(con: duckdb.DuckDBPyConnection, ingest_id: int | None)
     create_tables(con, FIRST_VERDICTS_DDL)
     if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'summary_contaminated'").fetchall()[0][0]:
         return  # none before the first accepted row
-    con.execute(f"CREATE OR REPLACE TEMP TABLE new_first_verdicts AS {NEW_VERDICTS_SQL}", [ingest_id])
+    con.execute(f"CREATE OR REPLACE TEMP TABLE new_first_verdicts AS {NEW_VERDICTS_SQL}", {"ingest_id": ingest_id})
     if not con.execute("SELECT count(*) FROM new_first_verdicts").fetchall()[0][0]:
         return
     con.execute("INSERT INTO contaminated_first_verdicts SELECT * FROM new_first_verdicts")
     con.execute("INSERT INTO summary_first_verdicts BY NAME "
-                + FIRST_VERDICT_COUNTS_SQL.format(verdicts="new_first_verdicts"))
+                + first_verdict_counts_sql("new_first_verdicts"))
     rows, combinations = con.execute(ROWS_AND_COMBINATIONS_SQL).fetchall()[0]
     if rows > 2 * combinations + FOLD_SLACK:
         con.execute(FOLD_SQL)

@@ -25,6 +25,7 @@ from specdec_core.contract.identity import (
     value_json,
 )
 from specdec_core.formats.common import MAX_JSON_DEPTH, TOO_DEEP, FormatError, loads, too_deep
+from specdec_core.ingestion.relations import BatchRelations
 from specdec_core.ingestion.validation import is_unknown
 from specdec_core.store.sql import list_literal
 
@@ -47,28 +48,30 @@ def _id_join_exact() -> str:
 _INTEGER_FORMS = ("integer", "zero_is_null")
 
 
-def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
-    """Fingerprint every distinct identity tuple of `typed` into `idmap` (fingerprint, prompt_sha).
+def compute_identities(con: duckdb.DuckDBPyConnection, rel: BatchRelations) -> str:
+    """Fingerprint every distinct identity tuple of `typed` into `idmap` (fingerprint, prompt_sha), and each
+    cached_fingerprint object into `cachedmap`; keep the identities not stored yet.
 
     Returns the condition that joins `typed t` to `idmap m`.
     """
-    _reject_too_deep_cached(con)
+    _reject_too_deep_cached(con, rel)
     cols = ", ".join(_identity_input())
-    con.execute(f"CREATE OR REPLACE TEMP TABLE id_tuples AS SELECT DISTINCT {cols}, id_hash FROM typed")
-    tuples, hashes = con.execute("SELECT count(*), count(DISTINCT id_hash) FROM id_tuples").fetchall()[0]
+    tuples_table = "id_tuples"
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {tuples_table} AS SELECT DISTINCT {cols}, id_hash FROM {rel.typed}")
+    tuples, hashes = con.execute(f"SELECT count(*), count(DISTINCT id_hash) FROM {tuples_table}").fetchall()[0]
     join = _ID_JOIN if hashes == tuples else _id_join_exact()
     fields = sorted((f for f in contract.FIELDS if f.identity), key=lambda f: f.name)  # the canonical key order
     joins: list[str] = []  # the lookups of the fields written by the library, and their columns
     parts, values = [], []  # per field: its '"name":text' part of the identity JSON, and its canonical value
     for f in fields:
-        part, value = _field_sql(con, f, joins)
+        part, value = _field_sql(con, f, joins, tuples_table)
         # Left out when the log leaves the field unknown, or (sampling only) when the request is greedy.
         kept = "NOT (" + " OR ".join([is_unknown(f.name)] + (["greedy"] if f.sampling_only else [])) + ")"
         parts.append(f"CASE WHEN {kept} THEN '{json.dumps(f.name)}:' || {part} END AS part_{f.name}")
         values.append(f"CASE WHEN {kept} THEN {value} END AS value_{f.name}")
     part_names = ", ".join(f"part_{f.name}" for f in fields)
     con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE idmap AS
+        CREATE OR REPLACE TEMP TABLE {rel.idmap} AS
         WITH t AS (
             SELECT i.*, CASE WHEN NOT {is_unknown('prompt')} THEN coalesce(i.prompt_hash, sha256(i.prompt)) END
                         AS prompt_sha,
@@ -76,7 +79,7 @@ def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
                    coalesce(NOT {is_unknown('temperature')} AND lk_temperature.canon = 0.0, false) AS greedy,
                    {", ".join(f"lk_{f.name}.text AS text_{f.name}, lk_{f.name}.canon AS canon_{f.name}"
                               for f in fields if _looked_up(f))}
-            FROM id_tuples i {" ".join(joins)}
+            FROM {tuples_table} i {" ".join(joins)}
         )
         SELECT * EXCLUDE ({part_names}), sha256(identity) AS fingerprint FROM (
             SELECT *, '{{' || concat_ws(',', {part_names}) || '}}' AS identity
@@ -88,10 +91,12 @@ def compute_identities(con: duckdb.DuckDBPyConnection) -> str:
                {", ".join(f"any_value(value_{f.name})" for f in fields)},
                any_value(nullif(list_sort(list_filter(unknown_fields, lambda u: list_contains(
                    {list_literal(f.name for f in fields)}, u))), []))
-        FROM idmap m WHERE NOT EXISTS (SELECT 1 FROM identities i WHERE i.fingerprint = m.fingerprint)
+        FROM {rel.idmap} m WHERE NOT EXISTS (SELECT 1 FROM identities i WHERE i.fingerprint = m.fingerprint)
         GROUP BY fingerprint
     """)
-    _insert_identities(con, _canonical_cached_fingerprints(con))
+    _insert_identities(con, _canonical_cached_fingerprints(con, rel))
+    for table in [tuples_table, *(_lookup_table(f) for f in fields if _looked_up(f))]:
+        con.execute(f"DROP TABLE {table}")
     return join
 
 
@@ -100,9 +105,13 @@ def _looked_up(f: contract.Field) -> bool:
     return f.canonical != "sha256" and not (f.canonical in _INTEGER_FORMS and f.is_integer)
 
 
-def _field_sql(con: duckdb.DuckDBPyConnection, f: contract.Field, joins: list[str]) -> tuple[str, str]:
-    """A field's canonical JSON text and canonical value as SQL over `id_tuples i` and its lookup's columns
-    (`text_<name>`, `canon_<name>`, whose join it adds to `joins`)."""
+def _lookup_table(f: contract.Field) -> str:
+    return f"lk_{f.name}"
+
+
+def _field_sql(con: duckdb.DuckDBPyConnection, f: contract.Field, joins: list[str], tuples: str) -> tuple[str, str]:
+    """A field's canonical JSON text and canonical value as SQL over the distinct identity tuples (`tuples i`) and
+    its lookup table's columns (`text_<name>`, `canon_<name>`, whose join it adds to `joins`)."""
     column = f.name
     if f.canonical == "sha256":
         return "'\"' || prompt_sha || '\"'", "prompt_sha"
@@ -111,7 +120,7 @@ def _field_sql(con: duckdb.DuckDBPyConnection, f: contract.Field, joins: list[st
         return (f"CASE WHEN {column} IS NULL{zero} THEN 'null' ELSE {column}::VARCHAR END",
                 f"CASE WHEN {column} IS NULL{zero} THEN NULL ELSE {column} END")
     # Every other form: the library's text and canonical value of each distinct value of the batch.
-    distinct = [row[0] for row in con.execute(f"SELECT DISTINCT {f.name} FROM id_tuples").fetchall()]
+    distinct = [row[0] for row in con.execute(f"SELECT DISTINCT {f.name} FROM {tuples}").fetchall()]
     encode = value_json(f)
     if f.canonical == "string_set":
         texts = [encode(None if v is None else tuple(v)) for v in distinct]
@@ -123,29 +132,30 @@ def _field_sql(con: duckdb.DuckDBPyConnection, f: contract.Field, joins: list[st
         texts = ["null" if v is None else encode(v) for v in distinct]
         canons = [canonical_value(f, v) for v in distinct]
         canon_type = f.sql_type
-    table = f"lk_{f.name}"
+    table = _lookup_table(f)
     con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT unnest(?::{f.sql_type}[]) AS v, "
                 f"unnest(?::VARCHAR[]) AS text, unnest(?::{canon_type}[]) AS canon", [distinct, texts, canons])
     joins.append(f"LEFT JOIN {table} ON {table}.v IS NOT DISTINCT FROM i.{f.name}")
     return f"text_{f.name}", f"canon_{f.name}"
 
 
-def _reject_too_deep_cached(con: duckdb.DuckDBPyConnection) -> None:
+def _reject_too_deep_cached(con: duckdb.DuckDBPyConnection, rel: BatchRelations) -> None:
     """Quarantine the rows whose cached_fingerprint nests too deep for Python to read (DuckDB reads any depth).
 
     Only a text with more brackets than the depth allowed can be too deep, so almost no row is read here."""
     texts = [text for (text,) in con.execute(f"""
-        SELECT DISTINCT text FROM (SELECT cached_fingerprint::VARCHAR AS text FROM typed
+        SELECT DISTINCT text FROM (SELECT cached_fingerprint::VARCHAR AS text FROM {rel.typed}
                                    WHERE cached_fingerprint IS NOT NULL)
         WHERE strlen(text) > {2 * MAX_JSON_DEPTH}
           AND strlen(text) - strlen(replace(replace(text, '[', ''), '{{', '')) > {MAX_JSON_DEPTH}
         """).fetchall() if too_deep(text)]
     if texts:
-        con.execute("UPDATE checked SET reason = ? WHERE reason IS NULL AND cached_fingerprint::VARCHAR IN "
-                    "(SELECT unnest(?::VARCHAR[]))", [f"cached_fingerprint: {TOO_DEEP[len('bad JSON: '):]}", texts])
+        con.execute(f"UPDATE {rel.checked} SET reason = $reason WHERE reason IS NULL AND cached_fingerprint::VARCHAR IN "
+                    "(SELECT unnest($texts::VARCHAR[]))",
+                    {"reason": f"cached_fingerprint: {TOO_DEEP[len('bad JSON: '):]}", "texts": texts})
 
 
-def _canonical_cached_fingerprints(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+def _canonical_cached_fingerprints(con: duckdb.DuckDBPyConnection, rel: BatchRelations) -> dict[str, str]:
     """`cachedmap` (text, fingerprint) of the batch's cached_fingerprint objects; returns their identities.
 
     They are canonicalised too, so a writer's spelling of an equivalence can't matter. (Few: one per
@@ -153,7 +163,7 @@ def _canonical_cached_fingerprints(con: duckdb.DuckDBPyConnection) -> dict[str, 
     """
     canonical_rows: dict[str, str] = {}
     cached = con.execute(
-        "SELECT DISTINCT cached_fingerprint::VARCHAR FROM typed WHERE cached_fingerprint IS NOT NULL"
+        f"SELECT DISTINCT cached_fingerprint::VARCHAR FROM {rel.typed} WHERE cached_fingerprint IS NOT NULL"
     ).fetchall()
     cached_texts, cached_fps = [], []
     for (text,) in cached:
@@ -166,8 +176,8 @@ def _canonical_cached_fingerprints(con: duckdb.DuckDBPyConnection) -> dict[str, 
         cached_texts.append(text)
         cached_fps.append(fp)
         canonical_rows[fp] = canonical
-    con.execute("CREATE OR REPLACE TEMP TABLE cachedmap AS SELECT unnest(?::VARCHAR[]) AS text, "
-                "unnest(?::VARCHAR[]) AS fingerprint", [cached_texts, cached_fps])
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {rel.cachedmap} AS SELECT unnest($texts::VARCHAR[]) AS text, "
+                "unnest($fingerprints::VARCHAR[]) AS fingerprint", {"texts": cached_texts, "fingerprints": cached_fps})
     return canonical_rows
 
 

@@ -27,6 +27,7 @@ from specdec_core.formats import object_store
 from specdec_core.formats.files import JSON_DOCUMENT_SUFFIXES, JSONL_SUFFIXES, LogReadError, resolve_paths
 from specdec_core.formats.jsonl import first_line, foreign_inputs
 from specdec_core.ingestion.identities import compute_identities, id_hash_sql
+from specdec_core.ingestion.relations import BatchRelations
 from specdec_core.ingestion.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
 from specdec_core.ingestion.validation import (
     MARKERS_SQL,
@@ -97,7 +98,8 @@ def _content_hash_sql(alias: str, prompt_hash: str) -> str:
     return "md5(concat_ws(chr(31), " + ", ".join(f"coalesce(to_json({c})::VARCHAR, '~')" for c in cols) + "))"
 
 
-def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, create: bool = False) -> int:
+def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, checked: str, create: bool = False
+              ) -> int:
     """Check every record of a file in one pass into `checked`: its typed columns, or why it is rejected.
 
     Blank lines are not records. Returns how many records the file holds.
@@ -106,7 +108,7 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
     paths, texts, extra = paths_literal(), texts_type(), extra_sql(usual)
     select = f"""
         WITH staging AS (
-            SELECT seq, ?::VARCHAR AS source_file, source_line, raw FROM ({lines.sql})
+            SELECT seq, $source_file::VARCHAR AS source_file, source_line, raw FROM ({lines.sql})
             WHERE raw IS NOT NULL AND (raw[1] = '{{' OR NOT regexp_full_match(raw, '\\s*'))
         ),
         -- A line that opens with '{{' is parsed once for its keys: NULL when it is not valid JSON. Only
@@ -146,45 +148,53 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
         SELECT *, {id_hash_sql()} AS id_hash FROM typed_rows
     """
     if create:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE checked AS {select}", [source_file])
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {checked} AS {select}", {"source_file": source_file})
         return 0
-    return con.execute(f"INSERT INTO checked {select}", [source_file]).fetchall()[0][0]
+    return con.execute(f"INSERT INTO {checked} {select}", {"source_file": source_file}).fetchall()[0][0]
 
 
 # `checked`'s columns as DDL, once per contract in a process: planning the check is costly.
 _checked_columns: dict[contract.Contract, list[str]] = {}
 
 
-def _create_work_tables(con: duckdb.DuckDBPyConnection) -> None:
+def _create_work_tables(con: duckdb.DuckDBPyConnection, rel: BatchRelations) -> None:
     # Validating no lines creates `checked` with the column types the SQL produces (the first time; then
     # from those types); the rows that pass are `typed`.
     columns = _checked_columns.get(contract.current())
     if columns:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE checked ({', '.join(columns)})")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {rel.checked} ({', '.join(columns)})")
     else:
-        _validate(con, NO_LINES, "", create=True)
+        _validate(con, NO_LINES, "", rel.checked, create=True)
         _checked_columns[contract.current()] = [f'"{name}" {kind}' for name, kind, *_
-                                                in con.execute("DESCRIBE checked").fetchall()]
-    con.execute("CREATE OR REPLACE TEMP VIEW typed AS SELECT * FROM checked WHERE reason IS NULL")
+                                                in con.execute(f"DESCRIBE {rel.checked}").fetchall()]
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {rel.typed} AS SELECT * FROM {rel.checked} WHERE reason IS NULL")
 
 
-def _raws_view(con: duckdb.DuckDBPyConnection, staged: list[Lines]) -> None:
+def _drop_work_tables(con: duckdb.DuckDBPyConnection, rel: BatchRelations) -> None:
+    for view in rel.views():
+        con.execute(f"DROP VIEW IF EXISTS {view}")
+    for table in rel.tables():
+        con.execute(f"DROP TABLE IF EXISTS temp.{table}")
+
+
+def _raws_view(con: duckdb.DuckDBPyConnection, staged: list[Lines], raws: str) -> None:
     """`raws` (seq, raw, origin): the text of every staged line, to quote rejected records exactly; for
     another log format, where the record's input is on its line (quoted instead, see _quote_inputs)."""
     parts = [f"SELECT {s.first_seq} + {s.row_index} AS seq, raw, {s.origin_sql} AS origin FROM {s.table}"
              for s in staged]
-    con.execute("CREATE OR REPLACE TEMP VIEW raws AS " + " UNION ALL ".join(
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {raws} AS " + " UNION ALL ".join(
         parts or ["SELECT NULL::BIGINT AS seq, NULL::VARCHAR AS raw, NULL::INTEGER AS origin LIMIT 0"]))
 
 
-def _quote_inputs(con: duckdb.DuckDBPyConnection, inputs: dict[str, tuple[Path, Any, int]]) -> None:
+def _quote_inputs(con: duckdb.DuckDBPyConnection, inputs: dict[str, tuple[Path, Any, int]], rel: BatchRelations
+                  ) -> None:
     """Rejected records of another log format are quoted as their input (the span with its resource, the
     payload line), not as the contract record made from it: read again from the file, for these alone.
 
     `inputs`: source_file -> (the file read, the format's line reader, its lines before this part).
     """
-    rows = con.execute("SELECT b.seq, b.source_file, b.source_line, r.origin FROM bad b JOIN raws r USING (seq) "
-                       "WHERE r.origin IS NOT NULL").fetchall()
+    rows = con.execute(f"SELECT b.seq, b.source_file, b.source_line, r.origin FROM {rel.bad} b "
+                       f"JOIN {rel.raws} r USING (seq) WHERE r.origin IS NOT NULL").fetchall()
     if not rows:
         return
     wanted: dict[str, dict[int, list[int]]] = {}
@@ -195,26 +205,29 @@ def _quote_inputs(con: duckdb.DuckDBPyConnection, inputs: dict[str, tuple[Path, 
         "seq": pa.array([r[0] for r in rows], pa.int64()),
         "quote": pa.array([found[f][(line - inputs[f][2], origin)] for _, f, line, origin in rows], pa.string()),
     }))
-    con.execute("UPDATE bad SET raw = q.quote, raw_hash = md5(q.quote) FROM quotes_arrow q WHERE bad.seq = q.seq")
+    con.execute(f"UPDATE {rel.bad} b SET raw = q.quote, raw_hash = md5(q.quote) FROM quotes_arrow q WHERE b.seq = q.seq")
     con.unregister("quotes_arrow")
 
 
-def _classify(con: duckdb.DuckDBPyConnection, join: str) -> None:
-    """Outcome of the rows whose request_id repeats, in this batch or against the store; the first one wins."""
-    con.execute("""
+def _classify(con: duckdb.DuckDBPyConnection, join: str, rel: BatchRelations) -> None:
+    """`outcome`: that of the rows whose request_id repeats, in this batch or against the store; the first one wins.
+
+    `join`: the condition that joins `typed t` to `idmap m`."""
+    con.execute(f"""
         CREATE OR REPLACE TEMP TABLE contested AS
-        SELECT request_id FROM typed GROUP BY request_id HAVING count(*) > 1
-        UNION SELECT DISTINCT t.request_id FROM typed t JOIN requests r USING (request_id)
+        SELECT request_id FROM {rel.typed} GROUP BY request_id HAVING count(*) > 1
+        UNION SELECT DISTINCT t.request_id FROM {rel.typed} t JOIN requests r USING (request_id)
     """)
     if not scalar(con, "SELECT count(*) FROM contested"):  # every id is new: nothing to tell apart
-        con.execute("CREATE OR REPLACE TEMP TABLE outcome AS SELECT seq, NULL::VARCHAR AS outcome FROM typed LIMIT 0")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {rel.outcome} AS SELECT seq, NULL::VARCHAR AS outcome "
+                    f"FROM {rel.typed} LIMIT 0")
         return
     con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE outcome AS
+        CREATE OR REPLACE TEMP TABLE {rel.outcome} AS
         WITH ok AS (
             SELECT t.seq, t.request_id, t.source_file, t.source_line,
                    {_content_hash_sql('t', 'm.prompt_sha')} AS content_hash
-            FROM typed t JOIN idmap m ON {join}
+            FROM {rel.typed} t JOIN {rel.idmap} m ON {join}
             WHERE t.request_id IN (SELECT request_id FROM contested)
         ), firsts AS (
             SELECT request_id, min(seq) AS first_seq, arg_min(content_hash, seq) AS first_hash,
@@ -239,50 +252,52 @@ def _classify(con: duckdb.DuckDBPyConnection, join: str) -> None:
     """)
 
 
-def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str, inputs: dict[str, tuple[Path, Any, int]]
-            ) -> tuple[int, int]:
+def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str, inputs: dict[str, tuple[Path, Any, int]],
+            rel: BatchRelations) -> tuple[int, int]:
+    """Insert the accepted rows of `typed`; quarantine the rejects of `checked` and the conflicts of `outcome`
+    (into `bad`, then `bad_new`). Returns how many rows were accepted and quarantined."""
     columns = ", ".join("m.prompt_sha" if c == "prompt_hash" else f"t.{c}" for c in _content_columns())
     names = ", ".join([*_content_columns(), "fingerprint", "cached_identity_fingerprint", "source_file", "source_line",
                        "ingest_id"])
     accepted = con.execute(f"""
         INSERT INTO requests ({names})
-        SELECT {columns}, m.fingerprint, cm.fingerprint, t.source_file, t.source_line, ?
-        FROM typed t
-        JOIN idmap m ON {join}
-        LEFT JOIN outcome o USING (seq)
-        LEFT JOIN cachedmap cm ON cm.text = t.cached_fingerprint::VARCHAR
+        SELECT {columns}, m.fingerprint, cm.fingerprint, t.source_file, t.source_line, $ingest_id
+        FROM {rel.typed} t
+        JOIN {rel.idmap} m ON {join}
+        LEFT JOIN {rel.outcome} o USING (seq)
+        LEFT JOIN {rel.cachedmap} cm ON cm.text = t.cached_fingerprint::VARCHAR
         WHERE coalesce(o.outcome, 'accept') = 'accept'
-    """, [ingest_id]).fetchall()[0][0]
-    con.execute("""
-        CREATE OR REPLACE TEMP TABLE bad AS
+    """, {"ingest_id": ingest_id}).fetchall()[0][0]
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE {rel.bad} AS
         WITH b AS (
             SELECT seq, source_file, source_line, raw_request_id AS request_id, reason
-            FROM checked WHERE reason IS NOT NULL
+            FROM {rel.checked} WHERE reason IS NOT NULL
             UNION ALL
             SELECT t.seq, t.source_file, t.source_line, t.request_id, o.outcome
-            FROM typed t JOIN outcome o USING (seq) WHERE o.outcome LIKE 'conflict:%'
+            FROM {rel.typed} t JOIN {rel.outcome} o USING (seq) WHERE o.outcome LIKE 'conflict:%'
         )
-        SELECT b.*, r.raw, md5(r.raw) AS raw_hash FROM b JOIN raws r USING (seq)
+        SELECT b.*, r.raw, md5(r.raw) AS raw_hash FROM b JOIN {rel.raws} r USING (seq)
     """)
-    _quote_inputs(con, inputs)
-    _keep_new_rejects(con)
-    con.execute("""
+    _quote_inputs(con, inputs, rel)
+    _keep_new_rejects(con, rel)
+    con.execute(f"""
         INSERT INTO quarantine
-        SELECT ?, source_file, source_line, request_id, reason, raw, raw_hash FROM bad_new
-    """, [ingest_id])
-    quarantined = scalar(con, "SELECT count(*) FROM bad_new")
+        SELECT $ingest_id, source_file, source_line, request_id, reason, raw, raw_hash FROM {rel.bad_new}
+    """, {"ingest_id": ingest_id})
+    quarantined = scalar(con, f"SELECT count(*) FROM {rel.bad_new}")
     return accepted, quarantined
 
 
-def _keep_new_rejects(con: duckdb.DuckDBPyConnection) -> None:
+def _keep_new_rejects(con: duckdb.DuckDBPyConnection, rel: BatchRelations) -> None:
     """`bad_new`: the rejects of `bad` not quarantined before, by content (text and line number), not by path.
 
     The same file uploaded again, or copied elsewhere, arrives under another path each time; it is
     the same evidence and is quarantined once, as a duplicate the second time.
     """
-    con.execute("""
-        CREATE OR REPLACE TEMP TABLE bad_new AS
-        SELECT b.* FROM bad b
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE {rel.bad_new} AS
+        SELECT b.* FROM {rel.bad} b
         WHERE NOT EXISTS (SELECT 1 FROM quarantine q WHERE q.source_line = b.source_line AND q.raw_hash = b.raw_hash)
         QUALIFY row_number() OVER (PARTITION BY b.source_line, b.raw_hash ORDER BY b.seq) = 1
     """)
@@ -326,7 +341,8 @@ def ingest(
         migrate_connection(con)  # an older store's derived tables first, so this batch is judged alike
         ingest_id = scalar(con, "SELECT coalesce(max(ingest_id), 0) + 1 FROM ingests")
         stored_before = scalar(con, "SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)") > 0
-        _create_work_tables(con)
+        rel = BatchRelations()
+        _create_work_tables(con, rel)
         # DuckDB's own reader leaves it more memory; a Python reader lowers it again (staging._python_reads).
         con.execute(f"SET memory_limit = '{WRITER_MEMORY_LIMIT_NATIVE}'")
         read = 0
@@ -351,18 +367,18 @@ def ingest(
             # in whatever order DuckDB's threads take, which is faster (figures: docs/benchmarks.md).
             con.execute("SET preserve_insertion_order = false")
             say(f"checking {f.name}")
-            rest, n_aside = set_aside(con, staged[-1], name, limits)
-            read += n_aside + _validate(con, rest, name) + staged[-1].skipped
+            rest, n_aside = set_aside(con, staged[-1], name, limits, rel.checked)
+            read += n_aside + _validate(con, rest, name, rel.checked) + staged[-1].skipped
         skipped = sum(s.skipped for s in staged)
-        _raws_view(con, staged)
-        backfilled = _backfill_cache_keys(con)
+        _raws_view(con, staged, rel.raws)
+        backfilled = _backfill_cache_keys(con, rel)
         say(_BATCH_STEPS[0])
-        join = compute_identities(con)
-        _classify(con, join)
+        join = compute_identities(con, rel)
+        _classify(con, join, rel)
         say(_BATCH_STEPS[1])
-        accepted, quarantined = _commit(con, ingest_id, join, inputs)
+        accepted, quarantined = _commit(con, ingest_id, join, inputs, rel)
         # The rejects are quoted: the lines' text, as large as the files, would only crowd the judging.
-        con.execute("DROP VIEW raws")
+        con.execute(f"DROP VIEW {rel.raws}")
         for lines in staged:
             con.execute(f"DROP TABLE {lines.table}")
         say(_BATCH_STEPS[2])
@@ -372,7 +388,7 @@ def ingest(
             build_summaries(con)
         else:
             if accepted or backfilled:  # only what the batch may have changed: its cost follows the batch
-                update_derived(con, ingest_id)
+                update_derived(con, ingest_id, rel.backfilled)
             say(_BATCH_STEPS[3])
         record_first_verdicts(con, ingest_id)
         duplicates = read - accepted - quarantined - skipped
@@ -382,6 +398,7 @@ def ingest(
         )
         if before_commit is not None:
             before_commit(con, ingest_id)
+        _drop_work_tables(con, rel)
         con.execute("SET preserve_insertion_order = true")  # as it was: a lake's writer serves the next write too
         say("done")
         return IngestResult(read, accepted, duplicates, quarantined, len(files), ingest_id, skipped,
@@ -409,37 +426,37 @@ def file_format(path: Path, log_format: str, mapping: formats.Mapping | None) ->
     return formats.detect(first_line(path) or "")
 
 
-def _backfill_cache_keys(con: duckdb.DuckDBPyConnection) -> int:
+def _backfill_cache_keys(con: duckdb.DuckDBPyConnection, rel: BatchRelations) -> int:
     """A miss whose log has no cache key (LiteLLM logs none on a miss) takes the key of the hits it sourced.
 
-    Whichever arrives first: a batch's misses take it from stored hits, stored misses from the batch's hits
-    (those are kept in `backfilled`: their keys' hits are judged again). Of several hits naming one miss,
-    the earliest (then the first logged) gives the key. Returns how many stored misses got a key.
+    Whichever arrives first: the batch's misses (in `checked`) take it from stored hits, stored misses from the
+    batch's hits (those are kept in `backfilled`, as they now are: their keys' hits are judged again,
+    derived/incremental.py). Of several hits naming one miss, the earliest (then the first logged) gives the
+    key. Returns how many stored misses got a key.
     """
     valid_hits = "reason IS NULL AND cache_hit AND source_link IS NOT NULL AND cache_key IS NOT NULL"
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE links AS
         SELECT source_link, arg_min(cache_key, (ts, source_file, source_line)) AS key FROM (
-            SELECT source_link, cache_key, ts, source_file, source_line FROM checked WHERE {valid_hits}
+            SELECT source_link, cache_key, ts, source_file, source_line FROM {rel.checked} WHERE {valid_hits}
             UNION ALL
             SELECT source_link, cache_key, ts, source_file, source_line FROM requests
             WHERE cache_hit AND source_link IS NOT NULL AND cache_key IS NOT NULL AND source_link IN
-                  (SELECT request_id FROM checked WHERE reason IS NULL AND NOT cache_hit AND cache_key IS NULL)
+                  (SELECT request_id FROM {rel.checked} WHERE reason IS NULL AND NOT cache_hit AND cache_key IS NULL)
         ) GROUP BY 1
     """)
-    # The stored misses given a key, as they will be: what incremental.py needs of them.
-    con.execute(f"CREATE OR REPLACE TEMP TABLE backfilled AS SELECT c.request_id, c.ts, {deployment_partition('c')} "
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {rel.backfilled} AS SELECT c.request_id, c.ts, {deployment_partition('c')} "
                 f"AS dep, {deployment_label('c')} AS deployment, h.key AS cache_key, c.cache_hit, c.fingerprint, "
                 "c.source_file, c.source_line FROM requests c "
                 "JOIN links h ON c.request_id = h.source_link WHERE c.cache_key IS NULL")
     if not scalar(con, "SELECT count(*) FROM links"):
         return 0
-    for table in ("checked", "requests"):
-        reject = "c.reason IS NULL AND " if table == "checked" else ""
+    for table in (rel.checked, "requests"):
+        reject = "c.reason IS NULL AND " if table == rel.checked else ""
         con.execute(f"""
             UPDATE {table} c SET cache_key = h.key,
                    unknown_fields = nullif(list_filter(c.unknown_fields, lambda x: x <> 'cache_key'), [])
             FROM links h
             WHERE {reject}c.request_id = h.source_link AND c.cache_key IS NULL
         """)
-    return scalar(con, "SELECT count(*) FROM backfilled")
+    return scalar(con, f"SELECT count(*) FROM {rel.backfilled}")

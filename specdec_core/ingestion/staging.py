@@ -59,11 +59,11 @@ class IngestLimits:
 # fails the strict read and the file is read by the Python reader instead, which takes anything.
 # So does a line past the size limit: the Python reader hands it over for quarantine. The buffer is twice
 # the longest line, not DuckDB's default of sixteen times: 256 MB buffers read a 1M-line file at half speed.
-_RAW_LINES_SQL = (
-    "CREATE OR REPLACE TEMP TABLE {table} AS SELECT raw FROM read_csv(?, columns = {{'raw': 'VARCHAR'}}, "
-    "delim = chr(1), quote = '', escape = '', header = false, auto_detect = false, strict_mode = true, "
-    "max_line_size = {max_line_size}, buffer_size = {buffer_size})"
-)
+def _raw_lines_sql(table: str, max_line_size: int) -> str:
+    """Read the file $path into `table`, a line a row."""
+    return (f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT raw FROM read_csv($path, columns = {{'raw': 'VARCHAR'}}, "
+            "delim = chr(1), quote = '', escape = '', header = false, auto_detect = false, strict_mode = true, "
+            f"max_line_size = {int(max_line_size)}, buffer_size = {2 * int(max_line_size)})")
 
 
 @dataclass(frozen=True)
@@ -86,15 +86,16 @@ class Lines:
         return f"(rowid - {self.row_base})"
 
 
-def _staged(con: duckdb.DuckDBPyConnection, table: str, first_seq: int, source_line: str | None = None,
+def _staged(con: duckdb.DuckDBPyConnection, table: str, first_seq: int,
+            source_line: Callable[[str], str] | None = None,
             pre_reason: str = "pre_reason", **rest: Any) -> Lines:
-    """The Lines of a filled temp table; `source_line` None: the table's own column, else SQL over
-    `{index}` (the row's place in the table, from 0)."""
+    """The Lines of a filled temp table; `source_line` None: the table's own column, else the SQL of a row's line
+    from the SQL of its place in the table (from 0)."""
     # A table made inside an open transaction (a DuckLake write is one) numbers its rows from a large base
     # until it commits, not from 0.
     count, base = con.execute(f"SELECT count(*), coalesce(min(rowid), 0) FROM {table}").fetchall()[0]
     lines = Lines(table, first_seq, count, "", row_base=base, **rest)
-    line_sql = "source_line" if source_line is None else source_line.format(index=lines.row_index)
+    line_sql = "source_line" if source_line is None else source_line(lines.row_index)
     return replace(lines, sql=f"SELECT {first_seq} + {lines.row_index} AS seq, {line_sql} AS source_line, raw, "
                               f"{pre_reason} AS pre_reason FROM {table}")
 
@@ -164,8 +165,7 @@ def _stage(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: in
     if path.name.lower().endswith(JSONL_SUFFIXES) and _lines_end_in_newlines(path):
         try:
             with duckdb_literal_path(path) as literal:
-                con.execute(_RAW_LINES_SQL.format(table=table, max_line_size=limits.max_record_bytes,
-                                                    buffer_size=2 * limits.max_record_bytes), [literal])
+                con.execute(_raw_lines_sql(table, limits.max_record_bytes), {"path": literal})
         except duckdb.InterruptException:
             raise
         except duckdb.Error:
@@ -174,7 +174,7 @@ def _stage(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: in
             if _read_short(con, path, table):
                 con.execute(f"DROP TABLE {table}")  # the Python reader says where the stream ends
                 return _stage_in_python(con, path, name, table, first_seq, limits.max_record_bytes)
-            return _staged(con, table, first_seq, "{index} + 1", "NULL::VARCHAR")
+            return _staged(con, table, first_seq, lambda index: f"{index} + 1", "NULL::VARCHAR")
     return _stage_in_python(con, path, name, table, first_seq, limits.max_record_bytes)
 
 
@@ -247,8 +247,8 @@ def _stage_foreign(con: duckdb.DuckDBPyConnection, path: Path, name: str, table:
     return _staged(con, table, first_seq, origin_sql="origin", skipped=skipped)
 
 
-def set_aside(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, limits: IngestLimits
-               ) -> tuple[Lines, int]:
+def set_aside(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, limits: IngestLimits, checked: str
+              ) -> tuple[Lines, int]:
     """Reject, into `checked`, the records the JSON checks must not see: too large, too wide, or already judged.
 
     Returns the file's lines without those, and how many there were. Only lines long enough to
@@ -275,8 +275,8 @@ def set_aside(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, li
                                           "reason": pa.array(reasons, pa.string())}))
     con.execute(f"CREATE OR REPLACE TEMP TABLE {aside} AS SELECT * FROM aside_arrow")
     con.unregister("aside_arrow")
-    con.execute(f"INSERT INTO checked (seq, source_file, source_line, reason) "
-                f"SELECT seq, ?, source_line, reason FROM {aside}", [source_file])
+    con.execute(f"INSERT INTO {checked} (seq, source_file, source_line, reason) "
+                f"SELECT seq, $source_file, source_line, reason FROM {aside}", {"source_file": source_file})
     rest = replace(lines, sql=f"SELECT * FROM ({lines.sql}) WHERE seq NOT IN (SELECT seq FROM {aside})")
     return rest, len(rows)
 

@@ -22,7 +22,7 @@ from typing import Any
 import duckdb
 
 from specdec_core.derived import summaries as summary
-from specdec_core.derived.verdicts import FIRST_VERDICT_COUNTS_SQL
+from specdec_core.derived.verdicts import first_verdict_counts_sql
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label, literal
 
@@ -218,8 +218,8 @@ def _verdicts(tables: set[str], ready: bool) -> str:
     if ready:
         return "summary_first_verdicts"
     source = "contaminated_first_verdicts" if "contaminated_first_verdicts" in tables else (
-        f"({summary.over(summary.CONTAMINATED_SQL, 'TRUE')})")
-    return f"({FIRST_VERDICT_COUNTS_SQL.format(verdicts=source)})"
+        f"({summary.contaminated_sql()})")
+    return f"({first_verdict_counts_sql(source)})"
 
 
 def _read(con: duckdb.DuckDBPyConnection, top: int, folds: Folds, combinations: int) -> Figures:
@@ -228,7 +228,7 @@ def _read(con: duckdb.DuckDBPyConnection, top: int, folds: Folds, combinations: 
     ready = summary.ready(con)
     if not ready and not con.execute("SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)").fetchall()[0][0]:
         return Figures((), (), (), (), (), (), (), (), replays, quarantined, (), folds)
-    minute = "summary_minute" if ready else f"({summary.over(summary.MINUTE_SQL, 'TRUE')})"
+    minute = "summary_minute" if ready else f"({summary.minute_sql()})"
 
     con.execute(VALUES_SQL.format(cut=cut_label("v"), per_label=" UNION ALL ".join(
         VALUES_PER_LABEL_SQL.format(label=label, minute=minute) for label in LABELS)))

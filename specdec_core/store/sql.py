@@ -34,7 +34,7 @@ def _column(alias: str | None, name: str) -> str:
     return f"{alias}.{name}" if alias else name
 
 
-def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None):
+def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | dict | None = None):
     """The single value a query returns (fetched fully: DuckDB keeps a half-read result pending)."""
     rows = con.execute(sql, params or []).fetchall()
     return rows[0][0] if rows else None

@@ -128,10 +128,11 @@ def test_live_batches_into_a_busy_minute_add_their_counts_to_its_rows(tmp_path, 
     # Live traffic: each batch is later than every stored row and rejudges none of them, so its minutes add the
     # batch's counts to the rows they hold (same minute, same dimensions) instead of being counted again; and
     # its hits are judged from each key's latest miss (key_last_miss), reading no stored misses.
-    judged = []
-    judge = incremental._judge
-    monkeypatch.setattr(incremental, "_judge", lambda hits, first, since=None: judged.append(since) or judge(
-        hits, first, since))
+    judged, stored_misses = [], []
+    judge, stored = incremental._judge, incremental._stored_misses
+    monkeypatch.setattr(incremental, "_judge", lambda hits, first, misses: judged.append(hits) or judge(
+        hits, first, misses))
+    monkeypatch.setattr(incremental, "_stored_misses", lambda since: stored_misses.append(since) or stored(since))
     db = tmp_path / "store.duckdb"
     rng = random.Random(7)
     for b in range(4):
@@ -146,7 +147,8 @@ def test_live_batches_into_a_busy_minute_add_their_counts_to_its_rows(tmp_path, 
                             draft_model=rng.choice(["d1", "d2"]), seed=rng.choice([1, 2, None])))
         ingest(Store(db), [str(write_jsonl(tmp_path / f"b{b}.jsonl", rows))])
         _assert_equals_full_rebuild(db, tmp_path)
-    assert judged == [None, None, None]  # the three batches into a store with rows: no window, no history
+    # The three batches into a store with rows: judged from the latest misses, no window, no history.
+    assert judged == ["fast", "fast", "fast"] and stored_misses == []
     with duckdb.connect(str(db), read_only=True) as con:
         # One row per minute and dimensions, holding all four batches.
         assert con.execute("SELECT count(*) = count(DISTINCT (minute, deployment, target_model, draft_model, "
