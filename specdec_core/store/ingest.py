@@ -33,7 +33,6 @@ from specdec_core.store.validation import (
     FIELD_NAMES,
     MARKERS_SQL,
     NO_SHAPES,
-    OTHER_KEYS_SQL,
     REPEATED_FIELD,
     SOURCE_LINK_SQL,
     UNKNOWN_SQL,
@@ -134,9 +133,8 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, cr
         counted AS (SELECT *, {usual_layout_sql(shapes.usual)} AS usual_layout FROM (
                         SELECT *, len(keys) AS n_keys, {MARKERS_SQL} AS n_markers FROM fields)),
         laid AS (SELECT *, {layout_sql(shapes)} AS layout FROM counted),
-        shaped AS (SELECT *, {OTHER_KEYS_SQL} AS other_keys FROM laid),
         vals AS (SELECT *, {values_sql()}, {UNKNOWN_SQL}, {SOURCE_LINK_SQL},
-                        {REPEATED_FIELD} AS repeated_field FROM shaped),
+                        {REPEATED_FIELD} AS repeated_field FROM laid),
         -- The raw text stays in the file's table: rejected rows are joined back to it by seq.
         verdict AS (
             SELECT seq, source_file, source_line, {extra} AS extra, unknown_fields, source_link,

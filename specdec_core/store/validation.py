@@ -100,25 +100,9 @@ def values_sql() -> str:
     return ",\n".join(f"{_value_sql(f.name, f.kind)} AS f_{f.name}" for f in contract.FIELDS)
 
 
-# The first contract field that a record names twice. Each contract field read by path accounts for at least
-# one key, and each marker another's reader adds (n_markers, MARKERS_SQL) for one, so a record with no more keys
-# than those names none twice (nearly all do); nor does one in the file's usual layout (usual_layout_sql) or
-# whose key list is one of the file's layouts (layout_sql). Only the others list their other keys
-# (OTHER_KEYS_SQL): the rest are contract names and markers, and only records that hold more of those than
-# fields and markers found pay for finding which is twice. An IN list, not a list constant: a constant list
-# inside a lambda is built again for every key of every record (3x slower).
 def _in_list(names: tuple[str, ...]) -> str:
     """Names as the right side of IN: inside a lambda, cheaper than a list constant built for every key."""
     return "(" + ", ".join(literal(n) for n in names) + ")"
-
-
-_CONTRACT_NAMES = _in_list(FIELD_NAMES)
-REPEATED_FIELD = (f"CASE WHEN n_keys > n_known + n_markers AND NOT usual_layout AND layout = 0 "
-                  # Keys that are not other fields are the contract's and the markers: more of them than
-                  # fields and markers found means one is named twice.
-                  f"AND n_keys - len(other_keys) > n_known + n_markers THEN "
-                  "list_filter(keys, lambda k, i: list_position(keys, k) < i "
-                  f"AND k IN {_CONTRACT_NAMES})[1] END")
 
 
 def reason_sql() -> str:
@@ -230,6 +214,21 @@ LAYOUT_SAMPLE = 2000  # records read for their layouts beyond the first, spread 
 
 _KNOWN_IN = _in_list(_KNOWN_KEYS)
 
+# The first contract field that a record names twice. Each contract field read by path accounts for at least
+# one key, and each marker another's reader adds (n_markers, MARKERS_SQL) for one, so a record with no more keys
+# than those names none twice (nearly all do); nor does one in the file's usual layout (usual_layout_sql) or
+# whose key list is one of the file's layouts (layout_sql). Only the others list their other keys: the rest
+# are contract names and markers, and only records that hold more of those than fields and markers found pay
+# for finding which is twice. An IN list, not a list constant: a constant list inside a lambda is built again
+# for every key of every record (3x slower).
+_CONTRACT_NAMES = _in_list(FIELD_NAMES)
+REPEATED_FIELD = (f"CASE WHEN n_keys > n_known + n_markers AND NOT usual_layout AND layout = 0 "
+                  # Keys that are not other fields are the contract's and the markers: more of them than
+                  # fields and markers found means one is named twice.
+                  f"AND n_keys - len(list_filter(keys, lambda k: k NOT IN {_KNOWN_IN})) > n_known + n_markers THEN "
+                  "list_filter(keys, lambda k, i: list_position(keys, k) < i "
+                  f"AND k IN {_CONTRACT_NAMES})[1] END")
+
 
 def _others(keys: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(k for k in keys if k not in _KNOWN_KEYS)
@@ -264,31 +263,39 @@ def _readable(keys: tuple[str, ...], taken: set[str]) -> bool:
     return len(set(lowered)) == len(keys) and not others.intersection(lowered)
 
 
-def usual_extra_keys(con: duckdb.DuckDBPyConnection, lines_sql: str) -> tuple[str, ...]:
-    """The fields beyond the contract's that most of a file's first USUAL_SAMPLE records hold, in their
-    order; () when they hold none, or names left to the patch."""
-    row = con.execute(f"""
-        SELECT u FROM (SELECT list_filter(TRY(json_keys(raw)), lambda k: k NOT IN {_KNOWN_IN}) AS u
-                       FROM ({lines_sql}) WHERE raw[1] = '{{' LIMIT {USUAL_SAMPLE})
-        WHERE len(u) > 0 GROUP BY u ORDER BY count(*) DESC, u LIMIT 1
-    """).fetchone()
-    keys = tuple(row[0]) if row else ()
-    return keys if _readable(keys, set()) else ()
-
-
-def _layout_counts(con: duckdb.DuckDBPyConnection, lines_sql: str, where: str, limit: str = "") -> dict:
+def _layout_counts(con: duckdb.DuckDBPyConnection, lines_sql: str, where: str, limit: str = ""
+                   ) -> dict[tuple[str, ...], int]:
+    # Lines that are no JSON object are left out here, not by a filter on the keys: DuckDB would push that
+    # filter down before `where` and parse every line of the file.
     rows = con.execute(f"""
         SELECT k, count(*) FROM (SELECT TRY(json_keys(raw)) AS k FROM ({lines_sql})
                                  WHERE raw[1] = '{{' AND {where} {limit})
-        WHERE k IS NOT NULL GROUP BY k
+        GROUP BY k
     """).fetchall()
-    return {tuple(k): n for k, n in rows}
+    return {tuple(k): n for k, n in rows if k is not None}
+
+
+def _usual(first: dict[tuple[str, ...], int]) -> tuple[str, ...]:
+    """The other fields most of these records hold, in their order (ties: the first by name), if they qualify."""
+    counts: dict[tuple[str, ...], int] = {}
+    for keys, n in first.items():
+        if others := _others(keys):
+            counts[others] = counts.get(others, 0) + n
+    usual = min(counts, key=lambda k: (-counts[k], k), default=())
+    return usual if _readable(usual, set()) else ()
+
+
+def usual_extra_keys(con: duckdb.DuckDBPyConnection, lines_sql: str) -> tuple[str, ...]:
+    """The fields beyond the contract's that most of a file's first USUAL_SAMPLE records hold, in their
+    order; () when they hold none, or names left to the patch."""
+    return _usual(_layout_counts(con, lines_sql, "true", f"LIMIT {USUAL_SAMPLE}"))
 
 
 def extra_shapes(con: duckdb.DuckDBPyConnection, lines_sql: str, count: int) -> Shapes:
     """The usual other fields and the layouts of a file's `count` lines (see above), commonest first, from
     its first USUAL_SAMPLE records and LAYOUT_SAMPLE more spread evenly over it (by `seq`)."""
-    seen = _layout_counts(con, lines_sql, "true", f"LIMIT {USUAL_SAMPLE}")
+    first = _layout_counts(con, lines_sql, "true", f"LIMIT {USUAL_SAMPLE}")
+    seen = dict(first)
     if count > USUAL_SAMPLE:
         for keys, n in _layout_counts(con, lines_sql, f"seq % {max(1, count // LAYOUT_SAMPLE)} = 0").items():
             seen[keys] = seen.get(keys, 0) + n
@@ -302,7 +309,7 @@ def extra_shapes(con: duckdb.DuckDBPyConnection, lines_sql: str, count: int) -> 
                 and len(taken | set(others)) <= MAX_SHAPE_KEYS):
             layouts.append(keys)
             taken |= set(others)
-    return Shapes(usual_extra_keys(con, lines_sql), tuple(layouts))
+    return Shapes(_usual(first), tuple(layouts))
 
 
 def texts_type(shapes: Shapes = NO_SHAPES) -> str:
@@ -341,12 +348,6 @@ def layout_sql(shapes: Shapes) -> str:
     listed = "[" + ", ".join(list_literal(layout) for layout in shapes.layouts) + "]"
     return (f"CASE WHEN n_keys > n_known + n_markers AND NOT usual_layout "
             f"THEN coalesce(list_position({listed}, keys), 0) ELSE 0 END")
-
-
-# A record's other keys, in its order (named twice as often as it holds them), where they are needed: it holds
-# some, in no layout of the file.
-OTHER_KEYS_SQL = (f"CASE WHEN n_keys > n_known + n_markers AND NOT usual_layout AND layout = 0 "
-                  f"THEN list_filter(keys, lambda k: k NOT IN {_KNOWN_IN}) END")
 
 
 def extra_sql(shapes: Shapes) -> str:
