@@ -20,7 +20,7 @@ floor, ours, ...: a loaded machine's drift falls on both) and reports medians; `
 side, our ingest from another checkout's `specdec_core` (`git archive REV specdec_core | tar -x -C DIR`).
 
     .venv/bin/python bench/bench_formats.py [--rows 1000000] [--repeat 1] [--before DIR]
-        [--logs contract,unknown,otel,litellm,ties,services,clean]
+        [--logs contract,unknown,otel,litellm,ties,services,clean]   (all by default)
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def _median_run(runs: list[tuple[float, float, float, str]]) -> tuple[float, flo
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--logs", default="contract,unknown,otel,litellm,ties",
+    parser.add_argument("--logs", default="contract,unknown,otel,litellm,ties,services,clean",
                         help="which logs to run: contract, unknown (contract + 10 unknown fields), otel, litellm, "
                              "ties (the tie-heavy incident log), services (other fields anywhere), clean (the "
                              "services log's records without them)")
