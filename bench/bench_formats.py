@@ -6,26 +6,36 @@
   and LiteLLM payloads (a hit's model_parameters is {}), each made from the same requests;
 - `ties`: an incident-shaped log with real traffic's ties (bench/tie_log.py): 300 requests per key per
   millisecond on the hottest keys, most hits on a few keys, a third of the hits contaminated, RFC 3339 and
-  epoch-millisecond timestamps mixed, unknown fields, rows shuffled into four files.
+  epoch-millisecond timestamps mixed, unknown fields, rows shuffled into four files;
+- `services`: the tie-heavy log's records with other fields where real loggers put them (bench/service_log.py:
+  first, between known ones, last, different ones from record to record), and `clean`, the same records
+  without them: the first within 10% of the second.
 
 Every file also holds hostile lines (bad JSON, wrong types, a huge integer) and duplicate timestamps.
 Targets: the contract log within 3x of its floor, with ten unknown fields within 3x,
-the tie-heavy log within 3.5x; OTel and LiteLLM: rows/s beside the contract's; peak memory under 2 GB
-everywhere. Each side runs in its own process, so peak memory is that process's.
+the tie-heavy log within 3.5x, the services log within 3x (goal 2x) and within 1.1x of its clean twin; OTel
+and LiteLLM: rows/s beside the contract's; peak memory under 2 GB everywhere. Each side runs in its own
+process, so peak memory is that process's. `--repeat N` runs each log's sides N times in turn (floor, ours,
+floor, ours, ...: a loaded machine's drift falls on both) and reports medians; `--before DIR` adds a third
+side, our ingest from another checkout's `specdec_core` (`git archive REV specdec_core | tar -x -C DIR`).
 
-    .venv/bin/python bench/bench_formats.py [--rows 1000000] [--logs contract,unknown,otel,litellm,ties]
+    .venv/bin/python bench/bench_formats.py [--rows 1000000] [--repeat 1] [--before DIR]
+        [--logs contract,unknown,otel,litellm,ties,services,clean]   (all by default)
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import HOSTILE, OUT, ROOT, UNKNOWN_FIELDS, run_child  # noqa: E402
+from common import HOSTILE, OUT, ROOT, UNKNOWN_FIELDS  # noqa: E402
+from service_log import make_service_logs  # noqa: E402
 from tie_log import make_tie_log  # noqa: E402
 
 FLOOR = """
@@ -112,8 +122,12 @@ COPY (
 """
 
 
+SERVICES, CLEAN = "services (other fields anywhere)", "services' records, no other fields"
+
+
 def make_logs(rows: int, wanted: set[str]) -> dict[str, Path]:
-    """The logs in `wanted`, made the first time: the four shapes of one log, and the tie-heavy log (a folder)."""
+    """The logs in `wanted`, made the first time: the four shapes of one log, the tie-heavy log and the
+    services log with its clean twin (folders)."""
     base = OUT / f"formats-{rows}-contract.jsonl"
     logs = {"contract": base, "contract + 10 unknown fields": OUT / f"formats-{rows}-unknown.jsonl",
             "otel": OUT / f"formats-{rows}-otel.jsonl", "litellm": OUT / f"formats-{rows}-litellm.jsonl"}
@@ -121,6 +135,8 @@ def make_logs(rows: int, wanted: set[str]) -> dict[str, Path]:
         _make_shapes(rows, logs)
     if "ties" in wanted:
         logs["ties"] = make_tie_log(OUT / f"formats-{rows}-ties", rows)
+    if wanted & {SERVICES, CLEAN}:
+        logs[SERVICES], logs[CLEAN] = make_service_logs(OUT / f"formats-{rows}-services", rows)
     return logs
 
 
@@ -144,6 +160,21 @@ def _make_shapes(rows: int, logs: dict[str, Path]) -> None:
         with open(log, "a", encoding="utf-8") as fh:
             fh.write("\n".join(HOSTILE) + "\n")
     print(f"generated {rows:,} requests in four shapes in {time.perf_counter() - started:.0f} s")
+
+
+def run_child(code: str, *args: str, cwd: Path = ROOT) -> tuple[float, float, float, str]:
+    """(wall s, CPU s, peak MB, stdout) of `python -c code args...` in a fresh process; `cwd` first on its
+    module path. CPU (user + system, all threads) says what the work cost where other work shares the cores."""
+    OUT.mkdir(exist_ok=True)
+    usage = OUT / "child.usage"
+    started = time.perf_counter()
+    done = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", "-o", str(usage), sys.executable, "-c", code, *args],
+                          check=True, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.stderr.strip():
+        print(done.stderr.strip(), file=sys.stderr)
+    peak_kb, user, system = usage.read_text().split()[-3:]
+    return wall, float(user) + float(system), int(peak_kb) / 1024, done.stdout.strip()
 
 
 def warm(path: Path) -> None:
@@ -171,54 +202,82 @@ def print_phase_table(tables: dict[str, dict[str, object]]) -> None:
         print(f"{row:22}" + "".join(f"{c:>26}" for c in cells))
 
 
+def _median_run(runs: list[tuple[float, float, float, str]]) -> tuple[float, float, float, str]:
+    """Each figure's median over the runs; the output of the run whose wall time is the median."""
+    walls = [r[0] for r in runs]
+    middle = runs[walls.index(statistics.median_low(walls))]
+    return (statistics.median(walls), statistics.median(r[1] for r in runs), max(r[2] for r in runs), middle[3])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--logs", default="contract,unknown,otel,litellm,ties",
+    parser.add_argument("--logs", default="contract,unknown,otel,litellm,ties,services,clean",
                         help="which logs to run: contract, unknown (contract + 10 unknown fields), otel, litellm, "
-                             "ties (the tie-heavy incident log)")
+                             "ties (the tie-heavy incident log), services (other fields anywhere), clean (the "
+                             "services log's records without them)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each side, in turn; medians reported")
+    parser.add_argument("--before", type=Path, help="a folder holding another checkout's specdec_core: a third side")
     args = parser.parse_args()
     short = {"contract": "contract", "unknown": "contract + 10 unknown fields", "otel": "otel", "litellm": "litellm",
-             "ties": "ties"}
+             "ties": "ties", "services": SERVICES, "clean": CLEAN}
     wanted = {short[name.strip()] for name in args.logs.split(",")}
     sys.path.insert(0, str(ROOT))
     OUT.mkdir(exist_ok=True)
     logs = make_logs(args.rows, wanted)
-    print(f"\n{'log':30}{'floor s':>9}{'ours s':>9}{'ratio':>8}{'rows/s':>11}{'peak MB':>9}  accepted/quarantined/skipped")
-    results: dict[str, tuple[float, float]] = {}
+    sides = {"floor": (FLOOR, ROOT), "ours": (OURS, ROOT)}
+    if args.before:
+        sides["before"] = (OURS, args.before.resolve())
+    print(f"\n{'log':34}{'floor s':>9}{'ours s':>9}{'ratio':>8}{'CPU s':>14}{'rows/s':>11}{'peak MB':>9}"
+          "  accepted/quarantined/skipped")
+    results: dict[str, dict[str, tuple[float, float, float, str]]] = {}
     tables: dict[str, dict[str, object]] = {}
     for name, log in logs.items():
         if name not in wanted:
             continue
         fmt = {"otel": "otel", "litellm": "litellm"}.get(name, "contract")
-        floor_db, our_db = OUT / "formats-floor.duckdb", OUT / "formats-ours.duckdb"
-        floor_db.unlink(missing_ok=True)
-        our_db.unlink(missing_ok=True)
-        # Each side starts with the log in the page cache: the first to read it would pay for the disk.
-        # A folder (the tie-heavy log's shuffled files): the floor reads them all by a glob, ours by the folder.
+        # A folder (the tie-heavy and services logs' shuffled files): the floor reads them all by a glob.
         floor_input = str(log / "*.jsonl") if log.is_dir() else str(log)
-        warm(log)
-        floor_s, floor_mb, _ = run_child(FLOOR, floor_input, str(floor_db))
-        warm(log)
-        ours_s, ours_mb, out = run_child(OURS, str(log), str(our_db), fmt)
+        runs: dict[str, list[tuple[float, float, float, str]]] = {side: [] for side in sides}
+        for _ in range(args.repeat):
+            for side, (code, cwd) in sides.items():
+                db = OUT / f"formats-{side}.duckdb"
+                db.unlink(missing_ok=True)
+                warm(log)  # each side starts with the log in the page cache: the first would pay for the disk
+                extra = () if side == "floor" else (fmt,)
+                runs[side].append(run_child(code, floor_input if side == "floor" else str(log), str(db), *extra,
+                                            cwd=cwd))
+        results[name] = {side: _median_run(r) for side, r in runs.items()}
+        (floor_s, floor_cpu, floor_mb, _), (ours_s, ours_cpu, ours_mb, out) = results[name]["floor"], results[name]["ours"]
         counts, phase_line = out.splitlines()
         phases = {k: float(v) for k, v in (item.split("=") for item in phase_line.split())}
-        results[name] = (floor_s, ours_s)
         tables[name] = {"floor (read_json)": floor_s, **phases, "ours, whole ingest": ours_s,
                         "peak MB floor / ours": (floor_mb, ours_mb)}
-        print(f"{name:30}{floor_s:>9.1f}{ours_s:>9.1f}{ours_s / floor_s:>7.2f}x{args.rows / ours_s:>11,.0f}"
-              f"{ours_mb:>9.0f}  {counts.replace(' ', '/')}")
+        print(f"{name[:34]:34}{floor_s:>9.1f}{ours_s:>9.1f}{ours_s / floor_s:>7.2f}x{ours_cpu:>6.1f} / {floor_cpu:<5.1f}"
+              f"{args.rows / ours_s:>11,.0f}{ours_mb:>9.0f}  {counts.replace(' ', '/')}")
+        if "before" in results[name]:
+            before_s, before_cpu, before_mb, _ = results[name]["before"]
+            print(f"{'':34}before: {before_s:.1f} s ({before_s / floor_s:.2f}x), CPU {before_cpu:.1f} s, {before_mb:.0f} MB")
+        if args.repeat > 1:
+            print(f"{'':34}runs, wall s: " + "; ".join(f"{side} " + ", ".join(f"{r[0]:.1f}" for r in rs)
+                                                         for side, rs in runs.items()))
         checked = sum(v for k, v in phases.items() if k in READ_AND_CHECK)
-        print(f"{'':30}reading and checking {checked:.1f} s ({checked / floor_s:.2f}x the floor); the rest "
+        print(f"{'':34}reading and checking {checked:.1f} s ({checked / floor_s:.2f}x the floor); the rest "
               f"{ours_s - checked:.1f} s ({(ours_s - checked) / floor_s:.2f}x): "
               + ", ".join(f"{k} {v:.1f}" for k, v in phases.items() if k not in READ_AND_CHECK))
     print_phase_table(tables)
-    for name, target in (("contract", 3.0), ("contract + 10 unknown fields", 3.0), ("ties", 3.5)):
+    for name, target in (("contract", 3.0), ("contract + 10 unknown fields", 3.0), ("ties", 3.5), (SERVICES, 3.0)):
         if name not in results:
             continue
-        floor_s, ours_s = results[name]
+        floor_s, ours_s = results[name]["floor"][0], results[name]["ours"][0]
         ratio = ours_s / floor_s
         print(f"{name}: {ratio:.2f}x the floor (target <= {target}x): {'met' if ratio <= target else 'NOT met'}")
+    if SERVICES in results and CLEAN in results:
+        for side in ("ours", "before"):
+            if side in results[SERVICES]:
+                (wall, cpu, *_), (clean_wall, clean_cpu, *_) = results[SERVICES][side], results[CLEAN][side]
+                print(f"{side}: other fields anywhere {wall / clean_wall:.2f}x the same records without them "
+                      f"(CPU {cpu / clean_cpu:.2f}x; target <= 1.1x): {'met' if wall / clean_wall <= 1.1 else 'NOT met'}")
 
 
 if __name__ == "__main__":

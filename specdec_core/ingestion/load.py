@@ -31,19 +31,22 @@ from specdec_core.ingestion.relations import BatchRelations
 from specdec_core.ingestion.staging import NO_LINES, IngestLimits, Lines, set_aside, stage_file
 from specdec_core.ingestion.validation import (
     MARKERS_SQL,
+    NO_SHAPES,
     SOURCE_LINK_SQL,
     UNKNOWN_SQL,
+    extra_shapes,
     extra_sql,
     field_index,
     field_text,
     field_type,
+    layout_sql,
+    other_values_sql,
     paths_literal,
     reason_sql,
     repeated_field_sql,
     text_in_texts,
     texts_type,
     typed_columns_sql,
-    usual_extra_keys,
     usual_layout_sql,
     values_sql,
 )
@@ -104,8 +107,8 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, ch
 
     Blank lines are not records. Returns how many records the file holds.
     """
-    usual = usual_extra_keys(con, lines.sql) if lines.count else ()
-    paths, texts, extra = paths_literal(), texts_type(), extra_sql(usual)
+    shapes = extra_shapes(con, lines.sql, lines.count) if lines.count else NO_SHAPES
+    paths, texts, extra = paths_literal(), texts_type(shapes), extra_sql(shapes)
     select = f"""
         WITH staging AS (
             SELECT seq, $source_file::VARCHAR AS source_file, source_line, raw FROM ({lines.sql})
@@ -129,11 +132,13 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, ch
                           coalesce(object_keys, json_keys(obj)) AS keys,
                           {", ".join(f"t[{i}] AS {field_type(n)}, {text_in_texts('s', n)} AS {field_text(n)}"
                                      for n, i in field_index().items())}
+                          {other_values_sql(shapes, 's')}
                    FROM lists),
-        counted AS (SELECT *, {usual_layout_sql(usual)} AS usual_layout FROM (
+        counted AS (SELECT *, {usual_layout_sql(shapes.usual)} AS usual_layout FROM (
                         SELECT *, len(keys) AS n_keys, {MARKERS_SQL} AS n_markers FROM fields)),
+        laid AS (SELECT *, {layout_sql(shapes)} AS layout FROM counted),
         vals AS (SELECT *, {values_sql()}, {UNKNOWN_SQL}, {SOURCE_LINK_SQL},
-                        {repeated_field_sql()} AS repeated_field FROM counted),
+                        {repeated_field_sql()} AS repeated_field FROM laid),
         -- The raw text stays in the file's table: rejected rows are joined back to it by seq.
         verdict AS (
             SELECT seq, source_file, source_line, {extra} AS extra, unknown_fields, source_link,

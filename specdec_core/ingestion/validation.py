@@ -98,23 +98,9 @@ def values_sql() -> str:
     return ",\n".join(f"{_value_sql(f.name, f.kind)} AS f_{f.name}" for f in contract.FIELDS)
 
 
-# The first contract field that a record names twice. Each contract field read by path accounts for at least
-# one key, and each marker another's reader adds (n_markers, MARKERS_SQL) for one, so a record with no more keys
-# than those names none twice (nearly all do); nor does one in the file's
-# usual layout (usual_layout_sql). Only the others count the contract names among their keys, and only records
-# that name them more often than they hold distinct ones pay for finding which. An IN list, not a list
-# constant: a constant list inside a lambda is built again for every key of every record.
 def _in_list(names: tuple[str, ...]) -> str:
     """Names as the right side of IN: inside a lambda, cheaper than a list constant built for every key."""
     return "(" + ", ".join(literal(n) for n in names) + ")"
-
-
-def _repeated_field(names: tuple[str, ...]) -> str:
-    contract_names = _in_list(names)
-    return (f"CASE WHEN n_keys > n_known + n_markers AND NOT usual_layout "
-            f"AND len(list_filter(keys, lambda k: k IN {contract_names})) > n_known THEN "
-            "list_filter(keys, lambda k, i: list_position(keys, k) < i "
-            f"AND k IN {contract_names})[1] END")
 
 
 def reason_sql() -> str:
@@ -162,12 +148,6 @@ def paths_literal() -> str:
     return list_literal(f'$."{name}"' for name in contract.FIELD_NAMES)
 
 
-def texts_type() -> str:
-    """from_json's type for the contract's fields as text: each as json_extract_string reads it (a string
-    unquoted, anything else as JSON, null and absent as NULL; a name given twice: its first value)."""
-    return literal(json.dumps({name: "VARCHAR" for name in contract.FIELD_NAMES}))
-
-
 def text_in_texts(struct: str, name: str) -> str:
     """A field's text from the struct that texts_type reads."""
     return f"struct_extract({struct}, {literal(name)})"
@@ -213,8 +193,37 @@ def _patched(known_keys: tuple[str, ...]) -> str:
 # and output included, and pays for every field of it; a record whose other fields are exactly the file's
 # usual ones, last and in its order, holds them as the tail of its text: that tail is its object, read once
 # (tests/store/test_extra_fields.py holds it equal to the patch's), and costs nothing per field.
+#
+# Real loggers put other fields anywhere (first, between known ones, last) and not the same ones on every
+# line, but a service writes few different key lists (its layouts). A record whose key list is one of the
+# file's layouts, seen in a sample, names no field twice (a layout that did is not taken), so it needs no
+# repeated-field check, and its other fields are known without looking at its keys one by one: they are read
+# by the one parse that reads the contract's (from_json, as JSON values) and put back in their order as an
+# object, the patch's text without its copy of the whole record. Records of a layout not in the sample, and
+# layouts whose names DuckDB's struct would confuse, go through the patch.
 _SHAPE_KEY = re.compile(r"[^\x00-\x1f\"\\']{1,200}")
-MAX_SHAPE_KEYS = 100
+MAX_SHAPE_KEYS = 100  # other fields read by the parse, all layouts together
+MAX_LAYOUTS = 32  # each one more comparison for every record that holds other fields
+USUAL_SAMPLE = 1000  # records whose commonest other fields are the usual ones (the tail path)
+LAYOUT_SAMPLE = 2000  # records read for their layouts beyond the first, spread evenly over the file
+
+
+
+# The first contract field that a record names twice. Each contract field read by path accounts for at least
+# one key, and each marker another's reader adds (n_markers, MARKERS_SQL) for one, so a record with no more keys
+# than those names none twice (nearly all do); nor does one in the file's usual layout (usual_layout_sql) or
+# whose key list is one of the file's layouts (layout_sql). Only the others list their other keys: the rest
+# are contract names and markers, and only records that hold more of those than fields and markers found pay
+# for finding which is twice. An IN list, not a list constant: a constant list inside a lambda is built again
+# for every key of every record (3x slower).
+def _repeated_field(names: tuple[str, ...], known_in: str) -> str:
+    contract_names = _in_list(names)
+    return (f"CASE WHEN n_keys > n_known + n_markers AND NOT usual_layout AND layout = 0 "
+            # Keys that are not other fields are the contract's and the markers: more of them than fields and
+            # markers found means one is named twice.
+            f"AND n_keys - len(list_filter(keys, lambda k: k NOT IN {known_in})) > n_known + n_markers THEN "
+            "list_filter(keys, lambda k, i: list_position(keys, k) < i "
+            f"AND k IN {contract_names})[1] END")
 
 
 @dataclass(frozen=True)
@@ -231,8 +240,8 @@ class _Derived:
 @contract.derived
 def _derived(table: contract.Contract) -> _Derived:
     known = (*table.field_names, UNKNOWN_KEY, SOURCE_KEY)
-    return _Derived({name: i + 1 for i, name in enumerate(table.field_names)}, _repeated_field(table.field_names),
-                    known, _in_list(known), _patched(known))
+    return _Derived({name: i + 1 for i, name in enumerate(table.field_names)},
+                    _repeated_field(table.field_names, _in_list(known)), known, _in_list(known), _patched(known))
 
 
 def field_index() -> dict[str, int]:
@@ -249,23 +258,95 @@ def patched_sql() -> str:
     return _derived().patched
 
 
-def usual_extra_keys(con: duckdb.DuckDBPyConnection, lines_sql: str, sample: int = 1000) -> tuple[str, ...]:
-    """The fields beyond the contract's that most of a file's first `sample` records hold, in their order;
-    () when they hold none, or names left to the patch (below)."""
-    row = con.execute(f"""
-        SELECT u FROM (SELECT list_filter(TRY(json_keys(raw)), lambda k: k NOT IN {_derived().known_in}) AS u
-                       FROM ({lines_sql}) WHERE raw[1] = '{{' LIMIT {int(sample)})
-        WHERE len(u) > 0 GROUP BY u ORDER BY count(*) DESC, u LIMIT 1
-    """).fetchone()
-    keys = tuple(row[0]) if row else ()
-    # Names a JSON path can't hold as they are (quotes, backslashes, control characters), and names equal to
-    # another but for case, go through the patch.
+def _others(keys: tuple[str, ...]) -> tuple[str, ...]:
     known = _derived().known_keys
-    lowered = {k.lower() for k in (*keys, *known)}
-    if (not keys or len(keys) > MAX_SHAPE_KEYS or len(lowered) != len(keys) + len(known)
-            or not all(_SHAPE_KEY.fullmatch(k) for k in keys)):
-        return ()
-    return keys
+    return tuple(k for k in keys if k not in known)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What a file's records hold besides the contract's fields: `usual`, the other fields that most of its
+    first records hold in their order, when they qualify for the tail path (usual_layout_sql), else ();
+    `layouts`, the commonest key lists that hold other fields (see above)."""
+
+    usual: tuple[str, ...] = ()
+    layouts: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every layout's other fields, each once: the other fields the parse reads."""
+        return tuple(dict.fromkeys(k for layout in self.layouts for k in _others(layout)))
+
+
+NO_SHAPES = Shapes()
+
+
+def _readable(keys: tuple[str, ...], taken: set[str]) -> bool:
+    """Whether other fields can be read by path and by struct field: no quotes, backslashes or control
+    characters, none named twice, none equal to another name (known, or taken already) but for case
+    (DuckDB's struct fields and from_json match names without case)."""
+    if not keys or len(keys) > MAX_SHAPE_KEYS or not all(_SHAPE_KEY.fullmatch(k) for k in keys):
+        return False
+    others = {n.lower() for n in _derived().known_keys} | {t.lower() for t in taken if t not in keys}
+    lowered = [k.lower() for k in keys]
+    return len(set(lowered)) == len(keys) and not others.intersection(lowered)
+
+
+def _layout_counts(con: duckdb.DuckDBPyConnection, lines_sql: str, where: str, limit: str = ""
+                   ) -> dict[tuple[str, ...], int]:
+    # Lines that are no JSON object are left out here, not by a filter on the keys: DuckDB would push that
+    # filter down before `where` and parse every line of the file.
+    rows = con.execute(f"""
+        SELECT k, count(*) FROM (SELECT TRY(json_keys(raw)) AS k FROM ({lines_sql})
+                                 WHERE raw[1] = '{{' AND {where} {limit})
+        GROUP BY k
+    """).fetchall()
+    return {tuple(k): n for k, n in rows if k is not None}
+
+
+def _usual(first: dict[tuple[str, ...], int]) -> tuple[str, ...]:
+    """The other fields most of these records hold, in their order (ties: the first by name), if they qualify."""
+    counts: dict[tuple[str, ...], int] = {}
+    for keys, n in first.items():
+        if others := _others(keys):
+            counts[others] = counts.get(others, 0) + n
+    usual = min(counts, key=lambda k: (-counts[k], k), default=())
+    return usual if _readable(usual, set()) else ()
+
+
+def usual_extra_keys(con: duckdb.DuckDBPyConnection, lines_sql: str) -> tuple[str, ...]:
+    """The fields beyond the contract's that most of a file's first USUAL_SAMPLE records hold, in their
+    order; () when they hold none, or names left to the patch."""
+    return _usual(_layout_counts(con, lines_sql, "true", f"LIMIT {USUAL_SAMPLE}"))
+
+
+def extra_shapes(con: duckdb.DuckDBPyConnection, lines_sql: str, count: int) -> Shapes:
+    """The usual other fields and the layouts of a file's `count` lines (see above), commonest first, from
+    its first USUAL_SAMPLE records and LAYOUT_SAMPLE more spread evenly over it (by `seq`)."""
+    first = _layout_counts(con, lines_sql, "true", f"LIMIT {USUAL_SAMPLE}")
+    seen = dict(first)
+    if count > USUAL_SAMPLE:
+        for keys, n in _layout_counts(con, lines_sql, f"seq % {max(1, count // LAYOUT_SAMPLE)} = 0").items():
+            seen[keys] = seen.get(keys, 0) + n
+    layouts: list[tuple[str, ...]] = []
+    taken: set[str] = set()
+    for keys in sorted(seen, key=lambda k: (-seen[k], k)):
+        if len(layouts) == MAX_LAYOUTS:
+            break
+        others = _others(keys)
+        if (len(set(keys)) == len(keys) and _readable(others, taken)
+                and len(taken | set(others)) <= MAX_SHAPE_KEYS):
+            layouts.append(keys)
+            taken |= set(others)
+    return Shapes(_usual(first), tuple(layouts))
+
+
+def texts_type(shapes: Shapes = NO_SHAPES) -> str:
+    """from_json's type for the contract's fields as text: each as json_extract_string reads it (a string
+    unquoted, anything else as JSON, null and absent as NULL; a name given twice: its first value); and the
+    shapes' other fields as JSON values, as the patch writes them."""
+    return literal(json.dumps({**{name: "VARCHAR" for name in contract.FIELD_NAMES},
+                               **{name: "JSON" for name in shapes.keys}}, ensure_ascii=False))
 
 
 def usual_layout_sql(usual: tuple[str, ...]) -> str:
@@ -279,18 +360,42 @@ def usual_layout_sql(usual: tuple[str, ...]) -> str:
     return f"(n_keys = n_known + {len(usual)} AND keys[n_known + 1:] = {listed})"
 
 
-def extra_sql(usual: tuple[str, ...]) -> str:
+def other_value(i: int) -> str:
+    return f"x_{i}"  # the i-th of the shapes' other fields (Shapes.keys) as JSON, NULL when absent
+
+
+def other_values_sql(shapes: Shapes, struct: str) -> str:
+    """The shapes' other fields, each a column, from the struct that texts_type(shapes) reads."""
+    return "".join(f", {text_in_texts(struct, k)} AS {other_value(i)}" for i, k in enumerate(shapes.keys))
+
+
+def layout_sql(shapes: Shapes) -> str:
+    """Which of the file's layouts a record's key list is, from 1; 0: none (or its other fields are the usual
+    ones, last: the tail path's)."""
+    if not shapes.layouts:
+        return "0"
+    listed = "[" + ", ".join(list_literal(layout) for layout in shapes.layouts) + "]"
+    return (f"CASE WHEN n_keys > n_known + n_markers AND NOT usual_layout "
+            f"THEN coalesce(list_position({listed}, keys), 0) ELSE 0 END")
+
+
+def extra_sql(shapes: Shapes) -> str:
     """The record's fields that the contract does not name, as a JSON object; NULL when there are none.
 
     In the usual layout (usual_layout_sql) the object is the record's text from its first usual key on,
     behind a '{': the key's text first found is a key at the top level exactly when that text is JSON. A
     match nested deeper leaves a brace unclosed or one too many, a string value has no colon after it, a
-    key JSON escapes is not found: those records, and any other layout, go through the patch.
+    key JSON escapes is not found: those records go through the patch. A record of one of the file's
+    layouts (`layout`) gets the object of its other fields' values from the parse; any other goes through
+    the patch.
     """
-    patched = _derived().patched
-    if not usual:
-        return f"CASE WHEN n_keys > n_known + n_markers THEN {patched} END"
-    first = literal(json.dumps(usual[0], ensure_ascii=False))
-    tail = f"TRY_CAST('{{' || substr(obj, strpos(obj, {first})) AS JSON)"
-    return (f"CASE WHEN n_keys <= n_known + n_markers THEN NULL "
-            f"WHEN usual_layout THEN coalesce({tail}, {patched}) ELSE {patched} END")
+    branches = ["CASE WHEN n_keys <= n_known + n_markers THEN NULL"]
+    if shapes.usual:
+        first = literal(json.dumps(shapes.usual[0], ensure_ascii=False))
+        tail = f"TRY_CAST('{{' || substr(obj, strpos(obj, {first})) AS JSON)"
+        branches.append(f"WHEN usual_layout THEN coalesce({tail}, {patched_sql()})")
+    column = {k: other_value(i) for i, k in enumerate(shapes.keys)}
+    for i, layout in enumerate(shapes.layouts, start=1):
+        built = ", ".join(f"{literal(k)}, {column[k]}" for k in _others(layout))
+        branches.append(f"WHEN layout = {i} THEN json_object({built})")
+    return " ".join([*branches, f"ELSE {patched_sql()} END"])

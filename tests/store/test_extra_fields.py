@@ -1,11 +1,13 @@
 """Fields the contract does not name are kept as a JSON object (`requests.extra`).
 
 Records holding exactly the file's usual other fields, last and in its order, keep the tail of their text
-as that object (validation.extra_sql); all others go through a JSON merge patch. Both must give the same
-JSON (the same text once DuckDB writes it, as the content hash does), and the fields as they came: random
-records (values on the edges of JSON writing: escapes, control and astral characters, exponents, integers
-past 64 bits, nested objects, null) are ingested, some in the usual shape and some not, and every stored
-`extra` is compared with the patch of its line and with the record's own other fields.
+as that object (validation.extra_sql); records whose key list is one of the file's layouts get the object
+built from the parse's values; all others go through a JSON merge patch. All must give the same JSON (the
+same text once DuckDB writes it, as the content hash does), the built object the patch's very text, and the
+fields as they came: random records (values on the edges of JSON writing: escapes, control and astral
+characters, exponents, integers past 64 bits, nested objects, null; other fields anywhere among the known
+ones, named twice, with escaped names) are ingested, and every stored `extra` is compared with the patch of
+its line and with the record's own other fields.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec_core.ingestion.load import ingest
-from specdec_core.ingestion.validation import patched_sql, usual_extra_keys
+from specdec_core.ingestion.validation import extra_shapes, patched_sql, usual_extra_keys
 from specdec_core.store.connection import Store
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10)
@@ -92,6 +94,96 @@ def test_extra_is_the_patch_of_each_line_and_the_fields_as_they_came(lines):
             expected = json.loads(json.dumps(_as_dict(others)), parse_float=float)
             got = json.loads(stored[f"r{i}"])
             assert got.keys() == expected.keys(), text
+
+
+def _escaped(key: str) -> str:
+    """The key as JSON text with its first character written as a \\u escape."""
+    head = f"\\u{ord(key[0]):04x}" if ord(key[0]) < 0x10000 else json.dumps(key[0])[1:-1]  # a surrogate pair
+    return '"' + head + json.dumps(key[1:], ensure_ascii=False)[1:]
+
+
+@st.composite
+def service_files(draw) -> list[tuple[str, list[tuple[str, object]]]]:
+    """Lines as services write them: a few layouts (other fields at places among the known ones, in some
+    order), each record one of them with its own values; now and then a name written escaped, named twice,
+    equal to another but for case, or a layout of its own."""
+    pool = draw(st.lists(KEYS.filter(lambda k: k not in rec("x") and not k.startswith("__")),
+                         min_size=1, max_size=6, unique_by=str.lower))
+    known = list(rec("x"))
+    layouts = []
+    for _ in range(draw(st.integers(min_value=1, max_value=4))):
+        names = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=len(pool), unique=True))
+        layouts.append([(name, draw(st.integers(min_value=0, max_value=len(known)))) for name in names])
+    lines = []
+    for i in range(draw(st.integers(min_value=3, max_value=30))):
+        layout = list(draw(st.sampled_from(layouts)))
+        variant = draw(st.sampled_from(["layout"] * 6 + ["escaped", "twice", "case", "own"]))
+        if variant == "twice":
+            layout.append((layout[0][0], draw(st.integers(min_value=0, max_value=len(known)))))
+        elif variant == "case" and layout[0][0].swapcase() != layout[0][0]:
+            layout.append((layout[0][0].swapcase(), len(known)))
+        elif variant == "own":
+            layout.append((draw(KEYS.filter(lambda k: k not in pool and k not in rec("x"))), 0))
+        values = [draw(VALUES) for _ in layout]
+        record = rec(f"r{i}")
+        parts: list[str] = []
+        for place, field in enumerate([*known, None]):
+            for (name, at), value in zip(layout, values, strict=True):
+                if at == place:
+                    key = _escaped(name) if variant == "escaped" else json.dumps(name, ensure_ascii=False)
+                    parts.append(f"{key}: {_json(value)}")
+            if field is not None:
+                parts.append(f"{json.dumps(field)}: {_json(record[field])}")
+        # The record's other fields in the order they are written.
+        ordered = sorted(zip(layout, values, strict=True), key=lambda pair: pair[0][1])
+        lines.append(("{" + ", ".join(parts) + "}", [(name, value) for (name, _), value in ordered]))
+    return lines
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(lines=service_files())
+def test_other_fields_anywhere_are_the_patchs_text_byte_for_byte(lines):
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "extra.duckdb")
+        log = write_jsonl(Path(tmp) / "extra.jsonl", [text for text, _ in lines])
+        result = ingest(store, [str(log)])
+        assert result.quarantined == 0 and result.accepted == len(lines)
+        with store.read() as con:
+            stored = dict(con.execute("SELECT request_id, extra::VARCHAR FROM requests").fetchall())
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t AS SELECT unnest(?::VARCHAR[]) AS raw", [[text for text, _ in lines]])
+    usual = usual_extra_keys(con, "SELECT raw FROM t")
+    for i, (text, others) in enumerate(lines):
+        patched = con.execute(f"SELECT ({patched_sql()})::VARCHAR FROM (SELECT ?::VARCHAR AS obj)", [text]).fetchone()[0]
+        keys = con.execute("SELECT json_keys(?)", [text]).fetchone()[0]
+        first = json.dumps(usual[0], ensure_ascii=False) if usual else None
+        tail = "{" + text[text.index(first):] if first and first in text else None
+        if (usual and keys[-len(usual):] == list(usual) and len(keys) == len(rec("x")) + len(usual)
+                and tail and con.execute("SELECT json_valid(?)", [tail]).fetchone()[0]):
+            # The tail path keeps the text as written; the same JSON as the patch's.
+            assert stored[f"r{i}"] == tail, text
+            assert con.execute("SELECT json(?)::VARCHAR", [tail]).fetchone()[0] == patched, text
+        else:
+            assert stored[f"r{i}"] == patched, text
+        expected = json.loads(json.dumps(_as_dict(others)), parse_float=float)
+        assert list(json.loads(stored[f"r{i}"])) == list(expected), text
+
+
+def test_a_files_layouts_are_its_commonest_key_lists_whose_other_names_can_be_read(tmp_path):
+    con = duckdb.connect()
+    known = rec("a")
+    between = [json.dumps({"request_id": f"a{i}", "host": "h", **{k: v for k, v in known.items() if k != "request_id"},
+                           "i": i}) for i in range(5)]
+    first = [json.dumps({"level": "info", **rec(f"b{i}")}) for i in range(3)]
+    twice = [json.dumps(rec("c"))[:-1] + ', "host": 1, "host": 2}'] * 4
+    cased = [json.dumps({**rec(f"d{i}"), "Host": 1}) for i in range(2)]  # "host" is taken: left to the patch
+    clean = [json.dumps(rec(f"e{i}")) for i in range(9)]
+    con.execute("CREATE TABLE t AS SELECT unnest(?::VARCHAR[]) AS raw, generate_subscripts(?::VARCHAR[], 1) AS seq",
+                [between + first + twice + cased + clean] * 2)
+    shapes = extra_shapes(con, "SELECT raw, seq FROM t", 23)
+    assert [tuple(k for k in layout if k not in known) for layout in shapes.layouts] == [("host", "i"), ("level",)]
+    assert shapes.keys == ("host", "i", "level")
+    assert shapes.usual == ("host", "i")
 
 
 def test_the_usual_fields_are_the_commonest_set_and_odd_names_are_left_to_the_patch(tmp_path):
