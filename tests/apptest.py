@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from helpers import STAND_IN_DECODER
 from streamlit.testing.v1 import AppTest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,7 +85,7 @@ def stand_in_replay_module(monkeypatch) -> list:
     import specdec_core.replay.run as module
 
     for name, stand_in in (("replay", replay), ("replay_many", replay_many), ("replays_table", replays_table),
-                           ("default_decoder", lambda: "decoder")):
+                           ("default_decoder", lambda: STAND_IN_DECODER)):
         monkeypatch.setattr(module, name, stand_in)
     return calls
 

@@ -205,3 +205,20 @@ STORE_TABLES = {
 def contents(name: str) -> dict[str, list[tuple]]:
     with Store(name).read() as con:
         return {table: con.execute(sql).fetchall() for table, sql in STORE_TABLES.items()}
+
+
+class StandInDecoder:
+    """The decoder a test hands to replay jobs whose replay functions are stand-ins: its registry names no
+    engine, so every request goes to the stand-in as an in-process replay would."""
+
+    class _Registry:
+        def engine_of(self, model: str) -> None:
+            return None
+
+    registry = _Registry()
+
+    def __repr__(self) -> str:
+        return "STAND_IN_DECODER"
+
+
+STAND_IN_DECODER = StandInDecoder()

@@ -21,7 +21,7 @@ from apptest import (
     walk,
 )
 from dashboard_data import HTML_DEPLOYMENT, HTML_MODEL, HTML_OUTPUT, SCRIPT, build_db, incident_records
-from helpers import rec, write_jsonl
+from helpers import STAND_IN_DECODER, rec, write_jsonl
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
@@ -341,7 +341,7 @@ def test_replay_shows_both_outputs_the_diff_and_the_source_for_a_foreign_output(
     button.click().run()
     jobs.wait_all(30)
     at.run()
-    assert [(c[0], c[1], getattr(c[2], "_inner", c[2]), c[3]) for c in calls] == [("replay", "r3", "decoder", None)]
+    assert [(c[0], c[1], getattr(c[2], "_inner", c[2]), c[3]) for c in calls] == [("replay", "r3", STAND_IN_DECODER, None)]
     shown = metrics_of(at.main)
     assert shown["Classification"] == "foreign"
     similarity = shown["Similarity to this request's replay"]

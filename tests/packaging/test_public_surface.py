@@ -7,7 +7,7 @@ from specdec_core import derived, ingestion, store
 
 
 def test_top_level_ingest_and_migrate_are_the_functions_not_the_packages():
-    assert specdec_core.ingestion is ingestion.ingest and callable(specdec_core.ingestion)
+    assert specdec_core.ingest is ingestion.ingest and callable(specdec_core.ingest)
     assert specdec_core.migrate is derived.migrate and callable(specdec_core.migrate)
     assert specdec_core.IngestResult is ingestion.IngestResult
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+from helpers import STAND_IN_DECODER
+
 from specdec_core.replay import jobs
 from specdec_core.store.connection import Store
 
@@ -14,13 +16,13 @@ def test_finished_jobs_are_pruned_oldest_first_and_a_running_job_is_kept(tmp_pat
 
     def held_decoder() -> str:
         release.wait(60)
-        return "decoder"
+        return STAND_IN_DECODER
 
     running = jobs.start_job(store, [], held_decoder)
-    finished = [jobs.start_job(store, [], lambda: "decoder") for _ in range(jobs.KEEP_FINISHED + 5)]
+    finished = [jobs.start_job(store, [], lambda: STAND_IN_DECODER) for _ in range(jobs.KEEP_FINISHED + 5)]
     for job in finished:
         assert job.wait(30)
-    latest = jobs.start_job(store, [], lambda: "decoder")  # starting a job prunes
+    latest = jobs.start_job(store, [], lambda: STAND_IN_DECODER)  # starting a job prunes
     try:
         assert [jobs.job(j.job_id) for j in finished[:5]] == [None] * 5
         assert all(jobs.job(j.job_id) is j for j in finished[5:])
