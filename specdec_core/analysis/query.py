@@ -61,18 +61,34 @@ HITS = "coalesce(sum(c.requests) FILTER (WHERE c.cache_hit), 0)"
 draft_label = summary.draft_label
 
 
-# Answers a question without a time range from the summaries: (connection, {dims} clause, its params).
-WholeAnswer = Callable[[Any, str, list[Any]], pd.DataFrame]
+# A question's SQL, built around what it reads: the filters' condition over `requests r` (rows), a
+# relation shaped like summary_minute (minute), the filters other than time over a summary table `c`
+# (whole), or both a minute relation and the row condition (ranged). Parameters are bound by name.
+Rows = Callable[[str], str]
+Minutes = Callable[[str], str]
+Whole = Callable[[str], str]
+Ranged = Callable[[str, str], str]
+# Answers a question without a time range from the summaries: (connection, dims condition, its params).
+WholeAnswer = Callable[[Any, str, dict[str, Any]], pd.DataFrame]
+# The same, for a question still asked with positional parameters.
+PositionalWholeAnswer = Callable[[Any, str, list[Any]], pd.DataFrame]
 
 
-def df(store: Store, sql: str, filters: Filters, extra: list[Any] | None = None,
-        leading: list[Any] | None = None, *, minute: str | None = None,
-        whole: str | WholeAnswer | None = None, ranged: str | None = None) -> pd.DataFrame:
-    """Answer a question: from the summaries when they can (`minute` SQL over {source}, a relation shaped
-    like summary_minute; `whole` SQL with {dims}, or a function of it, without a time range; `ranged` SQL,
-    the rows helped by the summaries, over {source} and {where} in any order), else `sql` over the rows
-    with the filters' WHERE (as often as it says {where}). `leading`/`extra` bind the ? before and after."""
+def df(store: Store, sql: str | Rows, filters: Filters, extra: list[Any] | dict[str, Any] | None = None,
+       leading: list[Any] | None = None, *, minute: str | Minutes | None = None,
+       whole: str | Whole | PositionalWholeAnswer | None = None, ranged: str | Ranged | None = None,
+       whole_answer: WholeAnswer | None = None) -> pd.DataFrame:
+    """Answer a question: from the summaries when they can (`minute` over a relation shaped like
+    summary_minute; `whole`, or `whole_answer`, without a time range; `ranged`, the rows helped by the
+    summaries), else `sql` over the rows with the filters' condition. Builders (functions of what they
+    read) bind their parameters by name, with the question's own in `extra` (a dict). A question still
+    written as text fills {where}/{source}/{dims}, `leading`/`extra` binding the ? before and after."""
     with store.read() as con:
+        if not isinstance(sql, str):
+            if whole_answer is not None and whole_from_summaries(con, filters):
+                return whole_answer(con, *summary.named_dimension_where(filters))
+            return ask(con, sql, filters, extra if isinstance(extra, dict) else None, minute=minute,
+                       whole=whole, ranged=ranged).df()
         if callable(whole):
             if whole_from_summaries(con, filters):
                 return whole(con, *summary.dimension_where(filters))
@@ -83,6 +99,31 @@ def df(store: Store, sql: str, filters: Filters, extra: list[Any] | None = None,
 def whole_from_summaries(con: Any, filters: Filters) -> bool:
     """Whether a `whole` answer applies: no time range, and summaries this code may use."""
     return filters.start is None and filters.end is None and summary.ready(con)
+
+
+def ask(con: Any, rows: Rows, filters: Filters, params: dict[str, Any] | None = None, *,
+        minute: Minutes | None = None, whole: Whole | None = None, ranged: Ranged | None = None) -> Any:
+    """Run the question's best builder (as `df` chooses) and return the cursor."""
+    params = dict(params or {})
+    where, where_params = filters.named_where()
+    if minute is not None and summary.ready(con):
+        source, source_params = summary.named_minute_source(filters, (where, where_params))
+        sql, params = minute(source), params | source_params
+    elif whole is not None and whole_from_summaries(con, filters):
+        dims, dim_params = summary.named_dimension_where(filters)
+        sql, params = whole(dims), params | dim_params
+    elif ranged is not None and summary.ready(con):
+        source, source_params = summary.named_minute_source(filters, (where, where_params))
+        sql, params = ranged(source, where), params | source_params | where_params
+    else:
+        sql, params = rows(where), params | where_params
+    return execute(con, sql, params)
+
+
+def execute(con: Any, sql: str, params: dict[str, Any]) -> Any:
+    """`sql` with the parameters it names: DuckDB refuses any it does not."""
+    named = set(re.findall(r"\$(\w+)", sql))
+    return con.execute(sql, {name: value for name, value in params.items() if name in named})
 
 
 def run(con: Any, sql: str, filters: Filters, extra: list[Any] | None = None, leading: list[Any] | None = None,
@@ -113,7 +154,7 @@ def _bind_rows_and_source(sql: str, filters: Filters) -> tuple[str, list[Any]]:
     return "".join(parts), params
 
 
-def one(store: Store, sql: str, filters: Filters, **summaries: str) -> dict[str, Any]:
+def one(store: Store, sql: str | Rows, filters: Filters, **summaries: Any) -> dict[str, Any]:
     frame = df(store, sql, filters, **summaries)
     return {k: native(v) for k, v in frame.iloc[0].items()}
 
@@ -132,10 +173,17 @@ def _bucket_for(span_seconds: float) -> str:
     return "1 day"
 
 
+def time_span_sql(where: str) -> str:
+    return f"SELECT epoch(max(ts)) - epoch(min(ts)) AS span FROM requests r WHERE {where}"
+
+
+def time_span_minute_sql(source: str) -> str:
+    return f"SELECT epoch(max(last_ts)) - epoch(min(first_ts)) AS span FROM {source} c"
+
+
 def time_bucket(store: Store, filters: Filters) -> str:
     """An interval that gives a readable number of points over the filtered time range."""
-    span = one(store, "SELECT epoch(max(ts)) - epoch(min(ts)) AS span FROM requests r WHERE {where}", filters,
-                minute="SELECT epoch(max(last_ts)) - epoch(min(first_ts)) AS span FROM {source} c")["span"]
+    span = one(store, time_span_sql, filters, minute=time_span_minute_sql)["span"]
     return _bucket_for(float(span or 0))
 
 
