@@ -192,7 +192,8 @@ def row(cursor: Any) -> dict[str, Any]:
     return {k: native(v) for k, v in zip(names, cursor.fetchall()[0], strict=True)}
 
 
-def over_time(store: Store, sql: str, minute_sql: str, filters: Filters, bucket: str | None) -> pd.DataFrame:
-    """A question asked per time bucket (default: one that gives a readable number of points)."""
+def over_time(store: Store, rows: Rows, minute: Minutes, filters: Filters, bucket: str | None) -> pd.DataFrame:
+    """A question asked per time bucket, bound as `$bucket` (default: one that gives a readable number of
+    points)."""
     # Summary minutes align with every bucket offered (1 minute to 1 day, UTC).
-    return df(store, sql, filters, leading=[bucket or time_bucket(store, filters)], minute=minute_sql)
+    return df(store, rows, filters, {"bucket": bucket or time_bucket(store, filters)}, minute=minute)
