@@ -13,7 +13,6 @@ from typing import Any
 import pandas as pd
 
 from specdec_core.derived import summaries as summary
-from specdec_core.derived.summaries import minute_source
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
@@ -25,12 +24,6 @@ class Filters:
     deployments: tuple[str, ...] = ()
     target_models: tuple[str, ...] = ()
     draft_models: tuple[str, ...] = ()  # NO_DRAFT selects requests without speculation
-
-    def where(self, alias: str = "r") -> tuple[str, list[Any]]:
-        """A WHERE clause over the requests table and its parameters (positional)."""
-        conditions = self._conditions(alias)
-        return (" AND ".join(["TRUE", *(re.sub(r"\$\w+", "?", c) for c, _, _ in conditions)]),
-                [value for _, _, value in conditions])
 
     def named_where(self, alias: str = "r") -> tuple[str, dict[str, Any]]:
         """A WHERE clause over the requests table and its parameters, bound by name (`$filter_...`)."""
@@ -70,30 +63,19 @@ Whole = Callable[[str], str]
 Ranged = Callable[[str, str], str]
 # Answers a question without a time range from the summaries: (connection, dims condition, its params).
 WholeAnswer = Callable[[Any, str, dict[str, Any]], pd.DataFrame]
-# The same, for a question still asked with positional parameters.
-PositionalWholeAnswer = Callable[[Any, str, list[Any]], pd.DataFrame]
 
 
-def df(store: Store, sql: str | Rows, filters: Filters, extra: list[Any] | dict[str, Any] | None = None,
-       leading: list[Any] | None = None, *, minute: str | Minutes | None = None,
-       whole: str | Whole | PositionalWholeAnswer | None = None, ranged: str | Ranged | None = None,
+def df(store: Store, rows: Rows, filters: Filters, params: dict[str, Any] | None = None, *,
+       minute: Minutes | None = None, whole: Whole | None = None, ranged: Ranged | None = None,
        whole_answer: WholeAnswer | None = None) -> pd.DataFrame:
     """Answer a question: from the summaries when they can (`minute` over a relation shaped like
     summary_minute; `whole`, or `whole_answer`, without a time range; `ranged`, the rows helped by the
-    summaries), else `sql` over the rows with the filters' condition. Builders (functions of what they
-    read) bind their parameters by name, with the question's own in `extra` (a dict). A question still
-    written as text fills {where}/{source}/{dims}, `leading`/`extra` binding the ? before and after."""
+    summaries), else `rows` over the requests with the filters' condition. Each builder is a function of
+    what it reads; `params` are the question's own, bound by name beside the filters' `$filter_*`."""
     with store.read() as con:
-        if not isinstance(sql, str):
-            if whole_answer is not None and whole_from_summaries(con, filters):
-                return whole_answer(con, *summary.named_dimension_where(filters))
-            return ask(con, sql, filters, extra if isinstance(extra, dict) else None, minute=minute,
-                       whole=whole, ranged=ranged).df()
-        if callable(whole):
-            if whole_from_summaries(con, filters):
-                return whole(con, *summary.dimension_where(filters))
-            whole = None
-        return run(con, sql, filters, extra, leading, minute=minute, whole=whole, ranged=ranged).df()
+        if whole_answer is not None and whole_from_summaries(con, filters):
+            return whole_answer(con, *summary.named_dimension_where(filters))
+        return ask(con, rows, filters, params, minute=minute, whole=whole, ranged=ranged).df()
 
 
 def whole_from_summaries(con: Any, filters: Filters) -> bool:
@@ -126,36 +108,8 @@ def execute(con: Any, sql: str, params: dict[str, Any]) -> Any:
     return con.execute(sql, {name: value for name, value in params.items() if name in named})
 
 
-def run(con: Any, sql: str, filters: Filters, extra: list[Any] | None = None, leading: list[Any] | None = None,
-         *, minute: str | None = None, whole: str | None = None, ranged: str | None = None) -> Any:
-    extra, leading = extra or [], leading or []
-    if minute is not None and summary.ready(con):
-        chosen = minute
-    elif whole is not None and whole_from_summaries(con, filters):
-        dims, params = summary.dimension_where(filters)
-        return con.execute(whole.replace("{dims}", dims), leading + params * whole.count("{dims}") + extra)
-    elif ranged is not None and summary.ready(con):
-        chosen = ranged
-    else:
-        chosen = sql
-    text, params = _bind_rows_and_source(chosen, filters)
-    return con.execute(text, leading + params + extra)
-
-
-def _bind_rows_and_source(sql: str, filters: Filters) -> tuple[str, list[Any]]:
-    """`sql` with each {where} and {source} filled in, and their parameters in the order they stand."""
-    where = filters.where()
-    source = minute_source(filters, where) if "{source}" in sql else None
-    parts, params = [], []
-    for piece in re.split(r"(\{where\}|\{source\})", sql):
-        text, bound = (where if piece == "{where}" else source if piece == "{source}" else (piece, []))
-        parts.append(text)
-        params += bound
-    return "".join(parts), params
-
-
-def one(store: Store, sql: str | Rows, filters: Filters, **summaries: Any) -> dict[str, Any]:
-    frame = df(store, sql, filters, **summaries)
+def one(store: Store, rows: Rows, filters: Filters, **summaries: Any) -> dict[str, Any]:
+    frame = df(store, rows, filters, **summaries)
     return {k: native(v) for k, v in frame.iloc[0].items()}
 
 

@@ -5,7 +5,7 @@ thousands of rows instead of millions.
   temperature, cache_hit), with the token sums of every request (the metrics' counters) beside
   those of speculative misses (the acceptance rate). Any filter is exact: whole minutes come from here, and
   the rows of the (at most two) minutes a time range cuts through come from
-  `requests`, aggregated the same way (`minute_source`).
+  `requests`, aggregated the same way (`named_minute_source`).
 - `summary_keys`: one row per (deployment, cache_key, fingerprint); distinct counts
   and key collisions without a time range (`summary_shared_keys`: the keys' rows that collide).
 - `summary_lengths`, `summary_latency`: exact histograms (a count per distinct value)
@@ -34,7 +34,6 @@ the tests hold every summary answer equal to the row answer.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -279,16 +278,6 @@ def ready(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(rows) and rows[0][0]
 
 
-def dimension_where(filters: Any, alias: str = "c") -> tuple[str, list[Any]]:
-    """The filters other than time over a summary table, whose columns hold the labels already."""
-    return positional(*named_dimension_where(filters, alias))
-
-
-def positional(sql: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
-    """Named SQL with each `$name` as `?`, and the values in the order they stand."""
-    return re.sub(r"\$(\w+)", "?", sql), [params[name] for name in re.findall(r"\$(\w+)", sql)]
-
-
 def named_dimension_where(filters: Any, alias: str = "c") -> tuple[str, dict[str, Any]]:
     """The filters other than time over a summary table, bound by name (`$dim_...`)."""
     clauses, params = ["TRUE"], {}
@@ -312,14 +301,6 @@ def _floor_minute(ts: datetime) -> datetime:
 def _ceil_minute(ts: datetime) -> datetime:
     floor = _floor_minute(ts)
     return floor if floor == ts else floor + MINUTE
-
-
-def minute_source(filters: Any, row_where: tuple[str, list[Any]]) -> tuple[str, list[Any]]:
-    """`named_minute_source` with positional parameters (`row_where` over `requests r` as `Filters.where()`)."""
-    where, row_params = row_where
-    named = {f"row_{i}": value for i, value in enumerate(row_params)}
-    numbered = iter(range(len(row_params)))
-    return positional(*named_minute_source(filters, (re.sub(r"\?", lambda _: f"$row_{next(numbered)}", where), named)))
 
 
 def named_minute_source(filters: Any, row_where: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
