@@ -18,50 +18,56 @@ from specdec_core.derived.summaries import NO_DRAFT, histogram_quantiles
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
-HIT_RATE_BY_COMBINATION_SQL = f"""
+
+def hit_rate_by_combination_sql(where: str) -> str:
+    return f"""
 SELECT r.target_model, {draft_label()} AS draft_model, count(*) AS requests,
        count(*) FILTER (WHERE r.cache_hit) AS hits, avg(r.cache_hit::INT) AS hit_rate,
        count(*) FILTER (WHERE h.contaminated) AS contaminated_hits
 FROM requests r LEFT JOIN hit_sources h USING (request_id)
-WHERE {{where}}
+WHERE {where}
 GROUP BY ALL ORDER BY requests DESC, target_model, draft_model
 """
 
 
-HIT_RATE_BY_COMBINATION_MINUTE_SQL = f"""
+def hit_rate_by_combination_minute_sql(source: str) -> str:
+    return f"""
 SELECT c.target_model, c.draft_model, sum(c.requests)::BIGINT AS requests, {HITS}::BIGINT AS hits,
        {HITS} / sum(c.requests) AS hit_rate, sum(c.contaminated)::BIGINT AS contaminated_hits
-FROM {{source}} c
+FROM {source} c
 GROUP BY ALL ORDER BY requests DESC, target_model, draft_model
 """
 
 
 def hit_rate_by_combination(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
-    return df(store, HIT_RATE_BY_COMBINATION_SQL, filters, minute=HIT_RATE_BY_COMBINATION_MINUTE_SQL)
+    return df(store, hit_rate_by_combination_sql, filters, minute=hit_rate_by_combination_minute_sql)
 
 
-HIT_RATE_OVER_TIME_SQL = f"""
-SELECT time_bucket(CAST(? AS INTERVAL), r.ts) AS bucket, r.target_model || ' / ' || {draft_label()} AS combination,
+def hit_rate_over_time_sql(where: str) -> str:
+    return f"""
+SELECT time_bucket(CAST($bucket AS INTERVAL), r.ts) AS bucket, r.target_model || ' / ' || {draft_label()} AS combination,
        count(*) AS requests, avg(r.cache_hit::INT) AS hit_rate
 FROM requests r
-WHERE {{where}}
+WHERE {where}
 GROUP BY ALL ORDER BY bucket, combination
 """
 
 
-HIT_RATE_OVER_TIME_MINUTE_SQL = f"""
-SELECT time_bucket(CAST(? AS INTERVAL), c.minute) AS bucket, c.target_model || ' / ' || c.draft_model AS combination,
+def hit_rate_over_time_minute_sql(source: str) -> str:
+    return f"""
+SELECT time_bucket(CAST($bucket AS INTERVAL), c.minute) AS bucket, c.target_model || ' / ' || c.draft_model AS combination,
        sum(c.requests)::BIGINT AS requests, {HITS} / sum(c.requests) AS hit_rate
-FROM {{source}} c
+FROM {source} c
 GROUP BY ALL ORDER BY bucket, combination
 """
 
 
 def hit_rate_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
-    return over_time(store, HIT_RATE_OVER_TIME_SQL, HIT_RATE_OVER_TIME_MINUTE_SQL, filters, bucket)
+    return over_time(store, hit_rate_over_time_sql, hit_rate_over_time_minute_sql, filters, bucket)
 
 
-KEY_RATIO_BY_DEPLOYMENT_SQL = f"""
+def key_ratio_by_deployment_sql(where: str) -> str:
+    return f"""
 SELECT {deployment_label()} AS deployment, count(*) AS requests,
        count(DISTINCT r.cache_key) AS unique_keys, count(DISTINCT r.fingerprint) AS unique_identities,
        count(DISTINCT r.cache_key) / count(DISTINCT r.fingerprint) AS keys_per_identity,
@@ -72,12 +78,13 @@ SELECT {deployment_label()} AS deployment, count(*) AS requests,
        -- Hits on an identity the deployment had never seen: only a shared key (or an entry older than
        -- the log) can serve those.
        count(*) FILTER (WHERE h.first_sight) AS first_sight_hits
-FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NOT NULL AND {{where}}
+FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NOT NULL AND {where}
 GROUP BY ALL ORDER BY deployment
 """
 
 
-KEY_RATIO_BY_DEPLOYMENT_WHOLE_SQL = """
+def key_ratio_by_deployment_whole_sql(dims: str) -> str:
+    return f"""
 SELECT c.deployment, sum(c.requests)::BIGINT AS requests,
        count(DISTINCT c.key_id) AS unique_keys, count(DISTINCT c.fp_id) AS unique_identities,
        count(DISTINCT c.key_id) / count(DISTINCT c.fp_id) AS keys_per_identity,
@@ -92,23 +99,24 @@ GROUP BY ALL ORDER BY deployment
 # A time range: the counts from the minute summary (and the rows of the minutes it cuts through), less those
 # of the range's requests without a known cache key (few: they are read through the key's null mask); the
 # distinct keys and identities come from the per-request key hashes.
-KEY_RATIO_BY_DEPLOYMENT_RANGE_SQL = f"""
+def key_ratio_by_deployment_range_sql(source: str, where: str) -> str:
+    return f"""
 WITH c AS (
     SELECT c.deployment, sum(c.requests)::BIGINT AS requests, {HITS}::BIGINT AS hits,
            coalesce(sum(c.first_sight), 0)::BIGINT AS first_sight_hits
-    FROM {{source}} c GROUP BY 1
+    FROM {source} c GROUP BY 1
 ), u AS (
     SELECT {deployment_label()} AS deployment, count(*) AS requests,
            count(*) FILTER (WHERE r.cache_hit) AS hits, count(*) FILTER (WHERE h.first_sight) AS first_sight_hits
-    FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NULL AND {{where}} GROUP BY 1
+    FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NULL AND {where} GROUP BY 1
 ), k AS (
     SELECT c.deployment, c.requests - coalesce(u.requests, 0) AS requests, c.hits - coalesce(u.hits, 0) AS hits,
            c.first_sight_hits - coalesce(u.first_sight_hits, 0) AS first_sight_hits
     FROM c LEFT JOIN u USING (deployment)
 ), d AS (
-    -- By the stored 64-bit hashes, as the headline's range counts (overview.KEY_COUNTS_RANGE_SQL).
+    -- By the stored 64-bit hashes, as the headline's range counts (overview.key_counts_range_sql).
     SELECT r.deployment, count(DISTINCT r.key_hash) AS unique_keys, count(DISTINCT r.identity_hash) AS unique_identities
-    FROM summary_request_keys r WHERE {{where}} GROUP BY 1
+    FROM summary_request_keys r WHERE {where} GROUP BY 1
 )
 SELECT deployment, k.requests, d.unique_keys, d.unique_identities,
        d.unique_keys / d.unique_identities AS keys_per_identity, k.hits / k.requests AS hit_rate,
@@ -119,11 +127,12 @@ FROM k JOIN d USING (deployment) ORDER BY deployment
 
 def key_ratio_by_deployment(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Unique cache keys per unique identity; below 1 means identities share keys."""
-    return df(store, KEY_RATIO_BY_DEPLOYMENT_SQL, filters, whole=KEY_RATIO_BY_DEPLOYMENT_WHOLE_SQL,
-              ranged=KEY_RATIO_BY_DEPLOYMENT_RANGE_SQL)
+    return df(store, key_ratio_by_deployment_sql, filters, whole=key_ratio_by_deployment_whole_sql,
+              ranged=key_ratio_by_deployment_range_sql)
 
 
-LATENCY_HIT_VS_MISS_SQL = """
+def latency_hit_vs_miss_sql(where: str) -> str:
+    return f"""
 SELECT CASE WHEN r.cache_hit THEN 'hit' ELSE 'miss' END AS outcome, count(r.latency_ms) AS requests,
        avg(r.latency_ms) AS mean_ms, quantile_cont(r.latency_ms, 0.5) AS p50_ms,
        quantile_cont(r.latency_ms, 0.95) AS p95_ms
@@ -132,7 +141,7 @@ GROUP BY ALL ORDER BY outcome
 """
 
 
-def _latency_from_histogram(con: Any, dims: str, params: list[Any]) -> pd.DataFrame:
+def _latency_from_histogram(con: Any, dims: str, params: dict[str, Any]) -> pd.DataFrame:
     source = ("(SELECT CASE WHEN c.cache_hit THEN 'hit' ELSE 'miss' END AS key, c.value, c.n "
               f"FROM summary_latency c WHERE {dims})")
     s = histogram_quantiles(con, source, params, {"p50_ms": 0.5, "p95_ms": 0.95})
@@ -141,7 +150,7 @@ def _latency_from_histogram(con: Any, dims: str, params: list[Any]) -> pd.DataFr
 
 
 def latency_hit_vs_miss(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
-    return df(store, LATENCY_HIT_VS_MISS_SQL, filters, whole=_latency_from_histogram)
+    return df(store, latency_hit_vs_miss_sql, filters, whole_answer=_latency_from_histogram)
 
 
 def acceptance_rate(accepted_tokens: float | None, draft_tokens: float | None) -> float | None:
@@ -160,7 +169,8 @@ def acceptance_rate_sql(accepted_tokens: str, draft_tokens: str) -> str:
     return f"{accepted_tokens} / nullif({draft_tokens}, 0)"
 
 
-ACCEPTANCE_BY_COMBINATION_SQL = f"""
+def acceptance_by_combination_sql(where: str) -> str:
+    return f"""
 SELECT r.target_model, {draft_label()} AS draft_model, count(*) AS decoded_requests,
        sum(r.draft_tokens) AS draft_tokens, sum(r.accepted_tokens) AS accepted_tokens,
        {acceptance_rate_sql('sum(r.accepted_tokens)', 'sum(r.draft_tokens)')} AS acceptance_rate,
@@ -168,17 +178,18 @@ SELECT r.target_model, {draft_label()} AS draft_model, count(*) AS decoded_reque
        sum(r.accepted_tokens) / nullif(sum(r.draft_tokens / nullif(r.num_speculative_tokens, 0)), 0)
            AS mean_accepted_length
 FROM requests r
-WHERE {{where}} AND NOT r.cache_hit AND r.draft_tokens > 0 AND {draft_label()} <> '{NO_DRAFT}'
+WHERE {where} AND NOT r.cache_hit AND r.draft_tokens > 0 AND {draft_label()} <> '{NO_DRAFT}'
 GROUP BY ALL ORDER BY target_model, draft_model
 """
 
 
-ACCEPTANCE_BY_COMBINATION_MINUTE_SQL = f"""
+def acceptance_by_combination_minute_sql(source: str) -> str:
+    return f"""
 SELECT c.target_model, c.draft_model, sum(c.decoded_requests)::BIGINT AS decoded_requests,
        sum(c.draft_tokens) AS draft_tokens, sum(c.accepted_tokens) AS accepted_tokens,
        {acceptance_rate_sql('sum(c.accepted_tokens)', 'sum(c.draft_tokens)')} AS acceptance_rate,
        sum(c.accepted_tokens) / nullif(sum(c.steps), 0) AS mean_accepted_length
-FROM {{source}} c
+FROM {source} c
 WHERE NOT c.cache_hit AND c.draft_model <> '{NO_DRAFT}'
 GROUP BY ALL HAVING sum(c.decoded_requests) > 0 ORDER BY target_model, draft_model
 """
@@ -186,6 +197,6 @@ GROUP BY ALL HAVING sum(c.decoded_requests) > 0 ORDER BY target_model, draft_mod
 
 def acceptance_by_combination(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Speculation health of decoded (missed) requests: acceptance rate and accepted length per step."""
-    return df(store, ACCEPTANCE_BY_COMBINATION_SQL, filters, minute=ACCEPTANCE_BY_COMBINATION_MINUTE_SQL)
+    return df(store, acceptance_by_combination_sql, filters, minute=acceptance_by_combination_minute_sql)
 
 

@@ -10,10 +10,10 @@ import pandas as pd
 from specdec_core.analysis.overview import filter_options
 from specdec_core.analysis.query import NO_FILTERS, Filters, df
 from specdec_core.analysis.status import (
-    LOGGED_SPAN_MINUTE_SQL,
-    LOGGED_SPAN_SQL,
     contamination_status,
     fmt_time,
+    logged_span_minute_sql,
+    logged_span_sql,
 )
 from specdec_core.store.connection import Store
 
@@ -42,7 +42,7 @@ def deployment_states(store: Store, filters: Filters = NO_FILTERS) -> list[Deplo
     """Every deployment the filters choose (all the store knows where they choose none), by name."""
     known = filter_options(store).deployments
     chosen = [d for d in known if not filters.deployments or d in filters.deployments]
-    spans = df(store, LOGGED_SPAN_SQL, filters, minute=LOGGED_SPAN_MINUTE_SQL).set_index("deployment")
+    spans = df(store, logged_span_sql, filters, minute=logged_span_minute_sql).set_index("deployment")
     statuses = {s.deployment: s for s in contamination_status(store, filters)}
     out = []
     for deployment in sorted(chosen):

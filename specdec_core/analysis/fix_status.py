@@ -12,16 +12,19 @@ from specdec_core.analysis.status import KeySchemeChange, fmt_time, key_scheme_c
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
+
 # A key's scheme is its shape, as key_scheme_changes cuts it: all but its last ':'-separated part.
-HITS_AFTER_FIX_SQL = f"""
+def hits_after_fix_sql(where: str) -> str:
+    return f"""
 SELECT count(*) AS hits FROM requests r
-WHERE {{where}} AND r.cache_hit AND {deployment_label()} = ? AND r.ts > ? AND contains(r.cache_key, ':')
-  AND list_contains(?, left(r.cache_key, length(r.cache_key) - strpos(reverse(r.cache_key), ':')))
+WHERE {where} AND r.cache_hit AND {deployment_label()} = $deployment AND r.ts > $since
+  AND contains(r.cache_key, ':')
+  AND list_contains($old_prefixes, left(r.cache_key, length(r.cache_key) - strpos(reverse(r.cache_key), ':')))
 """
 
 
 def _hits_after(store: Store, filters: Filters, deployment: str, since: datetime, prefixes: list[str]) -> int:
-    frame = df(store, HITS_AFTER_FIX_SQL, filters, [deployment, since, prefixes])
+    frame = df(store, hits_after_fix_sql, filters, {"deployment": deployment, "since": since, "old_prefixes": prefixes})
     return int(frame.hits.iloc[0])
 
 

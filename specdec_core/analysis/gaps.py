@@ -28,13 +28,13 @@ class LoggingGap:
         return f"{self.field} is never set in this log: if requests do vary in it, log it"
 
 
-def _gaps_sql() -> str:
+def _gaps_sql(where: str) -> str:
     counts = ",\n".join(
         f"count(*) FILTER (WHERE r.cache_hit AND list_contains(r.unknown_fields, '{name}')) AS \"unknown:{name}\", "
         f"count(r.{name}) = 0 AND count(*) FILTER (WHERE list_contains(r.unknown_fields, '{name}')) = 0 "
         f"AS \"never:{name}\""
         for name in contract.IDENTITY_FIELDS if name not in ("prompt", "target_model"))
-    return f"SELECT count(*) FILTER (WHERE r.cache_hit) AS hits,\n{counts}\nFROM requests r WHERE {{where}}"
+    return f"SELECT count(*) FILTER (WHERE r.cache_hit) AS hits,\n{counts}\nFROM requests r WHERE {where}"
 
 
 # Fields whose null is a real value the contract defines (no draft, no seed, no stop): never set is no gap.
@@ -43,7 +43,7 @@ _NULL_IS_A_VALUE = frozenset({"draft_model", "num_speculative_tokens", "seed", "
 
 def logging_gaps(store: Store, filters: Filters = NO_FILTERS) -> list[LoggingGap]:
     """Identity fields unknown on some hits, then required ones never set, in the contract's order."""
-    row = df(store, _gaps_sql(), filters).iloc[0]
+    row = df(store, _gaps_sql, filters).iloc[0]
     hits = int(row["hits"])
     gaps = []
     for name in contract.IDENTITY_FIELDS:

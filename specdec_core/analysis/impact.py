@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from specdec_core.analysis.query import NO_FILTERS, Filters, df, native, run, time_bucket
+from specdec_core.analysis.query import NO_FILTERS, Filters, ask, df, execute, native, time_bucket
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
@@ -114,7 +114,8 @@ def _column(by: str, alias: str) -> str:
 
 # --- per consumer, arm or deployment ---------------------------------------------------------------------
 
-_BY_ROWS_SQL = """
+def _by_rows_sql(col: str, where: str) -> str:
+    return f"""
 SELECT {col} AS value, count(*) AS requests, count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
        count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS length_violations,
        min(r.ts) FILTER (WHERE h.contaminated OR r.output_tokens > r.max_tokens) AS first,
@@ -122,7 +123,8 @@ SELECT {col} AS value, count(*) AS requests, count(*) FILTER (WHERE h.contaminat
 FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where} GROUP BY ALL
 """
 
-_BY_WHOLE_SQL = """
+def _by_whole_sql(col: str, dims: str) -> str:
+    return f"""
 WITH a AS (SELECT {col} AS value, sum(c.requests)::BIGINT AS requests, sum(c.violations)::BIGINT AS violations,
                   min(c.first_violation) AS first_v, max(c.last_violation) AS last_v
            FROM summary_audience c WHERE {dims} GROUP BY ALL),
@@ -137,9 +139,9 @@ FROM a LEFT JOIN h USING (value)
 def impact(store: Store, by: str = "consumer", filters: Filters = NO_FILTERS) -> tuple[Impact, ...]:
     """Per value of `by` (consumer, experiment or deployment): its requests, the contaminated hits and length
     violations it received and the first and last of them; the most affected first."""
-    rows_sql = _BY_ROWS_SQL.replace("{col}", _column(by, "r"))
-    whole_sql = _BY_WHOLE_SQL.replace("{col}", _column(by, "c"))
-    frame = df(store, rows_sql, filters, whole=whole_sql)
+    row_column, summary_column = _column(by, "r"), _column(by, "c")
+    frame = df(store, lambda where: _by_rows_sql(row_column, where), filters,
+               whole=lambda dims: _by_whole_sql(summary_column, dims))
     out = [Impact(value=str(r["value"]), requests=int(r["requests"]), contaminated_hits=int(r["contaminated_hits"]),
                   length_violations=int(r["length_violations"]), first=_time(r["first"]), last=_time(r["last"]))
            for r in frame.to_dict("records")]
@@ -153,18 +155,21 @@ def _time(value: Any) -> datetime | None:
 
 # --- experiment arms ----------------------------------------------------------------------------------------
 
-_CROSS_ROWS_SQL = """
+def _cross_rows_sql(where: str) -> str:
+    return f"""
 SELECT coalesce(r.experiment, '') AS arm, coalesce(s.experiment, '') AS served_from, count(*) AS hits
 FROM requests r JOIN hit_sources h USING (request_id) LEFT JOIN requests s ON s.request_id = h.source_request_id
 WHERE h.contaminated AND {where} GROUP BY ALL
 """
-_CROSS_WHOLE_SQL = """
+def _cross_whole_sql(dims: str) -> str:
+    return f"""
 SELECT c.experiment AS arm, c.source_experiment AS served_from, count(*) AS hits
 FROM summary_impact_hits c WHERE {dims} GROUP BY ALL
 """
 
 # Each arm's sums over all its rows (a_*) and over its contaminated hits (c_*): clean = all - contaminated.
-_ARMS_ROWS_SQL = f"""
+def _arms_rows_sql(where: str) -> str:
+    return f"""
 SELECT coalesce(r.experiment, '') AS arm, count(*) AS a_n, sum(r.output_tokens) AS a_tokens,
        count(r.latency_ms) AS a_latency_n, sum(r.latency_ms) AS a_latency,
        sum(r.draft_tokens) FILTER (WHERE {summary.BOTH_TOKENS}) AS a_draft,
@@ -175,9 +180,10 @@ SELECT coalesce(r.experiment, '') AS arm, count(*) AS a_n, sum(r.output_tokens) 
        sum(r.latency_ms) FILTER (WHERE h.contaminated) AS c_latency,
        sum(r.draft_tokens) FILTER (WHERE h.contaminated AND {summary.BOTH_TOKENS}) AS c_draft,
        sum(r.accepted_tokens) FILTER (WHERE h.contaminated AND {summary.BOTH_TOKENS}) AS c_accepted
-FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {{where}} GROUP BY ALL
+FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where} GROUP BY ALL
 """
-_ARMS_WHOLE_SQL = """
+def _arms_whole_sql(dims: str) -> str:
+    return f"""
 WITH a AS (SELECT c.experiment AS arm, sum(c.requests) AS a_n, sum(c.output_tokens) AS a_tokens,
                   sum(c.latency_n) AS a_latency_n, sum(c.latency_sum) AS a_latency, sum(c.draft_tokens) AS a_draft,
                   sum(c.accepted_tokens) AS a_accepted
@@ -217,8 +223,8 @@ def _arm(row: dict[str, Any]) -> ArmFigures:
 def experiment_impact(store: Store, filters: Filters = NO_FILTERS) -> ExperimentImpact:
     """Which arm's outputs each arm received (the cross-feeding), and each arm's figures with and without its
     contaminated hits, so that an A/B comparison can be read again on clean rows."""
-    cross = df(store, _CROSS_ROWS_SQL, filters, whole=_CROSS_WHOLE_SQL)
-    arms = df(store, _ARMS_ROWS_SQL, filters, whole=_ARMS_WHOLE_SQL)
+    cross = df(store, _cross_rows_sql, filters, whole=_cross_whole_sql)
+    arms = df(store, _arms_rows_sql, filters, whole=_arms_whole_sql)
     feeding = sorted((CrossFeeding(str(r["arm"]), str(r["served_from"]), int(r["hits"]))
                       for r in cross.to_dict("records")), key=lambda c: (-c.hits, c.arm, c.served_from))
     figures = sorted((_arm(r) for r in arms.to_dict("records")), key=lambda a: (a.arm == "", a.arm))
@@ -227,8 +233,9 @@ def experiment_impact(store: Store, filters: Filters = NO_FILTERS) -> Experiment
 
 # --- for the page and the customer notice --------------------------------------------------------------------
 
-_OVER_TIME_ROWS_SQL = """
-SELECT time_bucket(CAST(? AS INTERVAL), r.ts) AS bucket, coalesce(r.consumer, '') AS consumer,
+def _over_time_rows_sql(where: str) -> str:
+    return f"""
+SELECT time_bucket(CAST($bucket AS INTERVAL), r.ts) AS bucket, coalesce(r.consumer, '') AS consumer,
        count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
        count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS length_violations
 FROM requests r LEFT JOIN hit_sources h USING (request_id)
@@ -236,13 +243,14 @@ WHERE {where} AND (h.contaminated OR r.output_tokens > r.max_tokens) GROUP BY AL
 """
 
 
-# Without a time range: the contaminated hits from their summary, the violations (few) from the rows.
-_OVER_TIME_WHOLE_SQL = """
+def _over_time_whole_sql(dims: str, where: str) -> str:
+    """Without a time range: the contaminated hits from their summary, the violations (few) from the rows."""
+    return f"""
 SELECT bucket, consumer, sum(hits)::BIGINT AS contaminated_hits, sum(violations)::BIGINT AS length_violations
-FROM (SELECT time_bucket(CAST(? AS INTERVAL), c.ts) AS bucket, c.consumer, count(*) AS hits, 0 AS violations
+FROM (SELECT time_bucket(CAST($bucket AS INTERVAL), c.ts) AS bucket, c.consumer, count(*) AS hits, 0 AS violations
       FROM summary_impact_hits c WHERE {dims} GROUP BY ALL
       UNION ALL
-      SELECT time_bucket(CAST(? AS INTERVAL), r.ts), coalesce(r.consumer, ''), 0, count(*)
+      SELECT time_bucket(CAST($bucket AS INTERVAL), r.ts), coalesce(r.consumer, ''), 0, count(*)
       FROM requests r WHERE r.output_tokens > r.max_tokens AND {where} GROUP BY ALL)
 GROUP BY ALL ORDER BY bucket, consumer
 """
@@ -252,24 +260,24 @@ def wrong_outputs_over_time(store: Store, filters: Filters = NO_FILTERS, bucket:
     """Per time bucket and consumer: the contaminated hits and length violations received (`wrong`: both)."""
     bucket = bucket or time_bucket(store, filters)
 
-    def whole(con: Any, dims: str, params: list[Any]) -> pd.DataFrame:
-        where, row_params = filters.where()
-        sql = _OVER_TIME_WHOLE_SQL.replace("{dims}", dims).replace("{where}", where)
-        return con.execute(sql, [bucket, *params, bucket, *row_params]).df()
+    def whole(con: Any, dims: str, params: dict[str, Any]) -> pd.DataFrame:
+        where, row_params = filters.named_where()
+        return execute(con, _over_time_whole_sql(dims, where), params | row_params | {"bucket": bucket}).df()
 
-    frame = df(store, _OVER_TIME_ROWS_SQL, filters, leading=[bucket], whole=whole)
+    frame = df(store, _over_time_rows_sql, filters, {"bucket": bucket}, whole_answer=whole)
     frame["wrong"] = frame["contaminated_hits"] + frame["length_violations"]
     return frame
 
 
-_AFFECTED_SQL = f"""
+def _affected_sql(where: str) -> str:
+    return f"""
 SELECT r.request_id, r.ts, CASE WHEN h.contaminated THEN 'contaminated_hit' ELSE 'length_violation' END AS kind,
        coalesce(r.consumer, '') AS consumer, coalesce(r.experiment, '') AS experiment,
        {deployment_label()} AS deployment, r.cache_key, h.source_request_id,
        coalesce(s.experiment, '') AS served_from, h.differing_fields, r.target_model, r.draft_model,
        r.max_tokens, r.output_tokens, left(r.output_text, 200) AS output_preview
 FROM requests r LEFT JOIN hit_sources h USING (request_id) LEFT JOIN requests s ON s.request_id = h.source_request_id
-WHERE {{where}} AND coalesce(r.consumer, '') = ? AND (h.contaminated OR r.output_tokens > r.max_tokens)
+WHERE {where} AND coalesce(r.consumer, '') = $consumer AND (h.contaminated OR r.output_tokens > r.max_tokens)
 ORDER BY r.ts, r.request_id
 """
 
@@ -278,7 +286,7 @@ def affected_requests(store: Store, consumer: str, filters: Filters = NO_FILTERS
     """The requests for which `consumer` ('' for none logged) received a contaminated hit or an over-long output:
     what a customer notice lists. A row that is both is listed once, as a contaminated hit."""
     with store.read() as con:
-        return run(con, _AFFECTED_SQL, filters, [consumer]).df()
+        return ask(con, _affected_sql, filters, {"consumer": consumer}).df()
 
 
 def affected_csv(store: Store, consumer: str, filters: Filters = NO_FILTERS) -> str:

@@ -9,17 +9,19 @@ from specdec_core.contract import fields as contract
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
-KEY_PROMPTS_SQL = f"""
+
+def key_prompts_sql(where: str) -> str:
+    return f"""
 SELECT r.fingerprint, any_value(r.prompt) AS prompt, any_value(r.prompt_hash) AS prompt_hash,
        min(r.ts) AS first_seen
-FROM requests r WHERE {{where}} AND {deployment_label()} = ? AND r.cache_key = ?
+FROM requests r WHERE {where} AND {deployment_label()} = $deployment AND r.cache_key = $cache_key
 GROUP BY r.fingerprint ORDER BY first_seen
 """
 
 
 def key_prompts(store: Store, deployment: str, cache_key: str, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Each identity behind a key with its prompt (None where the log kept only the hash)."""
-    return df(store, KEY_PROMPTS_SQL, filters, [deployment, cache_key])
+    return df(store, key_prompts_sql, filters, {"deployment": deployment, "cache_key": cache_key})
 
 
 def differing_identity_columns(identities: pd.DataFrame) -> list[str]:

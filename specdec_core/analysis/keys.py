@@ -13,17 +13,20 @@ from specdec_core.derived.summaries import key_hash
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
-KEY_COLLISIONS_SQL = f"""
+
+def key_collisions_sql(where: str) -> str:
+    return f"""
 SELECT {deployment_label()} AS deployment, r.cache_key, count(DISTINCT r.fingerprint) AS identities,
        count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
        min(r.ts) AS first_seen, max(r.ts) AS last_seen
-FROM requests r WHERE r.cache_key IS NOT NULL AND {{where}}
+FROM requests r WHERE r.cache_key IS NOT NULL AND {where}
 GROUP BY ALL HAVING count(DISTINCT r.fingerprint) > 1
-ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
+ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT $limit
 """
 
 
-KEY_COLLISIONS_WHOLE_SQL = """
+def key_collisions_whole_sql(dims: str) -> str:
+    return f"""
 WITH shared AS (
     SELECT c.key_id, count(*) AS identities, sum(c.requests)::BIGINT AS requests, sum(c.hits)::BIGINT AS hits,
            min(c.first_seen) AS first_seen, max(c.last_seen) AS last_seen,
@@ -32,34 +35,36 @@ WITH shared AS (
     GROUP BY c.key_id HAVING count(*) > 1
 )
 SELECT deployment, cache_key, identities, requests, hits, first_seen, last_seen FROM shared
-ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
+ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT $limit
 """
 
 
 # A time range: a key shared within it is shared in the whole log, so only the per-request key hashes of the keys
 # the summary lists as shared are grouped, and the groups take their key's text from that list.
-KEY_COLLISIONS_SHARED_SQL = f"""
+def key_collisions_shared_sql(source: str, where: str) -> str:
+    return f"""
 WITH shared AS (
     SELECT DISTINCT {key_hash("deployment", "cache_key")} AS key_hash, deployment, cache_key FROM summary_shared_keys
 ), g AS (
     SELECT r.key_hash, count(DISTINCT r.identity_hash) AS identities, count(*) AS requests,
            count(*) FILTER (WHERE r.cache_hit) AS hits, min(r.ts) AS first_seen, max(r.ts) AS last_seen
-    FROM summary_request_keys r SEMI JOIN shared s USING (key_hash) WHERE {{where}}
+    FROM summary_request_keys r SEMI JOIN shared s USING (key_hash) WHERE {where}
     GROUP BY 1 HAVING count(DISTINCT r.identity_hash) > 1
 )
 SELECT s.deployment, s.cache_key, g.identities, g.requests, g.hits, g.first_seen, g.last_seen
 FROM g JOIN shared s USING (key_hash)
-ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT ?
+ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT $limit
 """
 
 
 def key_collisions(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
     """Cache keys shared by more than one identity."""
-    return df(store, KEY_COLLISIONS_SQL, filters, [limit], whole=KEY_COLLISIONS_WHOLE_SQL,
-              ranged=KEY_COLLISIONS_SHARED_SQL)
+    return df(store, key_collisions_sql, filters, {"limit": limit}, whole=key_collisions_whole_sql,
+              ranged=key_collisions_shared_sql)
 
 
-KEY_COLLISION_IDENTITIES_SQL = f"""
+def key_collision_identities_sql(where: str) -> str:
+    return f"""
 SELECT r.fingerprint, arg_min(r.request_id, (r.ts, r.request_id)) AS first_request_id, count(*) AS requests,
        count(*) FILTER (WHERE r.cache_hit) AS hits,
        min(r.ts) AS first_seen, max(r.ts) AS last_seen, any_value(r.target_model) AS target_model,
@@ -68,7 +73,7 @@ SELECT r.fingerprint, arg_min(r.request_id, (r.ts, r.request_id)) AS first_reque
        any_value(r.seed)::VARCHAR AS seed, any_value(r.tokenizer_version) AS tokenizer_version,
        any_value(i.identity)::VARCHAR AS identity
 FROM requests r JOIN identities i USING (fingerprint)
-WHERE {{where}} AND {deployment_label()} = ? AND r.cache_key = ?
+WHERE {where} AND {deployment_label()} = $deployment AND r.cache_key = $cache_key
 GROUP BY r.fingerprint ORDER BY first_seen
 """
 
@@ -76,6 +81,6 @@ GROUP BY r.fingerprint ORDER BY first_seen
 def key_collision_identities(store: Store, deployment: str, cache_key: str,
                              filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """The identities that shared one cache key, with counts and first/last seen."""
-    return df(store, KEY_COLLISION_IDENTITIES_SQL, filters, [deployment, cache_key])
+    return df(store, key_collision_identities_sql, filters, {"deployment": deployment, "cache_key": cache_key})
 
 

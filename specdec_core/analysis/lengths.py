@@ -16,7 +16,9 @@ from specdec_core.derived.summaries import histogram_quantiles
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
-OUTPUT_LENGTH_BY_MAX_TOKENS_SQL = """
+
+def output_length_by_max_tokens_sql(where: str) -> str:
+    return f"""
 SELECT r.max_tokens, count(*) AS requests, min(r.output_tokens) AS min,
        quantile_cont(r.output_tokens, 0.25) AS q1, median(r.output_tokens) AS median,
        quantile_cont(r.output_tokens, 0.75) AS q3, max(r.output_tokens) AS max,
@@ -26,7 +28,7 @@ GROUP BY ALL ORDER BY r.max_tokens
 """
 
 
-def _lengths_from_histogram(con: Any, dims: str, params: list[Any]) -> pd.DataFrame:
+def _lengths_from_histogram(con: Any, dims: str, params: dict[str, Any]) -> pd.DataFrame:
     source = f"(SELECT c.max_tokens AS key, c.value, c.n FROM summary_lengths c WHERE {dims})"
     s = histogram_quantiles(con, source, params, {"q1": 0.25, "median": 0.5, "q3": 0.75}, count_above_key=True)
     return pd.DataFrame({"max_tokens": s["key"], "requests": s["total"], "min": s["min"], "q1": s["q1"],
@@ -35,21 +37,22 @@ def _lengths_from_histogram(con: Any, dims: str, params: list[Any]) -> pd.DataFr
 
 def output_length_by_max_tokens(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Distribution of output tokens per max_tokens (box statistics), with violation counts."""
-    return df(store, OUTPUT_LENGTH_BY_MAX_TOKENS_SQL, filters, whole=_lengths_from_histogram)
+    return df(store, output_length_by_max_tokens_sql, filters, whole_answer=_lengths_from_histogram)
 
 
-LENGTH_VIOLATIONS_SQL = f"""
+def length_violations_sql(where: str) -> str:
+    return f"""
 SELECT r.request_id, r.ts, {deployment_label()} AS deployment, r.max_tokens, r.output_tokens,
        r.cache_hit, h.source_request_id, r.target_model, {draft_label()} AS draft_model, r.temperature,
        r.cache_key
 FROM requests r LEFT JOIN hit_sources h USING (request_id)
-WHERE {{where}} AND r.output_tokens > r.max_tokens
-ORDER BY r.ts, r.request_id LIMIT ?
+WHERE {where} AND r.output_tokens > r.max_tokens
+ORDER BY r.ts, r.request_id LIMIT $limit
 """
 
 
 def length_violations(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
     """Requests whose output is longer than their max_tokens allows."""
-    return df(store, LENGTH_VIOLATIONS_SQL, filters, [limit])
+    return df(store, length_violations_sql, filters, {"limit": limit})
 
 

@@ -10,9 +10,9 @@ from specdec_core.analysis.query import (
     HITS,
     NO_FILTERS,
     Filters,
+    ask,
     draft_label,
     row,
-    run,
 )
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
@@ -69,16 +69,17 @@ def _time_span(con: Any, start: Any, end: Any, limits: tuple[datetime, datetime]
         return None, None, 0
     if limits[0] <= start and end <= limits[1] and (end - start).days <= 366:
         return start, end, 0  # no outliers worth the scan
-    low, high = con.execute("SELECT quantile_disc(ts, ?), quantile_disc(ts, ?) FROM requests",
-                            list(SPAN_QUANTILES)).fetchall()[0]
+    low, high = con.execute("SELECT quantile_disc(ts, $low), quantile_disc(ts, $high) FROM requests",
+                            dict(zip(("low", "high"), SPAN_QUANTILES, strict=True))).fetchall()[0]
     margin = max(high - low, timedelta(hours=1))
     # The window's bounds, kept within the limits ...
     low = low - margin if low - limits[0] > margin else limits[0]
     high = high + margin if limits[1] - high > margin else limits[1]
     # ... then the first and last requests inside it.
     low, high, outside = con.execute(
-        "SELECT min(ts) FILTER (WHERE ts >= $1), max(ts) FILTER (WHERE ts <= $2), "
-        "count(*) FILTER (WHERE ts < $1 OR ts > $2) FROM requests", [max(low, limits[0]), min(high, limits[1])]
+        "SELECT min(ts) FILTER (WHERE ts >= $low), max(ts) FILTER (WHERE ts <= $high), "
+        "count(*) FILTER (WHERE ts < $low OR ts > $high) FROM requests",
+        {"low": max(low, limits[0]), "high": min(high, limits[1])}
     ).fetchall()[0]
     if low is None:  # every request lies beyond the limits
         low = high = min(max(start, limits[0]), limits[1])
@@ -87,7 +88,8 @@ def _time_span(con: Any, start: Any, end: Any, limits: tuple[datetime, datetime]
 
 # --- the headline numbers ----------------------------------------------------------------------------------
 
-HEADLINE_SQL = """
+def headline_sql(where: str) -> str:
+    return f"""
 SELECT count(*) AS requests,
        count(*) FILTER (WHERE r.cache_hit) AS hits,
        avg(r.cache_hit::INT) AS hit_rate,
@@ -99,24 +101,26 @@ SELECT count(*) AS requests,
 FROM requests r LEFT JOIN hit_sources h USING (request_id)
 WHERE {where}
 """
-HEADLINE_MINUTE_SQL = f"""
+def headline_minute_sql(source: str) -> str:
+    return f"""
 SELECT coalesce(sum(c.requests), 0)::BIGINT AS requests, {HITS}::BIGINT AS hits,
        {HITS} / sum(c.requests) AS hit_rate,
        coalesce(sum(c.contaminated), 0)::BIGINT AS contaminated_hits,
        sum(c.contaminated) / nullif({HITS}, 0) AS contaminated_rate,
        coalesce(sum(c.violations), 0)::BIGINT AS length_violations,
        min(c.first_ts) AS first_ts, max(c.last_ts) AS last_ts
-FROM {{source}} c
+FROM {source} c
 """
 
 # A time range: the rows fold once to their distinct (deployment, key, identity) triples; the three counts
 # are taken from those, a few hundred thousand rows however many millions the range holds. A request whose
 # log leaves its cache key unknown has no key to count, share or collide on: it is left out, as the
 # summaries leave it out.
-KEY_COUNTS_SQL = f"""
+def key_counts_sql(where: str) -> str:
+    return f"""
 WITH p AS MATERIALIZED (
     SELECT {deployment_label()} AS deployment, r.cache_key, r.fingerprint FROM requests r
-    WHERE r.cache_key IS NOT NULL AND {{where}} GROUP BY ALL
+    WHERE r.cache_key IS NOT NULL AND {where} GROUP BY ALL
 )
 SELECT (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, cache_key)) AS unique_keys,
        (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, fingerprint)) AS unique_identities,
@@ -125,13 +129,15 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, cache_key)) A
 # The same where the summaries stand (a time range, the dashboard's path): over summary_request_keys, keys and
 # identities as the 64-bit hashes stored there, a few integers a row instead of two 64-character texts; exact
 # but for a hash collision among the range's keys. The text path above stays the reference the tests hold it to.
-KEY_COUNTS_RANGE_SQL = """
+def key_counts_range_sql(source: str, where: str) -> str:
+    return f"""
 WITH p AS MATERIALIZED (SELECT r.key_hash, r.identity_hash FROM summary_request_keys r WHERE {where} GROUP BY ALL)
 SELECT (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY key_hash)) AS unique_keys,
        (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY identity_hash)) AS unique_identities,
        (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY key_hash HAVING count(*) > 1)) AS key_collisions
 """
-KEY_COUNTS_WHOLE_SQL = """
+def key_counts_whole_sql(dims: str) -> str:
+    return f"""
 WITH k AS (SELECT deployment, key_id, fp_id FROM summary_keys c WHERE {dims})
 SELECT (SELECT count(DISTINCT key_id) FROM k) AS unique_keys,
        (SELECT count(DISTINCT (deployment, fp_id)) FROM k) AS unique_identities,
@@ -142,7 +148,7 @@ SELECT (SELECT count(DISTINCT key_id) FROM k) AS unique_keys,
 
 @dataclass(frozen=True)
 class HeadlineCounts:
-    """The headline's counts (HEADLINE_SQL's columns, in its order)."""
+    """The headline's counts (headline_sql's columns, in its order)."""
 
     requests: int
     hits: int
@@ -166,7 +172,7 @@ class Headline(HeadlineCounts):
 
 
 def _counts(con: Any, filters: Filters) -> dict[str, Any]:
-    return row(run(con, HEADLINE_SQL, filters, minute=HEADLINE_MINUTE_SQL))
+    return row(ask(con, headline_sql, filters, minute=headline_minute_sql))
 
 
 def headline_counts(store: Store, filters: Filters = NO_FILTERS) -> HeadlineCounts:
@@ -179,7 +185,7 @@ def headline(store: Store, filters: Filters = NO_FILTERS) -> Headline:
     """Requests, hit rate, contaminated hits, length violations, collisions, keys per identity."""
     with store.read() as con:  # one connection for the three: opening one costs as much as a small query
         out = _counts(con, filters)
-        out.update(row(run(con, KEY_COUNTS_SQL, filters, whole=KEY_COUNTS_WHOLE_SQL, ranged=KEY_COUNTS_RANGE_SQL)))
+        out.update(row(ask(con, key_counts_sql, filters, whole=key_counts_whole_sql, ranged=key_counts_range_sql)))
         out["quarantined"] = con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
     out["keys_per_identity"] = (out["unique_keys"] / out["unique_identities"]) if out["unique_identities"] else None
     return Headline(**out)

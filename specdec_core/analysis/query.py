@@ -13,7 +13,6 @@ from typing import Any
 import pandas as pd
 
 from specdec_core.derived import summaries as summary
-from specdec_core.derived.summaries import minute_source
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
@@ -25,12 +24,6 @@ class Filters:
     deployments: tuple[str, ...] = ()
     target_models: tuple[str, ...] = ()
     draft_models: tuple[str, ...] = ()  # NO_DRAFT selects requests without speculation
-
-    def where(self, alias: str = "r") -> tuple[str, list[Any]]:
-        """A WHERE clause over the requests table and its parameters (positional)."""
-        conditions = self._conditions(alias)
-        return (" AND ".join(["TRUE", *(re.sub(r"\$\w+", "?", c) for c, _, _ in conditions)]),
-                [value for _, _, value in conditions])
 
     def named_where(self, alias: str = "r") -> tuple[str, dict[str, Any]]:
         """A WHERE clause over the requests table and its parameters, bound by name (`$filter_...`)."""
@@ -61,23 +54,28 @@ HITS = "coalesce(sum(c.requests) FILTER (WHERE c.cache_hit), 0)"
 draft_label = summary.draft_label
 
 
-# Answers a question without a time range from the summaries: (connection, {dims} clause, its params).
-WholeAnswer = Callable[[Any, str, list[Any]], pd.DataFrame]
+# A question's SQL, built around what it reads: the filters' condition over `requests r` (rows), a
+# relation shaped like summary_minute (minute), the filters other than time over a summary table `c`
+# (whole), or both a minute relation and the row condition (ranged). Parameters are bound by name.
+Rows = Callable[[str], str]
+Minutes = Callable[[str], str]
+Whole = Callable[[str], str]
+Ranged = Callable[[str, str], str]
+# Answers a question without a time range from the summaries: (connection, dims condition, its params).
+WholeAnswer = Callable[[Any, str, dict[str, Any]], pd.DataFrame]
 
 
-def df(store: Store, sql: str, filters: Filters, extra: list[Any] | None = None,
-        leading: list[Any] | None = None, *, minute: str | None = None,
-        whole: str | WholeAnswer | None = None, ranged: str | None = None) -> pd.DataFrame:
-    """Answer a question: from the summaries when they can (`minute` SQL over {source}, a relation shaped
-    like summary_minute; `whole` SQL with {dims}, or a function of it, without a time range; `ranged` SQL,
-    the rows helped by the summaries, over {source} and {where} in any order), else `sql` over the rows
-    with the filters' WHERE (as often as it says {where}). `leading`/`extra` bind the ? before and after."""
+def df(store: Store, rows: Rows, filters: Filters, params: dict[str, Any] | None = None, *,
+       minute: Minutes | None = None, whole: Whole | None = None, ranged: Ranged | None = None,
+       whole_answer: WholeAnswer | None = None) -> pd.DataFrame:
+    """Answer a question: from the summaries when they can (`minute` over a relation shaped like
+    summary_minute; `whole`, or `whole_answer`, without a time range; `ranged`, the rows helped by the
+    summaries), else `rows` over the requests with the filters' condition. Each builder is a function of
+    what it reads; `params` are the question's own, bound by name beside the filters' `$filter_*`."""
     with store.read() as con:
-        if callable(whole):
-            if whole_from_summaries(con, filters):
-                return whole(con, *summary.dimension_where(filters))
-            whole = None
-        return run(con, sql, filters, extra, leading, minute=minute, whole=whole, ranged=ranged).df()
+        if whole_answer is not None and whole_from_summaries(con, filters):
+            return whole_answer(con, *summary.named_dimension_where(filters))
+        return ask(con, rows, filters, params, minute=minute, whole=whole, ranged=ranged).df()
 
 
 def whole_from_summaries(con: Any, filters: Filters) -> bool:
@@ -85,36 +83,33 @@ def whole_from_summaries(con: Any, filters: Filters) -> bool:
     return filters.start is None and filters.end is None and summary.ready(con)
 
 
-def run(con: Any, sql: str, filters: Filters, extra: list[Any] | None = None, leading: list[Any] | None = None,
-         *, minute: str | None = None, whole: str | None = None, ranged: str | None = None) -> Any:
-    extra, leading = extra or [], leading or []
+def ask(con: Any, rows: Rows, filters: Filters, params: dict[str, Any] | None = None, *,
+        minute: Minutes | None = None, whole: Whole | None = None, ranged: Ranged | None = None) -> Any:
+    """Run the question's best builder (as `df` chooses) and return the cursor."""
+    params = dict(params or {})
+    where, where_params = filters.named_where()
     if minute is not None and summary.ready(con):
-        chosen = minute
+        source, source_params = summary.named_minute_source(filters, (where, where_params))
+        sql, params = minute(source), params | source_params
     elif whole is not None and whole_from_summaries(con, filters):
-        dims, params = summary.dimension_where(filters)
-        return con.execute(whole.replace("{dims}", dims), leading + params * whole.count("{dims}") + extra)
+        dims, dim_params = summary.named_dimension_where(filters)
+        sql, params = whole(dims), params | dim_params
     elif ranged is not None and summary.ready(con):
-        chosen = ranged
+        source, source_params = summary.named_minute_source(filters, (where, where_params))
+        sql, params = ranged(source, where), params | source_params | where_params
     else:
-        chosen = sql
-    text, params = _bind_rows_and_source(chosen, filters)
-    return con.execute(text, leading + params + extra)
+        sql, params = rows(where), params | where_params
+    return execute(con, sql, params)
 
 
-def _bind_rows_and_source(sql: str, filters: Filters) -> tuple[str, list[Any]]:
-    """`sql` with each {where} and {source} filled in, and their parameters in the order they stand."""
-    where = filters.where()
-    source = minute_source(filters, where) if "{source}" in sql else None
-    parts, params = [], []
-    for piece in re.split(r"(\{where\}|\{source\})", sql):
-        text, bound = (where if piece == "{where}" else source if piece == "{source}" else (piece, []))
-        parts.append(text)
-        params += bound
-    return "".join(parts), params
+def execute(con: Any, sql: str, params: dict[str, Any]) -> Any:
+    """`sql` with the parameters it names: DuckDB refuses any it does not."""
+    named = set(re.findall(r"\$(\w+)", sql))
+    return con.execute(sql, {name: value for name, value in params.items() if name in named})
 
 
-def one(store: Store, sql: str, filters: Filters, **summaries: str) -> dict[str, Any]:
-    frame = df(store, sql, filters, **summaries)
+def one(store: Store, rows: Rows, filters: Filters, **summaries: Any) -> dict[str, Any]:
+    frame = df(store, rows, filters, **summaries)
     return {k: native(v) for k, v in frame.iloc[0].items()}
 
 
@@ -132,10 +127,17 @@ def _bucket_for(span_seconds: float) -> str:
     return "1 day"
 
 
+def time_span_sql(where: str) -> str:
+    return f"SELECT epoch(max(ts)) - epoch(min(ts)) AS span FROM requests r WHERE {where}"
+
+
+def time_span_minute_sql(source: str) -> str:
+    return f"SELECT epoch(max(last_ts)) - epoch(min(first_ts)) AS span FROM {source} c"
+
+
 def time_bucket(store: Store, filters: Filters) -> str:
     """An interval that gives a readable number of points over the filtered time range."""
-    span = one(store, "SELECT epoch(max(ts)) - epoch(min(ts)) AS span FROM requests r WHERE {where}", filters,
-                minute="SELECT epoch(max(last_ts)) - epoch(min(first_ts)) AS span FROM {source} c")["span"]
+    span = one(store, time_span_sql, filters, minute=time_span_minute_sql)["span"]
     return _bucket_for(float(span or 0))
 
 
@@ -144,7 +146,8 @@ def row(cursor: Any) -> dict[str, Any]:
     return {k: native(v) for k, v in zip(names, cursor.fetchall()[0], strict=True)}
 
 
-def over_time(store: Store, sql: str, minute_sql: str, filters: Filters, bucket: str | None) -> pd.DataFrame:
-    """A question asked per time bucket (default: one that gives a readable number of points)."""
+def over_time(store: Store, rows: Rows, minute: Minutes, filters: Filters, bucket: str | None) -> pd.DataFrame:
+    """A question asked per time bucket, bound as `$bucket` (default: one that gives a readable number of
+    points)."""
     # Summary minutes align with every bucket offered (1 minute to 1 day, UTC).
-    return df(store, sql, filters, leading=[bucket or time_bucket(store, filters)], minute=minute_sql)
+    return df(store, rows, filters, {"bucket": bucket or time_bucket(store, filters)}, minute=minute)

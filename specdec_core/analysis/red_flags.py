@@ -40,10 +40,12 @@ RED_FLAG_IDS: tuple[str, ...] = ("identical_outputs", "replay_disagrees", "biase
                                  "hit_rate_too_good", "few_keys")
 
 
-# `{pairs}`: (out_hash, fingerprint, hits), the requests folded to their (output, identity) pairs first, so only
-# those meet the identities table. Outputs are grouped by a hash of the text: a heuristic count.
-_SHARED_OUTPUTS = f"""
-WITH f AS ({{pairs}}), o AS (
+def shared_outputs_sql(pairs: str) -> str:
+    """Outputs returned for more than one identity, over `pairs`: (out_hash, fingerprint, hits), the requests
+    folded to their (output, identity) pairs first, so only those meet the identities table. Outputs are
+    grouped by a hash of the text: a heuristic count."""
+    return f"""
+WITH f AS ({pairs}), o AS (
     -- Greedy speculative decoding is lossless: identities that differ only in their draft share outputs
     -- legitimately, so the draft fields count only for sampled requests.
     SELECT f.out_hash, count(DISTINCT ({output_identity_columns()})) AS identities, sum(f.hits) AS hits
@@ -54,17 +56,25 @@ SELECT count(*) FILTER (WHERE identities > 1) AS shared_outputs,
        coalesce(sum(hits), 0)::BIGINT AS hits
 FROM o
 """
-# Over the rows: DuckDB's 64-bit hash, within one query.
-SHARED_OUTPUTS_SQL = _SHARED_OUTPUTS.replace(
-    "{pairs}", "SELECT hash(r.output_text) AS out_hash, r.fingerprint, count(*) FILTER (WHERE r.cache_hit) AS hits "
-               "FROM requests r WHERE {where} GROUP BY 1, 2")
-# Without a time range, from the outputs summary (texts by their MD5 there): no output text is read.
-SHARED_OUTPUTS_WHOLE_SQL = _SHARED_OUTPUTS.replace(
-    "{pairs}", "SELECT c.out_hash, c.fingerprint, sum(c.hits) AS hits FROM summary_outputs c WHERE {dims} GROUP BY 1, 2")
 
-# A time range: over summary_request_outputs, the output and its deciding identity fields as stored 64-bit hashes
-# (the rows' answer counts the fields themselves: exact but for a hash collision among the range's identities).
-SHARED_OUTPUTS_RANGE_SQL = """
+
+def shared_outputs_rows_sql(where: str) -> str:
+    """Over the rows: DuckDB's 64-bit hash, within one query."""
+    return shared_outputs_sql("SELECT hash(r.output_text) AS out_hash, r.fingerprint, "
+                              f"count(*) FILTER (WHERE r.cache_hit) AS hits FROM requests r WHERE {where} GROUP BY 1, 2")
+
+
+def shared_outputs_whole_sql(dims: str) -> str:
+    """Without a time range, from the outputs summary (texts by their MD5 there): no output text is read."""
+    return shared_outputs_sql("SELECT c.out_hash, c.fingerprint, sum(c.hits) AS hits FROM summary_outputs c "
+                              f"WHERE {dims} GROUP BY 1, 2")
+
+
+def shared_outputs_range_sql(source: str, where: str) -> str:
+    """A time range: over summary_request_outputs, the output and its deciding identity fields as stored
+    64-bit hashes (the rows' answer counts the fields themselves: exact but for a hash collision among the
+    range's identities). The minute relation `source` is not needed."""
+    return f"""
 WITH o AS (
     SELECT r.out_hash, count(DISTINCT r.out_identity) AS identities, count(*) FILTER (WHERE r.cache_hit) AS hits
     FROM summary_request_outputs r WHERE {where} GROUP BY 1
@@ -75,7 +85,9 @@ SELECT count(*) FILTER (WHERE identities > 1) AS shared_outputs,
 FROM o
 """
 
-HIT_RATE_TREND_SQL = """
+
+def hit_rate_trend_sql(where: str) -> str:
+    return f"""
 -- The window split at its midpoint in time: two aggregate passes, no sort.
 WITH w AS (SELECT min(r.ts) + (max(r.ts) - min(r.ts)) / 2 AS mid FROM requests r WHERE {where})
 SELECT avg(r.cache_hit::INT) FILTER (WHERE r.ts < w.mid) AS first_half,
@@ -83,19 +95,23 @@ SELECT avg(r.cache_hit::INT) FILTER (WHERE r.ts < w.mid) AS first_half,
 FROM requests r, w WHERE {where}
 """
 
-EXPERIMENT_BIAS_SQL = f"""
+
+def experiment_bias_sql(where: str) -> str:
+    return f"""
 -- Grouped by the arm's columns, labelled after: one string per arm, not per request.
 SELECT target_model || ' / ' || draft || ' / T=' || temperature AS arm, requests, contaminated FROM (
     SELECT r.target_model, {draft_label()} AS draft, r.temperature, count(*) AS requests,
            count(h.request_id) AS contaminated
     FROM requests r LEFT JOIN (SELECT request_id FROM hit_sources WHERE contaminated) h USING (request_id)
-    WHERE {{where}} GROUP BY ALL HAVING count(h.request_id) > 0
+    WHERE {where} GROUP BY ALL HAVING count(h.request_id) > 0
 )
 ORDER BY contaminated DESC, arm LIMIT 5
 """
 
-# The same arms from the minute summary, whose rows are per target, draft and temperature already.
-EXPERIMENT_BIAS_MINUTE_SQL = """
+
+def experiment_bias_minute_sql(source: str) -> str:
+    """The same arms from the minute summary, whose rows are per target, draft and temperature already."""
+    return f"""
 SELECT target_model || ' / ' || draft_model || ' / T=' || temperature AS arm, requests, contaminated FROM (
     SELECT c.target_model, c.draft_model, c.temperature, sum(c.requests)::BIGINT AS requests,
            sum(c.contaminated)::BIGINT AS contaminated
@@ -104,7 +120,9 @@ SELECT target_model || ' / ' || draft_model || ' / T=' || temperature AS arm, re
 ORDER BY contaminated DESC, arm LIMIT 5
 """
 
-REPLAY_SUMMARY_SQL = """
+
+def replay_summary_sql(where: str) -> str:
+    return f"""
 SELECT count(*) AS replays, count(*) FILTER (WHERE p.classification NOT IN ('match', 'near_tie', 'unavailable'))
        AS disagreeing
 FROM (SELECT DISTINCT ON (request_id) * FROM replays ORDER BY request_id, replayed_at DESC) p
@@ -118,8 +136,9 @@ FIRST_SIGHT_HIT_SHARE = 0.05
 
 
 def _identical_outputs(store: Store, filters: Filters, head: HeadlineCounts) -> RedFlag:
-    shared = one(store, SHARED_OUTPUTS_SQL, filters, whole=SHARED_OUTPUTS_WHOLE_SQL, ranged=SHARED_OUTPUTS_RANGE_SQL)
-    trend = one(store, HIT_RATE_TREND_SQL, filters)
+    shared = one(store, shared_outputs_rows_sql, filters, whole=shared_outputs_whole_sql,
+                 ranged=shared_outputs_range_sql)
+    trend = one(store, hit_rate_trend_sql, filters)
     rising = (trend["second_half"] or 0) > (trend["first_half"] or 0)
     shared_share = shared["hits_with_shared_output"] / shared["hits"] if shared["hits"] else 0.0
     return RedFlag(
@@ -134,7 +153,7 @@ def _identical_outputs(store: Store, filters: Filters, head: HeadlineCounts) -> 
 
 
 def _replay_disagrees(store: Store, filters: Filters) -> RedFlag:
-    replays = one(store, REPLAY_SUMMARY_SQL, filters)
+    replays = one(store, replay_summary_sql, filters)
     title = "Offline replay does not match production"
     if not replays["replays"]:
         return RedFlag("replay_disagrees", title, None,
@@ -148,7 +167,7 @@ def _replay_disagrees(store: Store, filters: Filters) -> RedFlag:
 
 
 def _biased_experiments(store: Store, filters: Filters) -> RedFlag:
-    arms = df(store, EXPERIMENT_BIAS_SQL, filters, minute=EXPERIMENT_BIAS_MINUTE_SQL)
+    arms = df(store, experiment_bias_sql, filters, minute=experiment_bias_minute_sql)
     worst = "; ".join(f"{a.arm}: {a.contaminated} of {a.requests}" for a in arms.itertuples())
     return RedFlag(
         "biased_experiments", "Experiment arms compared on each other's outputs", not arms.empty,

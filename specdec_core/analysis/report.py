@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from specdec_core.analysis import NO_FILTERS, Filters
+from specdec_core.analysis.query import execute
 from specdec_core.store.connection import Store
 
 KINDS = ("contaminated_hit", "length_violation", "replay_mismatch")
@@ -28,39 +30,55 @@ _COMMON = (f"r.request_id, {_RFC3339} AS ts, {{kind}} AS kind, r.cache_key, {{so
            "r.tokenizer_version, r.deployment, r.output_tokens, {classification} AS classification, "
            "{detail} AS detail, r.ts AS sort_ts")
 
-MISMATCH_REPORT_SQL = {
-    "contaminated_hit": "SELECT " + _COMMON.format(
-        kind="'contaminated_hit'", source="h.source_request_id", differing="h.differing_fields",
-        classification="NULL",
-        detail="CASE WHEN h.fingerprint_mismatch THEN 'cached_fingerprint differs from the request identity' "
-               "END",
-    ) + " FROM requests r JOIN hit_sources h USING (request_id) WHERE {where} AND h.contaminated",
-    "length_violation": "SELECT " + _COMMON.format(
-        # The contract defines source_request_id for contaminated hits; the Mismatches page shows it here.
-        kind="'length_violation'", source="NULL", differing="NULL", classification="NULL",
-        detail="'output_tokens ' || r.output_tokens || ' > max_tokens ' || r.max_tokens",
-    ) + " FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where} "
-        "AND r.output_tokens > r.max_tokens",
-    # The latest replay of each request decides; `match` and `near_tie` are not mismatches of the cache.
-    "replay_mismatch": "SELECT " + _COMMON.format(
-        kind="'replay_mismatch'", source="p.source_request_id", differing="h.differing_fields",
-        classification="p.classification",
-        detail="'similarity ' || round(p.similarity, 3) || ', first divergent token ' "
-               "|| coalesce(p.first_divergent_token::VARCHAR, '-')",
-    ) + " FROM (SELECT DISTINCT ON (request_id) * FROM replays ORDER BY request_id, replayed_at DESC) p "
-        "JOIN requests r USING (request_id) LEFT JOIN hit_sources h USING (request_id) "
-        "WHERE {where} AND p.classification NOT IN ('match', 'near_tie')",
+_CONTAMINATED_HIT_COLUMNS = _COMMON.format(
+    kind="'contaminated_hit'", source="h.source_request_id", differing="h.differing_fields", classification="NULL",
+    detail="CASE WHEN h.fingerprint_mismatch THEN 'cached_fingerprint differs from the request identity' END",
+)
+_LENGTH_VIOLATION_COLUMNS = _COMMON.format(
+    # The contract defines source_request_id for contaminated hits; the Mismatches page shows it here.
+    kind="'length_violation'", source="NULL", differing="NULL", classification="NULL",
+    detail="'output_tokens ' || r.output_tokens || ' > max_tokens ' || r.max_tokens",
+)
+_REPLAY_MISMATCH_COLUMNS = _COMMON.format(
+    kind="'replay_mismatch'", source="p.source_request_id", differing="h.differing_fields",
+    classification="p.classification",
+    detail="'similarity ' || round(p.similarity, 3) || ', first divergent token ' "
+           "|| coalesce(p.first_divergent_token::VARCHAR, '-')",
+)
+
+
+def contaminated_hit_sql(where: str) -> str:
+    return (f"SELECT {_CONTAMINATED_HIT_COLUMNS} FROM requests r JOIN hit_sources h USING (request_id) "
+            f"WHERE {where} AND h.contaminated")
+
+
+def length_violation_sql(where: str) -> str:
+    return (f"SELECT {_LENGTH_VIOLATION_COLUMNS} FROM requests r LEFT JOIN hit_sources h USING (request_id) "
+            f"WHERE {where} AND r.output_tokens > r.max_tokens")
+
+
+def replay_mismatch_sql(where: str) -> str:
+    """The latest replay of each request decides; `match` and `near_tie` are not mismatches of the cache."""
+    return (f"SELECT {_REPLAY_MISMATCH_COLUMNS} "
+            "FROM (SELECT DISTINCT ON (request_id) * FROM replays ORDER BY request_id, replayed_at DESC) p "
+            "JOIN requests r USING (request_id) LEFT JOIN hit_sources h USING (request_id) "
+            f"WHERE {where} AND p.classification NOT IN ('match', 'near_tie')")
+
+
+MISMATCH_REPORT_SQL: dict[str, Callable[[str], str]] = {
+    "contaminated_hit": contaminated_hit_sql, "length_violation": length_violation_sql,
+    "replay_mismatch": replay_mismatch_sql,
 }
 
 
-def _parts(filters: Filters, kinds: Iterable[str]) -> tuple[list[tuple[str, str]], list]:
-    """(kind, SQL) of each chosen kind, in the report's order, and the filters' parameters for one part."""
+def _parts(filters: Filters, kinds: Iterable[str]) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """(kind, SQL) of each chosen kind, in the report's order, and the filters' parameters (by name)."""
     kinds = list(kinds)
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise ValueError(f"report kind {', '.join(unknown)} is unknown; known: {', '.join(KINDS)}")
-    where, params = filters.where()
-    return [(k, MISMATCH_REPORT_SQL[k].replace("{where}", where)) for k in KINDS if k in kinds], params
+    where, params = filters.named_where()
+    return [(k, MISMATCH_REPORT_SQL[k](where)) for k in KINDS if k in kinds], params
 
 
 def mismatch_report(store: Store, filters: Filters = NO_FILTERS,
@@ -70,9 +88,9 @@ def mismatch_report(store: Store, filters: Filters = NO_FILTERS,
     if not parts:
         return pd.DataFrame(columns=list(COLUMNS))
     sql = (" UNION ALL ".join(f"({p})" for _, p in parts)
-           + " ORDER BY sort_ts, request_id, kind" + ("" if limit is None else " LIMIT ?"))
+           + " ORDER BY sort_ts, request_id, kind" + ("" if limit is None else " LIMIT $limit"))
     with store.read() as con:
-        frame = con.execute(sql, params * len(parts) + ([] if limit is None else [limit])).df()
+        frame = execute(con, sql, params | {"limit": limit}).df()
     return frame[list(COLUMNS)]
 
 
@@ -83,7 +101,7 @@ def report_counts(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable[s
         return {}
     sql = " UNION ALL ".join(f"SELECT '{k}' AS kind, count(*) AS n FROM ({p})" for k, p in parts)
     with store.read() as con:
-        return dict(con.execute(sql, params * len(parts)).fetchall())
+        return dict(execute(con, sql, params).fetchall())
 
 
 # A spreadsheet reads a cell starting with one of these as a formula (OWASP, "CSV Injection").

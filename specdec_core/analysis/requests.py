@@ -62,8 +62,8 @@ def request_record(store: Store, request_id: str) -> RequestRecord | None:
         cur = con.execute(
             "SELECT r.* EXCLUDE (seed), r.seed::VARCHAR AS seed, h.source_request_id, h.contaminated, "
             "h.differing_fields FROM requests r LEFT JOIN hit_sources h USING (request_id) "
-            "WHERE r.request_id = ?",
-            [request_id],
+            "WHERE r.request_id = $request_id",
+            {"request_id": request_id},
         )
         rows = cur.fetchall()
         if not rows:
@@ -76,30 +76,31 @@ def request_record(store: Store, request_id: str) -> RequestRecord | None:
     return RequestRecord(fields=logged, stored=record, **hit)
 
 
-SUSPICIOUS_SQL = """
+def suspicious_sql(where: str) -> str:
+    return f"""
 SELECT r.request_id, CASE WHEN h.contaminated THEN 'contaminated_hit'
                           WHEN r.output_tokens > r.max_tokens THEN 'length_violation'
                           ELSE 'collision' END AS why
 FROM requests r LEFT JOIN hit_sources h USING (request_id)
 WHERE {where} AND (h.contaminated OR r.output_tokens > r.max_tokens)
 ORDER BY h.contaminated DESC NULLS LAST, (r.output_tokens > r.max_tokens) DESC, r.ts, r.request_id
-LIMIT ?
+LIMIT $limit
 """
 
 
 def suspicious_requests(store: Store, n: int, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """The requests most worth replaying: contaminated hits first, then length violations."""
-    return df(store, SUSPICIOUS_SQL, filters, [n])
+    return df(store, suspicious_sql, filters, {"limit": n})
 
 
 QUARANTINE_SQL = """
 SELECT source_file, source_line, request_id, reason, left(raw, 200) AS raw
-FROM quarantine ORDER BY ingest_id, source_file, source_line LIMIT ?
+FROM quarantine ORDER BY ingest_id, source_file, source_line LIMIT $limit
 """
 
 
 def quarantined_records(store: Store, limit: int = 1000) -> pd.DataFrame:
     with store.read() as con:
-        return con.execute(QUARANTINE_SQL, [limit]).df()
+        return con.execute(QUARANTINE_SQL, {"limit": limit}).df()
 
 

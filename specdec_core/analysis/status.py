@@ -95,11 +95,15 @@ class ContaminationStatus:
         return f"{what}, {since}; {end}."
 
 
-LOGGED_SPAN_SQL = f"""
+def logged_span_sql(where: str) -> str:
+    return f"""
 SELECT {deployment_label()} AS deployment, min(r.ts) AS logs_begin, max(r.ts) AS logs_end
-FROM requests r WHERE {{where}} GROUP BY ALL
+FROM requests r WHERE {where} GROUP BY ALL
 """
-LOGGED_SPAN_MINUTE_SQL = """
+
+
+def logged_span_minute_sql(source: str) -> str:
+    return f"""
 SELECT c.deployment, min(c.first_ts) AS logs_begin, max(c.last_ts) AS logs_end FROM {source} c GROUP BY ALL
 """
 
@@ -109,7 +113,7 @@ def contamination_status(store: Store, filters: Filters = NO_FILTERS) -> list[Co
     window = contamination_window(store, filters)
     if window.empty:
         return []
-    spans = df(store, LOGGED_SPAN_SQL, filters, minute=LOGGED_SPAN_MINUTE_SQL).set_index("deployment")
+    spans = df(store, logged_span_sql, filters, minute=logged_span_minute_sql).set_index("deployment")
     out = []
     for w in window.itertuples():
         span = spans.loc[w.deployment]
@@ -147,13 +151,14 @@ class KeySchemeChange:
                 f"{fmt_time(self.old_last)}) to {self.new_prefix}:... from {fmt_time(self.ts)}.")
 
 
-# A key's shape is all but its last ':'-separated part (the digest): `edge-b-v1:model_prompt:9f2c...` has
-# the shape `edge-b-v1:model_prompt`. Keys without a ':' have no shape to compare.
-KEY_SHAPES_SQL = f"""
+def key_shapes_sql(where: str) -> str:
+    """A key's shape is all but its last ':'-separated part (the digest): `edge-b-v1:model_prompt:9f2c...`
+    has the shape `edge-b-v1:model_prompt`. Keys without a ':' have no shape to compare."""
+    return f"""
 WITH keys AS (  -- each distinct key once: the shape is cut from a few thousand strings, not every request's
     SELECT {deployment_label()} AS deployment, r.cache_key, count(*) AS requests, min(r.ts) AS first_ts,
            max(r.ts) AS last_ts
-    FROM requests r WHERE {{where}} AND contains(r.cache_key, ':') GROUP BY ALL
+    FROM requests r WHERE {where} AND contains(r.cache_key, ':') GROUP BY ALL
 )
 SELECT deployment, left(cache_key, length(cache_key) - strpos(reverse(cache_key), ':')) AS prefix,
        sum(requests) AS requests, min(first_ts) AS first_ts, max(last_ts) AS last_ts
@@ -161,8 +166,9 @@ FROM keys GROUP BY ALL ORDER BY deployment, first_ts
 """
 
 
-# Without a time range: from summary_keys, which holds each key's requests and first and last use already.
-KEY_SHAPES_WHOLE_SQL = """
+def key_shapes_whole_sql(dims: str) -> str:
+    """Without a time range: from summary_keys, which holds each key's requests and first and last use already."""
+    return f"""
 WITH keys AS (
     SELECT c.deployment, c.cache_key, sum(c.requests) AS requests, min(c.first_seen) AS first_ts,
            max(c.last_seen) AS last_ts
@@ -176,7 +182,7 @@ FROM keys GROUP BY ALL ORDER BY deployment, first_ts
 
 def key_scheme_changes(store: Store, filters: Filters = NO_FILTERS) -> list[KeySchemeChange]:
     """Each deployment's key-scheme changes: a new shape whose keys begin as the previous shape's stop."""
-    shapes = df(store, KEY_SHAPES_SQL, filters, whole=KEY_SHAPES_WHOLE_SQL)
+    shapes = df(store, key_shapes_sql, filters, whole=key_shapes_whole_sql)
     shapes = shapes[shapes.requests >= SCHEME_MIN_REQUESTS]
     changes = []
     for deployment, rows in shapes.groupby("deployment", sort=True):

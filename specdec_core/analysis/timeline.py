@@ -15,7 +15,11 @@ from specdec_core.store.sql import deployment_label
 # Smoothing windows offered, in buckets: 1 is no smoothing.
 SMOOTHING_WINDOWS = (1, 3, 5, 10)
 
-_SMOOTHED = """
+def _smoothed_sql(buckets: str, preceding: int) -> str:
+    """Hit rate per bucket of `buckets` (bucket, deployment, combination, requests, hits) and its trailing
+    average over `preceding` earlier buckets."""
+    return f"""
+WITH b AS ({buckets})
 SELECT bucket, deployment, combination, requests, hits, hits / requests AS hit_rate,
        -- Weighted by requests: a quiet bucket moves the line as little as it weighs.
        sum(hits) OVER w / sum(requests) OVER w AS smoothed_hit_rate
@@ -24,23 +28,23 @@ WINDOW w AS (PARTITION BY deployment, combination ORDER BY bucket ROWS BETWEEN {
 ORDER BY deployment, combination, bucket
 """
 
-HIT_RATE_BY_DEPLOYMENT_OVER_TIME_SQL = f"""
-WITH b AS (
-    SELECT time_bucket(CAST(? AS INTERVAL), r.ts) AS bucket, {deployment_label()} AS deployment,
+
+def hit_rate_by_deployment_over_time_sql(where: str, preceding: int) -> str:
+    return _smoothed_sql(f"""
+    SELECT time_bucket(CAST($bucket AS INTERVAL), r.ts) AS bucket, {deployment_label()} AS deployment,
            r.target_model || ' / ' || {draft_label()} AS combination, count(*) AS requests,
            count(*) FILTER (WHERE r.cache_hit) AS hits
-    FROM requests r WHERE {{where}} GROUP BY ALL
-)
-{_SMOOTHED}"""
+    FROM requests r WHERE {where} GROUP BY ALL
+""", preceding)
 
-HIT_RATE_BY_DEPLOYMENT_OVER_TIME_MINUTE_SQL = f"""
-WITH b AS (
-    SELECT time_bucket(CAST(? AS INTERVAL), c.minute) AS bucket, c.deployment,
+
+def hit_rate_by_deployment_over_time_minute_sql(source: str, preceding: int) -> str:
+    return _smoothed_sql(f"""
+    SELECT time_bucket(CAST($bucket AS INTERVAL), c.minute) AS bucket, c.deployment,
            c.target_model || ' / ' || c.draft_model AS combination, sum(c.requests)::BIGINT AS requests,
            {HITS}::BIGINT AS hits
-    FROM {{source}} c GROUP BY ALL
-)
-{_SMOOTHED}"""
+    FROM {source} c GROUP BY ALL
+""", preceding)
 
 
 def hit_rate_by_deployment_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None,
@@ -49,20 +53,24 @@ def hit_rate_by_deployment_over_time(store: Store, filters: Filters = NO_FILTERS
     over `smoothing` buckets (hits over requests of the window)."""
     if smoothing not in SMOOTHING_WINDOWS:
         raise ValueError(f"smoothing: one of {', '.join(map(str, SMOOTHING_WINDOWS))} buckets, got {smoothing}")
-    preceding = str(smoothing - 1)
-    return df(store, HIT_RATE_BY_DEPLOYMENT_OVER_TIME_SQL.replace("{preceding}", preceding), filters,
-              leading=[bucket or time_bucket(store, filters)],
-              minute=HIT_RATE_BY_DEPLOYMENT_OVER_TIME_MINUTE_SQL.replace("{preceding}", preceding))
+    # A window frame's bounds are constants in DuckDB, never parameters: an int checked above.
+    preceding = smoothing - 1
+    return df(store, lambda where: hit_rate_by_deployment_over_time_sql(where, preceding), filters,
+              {"bucket": bucket or time_bucket(store, filters)},
+              minute=lambda source: hit_rate_by_deployment_over_time_minute_sql(source, preceding))
 
 
-REQUESTS_IN_WINDOW_SQL = f"""
+def requests_in_window_sql(where: str) -> str:
+    return f"""
 SELECT r.request_id, r.ts, {deployment_label()} AS deployment, r.cache_hit,
        coalesce(h.contaminated, FALSE) AS contaminated, h.source_request_id, h.differing_fields,
        r.target_model, {draft_label()} AS draft_model, r.max_tokens, r.output_tokens, r.latency_ms, r.cache_key
 FROM requests r LEFT JOIN hit_sources h USING (request_id)
-WHERE {{where}} AND r.ts >= ? AND r.ts < ? AND (? IS NULL OR {deployment_label()} = ?)
-      AND (NOT ? OR h.contaminated) AND (? IS NULL OR r.max_tokens = ?) AND (NOT ? OR r.output_tokens > r.max_tokens)
-ORDER BY r.ts, r.request_id LIMIT ?
+WHERE {where} AND r.ts >= $window_start AND r.ts < $window_end
+      AND ($deployment IS NULL OR {deployment_label()} = $deployment)
+      AND (NOT $contaminated_only OR h.contaminated) AND ($max_tokens IS NULL OR r.max_tokens = $max_tokens)
+      AND (NOT $violations_only OR r.output_tokens > r.max_tokens)
+ORDER BY r.ts, r.request_id LIMIT $limit
 """
 
 
@@ -71,23 +79,28 @@ def requests_in_window(store: Store, filters: Filters, start: datetime, end: dat
                        max_tokens: int | None = None, violations_only: bool = False,
                        limit: int = 1000) -> pd.DataFrame:
     """The requests behind one point of a time chart: [start, end), one deployment or all, within the filters."""
-    return df(store, REQUESTS_IN_WINDOW_SQL, filters,
-              [start, end, deployment, deployment, contaminated_only, max_tokens, max_tokens, violations_only, limit])
+    return df(store, requests_in_window_sql, filters,
+              {"window_start": start, "window_end": end, "deployment": deployment,
+               "contaminated_only": contaminated_only, "max_tokens": max_tokens,
+               "violations_only": violations_only, "limit": limit})
 
 
 # Bins per decade of a log-scaled latency axis: 10 gives bins 26% wide.
 LATENCY_BINS_PER_DECADE = 10
 
-LATENCY_HISTOGRAM_SQL = """
+def latency_histogram_sql(where: str) -> str:
+    return f"""
 SELECT CASE WHEN r.cache_hit THEN 'hit' ELSE 'miss' END AS outcome,
-       floor(log10(greatest(r.latency_ms, 0.01)) * ?) AS bin, count(*) AS requests
+       floor(log10(greatest(r.latency_ms, 0.01)) * $bins_per_decade) AS bin, count(*) AS requests
 FROM requests r WHERE {where} AND r.latency_ms IS NOT NULL
 GROUP BY ALL ORDER BY outcome, bin
 """
 
-LATENCY_HISTOGRAM_WHOLE_SQL = """
+
+def latency_histogram_whole_sql(dims: str) -> str:
+    return f"""
 SELECT CASE WHEN c.cache_hit THEN 'hit' ELSE 'miss' END AS outcome,
-       floor(log10(greatest(c.value, 0.01)) * ?) AS bin, sum(c.n)::BIGINT AS requests
+       floor(log10(greatest(c.value, 0.01)) * $bins_per_decade) AS bin, sum(c.n)::BIGINT AS requests
 FROM summary_latency c WHERE {dims}
 GROUP BY ALL ORDER BY outcome, bin
 """
@@ -95,8 +108,8 @@ GROUP BY ALL ORDER BY outcome, bin
 
 def latency_histogram(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Requests per latency bin (log-spaced) for hits and misses: columns outcome, low_ms, high_ms, requests."""
-    frame = df(store, LATENCY_HISTOGRAM_SQL, filters, leading=[LATENCY_BINS_PER_DECADE],
-               whole=LATENCY_HISTOGRAM_WHOLE_SQL)
+    frame = df(store, latency_histogram_sql, filters, {"bins_per_decade": LATENCY_BINS_PER_DECADE},
+               whole=latency_histogram_whole_sql)
     bins = frame["bin"].astype(float)
     return pd.DataFrame({"outcome": frame["outcome"], "low_ms": 10 ** (bins / LATENCY_BINS_PER_DECADE),
                          "high_ms": 10 ** ((bins + 1) / LATENCY_BINS_PER_DECADE),

@@ -5,7 +5,7 @@ thousands of rows instead of millions.
   temperature, cache_hit), with the token sums of every request (the metrics' counters) beside
   those of speculative misses (the acceptance rate). Any filter is exact: whole minutes come from here, and
   the rows of the (at most two) minutes a time range cuts through come from
-  `requests`, aggregated the same way (`minute_source`).
+  `requests`, aggregated the same way (`named_minute_source`).
 - `summary_keys`: one row per (deployment, cache_key, fingerprint); distinct counts
   and key collisions without a time range (`summary_shared_keys`: the keys' rows that collide).
 - `summary_lengths`, `summary_latency`: exact histograms (a count per distinct value)
@@ -278,14 +278,14 @@ def ready(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(rows) and rows[0][0]
 
 
-def dimension_where(filters: Any, alias: str = "c") -> tuple[str, list[Any]]:
-    """The filters other than time over a summary table, whose columns hold the labels already."""
-    clauses, params = ["TRUE"], []
+def named_dimension_where(filters: Any, alias: str = "c") -> tuple[str, dict[str, Any]]:
+    """The filters other than time over a summary table, bound by name (`$dim_...`)."""
+    clauses, params = ["TRUE"], {}
     for values, column in ((filters.deployments, "deployment"), (filters.target_models, "target_model"),
                            (filters.draft_models, "draft_model")):
         if values:
-            clauses.append(f"list_contains(?, {alias}.{column})")
-            params.append(list(values))
+            clauses.append(f"list_contains($dim_{column}, {alias}.{column})")
+            params[f"dim_{column}"] = list(values)
     return " AND ".join(clauses), params
 
 
@@ -303,28 +303,27 @@ def _ceil_minute(ts: datetime) -> datetime:
     return floor if floor == ts else floor + MINUTE
 
 
-def minute_source(filters: Any, row_where: tuple[str, list[Any]]) -> tuple[str, list[Any]]:
-    """A relation shaped like `summary_minute` holding exactly the filtered requests.
+def named_minute_source(filters: Any, row_where: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """A relation shaped like `summary_minute` holding exactly the filtered requests, bound by name.
 
     Whole minutes inside [start, end] come from the summary; the rows of a minute the
     range cuts through are aggregated from `requests` (`row_where` is the full filter
-    over `requests r`, time included).
+    over `requests r`, time included, as `Filters.named_where()` gives it).
     """
-    dims, dim_params = dimension_where(filters)
+    dims, params = named_dimension_where(filters)
     start, end = _utc(filters.start), _utc(filters.end)
     # Minutes wholly inside: [lo, hi). `end` is inclusive, so a row at `end` lies before end + 1 µs.
     end_excl = None if end is None else end + timedelta(microseconds=1)
     lo = None if start is None else _ceil_minute(start)
     hi = None if end_excl is None else _floor_minute(end_excl)
-    whole, whole_params = [dims], list(dim_params)
+    whole = [dims]
     if lo is not None:
-        whole.append("c.minute >= ?")
-        whole_params.append(lo)
+        whole.append("c.minute >= $minute_lo")
+        params["minute_lo"] = lo
     if hi is not None:
-        whole.append("c.minute < ?")
-        whole_params.append(hi)
+        whole.append("c.minute < $minute_hi")
+        params["minute_hi"] = hi
     parts = [f"SELECT * FROM summary_minute c WHERE {' AND '.join(whole)}"]
-    params = whole_params
     edges = []
     if lo is not None and hi is not None and lo >= hi:
         edges = [(start, end_excl)]  # no whole minute: every row comes from `requests`
@@ -335,15 +334,17 @@ def minute_source(filters: Any, row_where: tuple[str, list[Any]]) -> tuple[str, 
             edges.append((hi, end_excl))
     if edges:
         where, row_params = row_where
-        spans = " OR ".join("(r.ts >= ? AND r.ts < ?)" for _ in edges)
+        spans = " OR ".join(f"(r.ts >= $minute_edge{i}_from AND r.ts < $minute_edge{i}_to)" for i in range(len(edges)))
         parts.append(f"SELECT {MINUTE_DIMENSIONS}, {MINUTE_MEASURES} "
                      f"FROM requests r LEFT JOIN hit_sources h USING (request_id) "
                      f"WHERE {where} AND ({spans}) GROUP BY ALL")
-        params = params + row_params + [t for edge in edges for t in edge]
+        params |= row_params
+        for i, (lower, upper) in enumerate(edges):
+            params[f"minute_edge{i}_from"], params[f"minute_edge{i}_to"] = lower, upper
     return "(" + " UNION ALL ".join(parts) + ")", params
 
 
-def histogram_quantiles(con: duckdb.DuckDBPyConnection, source: str, params: list[Any],
+def histogram_quantiles(con: duckdb.DuckDBPyConnection, source: str, params: list[Any] | dict[str, Any],
                         quantiles: dict[str, float], count_above_key: bool = False) -> dict[str, list[Any]]:
     """Box statistics per `key` of a histogram relation (`key`, `value`, `n`), as the rows would give them.
 

@@ -84,7 +84,8 @@ def redis_key(template: str, deployment: str, cache_key: str) -> str:
 
 # Every key of the selection that served a contaminated hit or more than one identity; contamination itself
 # was judged over the whole log at ingest (hit_sources), the filters choose which requests count.
-PLAN_SQL = f"""
+def plan_sql(where: str) -> str:
+    return f"""
 WITH k AS (
     SELECT {deployment_label()} AS deployment, r.cache_key,
            count(DISTINCT r.fingerprint) AS identities,
@@ -92,7 +93,7 @@ WITH k AS (
            min(r.ts) FILTER (WHERE h.contaminated) AS first_contaminated,
            min(r.ts) AS first_seen, max(r.ts) AS last_seen
     FROM requests r LEFT JOIN hit_sources h USING (request_id)
-    WHERE r.cache_key IS NOT NULL AND {{where}}
+    WHERE r.cache_key IS NOT NULL AND {where}
     GROUP BY ALL
 )
 SELECT * FROM k WHERE contaminated_hits > 0 OR identities > 1
@@ -111,7 +112,7 @@ def purge_plan(store: Store, filters: Filters = NO_FILTERS,
                key_template: str = DEFAULT_KEY_TEMPLATE) -> list[PlanEntry]:
     """The keys to remove, in order of their first contaminated hit (collisions last, by first use)."""
     check_key_template(key_template)
-    rows = df(store, PLAN_SQL, filters)
+    rows = df(store, plan_sql, filters)
     entries = []
     for row in rows.itertuples(index=False):
         hits = int(row.contaminated_hits)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from specdec_core.analysis.query import NO_FILTERS, Filters
+from specdec_core.analysis.query import NO_FILTERS, Filters, execute
 from specdec_core.replay.diff import WordOp, word_diff
 from specdec_core.replay.run import STORED_MESSAGE_KEY, STORED_SOURCE_TEXT_KEY
 from specdec_core.store.connection import Store
@@ -88,14 +88,14 @@ STORED_REPLAY_SQL = """
 SELECT replay_id, request_id, replayed_at, classification, production_text, replay_text, source_request_id,
        similarity, first_divergent_token, common_prefix_tokens, len(token_ids) AS replay_tokens, draft_tokens,
        accepted_tokens, evidence::VARCHAR AS evidence, environment::VARCHAR AS environment
-FROM replays WHERE replay_id = ?
+FROM replays WHERE replay_id = $replay_id
 """
 
 
 def stored_replay(store: Store, replay_id: str) -> StoredReplay | None:
     """One stored replay, or None when this database has no replay of that id."""
     with store.read() as con:
-        cur = con.execute(STORED_REPLAY_SQL, [replay_id])
+        cur = con.execute(STORED_REPLAY_SQL, {"replay_id": replay_id})
         rows = cur.fetchall()
         if not rows:
             return None
@@ -114,41 +114,43 @@ def _json(text: str | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"value": value}
 
 
-REPLAY_HISTORY_SQL = f"""
+def replay_history_sql(where: str) -> str:
+    return f"""
 SELECT p.replay_id, p.replayed_at, p.request_id, p.classification, p.similarity, p.first_divergent_token,
        p.source_request_id, {deployment_label()} AS deployment, r.target_model, r.ts AS request_ts
 FROM replays p JOIN requests r USING (request_id)
-WHERE {{where}} AND (? IS NULL OR p.request_id = ?) AND (? IS NULL OR list_contains(?, p.replay_id))
-ORDER BY p.replayed_at DESC, p.replay_id LIMIT ?
+WHERE {where} AND ($request_id IS NULL OR p.request_id = $request_id)
+      AND ($replay_ids IS NULL OR list_contains($replay_ids, p.replay_id))
+ORDER BY p.replayed_at DESC, p.replay_id LIMIT $limit
 """
 
 
 def replay_history(store: Store, filters: Filters = NO_FILTERS, *, request_id: str | None = None,
                    replay_ids: tuple[str, ...] | None = None, limit: int = 1000) -> pd.DataFrame:
     """Stored replays of the requests the filters select, newest first (of one request, or of given ids)."""
-    where, params = filters.where()
+    where, params = filters.named_where()
     ids = list(replay_ids) if replay_ids is not None else None
     with store.read() as con:
-        return con.execute(REPLAY_HISTORY_SQL.replace("{where}", where),
-                           params + [request_id, request_id, ids, ids, limit]).df()
+        return execute(con, replay_history_sql(where),
+                       params | {"request_id": request_id, "replay_ids": ids, "limit": limit}).df()
 
 
-REPLAYS_FOR_EXPORT_SQL = f"""
+def replays_for_export_sql(where: str) -> str:
+    return f"""
 SELECT p.replayed_at, p.replay_id, p.request_id, {deployment_label()} AS deployment, r.target_model,
        p.classification, p.similarity, p.first_divergent_token, p.common_prefix_tokens, p.draft_tokens,
        p.accepted_tokens, p.source_request_id, p.evidence::VARCHAR AS evidence
 FROM replays p JOIN requests r USING (request_id)
-WHERE {{where}}
-ORDER BY p.replayed_at DESC, p.replay_id LIMIT ?
+WHERE {where}
+ORDER BY p.replayed_at DESC, p.replay_id LIMIT $limit
 """
 
 
 def replays_for_export(store: Store, filters: Filters = NO_FILTERS, limit: int | None = None) -> pd.DataFrame:
     """Stored replays of the requests the filters select, newest first: what the Export page serves."""
-    where, params = filters.where()
+    where, params = filters.named_where()
     with store.read() as con:
-        return con.execute(REPLAYS_FOR_EXPORT_SQL.replace("{where}", where),
-                           params + [limit if limit is not None else 2**62]).df()
+        return execute(con, replays_for_export_sql(where), params | {"limit": limit if limit is not None else 2**62}).df()
 
 
 # --- the evidence as sentences and numbers -------------------------------------------------------------------
