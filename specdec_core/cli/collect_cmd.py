@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
-from specdec_core.cli.common import UsageError, add_db
+from specdec_core.cli.common import UsageError, add_db, show_batch
 from specdec_core.ingestion import IngestLimits
 from specdec_core.store import Store, StoreError
 
@@ -38,11 +36,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     metrics = None
 
     def show(batch) -> None:
-        line = json.dumps({**batch.result.to_json(), "lag_seconds": batch.lag_seconds}) if args.json \
-            else f"{time.strftime('%H:%M:%S')} {batch.status_line()}"
-        print(line, flush=True)
-        if metrics is not None:
-            metrics.collector.figures()  # read now: the next scrape finds this batch's figures ready
+        show_batch(batch, args.json, metrics)
 
     def problem(text: str) -> None:
         print(f"specdec collect: {text}", file=sys.stderr, flush=True)

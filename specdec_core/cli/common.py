@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
+from typing import Any
 
 from specdec_core.store import Store
 
@@ -27,3 +30,13 @@ def existing_store(args: argparse.Namespace, command: str) -> Store | None:
     print(f"specdec {command}: {store.path}: no such database; load logs with `specdec ingest PATH --db FILE`",
           file=sys.stderr)
     return None
+
+
+def show_batch(batch: Any, as_json: bool, metrics: Any) -> None:
+    """A follower's line for one committed batch (one JSON object with --json); a follower serving metrics
+    reads its figures right after, so the next scrape finds this batch's ready."""
+    line = json.dumps({**batch.result.to_json(), "lag_seconds": batch.lag_seconds}) if as_json \
+        else f"{time.strftime('%H:%M:%S')} {batch.status_line()}"
+    print(line, flush=True)
+    if metrics is not None:
+        metrics.collector.figures()

@@ -8,14 +8,13 @@ import json
 import math
 import os
 import sys
-import time
 from dataclasses import replace
 from datetime import datetime, timezone
 
 from specdec_core import formats
 from specdec_core.analysis import Filters, fix_stats, fix_status, headline, logging_gaps, red_flags
 from specdec_core.analysis.report import KINDS, write_report
-from specdec_core.cli.common import UsageError, add_db, existing_store
+from specdec_core.cli.common import UsageError, add_db, existing_store, show_batch
 from specdec_core.formats import object_store
 from specdec_core.ingestion import IngestLimits, ingest
 from specdec_core.ingestion.follow import DEFAULT_BATCH_ROWS
@@ -98,11 +97,7 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))  # stop after the batch under way
 
     def show(batch) -> None:
-        line = json.dumps({**batch.result.to_json(), "lag_seconds": batch.lag_seconds}) if args.json \
-            else f"{time.strftime('%H:%M:%S')} {batch.status_line()}"
-        print(line, flush=True)
-        if metrics is not None:
-            metrics.collector.figures()  # read now: the next scrape finds this batch's figures ready
+        show_batch(batch, args.json, metrics)
 
     metrics = None
     if args.metrics:
