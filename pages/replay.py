@@ -171,13 +171,8 @@ def current_job() -> jobs.ReplayJob | None:
     return jobs.job(job_id) if job_id else None
 
 
-BATCH_JOB = "_replay_batch_job"  # the job the batch form (or Mismatches) started, shown with the batch
-
-
-def start(ids: list[str], prompt: str | None = None, *, batch: bool = False) -> None:
-    job = jobs.start_job(db, ids, prompt=prompt)
-    st.session_state[ui.REPLAY_JOB_KEY] = job.job_id
-    st.session_state[BATCH_JOB] = job.job_id if batch else None
+def start(ids: list[str], prompt: str | None = None) -> None:
+    st.session_state[ui.REPLAY_JOB_KEY] = jobs.start_job(db, ids, prompt=prompt).job_id
 
 
 SHOWN_RUNNING = "_replay_shown_running"  # the job the page last drew as running (buttons disabled)
@@ -209,7 +204,7 @@ def running() -> bool:
 
 queued_start = st.session_state.pop(ui.REPLAY_START_KEY, None)
 if queued_start and not running():
-    start(queued_start, batch=True)
+    start(queued_start)
 
 
 def choose_request() -> str:
@@ -260,16 +255,11 @@ def show_outcome(job: jobs.ReplayJob) -> None:
                     show_replay(stored.as_stored(result), key=f"batch_{n}")
 
 
-def follow(job: jobs.ReplayJob | None) -> None:
-    """Right under the button that started it: the job's progress and Cancel, then what it found."""
-    if job is None:
-        return
-    job_progress()
-    if job.finished:
-        show_outcome(job)
+def covers(job: jobs.ReplayJob | None, request_id: str) -> bool:
+    return job is not None and request_id in job.request_ids
 
 
-def batch_section(job: jobs.ReplayJob | None) -> None:
+def batch_section() -> None:
     st.subheader("Batch replay")
     queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
     suspicious = "the most suspicious requests"
@@ -288,14 +278,14 @@ def batch_section(job: jobs.ReplayJob | None) -> None:
         else:
             ids = list(queued)
         if ids:
-            start(ids, batch=True)
+            start(ids)
             st.rerun()
         else:
             st.info("Nothing to replay: no contaminated hit or length violation in this selection.")
-    follow(job)
 
 
 def request_section(job: jobs.ReplayJob | None) -> None:
+    st.subheader("Replay a request")
     request_id = choose_request()
     if not request_id:
         st.info("Type a request id, tick contaminated hits on the Mismatches page, or replay the most "
@@ -305,29 +295,33 @@ def request_section(job: jobs.ReplayJob | None) -> None:
     if record is None:
         st.warning(f"No request {ui.code_span(request_id)} in this database.")
         return
+    replayed = covers(job, request_id)
+    # The request the run above is about: the button below is no second primary one for it.
     show_record(record)
-    st.subheader("Replay")
     prompt = None
     if record.prompt is None:
         prompt = st.text_area("Prompt (checked against the logged hash)", key="replay_prompt") or None
-    if st.button("Replay with the full identity", type="primary", disabled=running(), key="replay_one"):
+    label, kind = ("Replay again", "secondary") if replayed else ("Replay with the full identity", "primary")
+    if st.button(label, type=kind, disabled=running(), key="replay_one"):
         start([request_id], prompt)
         st.rerun()
-    follow(job)
 
 
 preload = st.session_state.get(ui.PRELOAD_KEY)
 if preload is not None and not preload.finished:
     st.caption(f"Models are loading in the background ({ui.md_escape(preload.stage)}): the first replay starts "
                "as soon as they are in.")
-# A batch (started here or from Mismatches) shows first, its results before the single-request form.
+# One place for what is running, one for what it found, then what can be started: a run started here, from
+# Mismatches or from a request's page shows once, whichever form started it.
 job = current_job()
-if job is not None and job.job_id == st.session_state.get(BATCH_JOB):
-    batch_section(job)
-    request_section(None)
-else:
-    request_section(job)
-    batch_section(None)
+if running():
+    st.subheader("Running")
+    job_progress()
+elif job is not None:
+    st.subheader("Results")
+    show_outcome(job)
+request_section(job)
+batch_section()
 
 
 def show_history() -> None:

@@ -84,9 +84,19 @@ def stand_in_replay_module(monkeypatch) -> list:
     import specdec_core.replay.run as module
 
     for name, stand_in in (("replay", replay), ("replay_many", replay_many), ("replays_table", replays_table),
-                           ("default_decoder", lambda: "decoder")):
+                           ("default_decoder", lambda: _StandInDecoder("decoder"))):
         monkeypatch.setattr(module, name, stand_in)
     return calls
+
+
+class _StandInDecoder(str):
+    """Compares equal to "decoder" in the recorded calls; a job asks its registry which engine serves a
+    request's model before it replays, and none does (local decoding)."""
+
+    class registry:  # noqa: N801 (read as the decoder's attribute)
+        @staticmethod
+        def engine_of(model: str) -> None:
+            return None
 
 
 def _plain(value):

@@ -346,7 +346,9 @@ def test_replay_shows_both_outputs_the_diff_and_the_source_for_a_foreign_output(
     assert shown["Classification"] == "foreign"
     similarity = shown["Similarity to this request's replay"]
     assert (shown["Common prefix (tokens)"], similarity, shown["Acceptance rate (replay)"]) == ("1", "50.0%", "75.0%")
-    assert texts(at, "code")[2:] == ["An output.", "An <b>other</b> output.", "An output."]
+    # The results come first, the request's log below them
+    assert texts(at, "code") == ["An output.", "An <b>other</b> output.", "An output.",
+                                 "Summarise the incident.", "An output."]
     # Production equals the source's replay exactly: the diff that explains the verdict is against this
     # request's own replay (what production should have been), labelled so.
     [heading] = [m for m in texts(at, "markdown") if m.startswith("**Word diff")]
@@ -358,6 +360,43 @@ def test_replay_shows_both_outputs_the_diff_and_the_source_for_a_foreign_output(
     assert list(evidence.itertuples(index=False, name=None)) == [
         ("Source", "r1"), ("Why", "replay of the source matches production")]
     assert not at.get("json"), "evidence in words, not raw JSON"
+
+
+def test_a_finished_replay_shows_once_under_results_with_no_second_primary_button(monkeypatch, incident_db):
+    stand_in_replay_module(monkeypatch)
+    at = open_app(monkeypatch, incident_db, "replay", request_id="r3")
+    assert [h.value for h in at.main.subheader] == ["Replay a request", "Batch replay", "Replay history"]
+    at.button(key="replay_one").click().run()
+    jobs.wait_all(30)
+    at.run()
+    assert [h.value for h in at.main.subheader] == ["Results", "Replay a request", "Batch replay", "Replay history"]
+    assert [m.label for m in at.main.metric].count("Classification") == 1, "the replay is shown once"
+    assert [(b.label, b.proto.type) for b in at.main.button if b.key in ("replay_one", "replay_batch")] == [
+        ("Replay again", "secondary"), ("Replay batch", "secondary")]
+    # Another request in the box is a new replay: its button is the primary one again.
+    at.query_params.pop("replay_id", None)
+    at.text_input(key="replay_request_id").set_value("r4").run()
+    assert at.button(key="replay_one").label == "Replay with the full identity"
+    assert at.button(key="replay_one").proto.type == "primary"
+
+
+def test_a_batch_from_mismatches_shows_under_running_then_under_results(monkeypatch, incident_db):
+    stand_in_replay_module(monkeypatch)
+    at = open_app(monkeypatch, incident_db, "replay")
+    at.session_state[ui.REPLAY_IDS_KEY] = ["r3", "r4"]
+    at.session_state[ui.REPLAY_START_KEY] = ["r3", "r4"]  # as Mismatches queues it
+    at.run()
+    headings = [h.value for h in at.main.subheader]
+    assert headings[0] in ("Running", "Results") and headings[1:] == ["Replay a request", "Batch replay",
+                                                                      "Replay history"]
+    jobs.wait_all(30)
+    at.run()
+    assert [h.value for h in at.main.subheader][0] == "Results"
+    [batch] = [d.value for d in at.dataframe if "open" in d.value and "message" in d.value]
+    assert sorted(batch.request_id) == ["r3", "r4"]
+    assert [b.label for b in at.main.button if b.proto.type == "primary"] == [], "no second primary button"
+    history = at.dataframe[-1].value
+    assert sorted(history.request_id) == ["r3", "r4"], "the history lists both stored replays"
 
 
 def test_batch_replay_of_the_most_suspicious_requests(monkeypatch, incident_db):
