@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
+import shutil
 from datetime import datetime, timedelta, timezone
 
 import pandas as pd
@@ -21,13 +24,15 @@ from apptest import (
     walk,
 )
 from dashboard_data import HTML_DEPLOYMENT, HTML_MODEL, HTML_OUTPUT, SCRIPT, build_db, incident_records
-from helpers import rec, write_jsonl
+from helpers import rec, run_cli, write_jsonl
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
 from specdec_core.analysis import Filters, differing_identity_columns, report
 from specdec_core.ingestion.load import ingest
 from specdec_core.replay import jobs
+from specdec_core.replay.run import ReplayResult
+from specdec_core.replay.run import _save as save_replays
 from specdec_core.store.connection import Store
 
 UTC = timezone.utc
@@ -421,12 +426,12 @@ def test_batch_replay_of_the_most_suspicious_requests(monkeypatch, incident_db):
 
 EXPECTED_CSV = (
     "request_id,ts,kind,cache_key,source_request_id,differing_fields,target_model,draft_model,temperature,"
-    "max_tokens,tokenizer_version,deployment,output_tokens,classification,detail\n"
-    "r3,2026-03-01T10:02:00.000Z,contaminated_hit,k-1,r1,max_tokens,llama-8b,llama-1b,0.0,16,tok-v1,prod,3,,\n"
+    "max_tokens,tokenizer_version,deployment,output_tokens,classification,detail,replay_id,replay_link\n"
+    "r3,2026-03-01T10:02:00.000Z,contaminated_hit,k-1,r1,max_tokens,llama-8b,llama-1b,0.0,16,tok-v1,prod,3,,,,\n"
     "r4,2026-03-01T10:03:00.000Z,contaminated_hit,k-1,r1,draft_model;max_tokens,llama-8b,llama-3b,0.0,2,tok-v1,"
-    "prod,3,,\n"
+    "prod,3,,,,\n"
     "r4,2026-03-01T10:03:00.000Z,length_violation,k-1,,,llama-8b,llama-3b,0.0,2,tok-v1,prod,3,,"
-    "output_tokens 3 > max_tokens 2\n"
+    "output_tokens 3 > max_tokens 2,,\n"
 )
 
 
@@ -437,6 +442,36 @@ def test_export_serves_the_mismatch_report_csv(monkeypatch, incident_db, downloa
     csv = download(button)
     assert csv == report.report_csv(report.mismatch_report(Store(incident_db)))
     assert csv.decode() == EXPECTED_CSV
+
+
+def test_the_report_names_each_requests_latest_replay_and_links_it_where_the_dashboard_is(
+        monkeypatch, incident_db, download, tmp_path):
+    db = tmp_path / incident_db.name
+    shutil.copy(incident_db, db)  # the module's database stays without replays
+    earlier = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+    replays = [ReplayResult("r3", "match", "", {}, replay_id=f"{n}" * 32, replayed_at=earlier + timedelta(hours=n))
+               for n in (1, 2)]
+    save_replays(Store(db), replays)
+    config = tmp_path / "specdec.toml"
+    config.write_text('[dashboard]\nexternal_url = "https://triage.example.com/"\n', encoding="utf-8")
+    monkeypatch.setenv("SPECDEC_CONFIG", str(config))
+    at = open_app(monkeypatch, db, "export")
+    csv = download(at.get("download_button")[0])
+    out = tmp_path / "report.csv"
+    done = run_cli("report", "--db", str(db), "--out", str(out), env={**os.environ, "SPECDEC_CONFIG": str(config)})
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == csv, "the CLI and the dashboard's export write the same bytes"
+    rows = pd.read_csv(io.BytesIO(csv), dtype=str, keep_default_na=False)
+    assert list(rows.columns[-2:]) == ["replay_id", "replay_link"]
+    latest = "2" * 32
+    assert list(zip(rows.request_id, rows.kind, rows.replay_id, rows.replay_link, strict=True)) == [
+        ("r3", "contaminated_hit", latest, f"https://triage.example.com/replay?replay_id={latest}"),
+        ("r4", "contaminated_hit", "", ""), ("r4", "length_violation", "", "")]
+
+    config.write_text("[dashboard]\n", encoding="utf-8")  # no address: the id stays, the link is empty
+    at = open_app(monkeypatch, db, "export")
+    rows = pd.read_csv(io.BytesIO(download(at.get("download_button")[0])), dtype=str, keep_default_na=False)
+    assert list(rows.replay_id) == [latest, "", ""] and list(rows.replay_link) == ["", "", ""]
 
 
 def test_export_follows_the_kinds_and_the_filters(monkeypatch, incident_db, download):
