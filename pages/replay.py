@@ -107,7 +107,10 @@ def show_replay(view: stored.StoredReplay, *, key: str, served_from: str | None 
         st.code(_text(view.production_text), language=None, wrap_lines=True)
     with columns[1]:
         st.markdown("**Replay with the request's identity**")
-        st.code(_text(view.replay_text), language=None, wrap_lines=True)
+        if view.replay_text is None:
+            st.caption("Not replayed: the reason is above.")
+        else:
+            st.code(_text(view.replay_text), language=None, wrap_lines=True)
     if foreign:
         with columns[2]:
             st.markdown(f"**Replay of the source request {ui.code_span(view.source_request_id)}**")
@@ -295,16 +298,17 @@ def request_section(job: jobs.ReplayJob | None) -> None:
     if record is None:
         st.warning(f"No request {ui.code_span(request_id)} in this database.")
         return
-    replayed = covers(job, request_id)
-    # The request the run above is about: the button below is no second primary one for it.
-    show_record(record)
     prompt = None
     if record.prompt is None:
         prompt = st.text_area("Prompt (checked against the logged hash)", key="replay_prompt") or None
-    label, kind = ("Replay again", "secondary") if replayed else ("Replay with the full identity", "primary")
+    # The button before the logged request, whose table runs past a laptop's screen; for the request the run
+    # above is about, it is no second primary button.
+    label, kind = ("Replay again", "secondary") if covers(job, request_id) else \
+        ("Replay with the full identity", "primary")
     if st.button(label, type=kind, disabled=running(), key="replay_one"):
         start([request_id], prompt)
         st.rerun()
+    show_record(record)
 
 
 preload = st.session_state.get(ui.PRELOAD_KEY)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import shutil
@@ -15,6 +14,7 @@ import streamlit.runtime.scriptrunner.script_runner as script_runner
 from apptest import (
     APP,
     ROOT,
+    figure,
     markdown_unescape,
     metrics_of,
     open_app,
@@ -315,8 +315,10 @@ def test_keys_page_shows_the_identities_behind_a_shared_key(monkeypatch, inciden
     assert list(identities.first_seen.dt.strftime("%H:%M")) == ["10:00", "10:02", "10:03"]
     differing = differing_identity_columns(identities)
     assert "max_tokens" in differing and list(identities.columns)[:len(differing)] == differing, "in view first"
-    chart = json.loads(at.get("plotly_chart")[0].proto.spec)
-    assert not chart["layout"]["yaxis"].get("title", {}).get("text"), "no side title over the keys' labels"
+    chart = figure(at, "identities_per_key")
+    [bars] = chart["data"]
+    assert (bars["name"], list(bars["x"]), chart["layout"]["xaxis"]["title"]["text"]) == (
+        "prod", [3], "identities sharing the key"), "how many keys each number of identities shares"
 
 
 def test_replay_page_shows_the_logged_request_from_a_link(monkeypatch, incident_db):
