@@ -35,7 +35,8 @@ else:
     figure.update_traces(hovertemplate="<b>%{fullData.name}</b><br>%{y:,} keys shared by %{x} identities"
                                        "<extra></extra>")
     figure.update_xaxes(dtick=1)
-    st.caption("Each bar: how many of the shared keys that many identities share; the table lists each key.")
+    st.caption("Each bar: how many keys that many identities share (with a correct key, one); the table lists "
+               "each key.")
     st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="identities_per_key", config=ui.CHART_CONFIG)
     table = ui.table(collisions, on_select="rerun", selection_mode="single-row",
                          key="collision_table")
