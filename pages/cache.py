@@ -67,6 +67,8 @@ figure = go.Figure([
 ])
 figure.update_layout(barmode="stack", xaxis_title="cache hits", yaxis_title="deployment",
                      height=140 + 50 * max(len(ratios), 1))
+# Top to bottom by name, as every other page lists deployments: plotly draws the first category lowest.
+figure.update_yaxes(categoryorder="array", categoryarray=sorted(labels, reverse=True))
 st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="first_sight_hits", config=ui.CHART_CONFIG)
 ui.table(ratios, column_config={
     "keys_per_identity": st.column_config.NumberColumn("keys per identity", format="%.3f"),

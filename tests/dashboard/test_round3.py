@@ -304,3 +304,18 @@ def test_no_chart_has_plotlys_toolbar_over_its_legend(monkeypatch, incident_db):
         at = open_app(monkeypatch, incident_db, page)
         for chart in at.get("plotly_chart"):
             assert json.loads(chart.proto.config).get("displayModeBar") is False, (page, chart.key)
+
+
+def test_deployments_are_listed_by_name_on_every_page(monkeypatch, tmp_path):
+    # a-late is contaminated half an hour after prod: by name it still comes first.
+    late = [{**r, "request_id": "a" + r["request_id"], "deployment": "a-late",
+             "ts": r["ts"].replace("T10:0", "T10:3")} for r in incident_records()[:4]]
+    at = open_app(monkeypatch, build_db(tmp_path, incident_records() + late, "late"))
+    named = [markdown_unescape(m).split("**")[1] for m in texts(at, "markdown") if ": " in m
+             and markdown_unescape(m).startswith(("**a-late**: ", "**prod**: "))]
+    assert named == ["a-late", "prod"], "the contamination's sentences"
+    [window] = [d.value for d in at.dataframe if "first_contaminated" in d.value]
+    assert list(window.deployment) == ["a-late", "prod"]
+    at.switch_page("pages/cache.py").run()
+    spec = figures(at)["first_sight_hits"]
+    assert list(reversed(spec["layout"]["yaxis"]["categoryarray"])) == ["a-late", "prod", "staging"]
