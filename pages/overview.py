@@ -79,9 +79,7 @@ if window.empty:
     st.success("No contaminated hits: every cache hit in this selection served an output produced for "
                "its own request identity.")
 else:
-    # Deployments by name, as every chart's legend and panels and every other page list them.
-    statuses = ui.cached(analysis.contamination_status, filters=filters)
-    for status in sorted(statuses, key=lambda s: ui.deployment_label(s.deployment)):
+    for status in ui.cached(analysis.contamination_status, filters=filters):
         st.markdown(f"**{ui.md_escape(ui.deployment_label(status.deployment))}**: {ui.md_escape(status.sentence)}")
     for change in ui.cached(analysis.key_scheme_changes, filters=filters):
         st.markdown(f":green[**Key scheme changed**] {ui.md_escape(change.sentence)}")
@@ -101,5 +99,5 @@ else:
     ui.readable_layout(figure)
     point = ui.time_chart(figure, "contamination_timeline", bucket=bucket)
     ui.show_point_rows(figure, point, bucket, contaminated_only=True, key="contamination_rows")
-    ui.table(window.sort_values("deployment", key=lambda c: c.map(ui.deployment_label)), key="contamination_window")
+    ui.table(window.sort_values(["first_contaminated", "deployment"]), key="contamination_window")
     ui.page_link("Mismatches", "See every contaminated hit", icon=":material/arrow_forward:")

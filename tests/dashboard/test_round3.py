@@ -307,15 +307,17 @@ def test_no_chart_has_plotlys_toolbar_over_its_legend(monkeypatch, incident_db):
 
 
 def test_deployments_are_listed_by_name_on_every_page(monkeypatch, tmp_path):
-    # a-late is contaminated half an hour after prod: by name it still comes first.
+    # a-late is contaminated half an hour after prod: by name it still comes first, but for the window table,
+    # which lists contamination as it began.
     late = [{**r, "request_id": "a" + r["request_id"], "deployment": "a-late",
              "ts": r["ts"].replace("T10:0", "T10:3")} for r in incident_records()[:4]]
     at = open_app(monkeypatch, build_db(tmp_path, incident_records() + late, "late"))
-    named = [markdown_unescape(m).split("**")[1] for m in texts(at, "markdown") if ": " in m
-             and markdown_unescape(m).startswith(("**a-late**: ", "**prod**: "))]
-    assert named == ["a-late", "prod"], "the contamination's sentences"
-    [window] = [d.value for d in at.dataframe if "first_contaminated" in d.value]
-    assert list(window.deployment) == ["a-late", "prod"]
+    strip = [markdown_unescape(m).split("**")[1] for m in texts(at, "markdown")
+             if re.match(r"\*\*(a-late|prod|staging)\*\* ", markdown_unescape(m))]
+    assert strip == ["a-late", "prod", "staging"], "the status strip"
+    panels = [a["text"] for a in sorted(figures(at)["contamination_timeline"]["layout"]["annotations"],
+                                        key=lambda a: -a.get("y", 0)) if a.get("textangle") == 90]
+    assert [markdown_unescape(p) for p in panels] == ["a-late", "prod"], "the timeline's panels, top down"
     at.switch_page("pages/cache.py").run()
     spec = figures(at)["first_sight_hits"]
     assert list(reversed(spec["layout"]["yaxis"]["categoryarray"])) == ["a-late", "prod", "staging"]
