@@ -148,8 +148,17 @@ def replay_link(replay_id: str, label: str = "Open this replay's page (a permane
 
 # --- one stored replay, by its permanent address -------------------------------------------------------------
 
+def _shown_live(replay_id: str) -> bool:
+    """Whether the replay in the address bar is one this session's last run made (the page wrote it there):
+    the page then stays the live one, its results and forms, so a request typed next or a batch started is
+    not lost under the stored view. A reload or a copied link is a new session and gets the stored view."""
+    job_id = st.session_state.get(ui.REPLAY_JOB_KEY)
+    job = jobs.job(job_id) if job_id else None
+    return job is not None and any(r.replay_id == replay_id for r in job.results)
+
+
 replay_id = st.query_params.get("replay_id", "")
-if replay_id:
+if replay_id and not _shown_live(replay_id):
     view = ui.cached(stored.stored_replay, replay_id)
     if view is None:
         st.warning(f"No replay {ui.code_span(replay_id)} in this database.")

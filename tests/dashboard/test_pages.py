@@ -380,9 +380,11 @@ def test_a_finished_replay_shows_once_under_results_with_no_second_primary_butto
     assert [m.label for m in at.main.metric].count("Classification") == 1, "the replay is shown once"
     assert [(b.label, b.proto.type) for b in at.main.button if b.key in ("replay_one", "replay_batch")] == [
         ("Replay again", "secondary"), ("Replay batch", "secondary")]
-    # Another request in the box is a new replay: its button is the primary one again.
-    at.query_params.pop("replay_id", None)
+    # Another request in the box is a new replay: its button is the primary one again, and the page stays
+    # this one though the address bar holds r3's replay (it showed the stored replay, losing what was typed).
+    assert at.query_params["replay_id"]
     at.text_input(key="replay_request_id").set_value("r4").run()
+    assert [h.value for h in at.main.subheader] == ["Results", "Replay a request", "Batch replay", "Replay history"]
     assert at.button(key="replay_one").label == "Replay with the full identity"
     assert at.button(key="replay_one").proto.type == "primary"
 
