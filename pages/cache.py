@@ -22,7 +22,7 @@ figure = px.bar(combos, x="combination", y="hit_rate", hover_data=["requests", "
                 labels={"hit_rate": "hit rate", "combination": "target / draft"},
                 color_discrete_sequence=[ui.GOOD])
 figure.update_yaxes(tickformat=".0%")
-st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="hit_rate_by_combination")
+st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="hit_rate_by_combination", config=ui.CHART_CONFIG)
 
 st.subheader("Hit rate over time, per deployment")
 # Smoothed by default: bucket by bucket, a few requests per combination make each line a comb.
@@ -67,7 +67,9 @@ figure = go.Figure([
 ])
 figure.update_layout(barmode="stack", xaxis_title="cache hits", yaxis_title="deployment",
                      height=140 + 50 * max(len(ratios), 1))
-st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="first_sight_hits")
+# Top to bottom by name, as every other page lists deployments: plotly draws the first category lowest.
+figure.update_yaxes(categoryorder="array", categoryarray=sorted(labels, reverse=True))
+st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="first_sight_hits", config=ui.CHART_CONFIG)
 ui.table(ratios, column_config={
     "keys_per_identity": st.column_config.NumberColumn("keys per identity", format="%.3f"),
     "max_correct_hit_rate": st.column_config.NumberColumn("ceiling for a correct key", format="percent",
@@ -88,7 +90,7 @@ else:
     ])
     figure.update_layout(barmode="overlay", xaxis_title="latency (ms, log scale)", yaxis_title="requests")
     figure.update_xaxes(type="log", dtick=1)  # a label per power of ten: the 2s and 5s between crowded it
-    st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="latency_histogram")
+    st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="latency_histogram", config=ui.CHART_CONFIG)
     ui.table(latency)
 
 st.subheader("Speculative decoding health (decoded requests)")
@@ -103,8 +105,8 @@ else:
     figure = px.bar(acceptance, x="combination", y="acceptance_rate", color_discrete_sequence=[ui.GOOD],
                     labels={"acceptance_rate": "acceptance rate", "combination": "target / draft"})
     figure.update_yaxes(tickformat=".0%")
-    left.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="acceptance_rate")
+    left.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="acceptance_rate", config=ui.CHART_CONFIG)
     figure = px.bar(acceptance, x="combination", y="mean_accepted_length", color_discrete_sequence=[ui.GOOD],
                     labels={"mean_accepted_length": "accepted tokens per step", "combination": "target / draft"})
-    right.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="mean_accepted_length")
+    right.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="mean_accepted_length", config=ui.CHART_CONFIG)
     ui.table(acceptance.drop(columns="combination"))

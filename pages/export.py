@@ -7,6 +7,7 @@ import streamlit as st
 
 import ui
 from specdec_core.analysis import report
+from specdec_core.config import ConfigError
 from specdec_core.replay import stored
 
 ui.page_header("Export")
@@ -27,14 +28,21 @@ for column, kind in zip(row, report.KINDS, strict=True):
     column.metric(kind, ui.fmt_int(counts.get(kind, 0)) if kind in kinds else "–")
 # The CSV is built on click: at a million requests it is hundreds of thousands of rows.
 store = ui.store()
+try:  # read as `specdec report` reads it: both write the same links
+    external_url = report.configured_external_url()
+except ConfigError as exc:
+    st.error(f"{ui.md_escape(exc)}: the report's replay links can't be written.")
+    st.stop()
 st.download_button("Download mismatch report (CSV)",
-                   data=lambda: report.report_csv(report.mismatch_report(store, filters, kinds)),
+                   data=lambda: report.report_csv(report.mismatch_report(store, filters, kinds,
+                                                                         external_url=external_url)),
                    file_name=f"specdec-mismatch-report_{slug}.csv", mime="text/csv", type="primary",
                    on_click="ignore", disabled=total == 0, key="download_report")
 if total == 0:
     st.success("Nothing to report for these kinds in this selection.")
 else:
-    preview = ui.cached(report.mismatch_report, filters=filters, kinds=tuple(kinds), limit=PREVIEW_ROWS)
+    preview = ui.cached(report.mismatch_report, filters=filters, kinds=tuple(kinds), limit=PREVIEW_ROWS,
+                        external_url=external_url)
     shown = "" if total <= PREVIEW_ROWS else f" (the first {PREVIEW_ROWS:,} shown; the CSV has all)"
     st.caption(f"{ui.plural(total, 'row')}{shown}.")
     # The CSV writes times as ISO text; on screen they read as every other table's.

@@ -87,7 +87,7 @@ else:
         text=matrix, texttemplate="%{text}", hovertemplate="%{y} served %{x}'s output: %{z}<extra></extra>"))
     heatmap.update_layout(xaxis_title="served from (the arm whose output it was)", yaxis_title="requested by arm",
                           yaxis_autorange="reversed", height=120 + 60 * len(received))
-    st.plotly_chart(ui.readable_layout(heatmap), key="impact_cross_feeding")
+    st.plotly_chart(ui.readable_layout(heatmap), key="impact_cross_feeding", config=ui.CHART_CONFIG)
     st.caption("(none): requests in no experiment arm, or a source not in the log.")
 
 st.subheader("The comparison on clean rows")
@@ -106,7 +106,7 @@ if not frame.empty:
                                                                    var_name="rows", value_name="mean latency (ms)")
         bars = px.bar(latency, x="arm", y="mean latency (ms)", color="rows", barmode="group",
                       color_discrete_sequence=[ui.ALARM, ui.GOOD])
-        st.plotly_chart(ui.readable_layout(bars), key="impact_latency_bars")
+        st.plotly_chart(ui.readable_layout(bars), key="impact_latency_bars", config=ui.CHART_CONFIG)
     st.caption("Clean rows: an arm's requests without its contaminated hits. Where the two differ, the arm's "
                "figures rest on other requests' outputs.")
 

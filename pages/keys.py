@@ -12,8 +12,6 @@ from specdec_core import analysis, contract, keys, remediation
 from specdec_core.config import ConfigError
 from specdec_core.keys import audit
 
-TOP_KEYS = 20
-
 ui.page_header("Keys")
 ui.require_data()
 filters = ui.filters()
@@ -26,18 +24,20 @@ if collisions.empty:
     st.success("No cache key was shared by different request identities in this selection.")
 else:
     st.subheader(f"{ui.plural(head.key_collisions, 'key')} shared by more than one identity")
-    top = collisions.head(TOP_KEYS)
-    figure = px.bar(top.iloc[::-1], y=[ui.plot_label(f"{ui.deployment_label(d)} · {k[:40]}")
-                                       for d, k in zip(top.deployment[::-1], top.cache_key[::-1], strict=True)],
-                    x="identities", orientation="h", hover_data=["requests", "hits"],
-                    color_discrete_sequence=[ui.ALARM], height=120 + 28 * len(top),
-                    labels={"identities": "identities sharing the key", "y": "deployment · cache key"})
-    # No axis title at the side: on a phone it ran over the keys' labels, which say what they are.
-    figure.update_yaxes(title=None, automargin=True)
-    st.caption("Each bar: a deployment · the start of its cache key, and how many identities share the key.")
-    st.plotly_chart(ui.readable_layout(figure), key="identities_per_key")
-    if len(collisions) > TOP_KEYS:
-        st.caption(f"The {TOP_KEYS} keys shared by the most identities; the table lists all {len(collisions):,}.")
+    # How many keys each number of identities shares, per deployment: twenty bars of the top keys were all
+    # 6 or 7 long and said nothing; the spread says whether a few keys or all of them mix identities.
+    spread = (collisions.assign(label=[ui.plot_label(ui.deployment_label(d)) for d in collisions.deployment])
+              .groupby(["label", "identities"], as_index=False).size().rename(columns={"size": "keys"}))
+    figure = px.bar(spread, x="identities", y="keys", color="label", barmode="group",
+                    category_orders={"label": sorted(spread.label.unique())}, color_discrete_sequence=ui.PALETTE,
+                    labels={"identities": "identities sharing the key", "keys": "keys", "label": "deployment"},
+                    height=320)
+    figure.update_traces(hovertemplate="<b>%{fullData.name}</b><br>%{y:,} keys shared by %{x} identities"
+                                       "<extra></extra>")
+    figure.update_xaxes(dtick=1)
+    st.caption("Each bar: how many keys that many identities share (with a correct key, one); the table lists "
+               "each key.")
+    st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="identities_per_key", config=ui.CHART_CONFIG)
     table = ui.table(collisions, on_select="rerun", selection_mode="single-row",
                          key="collision_table")
     rows = [i for i in table.selection.rows if i < len(collisions)]

@@ -43,7 +43,7 @@ if violations is not None and not violations.empty:
 figure.update_layout(xaxis={"title": "max_tokens", "tickmode": "array", "tickvals": list(range(len(boxes))),
                             "ticktext": [str(m) for m in boxes.max_tokens]},
                      yaxis_title="output tokens")
-event = st.plotly_chart(ui.readable_layout(figure), key="output_length_by_max_tokens", on_select="rerun",
+event = st.plotly_chart(ui.readable_layout(figure), key="output_length_by_max_tokens", config=ui.CHART_CONFIG, on_select="rerun",
                         selection_mode="points")
 ui.table(boxes)
 

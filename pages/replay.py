@@ -107,7 +107,10 @@ def show_replay(view: stored.StoredReplay, *, key: str, served_from: str | None 
         st.code(_text(view.production_text), language=None, wrap_lines=True)
     with columns[1]:
         st.markdown("**Replay with the request's identity**")
-        st.code(_text(view.replay_text), language=None, wrap_lines=True)
+        if view.replay_text is None:
+            st.caption("Not replayed: the reason is above.")
+        else:
+            st.code(_text(view.replay_text), language=None, wrap_lines=True)
     if foreign:
         with columns[2]:
             st.markdown(f"**Replay of the source request {ui.code_span(view.source_request_id)}**")
@@ -145,8 +148,17 @@ def replay_link(replay_id: str, label: str = "Open this replay's page (a permane
 
 # --- one stored replay, by its permanent address -------------------------------------------------------------
 
+def _shown_live(replay_id: str) -> bool:
+    """Whether the replay in the address bar is one this session's last run made (the page wrote it there):
+    the page then stays the live one, its results and forms, so a request typed next or a batch started is
+    not lost under the stored view. A reload or a copied link is a new session and gets the stored view."""
+    job_id = st.session_state.get(ui.REPLAY_JOB_KEY)
+    job = jobs.job(job_id) if job_id else None
+    return job is not None and any(r.replay_id == replay_id for r in job.results)
+
+
 replay_id = st.query_params.get("replay_id", "")
-if replay_id:
+if replay_id and not _shown_live(replay_id):
     view = ui.cached(stored.stored_replay, replay_id)
     if view is None:
         st.warning(f"No replay {ui.code_span(replay_id)} in this database.")
@@ -171,13 +183,8 @@ def current_job() -> jobs.ReplayJob | None:
     return jobs.job(job_id) if job_id else None
 
 
-BATCH_JOB = "_replay_batch_job"  # the job the batch form (or Mismatches) started, shown with the batch
-
-
-def start(ids: list[str], prompt: str | None = None, *, batch: bool = False) -> None:
-    job = jobs.start_job(db, ids, prompt=prompt)
-    st.session_state[ui.REPLAY_JOB_KEY] = job.job_id
-    st.session_state[BATCH_JOB] = job.job_id if batch else None
+def start(ids: list[str], prompt: str | None = None) -> None:
+    st.session_state[ui.REPLAY_JOB_KEY] = jobs.start_job(db, ids, prompt=prompt).job_id
 
 
 SHOWN_RUNNING = "_replay_shown_running"  # the job the page last drew as running (buttons disabled)
@@ -209,7 +216,7 @@ def running() -> bool:
 
 queued_start = st.session_state.pop(ui.REPLAY_START_KEY, None)
 if queued_start and not running():
-    start(queued_start, batch=True)
+    start(queued_start)
 
 
 def choose_request() -> str:
@@ -260,16 +267,11 @@ def show_outcome(job: jobs.ReplayJob) -> None:
                     show_replay(stored.as_stored(result), key=f"batch_{n}")
 
 
-def follow(job: jobs.ReplayJob | None) -> None:
-    """Right under the button that started it: the job's progress and Cancel, then what it found."""
-    if job is None:
-        return
-    job_progress()
-    if job.finished:
-        show_outcome(job)
+def covers(job: jobs.ReplayJob | None, request_id: str) -> bool:
+    return job is not None and request_id in job.request_ids
 
 
-def batch_section(job: jobs.ReplayJob | None) -> None:
+def batch_section() -> None:
     st.subheader("Batch replay")
     queued = st.session_state.get(ui.REPLAY_IDS_KEY, [])
     suspicious = "the most suspicious requests"
@@ -288,14 +290,14 @@ def batch_section(job: jobs.ReplayJob | None) -> None:
         else:
             ids = list(queued)
         if ids:
-            start(ids, batch=True)
+            start(ids)
             st.rerun()
         else:
             st.info("Nothing to replay: no contaminated hit or length violation in this selection.")
-    follow(job)
 
 
 def request_section(job: jobs.ReplayJob | None) -> None:
+    st.subheader("Replay a request")
     request_id = choose_request()
     if not request_id:
         st.info("Type a request id, tick contaminated hits on the Mismatches page, or replay the most "
@@ -305,29 +307,34 @@ def request_section(job: jobs.ReplayJob | None) -> None:
     if record is None:
         st.warning(f"No request {ui.code_span(request_id)} in this database.")
         return
-    show_record(record)
-    st.subheader("Replay")
     prompt = None
     if record.prompt is None:
         prompt = st.text_area("Prompt (checked against the logged hash)", key="replay_prompt") or None
-    if st.button("Replay with the full identity", type="primary", disabled=running(), key="replay_one"):
+    # The button before the logged request, whose table runs past a laptop's screen; for the request the run
+    # above is about, it is no second primary button.
+    label, kind = ("Replay again", "secondary") if covers(job, request_id) else \
+        ("Replay with the full identity", "primary")
+    if st.button(label, type=kind, disabled=running(), key="replay_one"):
         start([request_id], prompt)
         st.rerun()
-    follow(job)
+    show_record(record)
 
 
 preload = st.session_state.get(ui.PRELOAD_KEY)
 if preload is not None and not preload.finished:
     st.caption(f"Models are loading in the background ({ui.md_escape(preload.stage)}): the first replay starts "
                "as soon as they are in.")
-# A batch (started here or from Mismatches) shows first, its results before the single-request form.
+# One place for what is running, one for what it found, then what can be started: a run started here, from
+# Mismatches or from a request's page shows once, whichever form started it.
 job = current_job()
-if job is not None and job.job_id == st.session_state.get(BATCH_JOB):
-    batch_section(job)
-    request_section(None)
-else:
-    request_section(job)
-    batch_section(None)
+if running():
+    st.subheader("Running")
+    job_progress()
+elif job is not None:
+    st.subheader("Results")
+    show_outcome(job)
+request_section(job)
+batch_section()
 
 
 def show_history() -> None:

@@ -10,6 +10,7 @@ from ui.access import (
 )
 from ui.charts import (
     ALARM,
+    CHART_CONFIG,
     GOOD,
     PALETTE,
     TIME_KEY,
@@ -81,7 +82,7 @@ from ui.tables import (
 )
 
 __all__ = [
-    "ALARM", "ANNOTATIONS_KEY", "DB_ACCEPTED_KEY", "DB_KEY", "DB_REFUSED_KEY", "FILTERS_KEY", "GOOD", "PAGE_FILES",
+    "ALARM", "CHART_CONFIG", "ANNOTATIONS_KEY", "DB_ACCEPTED_KEY", "DB_KEY", "DB_REFUSED_KEY", "FILTERS_KEY", "GOOD", "PAGE_FILES",
     "PALETTE", "PRELOAD_KEY", "REPLAY_IDS_KEY", "REPLAY_JOB_KEY", "REPLAY_RESULTS_KEY", "REPLAY_START_KEY",
     "SLIDER_LIMITS", "TIME_KEY", "VIEW_PARAMS_KEY", "TIME_ZOOM_KEY", "annotate", "annotations", "bucket_delta", "bucket_words", "plural", "cached", "click_bridge", "fit_value_axes",
     "code_span", "confine_db_choice", "confined_log_files", "dashboard_settings", "default_db_path",

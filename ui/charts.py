@@ -19,6 +19,11 @@ ALARM = "#D62728"
 GOOD = "#4C78A8"
 TIME_KEY = "f_time"
 TIME_ZOOM_KEY = "time_zoom"  # a box dragged across a time chart, for the sidebar to take
+# plotly's toolbar sits at the figure's top right, where the legends are: on a phone it covered them. Dragging
+# selects a time range, the ranges are fitted, and Streamlit's own toolbar (full screen) sits outside the plot.
+CHART_CONFIG = {"displaylogo": False, "displayModeBar": False}
+# Room above the tallest value of a chart with marks, for the first rows of their labels (fit_value_axes).
+MARKED_PAD = 0.22
 
 
 # The user's notes grey and dashed; the contamination's bounds red and dotted; a key-scheme change (the fix,
@@ -68,7 +73,7 @@ def fit_value_axes(figure: Any, *, pad: float = 0.08) -> Any:
             continue
         low = min(slot[0] for slot in slots.values())
         high = max(slot[1] for slot in slots.values())
-        room = (high - low or 1.0) * pad
+        room = (high - low) * pad if high > low else 0.08  # every value 0: a little room, whatever the pad
         # Each panel of a faceted chart on its own scale: a quiet deployment's bars stay readable beside a
         # busy one's, and no panel's range is another's.
         figure.update_layout({_axis_name(axis): {"range": [low - room if low < 0 else 0.0, high + room],
@@ -125,12 +130,30 @@ def annotate(figure: Any, deployment: str | None = None, span: tuple[float, floa
     for (x_axis, y_axis), notes in marks.items():
         low, high = span or _data_span(figure, notes)
         ms_per_px = max(high - low, 1.0) / LABEL_PLOT_PX
-        for x, text, style, row, right in _label_rows(notes, low, high, ms_per_px):
+        for x, text, style, row, right in _label_rows(_merged(notes, ms_per_px), low, high, ms_per_px):
             figure.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, xref=x_axis, yref=f"{y_axis} domain", line=style)
+            # No box: a white box hid the bars under it. A white outline keeps the text readable over them.
             figure.add_annotation(x=x, y=1, xref=x_axis, yref=f"{y_axis} domain", text=text, showarrow=False,
                                   xanchor="right" if right else "left", yanchor="top", yshift=-row * LABEL_ROW_PX,
-                                  font={"size": 10, "color": style["color"]}, bgcolor="rgba(255,255,255,0.85)")
+                                  font={"size": 10, "color": style["color"], "shadow": "auto"})
     return figure
+
+
+def _merged(notes: list[tuple[float, str, dict]], ms_per_px: float) -> list[tuple[float, str, dict]]:
+    """The same event of several deployments at the same place ("edge-a: last contaminated hit" and
+    "edge-b: ..." a pixel apart) as one label naming them all: six labels stacked over the data on Mismatches."""
+    merged: list[tuple[float, list[str], str, dict]] = []
+    for x, text, style in sorted(notes, key=lambda n: n[0]):
+        who, sep, what = text.partition(": ")
+        if not sep:
+            who, what = "", text
+        for n, (mx, names, mwhat, mstyle) in enumerate(merged):
+            if who and names and mwhat == what and mstyle == style and abs(x - mx) <= 2 * ms_per_px:
+                merged[n] = (mx, names + [who], mwhat, mstyle)
+                break
+        else:
+            merged.append((x, [who] if who else [], what, style))
+    return [(x, f"{', '.join(sorted(names))}: {what}" if names else what, style) for x, names, what, style in merged]
 
 
 def _data_span(figure: Any, notes: list[tuple[float, str, dict]]) -> tuple[float, float]:
@@ -226,14 +249,14 @@ def time_chart(figure: Any, key: str, deployment: str | None = None, *, bucket: 
     span = chart_span(bucket)
     if span is not None:
         figure.update_xaxes(range=list(span), autorange=False)
-    fit_value_axes(figure)
     # One timestamp format (tables, the slider, the sentences); the date under the first tick and where
     # it changes, as plotly does by default.
     figure.update_xaxes(hoverformat=TIME_FORMAT_D3, tickformat="%H:%M\n%Y-%m-%d")
     annotate(figure, deployment, span)
+    fit_value_axes(figure, pad=MARKED_PAD if figure.layout.shapes else 0.08)
     figure.update_layout(dragmode="select", selectdirection="h", meta={"specdec_click_selects": True})
     event = st.plotly_chart(figure, key=key, on_select=lambda: _set_time_filter_from(key),
-                            selection_mode=("points", "box"), config={"displaylogo": False})
+                            selection_mode=("points", "box"), config=CHART_CONFIG)
     points = event.selection.points if event is not None and event.selection else []
     if points and not (event.selection.box or []):
         return points[0]

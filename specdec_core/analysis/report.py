@@ -20,6 +20,8 @@ COLUMNS = (
     "target_model", "draft_model", "temperature", "max_tokens", "tokenizer_version",
     # Beyond the contract's minimum: what an on-call engineer filters on next.
     "deployment", "output_tokens", "classification", "detail",
+    # The request's latest stored replay, and its page where the dashboard's address is configured.
+    "replay_id", "replay_link",
 )
 
 # Milliseconds, as most logs write them; microseconds where the log had them, so the report's ts is exact.
@@ -28,39 +30,45 @@ _RFC3339 = ("CASE WHEN microsecond(r.ts) % 1000 = 0 THEN strftime(r.ts, '%Y-%m-%
 _COMMON = (f"r.request_id, {_RFC3339} AS ts, {{kind}} AS kind, r.cache_key, {{source}} AS source_request_id, "
            "{differing} AS differing_fields, r.target_model, r.draft_model, r.temperature, r.max_tokens, "
            "r.tokenizer_version, r.deployment, r.output_tokens, {classification} AS classification, "
-           "{detail} AS detail, r.ts AS sort_ts")
+           "{detail} AS detail, {replay} AS replay_id, r.ts AS sort_ts")
+# The latest replay of each request; replayed_at ties broken by id, so a report reads the same twice.
+_LATEST_REPLAY = ("(SELECT DISTINCT ON (request_id) * FROM replays "
+                  "ORDER BY request_id, replayed_at DESC, replay_id DESC)")
 
 _CONTAMINATED_HIT_COLUMNS = _COMMON.format(
     kind="'contaminated_hit'", source="h.source_request_id", differing="h.differing_fields", classification="NULL",
     detail="CASE WHEN h.fingerprint_mismatch THEN 'cached_fingerprint differs from the request identity' END",
+    replay="p.replay_id",
 )
 _LENGTH_VIOLATION_COLUMNS = _COMMON.format(
     # The contract defines source_request_id for contaminated hits; the Mismatches page shows it here.
     kind="'length_violation'", source="NULL", differing="NULL", classification="NULL",
-    detail="'output_tokens ' || r.output_tokens || ' > max_tokens ' || r.max_tokens",
+    detail="'output_tokens ' || r.output_tokens || ' > max_tokens ' || r.max_tokens", replay="p.replay_id",
 )
 _REPLAY_MISMATCH_COLUMNS = _COMMON.format(
     kind="'replay_mismatch'", source="p.source_request_id", differing="h.differing_fields",
     classification="p.classification",
     detail="'similarity ' || round(p.similarity, 3) || ', first divergent token ' "
-           "|| coalesce(p.first_divergent_token::VARCHAR, '-')",
+           "|| coalesce(p.first_divergent_token::VARCHAR, '-')", replay="p.replay_id",
 )
 
 
 def contaminated_hit_sql(where: str) -> str:
     return (f"SELECT {_CONTAMINATED_HIT_COLUMNS} FROM requests r JOIN hit_sources h USING (request_id) "
+            f"LEFT JOIN {_LATEST_REPLAY} p USING (request_id) "
             f"WHERE {where} AND h.contaminated")
 
 
 def length_violation_sql(where: str) -> str:
     return (f"SELECT {_LENGTH_VIOLATION_COLUMNS} FROM requests r LEFT JOIN hit_sources h USING (request_id) "
+            f"LEFT JOIN {_LATEST_REPLAY} p USING (request_id) "
             f"WHERE {where} AND r.output_tokens > r.max_tokens")
 
 
 def replay_mismatch_sql(where: str) -> str:
     """The latest replay of each request decides; `match` and `near_tie` are not mismatches of the cache."""
     return (f"SELECT {_REPLAY_MISMATCH_COLUMNS} "
-            "FROM (SELECT DISTINCT ON (request_id) * FROM replays ORDER BY request_id, replayed_at DESC) p "
+            f"FROM {_LATEST_REPLAY} p "
             "JOIN requests r USING (request_id) LEFT JOIN hit_sources h USING (request_id) "
             f"WHERE {where} AND p.classification NOT IN ('match', 'near_tie')")
 
@@ -81,9 +89,18 @@ def _parts(filters: Filters, kinds: Iterable[str]) -> tuple[list[tuple[str, str]
     return [(k, MISMATCH_REPORT_SQL[k](where)) for k in KINDS if k in kinds], params
 
 
-def mismatch_report(store: Store, filters: Filters = NO_FILTERS,
-                    kinds: Iterable[str] = KINDS, limit: int | None = None) -> pd.DataFrame:
-    """Every flagged (request, kind) in time order, as the report's rows (the first `limit` of them)."""
+def replay_page_url(external_url: str, replay_id: str) -> str:
+    """The dashboard's page of one stored replay, at the address people reach the dashboard by."""
+    return f"{external_url.rstrip('/')}/replay?replay_id={replay_id}"
+
+
+def mismatch_report(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable[str] = KINDS,
+                    limit: int | None = None, external_url: str | None = None) -> pd.DataFrame:
+    """Every flagged (request, kind) in time order, as the report's rows (the first `limit` of them).
+
+    `replay_link` is the replay's page under `external_url` (`[dashboard] external_url`, see
+    `configured_external_url`); without one it is empty: a relative link means nothing in a spreadsheet.
+    """
     parts, params = _parts(filters, kinds)
     if not parts:
         return pd.DataFrame(columns=list(COLUMNS))
@@ -91,7 +108,17 @@ def mismatch_report(store: Store, filters: Filters = NO_FILTERS,
            + " ORDER BY sort_ts, request_id, kind" + ("" if limit is None else " LIMIT $limit"))
     with store.read() as con:
         frame = execute(con, sql, params | {"limit": limit}).df()
+    frame["replay_link"] = [replay_page_url(external_url, r) if external_url and isinstance(r, str) else None
+                            for r in frame.replay_id]
     return frame[list(COLUMNS)]
+
+
+def configured_external_url() -> str | None:
+    """`[dashboard] external_url` of the config file, read the same way by `specdec report` and the dashboard's
+    export, so that both write the same links. Raises ConfigError, whose text is one line."""
+    from specdec_core.config import dashboard_settings
+
+    return dashboard_settings().external_url
 
 
 def report_counts(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable[str] = KINDS) -> dict[str, int]:
@@ -167,8 +194,8 @@ def report_csv(frame: pd.DataFrame, *, raw: bool = False) -> bytes:
 
 
 def write_report(store: Store, out: str | Path, filters: Filters = NO_FILTERS,
-                 kinds: Iterable[str] = KINDS, *, raw: bool = False) -> int:
+                 kinds: Iterable[str] = KINDS, *, raw: bool = False, external_url: str | None = None) -> int:
     """Write the mismatch report CSV (formulas neutralised unless `raw`); return the number of rows."""
-    frame = mismatch_report(store, filters, kinds)
+    frame = mismatch_report(store, filters, kinds, external_url=external_url)
     Path(out).write_bytes(report_csv(frame, raw=raw))
     return len(frame)

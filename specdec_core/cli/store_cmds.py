@@ -13,8 +13,9 @@ from datetime import datetime, timezone
 
 from specdec_core import formats
 from specdec_core.analysis import Filters, fix_stats, fix_status, headline, logging_gaps, red_flags
-from specdec_core.analysis.report import KINDS, write_report
+from specdec_core.analysis.report import KINDS, configured_external_url, write_report
 from specdec_core.cli.common import UsageError, add_db, existing_store, show_batch
+from specdec_core.config import ConfigError
 from specdec_core.formats import object_store
 from specdec_core.ingestion import IngestLimits, ingest
 from specdec_core.ingestion.follow import DEFAULT_BATCH_ROWS
@@ -144,8 +145,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out} is the database itself; write the report to another file")
     kinds = args.kind or list(KINDS)
     try:
-        rows = write_report(store, args.out, kinds=kinds, raw=args.raw)
-    except (StoreError, OSError) as exc:
+        rows = write_report(store, args.out, kinds=kinds, raw=args.raw, external_url=configured_external_url())
+    except (StoreError, OSError, ConfigError) as exc:
         print(f"specdec report: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {rows} rows to {args.out}")

@@ -9,6 +9,11 @@ from typing import Any
 from specdec_core.decoding.registry import ModelSpec, Registry, RegistryError
 from specdec_core.extras import require
 
+# transformers builds a model on torch's meta device by patching torch for the whole process while it loads:
+# two loaders at once (the dashboard's background preload and a replay's) left one with meta tensors
+# ("Cannot copy out of meta tensor"). One load at a time in a process; each loader's own lock is per loader.
+_FROM_PRETRAINED = threading.Lock()
+
 
 class ModelLoader:
     """Loads models and tokenizers by logical name and keeps the most recent ones (bounded LRU).
@@ -48,7 +53,8 @@ class ModelLoader:
 
         where, kwargs = spec.from_pretrained_args()
         try:
-            model = AutoModelForCausalLM.from_pretrained(where, dtype=self.dtype, **kwargs)
+            with _FROM_PRETRAINED:
+                model = AutoModelForCausalLM.from_pretrained(where, dtype=self.dtype, **kwargs)
         except OSError as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise RegistryError(f"{spec.name}: can't load weights from {spec.source}: {first}") from e

@@ -162,7 +162,7 @@ def shoot(page: Page, path: Path) -> None:
     page.screenshot(path=path)
 
 
-def test_a_replay_puts_its_permanent_link_in_the_address_bar_and_a_batch_shows_first(browser, foreign_server):
+def test_a_replay_puts_its_permanent_link_in_the_address_bar_and_results_show_first(browser, foreign_server):
     url, _, _, _ = foreign_server
     page = new_page(browser)
     page.goto(f"{url}/replay?request_id=h1")
@@ -181,9 +181,9 @@ def test_a_replay_puts_its_permanent_link_in_the_address_bar_and_a_batch_shows_f
     page.get_by_role("spinbutton", name="How many suspicious requests").fill("2")
     page.get_by_role("button", name="Replay batch").click()
     expect(metric(page, "Classification")).to_have_text("foreign", timeout=90_000)
-    # The batch (a batch of one shows its replay in full) comes before the single-request form.
+    # What a run found (a batch of one shows its replay in full) comes before the forms that start one.
     done = metric(page, "Classification")
     request_box = page.get_by_role("textbox", name="Request id")
     assert done.bounding_box()["y"] < request_box.bounding_box()["y"]
-    assert page.get_by_role("heading", name="Batch replay").bounding_box()["y"] < request_box.bounding_box()["y"]
+    assert page.get_by_role("heading", name="Results").bounding_box()["y"] < request_box.bounding_box()["y"]
     page.context.close()

@@ -8,7 +8,7 @@ import re
 import pytest
 from apptest import ROOT, figure, markdown_unescape, metrics_of, open_app, stand_in_replay_module, texts
 from dashboard_data import build_db
-from helpers import STAND_IN_DECODER, rec
+from helpers import rec
 
 from specdec_core import analysis
 from specdec_core.replay import jobs
@@ -205,7 +205,7 @@ def test_live_shows_the_newest_request_and_its_lag(monkeypatch, incident_db):
 
 def test_a_stand_in_batch_job_can_be_cancelled_between_requests(monkeypatch, incident_db):
     calls = stand_in_replay_module(monkeypatch)
-    job = jobs.start_job(Store(incident_db), ["r3", "r4"], lambda: STAND_IN_DECODER)
+    job = jobs.start_job(Store(incident_db), ["r3", "r4"])  # the stand-in's decoder
     job.cancel()
     job.wait(10)
     assert job.finished and job.done <= 2 and len(calls) == job.done

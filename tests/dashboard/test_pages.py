@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import json
+import io
+import os
 import re
+import shutil
 from datetime import datetime, timedelta, timezone
 
 import pandas as pd
@@ -12,6 +14,7 @@ import streamlit.runtime.scriptrunner.script_runner as script_runner
 from apptest import (
     APP,
     ROOT,
+    figure,
     markdown_unescape,
     metrics_of,
     open_app,
@@ -21,13 +24,15 @@ from apptest import (
     walk,
 )
 from dashboard_data import HTML_DEPLOYMENT, HTML_MODEL, HTML_OUTPUT, SCRIPT, build_db, incident_records
-from helpers import STAND_IN_DECODER, rec, write_jsonl
+from helpers import STAND_IN_DECODER, rec, run_cli, write_jsonl
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
 from specdec_core.analysis import Filters, differing_identity_columns, report
 from specdec_core.ingestion.load import ingest
 from specdec_core.replay import jobs
+from specdec_core.replay.run import ReplayResult
+from specdec_core.replay.run import _save as save_replays
 from specdec_core.store.connection import Store
 
 UTC = timezone.utc
@@ -310,8 +315,10 @@ def test_keys_page_shows_the_identities_behind_a_shared_key(monkeypatch, inciden
     assert list(identities.first_seen.dt.strftime("%H:%M")) == ["10:00", "10:02", "10:03"]
     differing = differing_identity_columns(identities)
     assert "max_tokens" in differing and list(identities.columns)[:len(differing)] == differing, "in view first"
-    chart = json.loads(at.get("plotly_chart")[0].proto.spec)
-    assert not chart["layout"]["yaxis"].get("title", {}).get("text"), "no side title over the keys' labels"
+    chart = figure(at, "identities_per_key")
+    [bars] = chart["data"]
+    assert (bars["name"], list(bars["x"]), chart["layout"]["xaxis"]["title"]["text"]) == (
+        "prod", [3], "identities sharing the key"), "how many keys each number of identities shares"
 
 
 def test_replay_page_shows_the_logged_request_from_a_link(monkeypatch, incident_db):
@@ -346,7 +353,9 @@ def test_replay_shows_both_outputs_the_diff_and_the_source_for_a_foreign_output(
     assert shown["Classification"] == "foreign"
     similarity = shown["Similarity to this request's replay"]
     assert (shown["Common prefix (tokens)"], similarity, shown["Acceptance rate (replay)"]) == ("1", "50.0%", "75.0%")
-    assert texts(at, "code")[2:] == ["An output.", "An <b>other</b> output.", "An output."]
+    # The results come first, the request's log below them
+    assert texts(at, "code") == ["An output.", "An <b>other</b> output.", "An output.",
+                                 "Summarise the incident.", "An output."]
     # Production equals the source's replay exactly: the diff that explains the verdict is against this
     # request's own replay (what production should have been), labelled so.
     [heading] = [m for m in texts(at, "markdown") if m.startswith("**Word diff")]
@@ -358,6 +367,45 @@ def test_replay_shows_both_outputs_the_diff_and_the_source_for_a_foreign_output(
     assert list(evidence.itertuples(index=False, name=None)) == [
         ("Source", "r1"), ("Why", "replay of the source matches production")]
     assert not at.get("json"), "evidence in words, not raw JSON"
+
+
+def test_a_finished_replay_shows_once_under_results_with_no_second_primary_button(monkeypatch, incident_db):
+    stand_in_replay_module(monkeypatch)
+    at = open_app(monkeypatch, incident_db, "replay", request_id="r3")
+    assert [h.value for h in at.main.subheader] == ["Replay a request", "Batch replay", "Replay history"]
+    at.button(key="replay_one").click().run()
+    jobs.wait_all(30)
+    at.run()
+    assert [h.value for h in at.main.subheader] == ["Results", "Replay a request", "Batch replay", "Replay history"]
+    assert [m.label for m in at.main.metric].count("Classification") == 1, "the replay is shown once"
+    assert [(b.label, b.proto.type) for b in at.main.button if b.key in ("replay_one", "replay_batch")] == [
+        ("Replay again", "secondary"), ("Replay batch", "secondary")]
+    # Another request in the box is a new replay: its button is the primary one again, and the page stays
+    # this one though the address bar holds r3's replay (it showed the stored replay, losing what was typed).
+    assert at.query_params["replay_id"]
+    at.text_input(key="replay_request_id").set_value("r4").run()
+    assert [h.value for h in at.main.subheader] == ["Results", "Replay a request", "Batch replay", "Replay history"]
+    assert at.button(key="replay_one").label == "Replay with the full identity"
+    assert at.button(key="replay_one").proto.type == "primary"
+
+
+def test_a_batch_from_mismatches_shows_under_running_then_under_results(monkeypatch, incident_db):
+    stand_in_replay_module(monkeypatch)
+    at = open_app(monkeypatch, incident_db, "replay")
+    at.session_state[ui.REPLAY_IDS_KEY] = ["r3", "r4"]
+    at.session_state[ui.REPLAY_START_KEY] = ["r3", "r4"]  # as Mismatches queues it
+    at.run()
+    headings = [h.value for h in at.main.subheader]
+    assert headings[0] in ("Running", "Results") and headings[1:] == ["Replay a request", "Batch replay",
+                                                                      "Replay history"]
+    jobs.wait_all(30)
+    at.run()
+    assert [h.value for h in at.main.subheader][0] == "Results"
+    [batch] = [d.value for d in at.dataframe if "open" in d.value and "message" in d.value]
+    assert sorted(batch.request_id) == ["r3", "r4"]
+    assert [b.label for b in at.main.button if b.proto.type == "primary"] == [], "no second primary button"
+    history = at.dataframe[-1].value
+    assert sorted(history.request_id) == ["r3", "r4"], "the history lists both stored replays"
 
 
 def test_batch_replay_of_the_most_suspicious_requests(monkeypatch, incident_db):
@@ -382,12 +430,12 @@ def test_batch_replay_of_the_most_suspicious_requests(monkeypatch, incident_db):
 
 EXPECTED_CSV = (
     "request_id,ts,kind,cache_key,source_request_id,differing_fields,target_model,draft_model,temperature,"
-    "max_tokens,tokenizer_version,deployment,output_tokens,classification,detail\n"
-    "r3,2026-03-01T10:02:00.000Z,contaminated_hit,k-1,r1,max_tokens,llama-8b,llama-1b,0.0,16,tok-v1,prod,3,,\n"
+    "max_tokens,tokenizer_version,deployment,output_tokens,classification,detail,replay_id,replay_link\n"
+    "r3,2026-03-01T10:02:00.000Z,contaminated_hit,k-1,r1,max_tokens,llama-8b,llama-1b,0.0,16,tok-v1,prod,3,,,,\n"
     "r4,2026-03-01T10:03:00.000Z,contaminated_hit,k-1,r1,draft_model;max_tokens,llama-8b,llama-3b,0.0,2,tok-v1,"
-    "prod,3,,\n"
+    "prod,3,,,,\n"
     "r4,2026-03-01T10:03:00.000Z,length_violation,k-1,,,llama-8b,llama-3b,0.0,2,tok-v1,prod,3,,"
-    "output_tokens 3 > max_tokens 2\n"
+    "output_tokens 3 > max_tokens 2,,\n"
 )
 
 
@@ -398,6 +446,36 @@ def test_export_serves_the_mismatch_report_csv(monkeypatch, incident_db, downloa
     csv = download(button)
     assert csv == report.report_csv(report.mismatch_report(Store(incident_db)))
     assert csv.decode() == EXPECTED_CSV
+
+
+def test_the_report_names_each_requests_latest_replay_and_links_it_where_the_dashboard_is(
+        monkeypatch, incident_db, download, tmp_path):
+    db = tmp_path / incident_db.name
+    shutil.copy(incident_db, db)  # the module's database stays without replays
+    earlier = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+    replays = [ReplayResult("r3", "match", "", {}, replay_id=f"{n}" * 32, replayed_at=earlier + timedelta(hours=n))
+               for n in (1, 2)]
+    save_replays(Store(db), replays)
+    config = tmp_path / "specdec.toml"
+    config.write_text('[dashboard]\nexternal_url = "https://triage.example.com/"\n', encoding="utf-8")
+    monkeypatch.setenv("SPECDEC_CONFIG", str(config))
+    at = open_app(monkeypatch, db, "export")
+    csv = download(at.get("download_button")[0])
+    out = tmp_path / "report.csv"
+    done = run_cli("report", "--db", str(db), "--out", str(out), env={**os.environ, "SPECDEC_CONFIG": str(config)})
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == csv, "the CLI and the dashboard's export write the same bytes"
+    rows = pd.read_csv(io.BytesIO(csv), dtype=str, keep_default_na=False)
+    assert list(rows.columns[-2:]) == ["replay_id", "replay_link"]
+    latest = "2" * 32
+    assert list(zip(rows.request_id, rows.kind, rows.replay_id, rows.replay_link, strict=True)) == [
+        ("r3", "contaminated_hit", latest, f"https://triage.example.com/replay?replay_id={latest}"),
+        ("r4", "contaminated_hit", "", ""), ("r4", "length_violation", "", "")]
+
+    config.write_text("[dashboard]\n", encoding="utf-8")  # no address: the id stays, the link is empty
+    at = open_app(monkeypatch, db, "export")
+    rows = pd.read_csv(io.BytesIO(download(at.get("download_button")[0])), dtype=str, keep_default_na=False)
+    assert list(rows.replay_id) == [latest, "", ""] and list(rows.replay_link) == ["", "", ""]
 
 
 def test_export_follows_the_kinds_and_the_filters(monkeypatch, incident_db, download):

@@ -32,15 +32,14 @@ def test_replaying_a_contaminated_hit_proves_its_foreign_source(monkeypatch, for
     shown = metrics_of(at.main)
     assert shown["Classification"] == "foreign"
     assert shown["Similarity to this request's replay"] != "–"
-    production, replayed, source = texts(at, "code")[2:5]
+    production, replayed, source = texts(at, "code")[:3]
     assert (production, replayed, source) == (outputs[24].text, outputs[6].text, outputs[24].text)
     [history] = [d.value for d in at.dataframe if "replay_id" in d.value]
     assert list(history.request_id) == ["h1"], "the replay is stored and listed in the history"
 
-    # Its permanent page: the same three outputs and the diff against the source's replay, read back.
-    at.query_params.clear()
-    at.query_params["replay_id"] = history.replay_id[0]
-    at.run()
+    # Its permanent page, opened as a copied link is (a new session): the same three outputs and the diff
+    # against the source's replay, read back.
+    at = open_app(monkeypatch, foreign_db, "replay", replay_id=history.replay_id[0])
     assert metrics_of(at.main)["Classification"] == "foreign"
     assert texts(at, "code")[-3:] == [outputs[24].text, outputs[6].text, outputs[24].text]
     assert any("production equals the replay of the source request m1 exactly" in m.replace("\\", "")

@@ -278,3 +278,46 @@ def test_time_charts_hover_in_words_and_order_deployments_by_name(monkeypatch, i
     names = [a["text"] for a in spec["layout"].get("annotations", []) if a.get("textangle") == 90]
     # plotly lists the panels' labels bottom-up: by name from the top down.
     assert names == sorted(names, reverse=True)
+
+
+# --- labels that leave the data visible, a toolbar that leaves the legend visible --------------------------------
+
+
+def test_the_same_mark_of_two_deployments_is_one_label_without_a_box(monkeypatch, tmp_path):
+    # prod and edge both contaminated from 10:02 to 10:03: one label for each bound, naming both deployments.
+    twice = incident_records()[:4] + [{**r, "request_id": "e" + r["request_id"], "deployment": "edge"}
+                                      for r in incident_records()[:4]]
+    at = open_app(monkeypatch, build_db(tmp_path, twice, "twice"), "mismatches")
+    [chart] = at.get("plotly_chart")
+    spec = _plain(json.loads(chart.proto.spec))
+    labels = [a for a in spec["layout"]["annotations"] if a.get("yref", "").endswith("domain")]
+    assert sorted(a["text"] for a in labels) == ["edge, prod: first contaminated hit",
+                                                 "edge, prod: last contaminated hit"]
+    assert all("bgcolor" not in a and a["font"]["shadow"] == "auto" for a in labels), "no box over the bars"
+    # Room above the tallest stack for the first row of labels, within the range the chart test allows.
+    [low, top] = spec["layout"]["yaxis"]["range"]
+    assert low == 0 and 2 * 1.2 <= top <= 2 * 1.25
+
+
+def test_no_chart_has_plotlys_toolbar_over_its_legend(monkeypatch, incident_db):
+    for page in (None, "cache", "mismatches", "keys", "output_length", "impact"):
+        at = open_app(monkeypatch, incident_db, page)
+        for chart in at.get("plotly_chart"):
+            assert json.loads(chart.proto.config).get("displayModeBar") is False, (page, chart.key)
+
+
+def test_deployments_are_listed_by_name_on_every_page(monkeypatch, tmp_path):
+    # a-late is contaminated half an hour after prod: by name it still comes first, but for the window table,
+    # which lists contamination as it began.
+    late = [{**r, "request_id": "a" + r["request_id"], "deployment": "a-late",
+             "ts": r["ts"].replace("T10:0", "T10:3")} for r in incident_records()[:4]]
+    at = open_app(monkeypatch, build_db(tmp_path, incident_records() + late, "late"))
+    strip = [markdown_unescape(m).split("**")[1] for m in texts(at, "markdown")
+             if re.match(r"\*\*(a-late|prod|staging)\*\* ", markdown_unescape(m))]
+    assert strip == ["a-late", "prod", "staging"], "the status strip"
+    panels = [a["text"] for a in sorted(figures(at)["contamination_timeline"]["layout"]["annotations"],
+                                        key=lambda a: -a.get("y", 0)) if a.get("textangle") == 90]
+    assert [markdown_unescape(p) for p in panels] == ["a-late", "prod"], "the timeline's panels, top down"
+    at.switch_page("pages/cache.py").run()
+    spec = figures(at)["first_sight_hits"]
+    assert list(reversed(spec["layout"]["yaxis"]["categoryarray"])) == ["a-late", "prod", "staging"]

@@ -269,3 +269,28 @@ def test_models_fetch_rejects_an_unknown_family(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["models", "fetch", "--family", "huge"])
     assert exit_.value.code == 2
+
+
+def test_loaders_in_two_threads_at_once_both_get_real_weights(tiny_registry):
+    """The dashboard preloads models while a replay loads them: transformers' meta-device loading is
+    process-wide, and two loads at once left one model with meta tensors."""
+    import threading
+
+    loaded: list = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def load() -> None:
+        start.wait()
+        try:
+            loaded.append(ModelLoader(tiny_registry).model("tiny-target"))
+        except BaseException as exc:  # noqa: BLE001 (a thread's error is asserted on below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == [] and len(loaded) == 4
+    assert not any(p.is_meta for model in loaded for p in model.parameters())
