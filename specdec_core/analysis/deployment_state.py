@@ -35,7 +35,7 @@ class DeploymentState:
     def sentence(self) -> str:
         if self.state == NO_DATA:
             return "no requests in this selection"
-        return f"{'since' if self.state == CONTAMINATED else 'clean since'} {fmt_time(self.since)}"
+        return f"since {fmt_time(self.since)}"  # after the headline: "clean since ...", "contaminated now since ..."
 
 
 def deployment_states(store: Store, filters: Filters = NO_FILTERS) -> list[DeploymentState]:

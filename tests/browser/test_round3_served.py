@@ -75,7 +75,7 @@ def test_red_flags_and_the_status_strip_come_before_the_first_chart(browser, dem
         assert flags.bounding_box()["y"] < first_flag.bounding_box()["y"] < chart.bounding_box()["y"], size
         if size[0] == 1440:
             assert first_flag.bounding_box()["y"] < 900, "a red flag in view without scrolling"
-        strip = page.get_by_text("clean since 2026-11-20 11:52:57 UTC")
+        strip = page.get_by_text("since 2026-11-20 11:52:57 UTC", exact=True)
         assert strip.bounding_box()["y"] < flags.bounding_box()["y"]
         page.context.close()
 

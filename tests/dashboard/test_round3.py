@@ -133,7 +133,7 @@ def test_the_status_strip_and_the_red_flags_come_before_every_number_and_chart(m
     assert flags < kinds.index("metric") and flags < kinds.index("plotly_chart")
     strip = [markdown_unescape(value) for kind, value in order[:flags] if kind == "markdown"]
     assert strip == ["**prod** :red[**contaminated now**] :gray[since 2026-03-01 10:02:00 UTC]",
-                     "**staging** :green[**clean**] :gray[clean since 2026-03-01 10:05:00 UTC]"]
+                     "**staging** :green[**clean**] :gray[since 2026-03-01 10:05:00 UTC]"]
 
 
 def test_a_quick_range_sets_the_time_filter_to_the_last_part_of_the_log(monkeypatch, tmp_path):
