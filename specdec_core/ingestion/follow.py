@@ -107,6 +107,12 @@ def _grows_by_lines(path: Path) -> bool:
 DEFAULT_BATCH_ROWS = 10_000
 
 
+
+def has_offsets(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the store has followed anything yet (its table of positions exists)."""
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'follow_offsets'"
+                            ).fetchall()[0][0])
+
 class Follower:
     """Polls the paths and commits what is new as one ingest batch per poll (at most `batch_rows` lines)."""
 
@@ -132,8 +138,7 @@ class Follower:
         if not self.store.exists:
             return {}
         with self.store.read() as con:
-            if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'follow_offsets'"
-                               ).fetchall()[0][0]:
+            if not has_offsets(con):
                 return {}
             has_head = con.execute("SELECT count(*) FROM duckdb_columns() WHERE table_name = 'follow_offsets' "
                                    "AND column_name = 'head'").fetchall()[0][0]

@@ -18,7 +18,7 @@ import pyarrow as pa
 from specdec_core import formats
 from specdec_core.formats import object_store
 from specdec_core.formats.files import LogReadError
-from specdec_core.ingestion.follow import OFFSETS_DDL, Batch, Follower
+from specdec_core.ingestion.follow import OFFSETS_DDL, Batch, Follower, has_offsets
 from specdec_core.ingestion.load import IngestResult, ingest
 from specdec_core.ingestion.staging import IngestLimits
 from specdec_core.store.connection import Store
@@ -50,8 +50,7 @@ class ObjectFollower:
         if not self.store.exists:
             return {}
         with self.store.read() as con:
-            if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'follow_offsets'"
-                               ).fetchall()[0][0]:
+            if not has_offsets(con):
                 return {}
             rows = con.execute("SELECT path, head FROM follow_offsets WHERE file_id LIKE 's3:%'").fetchall()
         return {path: head for path, head in rows}
