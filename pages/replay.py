@@ -6,8 +6,6 @@ linked; the replay history lists them all.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import pandas as pd
 import streamlit as st
 
@@ -32,26 +30,15 @@ MEANING = {
     "unavailable": "This request can't be replayed here (its model or tokenizer isn't available).",
     "redacted": "The log holds only the prompt's hash: give the prompt below to replay it.",
 }
-# The texts are shown whole beside the table; the id is in the heading.
-SHOWN_APART = ("request_id", "prompt", "output_text")
-
-
-def _text(value: object) -> str:
-    """A logged value as the tables show it: one timestamp format, temperature 0 not 0.0."""
-    if value is None:
-        return ""
-    if isinstance(value, datetime):
-        return ui.fmt_ts(value)
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def show_record(record: analysis.RequestRecord) -> None:
-    logged = [(f, record.fields.get(f)) for f in contract.FIELD_NAMES if f not in SHOWN_APART]
+    logged = [(f, record.fields.get(f)) for f in contract.FIELD_NAMES if f not in ui.SHOWN_APART]
     logged += [("source_request_id", record.source_request_id), ("differing_fields", record.differing_fields)]
     left, right = st.columns(2)
     with left:
         st.markdown("**Logged request**")
-        st.dataframe(pd.DataFrame({"field": [f for f, _ in logged], "value": [_text(v) for _, v in logged]}),
+        st.dataframe(pd.DataFrame({"field": [f for f, _ in logged], "value": [ui.value_text(v) for _, v in logged]}),
                      hide_index=True)
     with right:
         st.markdown("**Prompt**")
@@ -104,17 +91,17 @@ def show_replay(view: stored.StoredReplay, *, key: str, served_from: str | None 
     columns = st.columns(3 if foreign else 2)
     with columns[0]:
         st.markdown("**Production**")
-        st.code(_text(view.production_text), language=None, wrap_lines=True)
+        st.code(ui.value_text(view.production_text), language=None, wrap_lines=True)
     with columns[1]:
         st.markdown("**Replay with the request's identity**")
         if view.replay_text is None:
             st.caption("Not replayed: the reason is above.")
         else:
-            st.code(_text(view.replay_text), language=None, wrap_lines=True)
+            st.code(ui.value_text(view.replay_text), language=None, wrap_lines=True)
     if foreign:
         with columns[2]:
             st.markdown(f"**Replay of the source request {ui.code_span(view.source_request_id)}**")
-            st.code(_text(view.source_replay_text), language=None, wrap_lines=True)
+            st.code(ui.value_text(view.source_replay_text), language=None, wrap_lines=True)
     row = st.columns(4)
     row[0].metric("Common prefix (tokens)", ui.fmt_int(view.common_prefix_tokens))
     row[1].metric("First divergent token", ui.fmt_int(view.first_divergent_token))

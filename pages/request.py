@@ -4,8 +4,6 @@ check, the stored replays of either, and a Replay button: the whole case without
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import pandas as pd
 import streamlit as st
 
@@ -17,16 +15,6 @@ from specdec_core.replay import jobs, stored
 ui.page_header("Request")
 ui.require_data()
 
-# Shown apart from the field table: the texts in full below it, the id in the heading.
-SHOWN_APART = ("request_id", "prompt", "output_text")
-
-
-def _text(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, datetime):
-        return ui.fmt_ts(value)
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 linked = st.query_params.get("request_id", "")
@@ -57,20 +45,20 @@ if detail.contaminated:
 
 # --- the identity, beside the source's -------------------------------------------------------------------------
 
-fields = [f for f in contract.FIELD_NAMES if f not in SHOWN_APART]
+fields = [f for f in contract.FIELD_NAMES if f not in ui.SHOWN_APART]
 if source is not None:
     rows = pd.DataFrame({"field": fields,
-                         "this request": [_text(record.fields.get(f)) for f in fields],
-                         f"source {source.request_id}": [_text(source.fields.get(f)) for f in fields]})
+                         "this request": [ui.value_text(record.fields.get(f)) for f in fields],
+                         f"source {source.request_id}": [ui.value_text(source.fields.get(f)) for f in fields]})
     st.markdown("**This request and its source, side by side** (the identity fields that differ highlighted)")
     ui.side_by_side(rows, marked=[n for n, f in enumerate(fields) if f in detail.differing], key="request_fields")
 else:
-    rows = pd.DataFrame({"field": fields, "value": [_text(record.fields.get(f)) for f in fields]})
+    rows = pd.DataFrame({"field": fields, "value": [ui.value_text(record.fields.get(f)) for f in fields]})
     st.markdown("**Logged request**")
     ui.side_by_side(rows, marked=[], key="request_fields")
 
 st.markdown("**Cache key**")
-st.code(_text(record.fields.get("cache_key")), language=None, wrap_lines=True)
+st.code(ui.value_text(record.fields.get("cache_key")), language=None, wrap_lines=True)
 
 st.markdown("**Length check**")
 if detail.length.fits is False:

@@ -28,6 +28,7 @@ from ui.charts import (
     time_chart,
 )
 from ui.format import (
+    SHOWN_APART,
     bucket_words,
     code_span,
     deployment_label,
@@ -40,6 +41,7 @@ from ui.format import (
     plot_label,
     plural,
     short_digest,
+    value_text,
 )
 from ui.state import (
     ANNOTATIONS_KEY,
@@ -87,7 +89,7 @@ __all__ = [
     "SLIDER_LIMITS", "TIME_KEY", "VIEW_PARAMS_KEY", "TIME_ZOOM_KEY", "annotate", "annotations", "bucket_delta", "bucket_words", "plural", "cached", "click_bridge", "fit_value_axes",
     "code_span", "confine_db_choice", "confined_log_files", "dashboard_settings", "default_db_path",
     "deployment_label", "empty_state", "entrypoint", "filter_slug", "filters", "fmt_duration", "fmt_int", "fmt_pct",
-    "fmt_ts", "has_data", "md_escape", "operator_stores", "page_header", "page_link", "panel_spacing",
+    "SHOWN_APART", "fmt_ts", "value_text", "has_data", "md_escape", "operator_stores", "page_header", "page_link", "panel_spacing",
     "plot_label", "point_deployment", "point_time", "readable_layout", "replay_url", "request_table", "request_url",
     "require_data", "short_digest", "show_point_rows", "store", "time_chart", "TIME_FORMAT", "columns_for", "header",
     "table", "TIME_FORMAT_D3", "view_params", "LINKED_ONLY", "request_link_column", "side_by_side",

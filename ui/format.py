@@ -133,3 +133,16 @@ def bucket_words(bucket: str) -> str:
     """A time bucket as an axis says it: '5 minutes' -> '5-minute buckets', '1 hour' -> '1-hour buckets'."""
     count, _, unit = bucket.partition(" ")
     return f"{count}-{unit.rstrip('s')} buckets" if unit else f"{bucket} buckets"
+
+
+# A request's fields that pages show apart from its field table: the texts in full, the id in the heading.
+SHOWN_APART = ("request_id", "prompt", "output_text")
+
+
+def value_text(value: object) -> str:
+    """A logged value as the tables show it: one timestamp format, temperature 0 not 0.0, null as empty."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return fmt_ts(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
