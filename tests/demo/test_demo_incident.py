@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -72,3 +73,10 @@ def test_a_contaminated_demo_hit_replays_as_foreign_with_its_source(demo):
     result = replay(store, rid, decoder)
     assert result.classification == "foreign", result.message
     assert result.source_request_id == truth[rid]["served_by"]
+
+
+def test_the_committed_demo_misses_are_slower_than_its_hits():
+    records = [json.loads(line) for line in gzip.open(DEMO_LOG, "rt", encoding="utf-8")]
+    hits = sorted(r["latency_ms"] for r in records if r["cache_hit"])
+    misses = sorted(r["latency_ms"] for r in records if not r["cache_hit"])
+    assert misses[len(misses) // 2] > 100 * hits[len(hits) // 2]
