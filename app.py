@@ -334,9 +334,18 @@ def filter_widgets() -> Filters:
 
 
 @st.cache_resource(show_spinner=False)
-def model_preload():
-    """The registry's models start loading when the dashboard starts: the first replay doesn't wait for them."""
-    return replay_jobs.preload_models()
+def model_preload(db: str):
+    """The models the store's requests name start loading when the dashboard opens it: the first replay doesn't
+    wait for them, and a registry model no request names is never loaded."""
+    return replay_jobs.preload_models(wanted=lambda: models_named(Store(db)))
+
+
+def models_named(store: Store) -> tuple[str, ...]:
+    try:
+        options = analysis.filter_options(store)
+    except StoreError:
+        return ()
+    return options.target_models + options.draft_models
 
 
 def annotation_widgets() -> None:
@@ -430,7 +439,7 @@ with st.sidebar:
         annotation_widgets()
     ui.click_bridge()
 
-st.session_state[ui.PRELOAD_KEY] = model_preload()
+st.session_state[ui.PRELOAD_KEY] = model_preload(ui.store().name)
 
 partial_load_warning()
 

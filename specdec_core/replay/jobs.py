@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -253,8 +253,14 @@ class Preload:
     finished: bool = False
 
 
-def preload_models(decoder_factory: Callable[[], Decoder] | None = None) -> Preload:
-    """Load the registry's available models (up to what the loader keeps) in a background thread."""
+def preload_models(decoder_factory: Callable[[], Decoder] | None = None,
+                   wanted: Callable[[], Iterable[str]] | None = None) -> Preload:
+    """Load the registry's available models (up to what the loader keeps) in a background thread.
+
+    `wanted` (called in the thread): the models worth loading, those the store's requests name. A registry
+    model no request names is left alone (a replay of this store never asks for it), and with none left
+    neither are the tokenizers: a dashboard on a store of other models loads nothing.
+    """
     state = Preload()
 
     def work() -> None:
@@ -265,8 +271,13 @@ def preload_models(decoder_factory: Callable[[], Decoder] | None = None) -> Prel
             registry, loader = decoder.registry, local.loader
             keep = getattr(loader, "capacity", 4)
             # model_names is a property; a model on an engine has no weights here to load
+            named = None if wanted is None else set(wanted())
             names = [n for n in registry.model_names
-                     if registry.is_available(n) and getattr(registry, "engine_of", lambda _: None)(n) is None][:keep]
+                     if registry.is_available(n) and getattr(registry, "engine_of", lambda _: None)(n) is None
+                     and (named is None or n in named)][:keep]
+            if named is not None and not names:
+                state.stage = "ready (no request names a model of the registry)"
+                return
             for name in names:
                 state.stage = f"loading {name}"
                 loader.model(name)

@@ -135,6 +135,17 @@ def test_preloading_loads_the_local_models_and_none_on_an_engine(tiny_registry):
     assert sorted(state.loaded) == ["tiny-draft-a", "tiny-draft-b"]  # tiny-target is on the engine
 
 
+def test_preloading_loads_only_the_models_the_stores_requests_name(tiny_registry):
+    decoder = SpecDecoder(tiny_registry, device="cpu")
+    names = {"some": ("tiny-draft-b", "llama-8b"), "none": ("llama-8b", "none")}
+    states = {k: jobs.preload_models(lambda: decoder, wanted=lambda v=v: v) for k, v in names.items()}
+    deadline = time.monotonic() + 60
+    while not all(s.finished for s in states.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert states["some"].stage == "ready" and states["some"].loaded == ["tiny-draft-b"], states["some"]
+    assert states["none"].loaded == [] and "no request names a model" in states["none"].stage, states["none"]
+
+
 def test_models_list_shows_where_models_replay_and_which_engines_answer(tmp_path, tiny_registry, served):
     url, name = served
     config = tmp_path / "specdec.toml"
