@@ -127,15 +127,22 @@ def annotate(figure: Any, deployment: str | None = None, span: tuple[float, floa
             targets = [own] if own else []  # a deployment this chart has no panel for
         for axes in targets:
             marks[axes].append((x, plot_label(note.label), style))
+    shapes, labels = [], []
     for (x_axis, y_axis), notes in marks.items():
         low, high = span or _data_span(figure, notes)
         ms_per_px = max(high - low, 1.0) / LABEL_PLOT_PX
         for x, text, style, row, right in _label_rows(_merged(notes, ms_per_px), low, high, ms_per_px):
-            figure.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, xref=x_axis, yref=f"{y_axis} domain", line=style)
+            shapes.append({"type": "line", "x0": x, "x1": x, "y0": 0, "y1": 1, "xref": x_axis,
+                           "yref": f"{y_axis} domain", "line": style})
             # No box: a white box hid the bars under it. A white outline keeps the text readable over them.
-            figure.add_annotation(x=x, y=1, xref=x_axis, yref=f"{y_axis} domain", text=text, showarrow=False,
-                                  xanchor="right" if right else "left", yanchor="top", yshift=-row * LABEL_ROW_PX,
-                                  font={"size": 10, "color": style["color"], "shadow": "auto"})
+            labels.append({"x": x, "y": 1, "xref": x_axis, "yref": f"{y_axis} domain", "text": text,
+                           "showarrow": False, "xanchor": "right" if right else "left", "yanchor": "top",
+                           "yshift": -row * LABEL_ROW_PX, "font": {"size": 10, "color": style["color"], "shadow": "auto"}})
+    if shapes:
+        # Added at once: plotly checks the whole list again on each add_shape/add_annotation, so one at a time
+        # cost the square of the marks (3.6 s of the Cache page's 3.9 s with 50 deployments).
+        figure.update_layout(shapes=[*figure.layout.shapes, *shapes],
+                             annotations=[*figure.layout.annotations, *labels])
     return figure
 
 
