@@ -63,7 +63,8 @@ def write_traffic(log: Path, rate: int, seconds: float, stop: threading.Event, w
     written.append(n)
 
 
-def run(size: int, rate: int, seconds: float, kind: str = "file") -> dict:
+def run(size: int, rate: int, seconds: float, kind: str = "file", base: Path | None = None) -> dict:
+    """Follow the live log into a copy of `base` (bench_append's store of `size` rows when None)."""
     from specdec_core.analysis import freshness
     from specdec_core.store import Store
     from specdec_core.store.connection import StoreError
@@ -73,7 +74,7 @@ def run(size: int, rate: int, seconds: float, kind: str = "file") -> dict:
     for leftover in (work, log, Path(str(work) + ".lock")):
         leftover.unlink(missing_ok=True)
     if size:
-        (shutil.copyfile if kind == "file" else shutil.copytree)(base_store(size, kind), work)
+        (shutil.copyfile if kind == "file" else shutil.copytree)(base or base_store(size, kind), work)
     db = store_name(work, kind)
     log.touch()
     follower = subprocess.Popen([sys.executable, "-m", "specdec_core", "ingest", "--follow", str(log), "--db", str(db),
