@@ -14,6 +14,7 @@ from specdec_core.analysis import impact as hurt
 from specdec_core.remediation import report
 
 CONSUMER_PARAM = "consumer"  # the consumer whose requests are listed: part of the page's address
+SHOWN_ROWS = 1000  # a consumer's affected requests listed on the page; the CSV holds them all
 REPORT_KEY = "impact_report_drafted"
 
 ui.page_header("Impact")
@@ -65,11 +66,15 @@ if names:
     chosen = st.selectbox("Consumer", names, index=index, format_func=lambda v: v or "(none)", key="impact_consumer")
     if st.query_params.get(CONSUMER_PARAM) != chosen:
         st.query_params[CONSUMER_PARAM] = chosen
-    rows = ui.cached(hurt.affected_requests, chosen, filters=filters)
-    st.caption(f"{ui.plural(len(rows), 'request')} for which {chosen or '(none)'} received another request's "
-               "output or an over-long one: what a customer notice lists.")
+    rows = ui.cached(hurt.affected_requests, chosen, filters=filters, limit=SHOWN_ROWS)
+    total = ui.cached(hurt.affected_count, chosen, filters=filters)
+    shown = f"The first {len(rows):,} of {total:,} requests" if len(rows) < total else ui.plural(total, "request")
+    st.caption(f"{shown} for which {chosen or '(none)'} received another request's output or an over-long one: "
+               "what a customer notice lists (the CSV holds them all).")
+    store = ui.store()
+    # Written when clicked, not on every run: a busy consumer's list is hundreds of thousands of rows.
     st.download_button(f"Download {chosen or 'unnamed'}'s affected requests (CSV)",
-                       data=ui.cached(hurt.affected_csv, chosen, filters=filters),
+                       data=lambda: hurt.affected_csv(store, chosen, filters),
                        file_name="affected-requests.csv", mime="text/csv",
                        key="impact_download")
     ui.request_table(rows, key="impact_rows")

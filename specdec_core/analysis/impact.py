@@ -282,11 +282,21 @@ ORDER BY r.ts, r.request_id
 """
 
 
-def affected_requests(store: Store, consumer: str, filters: Filters = NO_FILTERS) -> pd.DataFrame:
+def affected_requests(store: Store, consumer: str, filters: Filters = NO_FILTERS,
+                      limit: int | None = None) -> pd.DataFrame:
     """The requests for which `consumer` ('' for none logged) received a contaminated hit or an over-long output:
-    what a customer notice lists. A row that is both is listed once, as a contaminated hit."""
+    what a customer notice lists. A row that is both is listed once, as a contaminated hit. `limit`: the first
+    that many (a page shows those; the CSV holds them all)."""
+    sql = _affected_sql if limit is None else (lambda where: f"{_affected_sql(where)} LIMIT {int(limit)}")
     with store.read() as con:
-        return ask(con, _affected_sql, filters, {"consumer": consumer}).df()
+        return ask(con, sql, filters, {"consumer": consumer}).df()
+
+
+def affected_count(store: Store, consumer: str, filters: Filters = NO_FILTERS) -> int:
+    """How many rows `affected_requests` lists for `consumer`."""
+    with store.read() as con:
+        return int(ask(con, lambda where: f"SELECT count(*) FROM ({_affected_sql(where)})", filters,
+                       {"consumer": consumer}).fetchall()[0][0])
 
 
 def affected_csv(store: Store, consumer: str, filters: Filters = NO_FILTERS) -> str:

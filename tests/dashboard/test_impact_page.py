@@ -106,3 +106,16 @@ def test_the_incident_report_is_offered_once_drafted(monkeypatch, db):
     assert not at.exception
     labels = [b.proto.label for b in at.get("download_button")]
     assert "Download the report (HTML)" in labels and "Download the report (Markdown)" in labels
+
+
+def test_a_busy_consumers_list_shows_its_first_thousand_and_the_csv_holds_them_all(monkeypatch, tmp_path):
+    # 1,200 over-long outputs for one consumer: more than the page lists.
+    records = [rec(f"v{i:04d}", ts=f"2026-03-01T{10 + i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}Z",
+                   cache_key=f"k{i}", consumer="bigco", max_tokens=2) for i in range(1200)]
+    db = tmp_path / "busy.duckdb"
+    ingest(Store(db), [str(write_jsonl(tmp_path / "busy.jsonl", records))])
+    at = _open(monkeypatch, db)
+    rows = next(d.value for d in at.dataframe if "kind" in d.value.columns)
+    assert len(rows) == 1000 and rows.request_id.iloc[0] == "v0000" and rows.request_id.iloc[-1] == "v0999"
+    assert any("The first 1,000 of 1,200 requests" in c.value for c in at.caption)
+    assert len(affected_csv(Store(db), "bigco").splitlines()) == 1 + 1200
