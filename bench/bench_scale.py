@@ -205,7 +205,7 @@ def show(results: list[dict]) -> None:
         small = by[(kind, sizes[0])]
         print(f"\n{kind} store" + "".join(f"{f'{s:,} rows':>16}" for s in sizes) + f"{'growth/rows':>14}")
 
-        def line(name: str, get, fmt: str = "{:.2f}") -> None:
+        def line(name: str, get, fmt: str = "{:.2f}", kind: str = kind, sizes: list[int] = sizes) -> None:
             values = [get(by[(kind, s)]) for s in sizes]
             cells = "".join(f"{fmt.format(v) if v is not None else '-':>16}" for v in values)
             growth = ""

@@ -15,7 +15,6 @@ from specdec_core.demo.simulate import DEPLOYMENTS, simulate
 from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
-
 DECODE_FLOOR_S = 0.02  # each real decode takes at least this, so a miss's logged latency has a known floor
 
 
