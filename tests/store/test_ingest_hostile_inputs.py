@@ -448,7 +448,7 @@ def test_sigint_during_a_real_ingest_exits_130_with_one_line_and_leaves_the_stor
     before = db.read_bytes()
     line = json.dumps(rec("R", output_text="o" * 300))
     with open(tmp_path / "big.jsonl", "w") as fh:
-        for i in range(120_000):
+        for i in range(300_000):  # seconds of work after the working copy appears, on a loaded machine too
             fh.write(line.replace('"R"', f'"r{i}"', 1) + "\n")
     proc = subprocess.Popen([sys.executable, "-m", "specdec_core", "ingest", str(tmp_path / "big.jsonl"),
                              "--db", str(db)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
