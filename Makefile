@@ -64,8 +64,7 @@ lint: $(STAMP)
 
 # On every core: each test module stays on one worker (--dist loadfile, in pyproject.toml), so a module's
 # servers and models start once; the longest modules go first (tests/conftest.py), not the ones with most tests.
-# TEST_WORKERS=0 runs the suite in this process. One worker per core: a third worker on 2 cores saved about
-# 5% of the time and starved the tests that interrupt a child process at a chosen moment.
+# TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= auto
 test: $(STAMP) system-deps lint
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS)

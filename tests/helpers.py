@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -84,6 +85,13 @@ def write_csv(path: Path, records: list[dict[str, Any]], drop_column: str | None
                     row.append("" if v is None else v)
             writer.writerow(row)
     return path
+
+
+def sigint_default() -> None:
+    """A child's preexec_fn for a test that interrupts it: Ctrl-C's default action, whatever the suite inherited.
+    A shell starts background jobs with SIGINT ignored, and Python installs no KeyboardInterrupt handler in a
+    process that starts so: the child would ignore the test's SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_cli(*args: str, timeout: float = 300, **kwargs: Any) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import free_port, rec, run_cli, write_jsonl
+from helpers import free_port, rec, run_cli, sigint_default, write_jsonl
 from remediation_servers import (
     PASSWORD,
     PASSWORD_ENV,
@@ -139,7 +139,8 @@ def test_interrupted_purge_run_again_deletes_the_rest_and_counts_them_missing(st
     plan = plan_file(tmp_path / "plan.jsonl", keys)
     args = [sys.executable, "-m", "specdec_core", "cache", "purge", "--plan", str(plan), "--redis",
             standalone.url(), "--password-env", PASSWORD_ENV, "--rate", "100", "--backup", str(tmp_path / "b.jsonl")]
-    first = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=sigint_default)
     deadline = time.monotonic() + 30
     # Interrupted as soon as it has deleted some: at 100 a second the rest takes seconds, so a test worker
     # that a loaded machine pauses still interrupts it midway.
