@@ -39,7 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import OUT, ROOT, run_child  # noqa: E402
+from bench_append import store_name  # noqa: E402
+from common import OUT, ROOT, median_seconds, run_child  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 
@@ -53,10 +54,6 @@ t = time.perf_counter()
 r = ingest(Store(sys.argv[1]), sys.argv[2:])
 print(f"{time.perf_counter() - t:.2f} {r.accepted} {r.quarantined}")
 """
-
-
-def store_name(path: Path, kind: str) -> str:
-    return str(path) if kind == "file" else f"ducklake:{path / 's.sqlite'}"
 
 
 def size_on_disk(path: Path) -> int:
@@ -81,13 +78,7 @@ def build(files: list[Path], path: Path, kind: str) -> dict:
 def first_and_median(fn) -> tuple[float, float]:
     t = time.perf_counter()
     fn()
-    first = time.perf_counter() - t
-    times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return first, statistics.median(times)
+    return time.perf_counter() - t, median_seconds(fn)
 
 
 def questions(store) -> dict[str, tuple[float, float]]:
