@@ -7,8 +7,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from specdec_core.analysis.query import NO_FILTERS, Filters, df
+from specdec_core.analysis.query import NO_FILTERS, Filters, execute
 from specdec_core.analysis.status import KeySchemeChange, fmt_time, key_scheme_changes, plural
+from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
@@ -23,9 +24,31 @@ WHERE {where} AND r.cache_hit AND {deployment_label()} = $deployment AND r.ts > 
 """
 
 
+_PREFIX = "left(c.cache_key, length(c.cache_key) - strpos(reverse(c.cache_key), ':'))"
+
+
+def hits_after_fix_summary_sql(where: str) -> str:
+    """The same count from the summaries: the old scheme's keys still used after the fix (summary_keys, one row
+    per key; none when the fix holds), then the selection's hits on those keys (summary_request_keys, whose
+    rows are narrow and ordered by time) instead of every row's key text."""
+    return f"""
+WITH old AS (
+    SELECT DISTINCT {summary.key_hash("c.deployment", "c.cache_key")} AS key_hash FROM summary_keys c
+    WHERE c.deployment = $deployment AND c.hits > 0 AND c.last_seen > $since AND contains(c.cache_key, ':')
+      AND list_contains($old_prefixes, {_PREFIX})
+)
+SELECT count(*) AS hits FROM summary_request_keys r
+WHERE {where} AND r.cache_hit AND r.deployment = $deployment AND r.ts > $since
+  AND r.key_hash IN (SELECT key_hash FROM old)
+"""
+
+
 def _hits_after(store: Store, filters: Filters, deployment: str, since: datetime, prefixes: list[str]) -> int:
-    frame = df(store, hits_after_fix_sql, filters, {"deployment": deployment, "since": since, "old_prefixes": prefixes})
-    return int(frame.hits.iloc[0])
+    where, params = filters.named_where()
+    params |= {"deployment": deployment, "since": since, "old_prefixes": prefixes}
+    with store.read() as con:
+        sql = hits_after_fix_summary_sql if summary.ready(con) else hits_after_fix_sql
+        return int(execute(con, sql(where), params).fetchall()[0][0])
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec_core.analysis.query import NO_FILTERS, Filters, df
+from specdec_core.analysis.query import HITS, NO_FILTERS, Filters, df
 from specdec_core.contract import fields as contract
+from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
 
 
@@ -28,13 +29,26 @@ class LoggingGap:
         return f"{self.field} is never set in this log: if requests do vary in it, log it"
 
 
+def _fields() -> list[str]:
+    return [name for name in contract.IDENTITY_FIELDS if name not in ("prompt", "target_model")]
+
+
 def _gaps_sql(where: str) -> str:
     counts = ",\n".join(
         f"count(*) FILTER (WHERE r.cache_hit AND list_contains(r.unknown_fields, '{name}')) AS \"unknown:{name}\", "
         f"count(r.{name}) = 0 AND count(*) FILTER (WHERE list_contains(r.unknown_fields, '{name}')) = 0 "
         f"AS \"never:{name}\""
-        for name in contract.IDENTITY_FIELDS if name not in ("prompt", "target_model"))
+        for name in _fields())
     return f"SELECT count(*) FILTER (WHERE r.cache_hit) AS hits,\n{counts}\nFROM requests r WHERE {where}"
+
+
+def _gaps_minute_sql(source: str) -> str:
+    """The same counts from the minute summary's per-field columns (summaries.GAP_MEASURES)."""
+    counts = ",\n".join(
+        f"coalesce(sum(c.unknown_{name}) FILTER (WHERE c.cache_hit), 0) AS \"unknown:{name}\", "
+        f"coalesce(sum(c.set_{name}), 0) = 0 AND coalesce(sum(c.unknown_{name}), 0) = 0 AS \"never:{name}\""
+        for name in _fields())
+    return f"SELECT {HITS} AS hits,\n{counts}\nFROM {source} c"
 
 
 # Fields whose null is a real value the contract defines (no draft, no seed, no stop): never set is no gap.
@@ -43,7 +57,9 @@ _NULL_IS_A_VALUE = frozenset({"draft_model", "num_speculative_tokens", "seed", "
 
 def logging_gaps(store: Store, filters: Filters = NO_FILTERS) -> list[LoggingGap]:
     """Identity fields unknown on some hits, then required ones never set, in the contract's order."""
-    row = df(store, _gaps_sql, filters).iloc[0]
+    # A field a program added to the contract after the summary's columns were chosen is counted over the rows.
+    minute = _gaps_minute_sql if set(_fields()) <= set(summary.GAP_FIELDS) else None
+    row = df(store, _gaps_sql, filters, minute=minute).iloc[0]
     hits = int(row["hits"])
     gaps = []
     for name in contract.IDENTITY_FIELDS:

@@ -3,7 +3,8 @@ thousands of rows instead of millions.
 
 - `summary_minute`: additive counts per UTC minute and (deployment, target, draft,
   temperature, cache_hit), with the token sums of every request (the metrics' counters) beside
-  those of speculative misses (the acceptance rate). Any filter is exact: whole minutes come from here, and
+  those of speculative misses (the acceptance rate), and per identity field the requests that mark it
+  unknown and that set it (the logging gaps). Any filter is exact: whole minutes come from here, and
   the rows of the (at most two) minutes a time range cuts through come from
   `requests`, aggregated the same way (`named_minute_source`).
 - `summary_keys`: one row per (deployment, cache_key, fingerprint); distinct counts
@@ -59,6 +60,13 @@ def draft_label(alias: str = "r") -> str:
 
 _SPECULATIVE = f"NOT r.cache_hit AND r.draft_tokens > 0 AND {draft_label()} <> '{NO_DRAFT}'"
 
+# The identity fields whose logging gaps (analysis/gaps.py) the minute summary counts: requests that mark the
+# field unknown (`unknown_<field>`) and that set it (`set_<field>`). The shipped contract's, at import: a field a
+# program adds later (fields.define) has no column, and its gaps are counted over the rows.
+GAP_FIELDS = tuple(f for f in contract.IDENTITY_FIELDS if f not in ("prompt", "target_model"))
+GAP_MEASURES = ",\n".join(f"count(*) FILTER (WHERE list_contains(r.unknown_fields, '{f}')) AS unknown_{f}, "
+                          f"count(r.{f}) AS set_{f}" for f in GAP_FIELDS)
+
 # The minute summary's columns as aggregates over `requests r LEFT JOIN hit_sources h`.
 MINUTE_DIMENSIONS = f"""
 time_bucket(INTERVAL 1 minute, r.ts) AS minute, {deployment_label('r')} AS deployment, r.target_model,
@@ -75,14 +83,16 @@ count(*) FILTER (WHERE {_SPECULATIVE}) AS decoded_requests,
 sum(r.draft_tokens) FILTER (WHERE {_SPECULATIVE}) AS draft_tokens,
 sum(r.accepted_tokens) FILTER (WHERE {_SPECULATIVE}) AS accepted_tokens,
 sum(r.draft_tokens / nullif(r.num_speculative_tokens, 0)) FILTER (WHERE {_SPECULATIVE}) AS steps,
-sum(r.draft_tokens) AS logged_draft_tokens, sum(r.accepted_tokens) AS logged_accepted_tokens"""
+sum(r.draft_tokens) AS logged_draft_tokens, sum(r.accepted_tokens) AS logged_accepted_tokens,
+{GAP_MEASURES}"""
 
 # How two rows of one minute and dimensions combine into one (derived/incremental.py adds a batch's rows to a
 # minute's this way): every measure above, by the aggregate that merges it.
 MINUTE_MERGE = {"requests": "sum", "contaminated": "sum", "first_sight": "sum", "violations": "sum",
                 "first_ts": "min", "last_ts": "max", "first_contaminated": "min", "last_contaminated": "max",
                 "decoded_requests": "sum", "draft_tokens": "sum", "accepted_tokens": "sum", "steps": "sum",
-                "logged_draft_tokens": "sum", "logged_accepted_tokens": "sum"}
+                "logged_draft_tokens": "sum", "logged_accepted_tokens": "sum",
+                **{f"{what}_{f}": "sum" for f in GAP_FIELDS for what in ("unknown", "set")}}
 
 # Each summary's rows over the requests `where` picks (a condition over `requests r`): all of them (TRUE) for a
 # full build, those a batch touched for an update (derived/incremental.py). `hit_sources` names the verdicts read:

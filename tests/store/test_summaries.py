@@ -10,11 +10,12 @@ import pytest
 from helpers import DROP, rec, write_jsonl
 
 from specdec_core import analysis
-from specdec_core.analysis import Filters, impact
+from specdec_core.analysis import Filters, impact, report
 from specdec_core.demo.synthetic import make_synthetic_log
 from specdec_core.derived import migrate
 from specdec_core.derived import summaries as summary
 from specdec_core.ingestion.load import ingest
+from specdec_core.remediation import purge_plan
 from specdec_core.store.connection import Store, StoreError, release_snapshots
 from specdec_core.store.schema import SUMMARY_VERSION
 
@@ -38,10 +39,18 @@ def store(tmp_path_factory):
             max_tokens=9),
         rec("x6", ts="2026-11-20T08:05:30Z", deployment="edge-z", cache_key=DROP, __unknown__=["cache_key"],
             max_tokens=9, cache_hit=True),
+        # A gateway that logs no sampling parameters on its hits: logging gaps, counted per minute.
+        rec("x7", ts="2026-11-20T08:06:10Z", deployment="edge-y", cache_key="KY", temperature=DROP, seed=DROP,
+            cache_hit=True, __unknown__=["seed", "temperature"]),
+        rec("x8", ts="2026-11-20T08:06:20Z", deployment="edge-y", cache_key="KY", temperature=DROP,
+            cache_hit=True, __unknown__=["temperature"]),
+        # Hits on keys of edge-a's old scheme after its fix began (08:18:01): the rollout is not holding.
+        rec("x9", ts="2026-11-20T08:20:00Z", deployment="edge-a", cache_key="edge-a:p:0001", cache_hit=True),
+        rec("x10", ts="2026-11-20T08:21:30.5Z", deployment="edge-a", cache_key="edge-a:p:0001", cache_hit=True),
     ])
     s = Store(tmp / "summary.duckdb")
     result = ingest(s, [str(log), str(extra)])
-    assert result.quarantined == 0 and result.accepted == 4006
+    assert result.quarantined == 0 and result.accepted == 4010
     return s
 
 
@@ -77,6 +86,12 @@ def _filters(store: Store) -> dict[str, Filters]:
     }
 
 
+def _busiest(impacts: list[impact.Impact]) -> list[impact.Impact]:
+    """The consumer with the most wrong outputs, and the one without a name."""
+    ranked = sorted(impacts, key=lambda i: (-(i.contaminated_hits + i.length_violations), i.value))
+    return [*ranked[:1], *(i for i in ranked[1:] if i.value == "")]
+
+
 QUESTIONS = {
     "headline": lambda s, f: pd.DataFrame([analysis.headline(s, f)]),
     "hit_rate_by_combination": analysis.hit_rate_by_combination,
@@ -96,6 +111,17 @@ QUESTIONS = {
     "experiment_impact": lambda s, f: pd.json_normalize([a.as_json() for a in impact.experiment_impact(s, f).arms]),
     "wrong_outputs_over_time": lambda s, f: impact.wrong_outputs_over_time(s, f, bucket="5 minutes"),
     "cross_feeding": lambda s, f: pd.DataFrame(impact.experiment_impact(s, f).as_json()["cross_feeding"]),
+    # A consumer's affected requests, as the Impact page lists the first of them, and their count.
+    "affected_requests": lambda s, f: pd.concat([impact.affected_requests(s, i.value, f, limit=limit).assign(
+        consumer_total=impact.affected_count(s, i.value, f), limit=limit)
+        for i in _busiest(impact.impact(s, "consumer")) for limit in (1, 7, 10_000)]),
+    # The Export page's counts and preview (the report's first rows).
+    "report": lambda s, f: pd.concat([report.mismatch_report(s, f, limit=limit).assign(limit=limit)
+                                      for limit in (1, 7, 10_000)]).assign(**report.report_counts(s, f)),
+    "purge_plan": lambda s, f: pd.DataFrame([e.to_json() for e in purge_plan(s, f)]),
+    "logging_gaps": lambda s, f: pd.DataFrame([g.__dict__ for g in analysis.logging_gaps(s, f)]),
+    "fix_status": lambda s, f: pd.DataFrame([{**st.__dict__, "old_prefixes": str(st.old_prefixes)}
+                                             for st in analysis.fix_status(s, f)]),
     "red_flags": lambda s, f: pd.DataFrame([{**flag.to_json(), "numbers": str(flag.numbers)}
                                             for flag in analysis.red_flags(s, f)]),
 }
@@ -175,7 +201,7 @@ def test_key_hashes_another_duckdb_wrote_are_rebuilt_before_they_are_counted(sto
     with copy.read() as con:
         assert con.execute("SELECT count(*) FROM summary_request_keys k JOIN requests r "
                            "ON r.ts = k.ts AND k.key_hash = hash(coalesce(r.deployment, ''), r.cache_key) AND "
-                           "k.identity_hash = hash(coalesce(r.deployment, ''), r.fingerprint)").fetchall()[0][0] == 4003
+                           "k.identity_hash = hash(coalesce(r.deployment, ''), r.fingerprint)").fetchall()[0][0] == 4007
 
 
 def test_a_store_from_an_older_version_is_brought_up_to_date_by_migrate(store, tmp_path):
