@@ -282,21 +282,66 @@ ORDER BY r.ts, r.request_id
 """
 
 
+def _first_affected_ids_sql(where: str, hits_where: str, limit: int) -> str:
+    """The ids of `_affected_sql`'s first `limit` rows, with the summaries' help: the first contaminated hits
+    (summary_impact_hits) and the first violations (the rows' few narrow columns), merged."""
+    return f"""
+WITH hits AS (
+    SELECT c.request_id, c.ts FROM summary_impact_hits c WHERE {hits_where} AND c.consumer = $consumer
+    ORDER BY c.ts, c.request_id LIMIT {limit}
+), violations AS (
+    SELECT r.request_id, r.ts FROM requests r
+    WHERE {where} AND coalesce(r.consumer, '') = $consumer AND r.output_tokens > r.max_tokens
+    ORDER BY r.ts, r.request_id LIMIT {limit}
+)
+SELECT list(request_id), min(ts), max(ts) FROM (
+    SELECT * FROM (SELECT * FROM hits UNION SELECT * FROM violations) ORDER BY ts, request_id LIMIT {limit})
+"""
+
+
 def affected_requests(store: Store, consumer: str, filters: Filters = NO_FILTERS,
                       limit: int | None = None) -> pd.DataFrame:
     """The requests for which `consumer` ('' for none logged) received a contaminated hit or an over-long output:
     what a customer notice lists. A row that is both is listed once, as a contaminated hit. `limit`: the first
     that many (a page shows those; the CSV holds them all)."""
-    sql = _affected_sql if limit is None else (lambda where: f"{_affected_sql(where)} LIMIT {int(limit)}")
+    params = {"consumer": consumer}
     with store.read() as con:
-        return ask(con, sql, filters, {"consumer": consumer}).df()
+        if limit is None:
+            return ask(con, _affected_sql, filters, params).df()
+        if not summary.ready(con):
+            return ask(con, lambda where: f"{_affected_sql(where)} LIMIT {int(limit)}", filters, params).df()
+        where, where_params = filters.named_where()
+        hits_where, _ = filters.named_where("c")
+        ids, first, last = execute(con, _first_affected_ids_sql(where, hits_where, int(limit)),
+                                   params | where_params).fetchall()[0]
+        # Only those rows are joined with their verdicts and sources (bound: the planner would otherwise join
+        # every request of the consumer first); their time span lets the scans skip the rest of the store.
+        chosen = "r.request_id IN (SELECT unnest($ids::VARCHAR[])) AND r.ts >= $first AND r.ts <= $last"
+        return execute(con, _affected_sql(chosen), params | {"ids": ids or [], "first": first, "last": last}).df()
+
+
+def _affected_count_sql(where: str, hits_where: str) -> str:
+    """How many requests `_affected_sql` lists, from the summaries: the contaminated hits that are not also
+    violations (summary_impact_hits), plus the violations (the rows' narrow columns)."""
+    return f"""
+SELECT (SELECT count(*) FROM summary_impact_hits c
+        WHERE {hits_where} AND c.consumer = $consumer AND c.violation IS NOT TRUE)
+     + (SELECT count(*) FROM requests r
+        WHERE {where} AND coalesce(r.consumer, '') = $consumer AND r.output_tokens > r.max_tokens)
+"""
 
 
 def affected_count(store: Store, consumer: str, filters: Filters = NO_FILTERS) -> int:
     """How many rows `affected_requests` lists for `consumer`."""
+    params = {"consumer": consumer}
     with store.read() as con:
-        return int(ask(con, lambda where: f"SELECT count(*) FROM ({_affected_sql(where)})", filters,
-                       {"consumer": consumer}).fetchall()[0][0])
+        if summary.ready(con):
+            where, where_params = filters.named_where()
+            hits_where, _ = filters.named_where("c")
+            cursor = execute(con, _affected_count_sql(where, hits_where), params | where_params)
+        else:
+            cursor = ask(con, lambda where: f"SELECT count(*) FROM ({_affected_sql(where)})", filters, params)
+        return int(cursor.fetchall()[0][0])
 
 
 def affected_csv(store: Store, consumer: str, filters: Filters = NO_FILTERS) -> str:

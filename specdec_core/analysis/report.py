@@ -12,6 +12,7 @@ import pandas as pd
 
 from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.analysis.query import execute
+from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
 
 KINDS = ("contaminated_hit", "length_violation", "replay_mismatch")
@@ -79,14 +80,32 @@ MISMATCH_REPORT_SQL: dict[str, Callable[[str], str]] = {
 }
 
 
-def _parts(filters: Filters, kinds: Iterable[str]) -> tuple[list[tuple[str, str]], dict[str, Any]]:
-    """(kind, SQL) of each chosen kind, in the report's order, and the filters' parameters (by name)."""
+def _parts(filters: Filters, kinds: Iterable[str], also: str = "TRUE") -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """(kind, SQL) of each chosen kind, in the report's order, and the filters' parameters (by name); `also`,
+    a further condition over `requests r`."""
     kinds = list(kinds)
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise ValueError(f"report kind {', '.join(unknown)} is unknown; known: {', '.join(KINDS)}")
     where, params = filters.named_where()
-    return [(k, MISMATCH_REPORT_SQL[k](where)) for k in KINDS if k in kinds], params
+    return [(k, MISMATCH_REPORT_SQL[k](f"{where} AND {also}")) for k in KINDS if k in kinds], params
+
+
+def _first_ids_sql(filters: Filters, kinds: list[str]) -> str:
+    """The requests of the report's first `$limit` rows, their first and last time: the first contaminated hits
+    from their summary, the first violations from the rows' narrow columns, the replays' few as they are."""
+    where, _ = filters.named_where()
+    hits_where, _ = filters.named_where("c")
+    first = {
+        "contaminated_hit": f"SELECT c.request_id, c.ts AS sort_ts, 'contaminated_hit' AS kind "
+                            f"FROM summary_contaminated c WHERE {hits_where}",
+        "length_violation": f"SELECT r.request_id, r.ts AS sort_ts, 'length_violation' AS kind FROM requests r "
+                            f"WHERE {where} AND r.output_tokens > r.max_tokens",
+        "replay_mismatch": f"SELECT request_id, sort_ts, kind FROM ({replay_mismatch_sql(where)})",
+    }
+    union = " UNION ALL ".join(f"({first[k]} ORDER BY sort_ts, request_id LIMIT $limit)" for k in KINDS if k in kinds)
+    return (f"SELECT list(request_id), min(sort_ts), max(sort_ts) FROM "
+            f"(SELECT * FROM ({union}) ORDER BY sort_ts, request_id, kind LIMIT $limit)")
 
 
 def replay_page_url(external_url: str, replay_id: str) -> str:
@@ -101,12 +120,20 @@ def mismatch_report(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable
     `replay_link` is the replay's page under `external_url` (`[dashboard] external_url`, see
     `configured_external_url`); without one it is empty: a relative link means nothing in a spreadsheet.
     """
+    kinds = list(kinds)
     parts, params = _parts(filters, kinds)
     if not parts:
         return pd.DataFrame(columns=list(COLUMNS))
-    sql = (" UNION ALL ".join(f"({p})" for _, p in parts)
-           + " ORDER BY sort_ts, request_id, kind" + ("" if limit is None else " LIMIT $limit"))
     with store.read() as con:
+        if limit is not None and summary.ready(con):
+            # The first rows' requests first, from narrow columns; only those are joined with their verdicts,
+            # replays and texts (bound: the planner would otherwise join every flagged request first).
+            ids, first, last = execute(con, _first_ids_sql(filters, kinds), params | {"limit": limit}).fetchall()[0]
+            chosen = "r.request_id IN (SELECT unnest($ids::VARCHAR[])) AND r.ts >= $first AND r.ts <= $last"
+            parts, params = _parts(filters, kinds, chosen)
+            params |= {"ids": ids or [], "first": first, "last": last}
+        sql = (" UNION ALL ".join(f"({p})" for _, p in parts)
+               + " ORDER BY sort_ts, request_id, kind" + ("" if limit is None else " LIMIT $limit"))
         frame = execute(con, sql, params | {"limit": limit}).df()
     frame["replay_link"] = [replay_page_url(external_url, r) if external_url and isinstance(r, str) else None
                             for r in frame.replay_id]
@@ -126,8 +153,12 @@ def report_counts(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable[s
     parts, params = _parts(filters, kinds)
     if not parts:
         return {}
-    sql = " UNION ALL ".join(f"SELECT '{k}' AS kind, count(*) AS n FROM ({p})" for k, p in parts)
     with store.read() as con:
+        if summary.ready(con):  # the contaminated hits are counted in their summary, not joined with verdicts
+            hits_where, _ = filters.named_where("c")
+            parts = [(k, f"SELECT * FROM summary_contaminated c WHERE {hits_where}" if k == "contaminated_hit" else p)
+                     for k, p in parts]
+        sql = " UNION ALL ".join(f"SELECT '{k}' AS kind, count(*) AS n FROM ({p})" for k, p in parts)
         return dict(execute(con, sql, params).fetchall())
 
 

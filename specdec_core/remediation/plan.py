@@ -101,6 +101,31 @@ ORDER BY first_contaminated NULLS LAST, first_seen, deployment, cache_key
 """
 
 
+def plan_whole_sql(dims: str) -> str:
+    """The same keys without a time range, from the summaries: the contaminated hits' keys (summary_contaminated)
+    and the keys more than one identity used (summary_shared_keys, which holds every key that could), then
+    those keys' rows of summary_keys for their identities and first and last use."""
+    return f"""
+WITH hits AS (
+    SELECT c.deployment, c.cache_key, count(*) AS contaminated_hits, min(c.ts) AS first_contaminated
+    FROM summary_contaminated c WHERE {dims} AND c.cache_key IS NOT NULL GROUP BY ALL
+), shared AS (
+    SELECT c.deployment, c.cache_key FROM summary_shared_keys c WHERE {dims} AND c.cache_key IS NOT NULL
+    GROUP BY ALL HAVING count(DISTINCT c.fingerprint) > 1
+), listed AS (
+    SELECT deployment, cache_key FROM hits UNION SELECT deployment, cache_key FROM shared
+), k AS (
+    SELECT c.deployment, c.cache_key, count(DISTINCT c.fingerprint) AS identities,
+           min(c.first_seen) AS first_seen, max(c.last_seen) AS last_seen
+    FROM summary_keys c SEMI JOIN listed USING (deployment, cache_key) WHERE {dims} GROUP BY ALL
+)
+SELECT k.deployment, k.cache_key, k.identities, coalesce(hits.contaminated_hits, 0) AS contaminated_hits,
+       hits.first_contaminated, k.first_seen, k.last_seen
+FROM k LEFT JOIN hits USING (deployment, cache_key)
+ORDER BY first_contaminated NULLS LAST, first_seen, deployment, cache_key
+"""
+
+
 def _instant(value: Any) -> datetime | None:
     if value is None or value is pd.NaT or (not isinstance(value, str) and pd.isna(value)):
         return None
@@ -112,7 +137,7 @@ def purge_plan(store: Store, filters: Filters = NO_FILTERS,
                key_template: str = DEFAULT_KEY_TEMPLATE) -> list[PlanEntry]:
     """The keys to remove, in order of their first contaminated hit (collisions last, by first use)."""
     check_key_template(key_template)
-    rows = df(store, plan_sql, filters)
+    rows = df(store, plan_sql, filters, whole=plan_whole_sql)
     entries = []
     for row in rows.itertuples(index=False):
         hits = int(row.contaminated_hits)

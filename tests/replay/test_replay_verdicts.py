@@ -151,11 +151,16 @@ def test_unknown_request_id_is_a_clear_error(incident_store, decoder):
 
 
 def test_replay_mismatches_appear_in_the_report(incident_store, decoder):
-    from specdec_core.analysis.report import mismatch_report
+    from specdec_core.analysis.report import mismatch_report, report_csv
 
     replay(incident_store, "b", decoder)
     frame = mismatch_report(incident_store, kinds=["replay_mismatch"])
     assert list(frame["request_id"]) == ["b"] and list(frame["classification"]) == ["foreign"]
+    # The Export page's preview (the report's first rows, found from the summaries) holds it in its place.
+    whole = mismatch_report(incident_store)
+    for limit in (1, 2, len(whole)):
+        assert report_csv(mismatch_report(incident_store, limit=limit)) == report_csv(whole.head(limit))
+    assert "replay_mismatch" in set(mismatch_report(incident_store, limit=len(whole)).kind)
 
 
 def _registry_toml(registry) -> str:
