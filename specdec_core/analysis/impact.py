@@ -15,11 +15,10 @@ from typing import Any
 import pandas as pd
 
 from specdec_core.analysis.query import NO_FILTERS, Filters, ask, df, execute, native, time_bucket
+from specdec_core.contract.names import IMPACT_DIMENSIONS
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
-
-IMPACT_DIMENSIONS = ("consumer", "experiment", "deployment")
 
 
 @dataclass(frozen=True)

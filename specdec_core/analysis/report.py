@@ -12,10 +12,11 @@ import pandas as pd
 
 from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.analysis.query import execute
+from specdec_core.contract.names import REPORT_KINDS
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
 
-KINDS = ("contaminated_hit", "length_violation", "replay_mismatch")
+KINDS = REPORT_KINDS
 COLUMNS = (
     "request_id", "ts", "kind", "cache_key", "source_request_id", "differing_fields",
     "target_model", "draft_model", "temperature", "max_tokens", "tokenizer_version",

@@ -7,27 +7,16 @@ import json
 import signal
 import sys
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from specdec_core.analysis import Filters
 from specdec_core.cli.common import UsageError, add_db, existing_store
-from specdec_core.remediation import (
-    DEFAULT_KEY_TEMPLATE,
-    Interrupted,
-    PlanError,
-    PurgeError,
-    PurgeRecord,
-    RedisTarget,
-    plan_counts,
-    purge_keys,
-    purge_namespace,
-    purge_plan,
-    read_plan_keys,
-    record_purge,
-    restore_backup,
-    write_plan,
-)
-from specdec_core.remediation.target import check_url
+from specdec_core.contract.names import DEFAULT_KEY_TEMPLATE
+
+# The remediation (and the analysis under its plan: pandas) is imported by the command that runs, not by
+# every `specdec` start.
+if TYPE_CHECKING:
+    from specdec_core.analysis import Filters
+    from specdec_core.remediation import RedisTarget
 
 
 def _instant(text: str, flag: str) -> datetime:
@@ -39,6 +28,8 @@ def _instant(text: str, flag: str) -> datetime:
 
 
 def filters_from_args(args: argparse.Namespace) -> Filters:
+    from specdec_core.analysis import Filters
+
     return Filters(start=_instant(args.since, "--since") if args.since else None,
                    end=_instant(args.until, "--until") if args.until else None,
                    deployments=tuple(args.deployment or ()))
@@ -50,6 +41,8 @@ def _fail(command: str, exc: Exception, code: int) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from specdec_core.remediation import PlanError, plan_counts, purge_plan, write_plan
+
     try:
         filters = filters_from_args(args)
     except ValueError as exc:
@@ -88,6 +81,9 @@ def _progress(enabled: bool):
 
 
 def _target(args: argparse.Namespace) -> RedisTarget:
+    from specdec_core.remediation import RedisTarget
+    from specdec_core.remediation.target import check_url
+
     target = RedisTarget(args.redis, cluster=args.cluster, password_env=args.password_env)
     check_url(target.url)
     target.password()  # an unset variable is a usage error before anything is read
@@ -99,6 +95,17 @@ def _raise_interrupt(_signum: int, _frame: Any) -> None:
 
 
 def cmd_purge(args: argparse.Namespace) -> int:
+    from specdec_core.remediation import (
+        Interrupted,
+        PlanError,
+        PurgeError,
+        PurgeRecord,
+        purge_keys,
+        purge_namespace,
+        read_plan_keys,
+        record_purge,
+    )
+
     if (args.plan is None) == (args.namespace is None):
         raise UsageError("give --plan PLAN.jsonl or --namespace PREFIX (one of them)")
     try:
@@ -147,6 +154,8 @@ def cmd_purge(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
+    from specdec_core.remediation import PurgeError, PurgeRecord, record_purge, restore_backup
+
     try:
         target = _target(args)
     except PurgeError as exc:

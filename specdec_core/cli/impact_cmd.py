@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from specdec_core.analysis.impact import IMPACT_DIMENSIONS, experiment_impact, impact, rfc3339
 from specdec_core.cli.store_cmds import add_db, existing_store
+from specdec_core.contract.names import IMPACT_DIMENSIONS
 
 
 def _cell(value: float | None, digits: int = 1) -> str:
@@ -15,6 +15,8 @@ def _cell(value: float | None, digits: int = 1) -> str:
 
 
 def cmd_impact(args: argparse.Namespace) -> int:
+    from specdec_core.analysis.impact import experiment_impact, impact, rfc3339
+
     store = existing_store(args, "impact")
     if store is None:
         return 1

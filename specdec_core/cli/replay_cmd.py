@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
-from specdec_core.analysis import suspicious_requests
 from specdec_core.decoding.engine_client import EngineError, escape_controls
 from specdec_core.decoding.registry import RegistryError
-from specdec_core.replay.run import ReplayError, ReplayResult, replay, replay_many
 
 from .store_cmds import existing_store
+
+if TYPE_CHECKING:  # the replay (and the analysis under it) is imported by `specdec replay`, not by every start
+    from specdec_core.replay.run import ReplayResult
 
 
 def _print_result(r: ReplayResult) -> None:
@@ -40,6 +42,9 @@ def _progress(n: int, total: int, result: ReplayResult) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from specdec_core.analysis import suspicious_requests
+    from specdec_core.replay.run import ReplayError, replay, replay_many
+
     store = existing_store(args, "replay")
     if store is None:
         return 1

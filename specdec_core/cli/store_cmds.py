@@ -10,18 +10,21 @@ import os
 import sys
 from dataclasses import replace
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from specdec_core import formats
-from specdec_core.analysis import Filters, fix_stats, fix_status, headline, logging_gaps, red_flags
-from specdec_core.analysis.report import KINDS, configured_external_url, write_report
 from specdec_core.cli.common import UsageError, add_db, existing_store, show_batch
 from specdec_core.config import ConfigError
+from specdec_core.contract.names import REPORT_KINDS
 from specdec_core.formats import object_store
 from specdec_core.ingestion import IngestLimits, ingest
 from specdec_core.ingestion.follow import DEFAULT_BATCH_ROWS
 from specdec_core.monitoring.figures import DEFAULT_TOP
 from specdec_core.store import LogReadError, Store, StoreError
 from specdec_core.store.working_copy import copy_cost_note
+
+if TYPE_CHECKING:  # the analysis (pandas) is imported by the commands that ask questions, not by every start
+    from specdec_core.analysis import Filters
 
 
 def _progress_bar(enabled: bool):
@@ -143,7 +146,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 1
     if _same_file(args.out, store.path):
         raise UsageError(f"--out {args.out} is the database itself; write the report to another file")
-    kinds = args.kind or list(KINDS)
+    from specdec_core.analysis.report import configured_external_url, write_report
+
+    kinds = args.kind or list(REPORT_KINDS)
     try:
         rows = write_report(store, args.out, kinds=kinds, raw=args.raw, external_url=configured_external_url())
     except (StoreError, OSError, ConfigError) as exc:
@@ -164,6 +169,8 @@ def utc_time(text: str) -> datetime:
 
 def stats_filters(args: argparse.Namespace) -> Filters:
     """The dashboard's filters, from the command line: the same numbers for the same selection."""
+    from specdec_core.analysis import Filters
+
     return Filters(start=args.start, end=args.end, deployments=tuple(args.deployment or ()),
                    target_models=tuple(args.target_model or ()), draft_models=tuple(args.draft_model or ()))
 
@@ -172,6 +179,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     store = existing_store(args, "stats")
     if store is None:
         return 1
+    from specdec_core.analysis import fix_stats, fix_status, headline, logging_gaps, red_flags
+
     chosen = stats_filters(args)
     h = headline(store, chosen)
     gaps = logging_gaps(store, chosen)
@@ -243,7 +252,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description="One row per (flagged request, kind).")
     add_db(p)
     p.add_argument("--out", required=True, metavar="FILE.csv")
-    p.add_argument("--kind", action="append", choices=KINDS, help="only this kind (repeatable)")
+    p.add_argument("--kind", action="append", choices=REPORT_KINDS, help="only this kind (repeatable)")
     p.add_argument("--raw", action="store_true",
                    help="write log text exactly as logged; by default a text cell starting with = + - @ tab or "
                         "CR gets a leading ' so a spreadsheet shows it instead of running it as a formula")

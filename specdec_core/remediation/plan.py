@@ -19,11 +19,11 @@ from typing import Any
 import pandas as pd
 
 from specdec_core.analysis.query import NO_FILTERS, Filters, df
+from specdec_core.contract.names import DEFAULT_KEY_TEMPLATE
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
 REASONS = ("contaminated", "collision")
-DEFAULT_KEY_TEMPLATE = "{cache_key}"
 _PLACEHOLDER = re.compile(r"\{(cache_key|deployment)\}")
 
 
