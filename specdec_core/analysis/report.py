@@ -155,12 +155,19 @@ def report_counts(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable[s
     if not parts:
         return {}
     with store.read() as con:
-        if summary.ready(con):  # the contaminated hits are counted in their summary, not joined with verdicts
+        counts = [f"SELECT '{k}' AS kind, count(*) AS n FROM ({p})" for k, p in parts]
+        if summary.ready(con):
+            # The contaminated hits in their summary, the violations in the minute summary's (exact under any
+            # filter: the minutes a time range cuts through are counted from the rows).
             hits_where, _ = filters.named_where("c")
-            parts = [(k, f"SELECT * FROM summary_contaminated c WHERE {hits_where}" if k == "contaminated_hit" else p)
-                     for k, p in parts]
-        sql = " UNION ALL ".join(f"SELECT '{k}' AS kind, count(*) AS n FROM ({p})" for k, p in parts)
-        return dict(execute(con, sql, params).fetchall())
+            minutes, minute_params = summary.named_minute_source(filters, filters.named_where())
+            by_summary = {
+                "contaminated_hit": f"SELECT 'contaminated_hit', count(*) FROM summary_contaminated c WHERE {hits_where}",
+                "length_violation": f"SELECT 'length_violation', coalesce(sum(c.violations), 0)::BIGINT FROM {minutes} c",
+            }
+            counts = [by_summary.get(k, sql) for (k, _), sql in zip(parts, counts, strict=True)]
+            params |= minute_params
+        return dict(execute(con, " UNION ALL ".join(counts), params).fetchall())
 
 
 # A spreadsheet reads a cell starting with one of these as a formula (OWASP, "CSV Injection").
