@@ -21,6 +21,7 @@ from specdec_core.ingestion import IngestLimits, ingest
 from specdec_core.ingestion.follow import DEFAULT_BATCH_ROWS
 from specdec_core.monitoring.figures import DEFAULT_TOP
 from specdec_core.store import LogReadError, Store, StoreError
+from specdec_core.store.lake_files import damaged_files, damaged_message
 from specdec_core.store.working_copy import copy_cost_note
 
 if TYPE_CHECKING:  # the analysis (pandas) is imported by the commands that ask questions, not by every start
@@ -181,6 +182,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return 1
     from specdec_core.analysis import fix_stats, fix_status, headline, logging_gaps, red_flags
 
+    if store.lake is not None:
+        # Its numbers come from the summaries, which a lost or overwritten file of the requests leaves readable:
+        # say the lake is damaged, as every command that reads the rows does, before answering from them.
+        with store.read() as con:
+            damaged = damaged_files(con)
+        if damaged:
+            raise StoreError(damaged_message(damaged, str(store)))
     chosen = stats_filters(args)
     h = headline(store, chosen)
     gaps = logging_gaps(store, chosen)
