@@ -51,6 +51,20 @@ def test_hit_rate_over_time_is_split_by_deployment_and_smoothed(monkeypatch, inc
         analysis.hit_rate_by_deployment_over_time(Store(incident_db), smoothing=4)
 
 
+def test_hit_rate_over_time_shows_twelve_panels_the_contaminated_deployments_first(monkeypatch, tmp_path):
+    # Fourteen deployments: d13 the quietest but contaminated (a hit on another max_tokens' entry), d00 the
+    # busiest; all fourteen panels would be a chart taller than two screens.
+    records = [rec(f"r{d}-{i}", ts=f"2026-03-01T10:{i:02d}:00Z", deployment=f"d{d:02d}", cache_key=f"k{d}-{i}")
+               for d in range(13) for i in range(2 + (13 - d))]
+    records += [rec("m13", deployment="d13", cache_key="K", max_tokens=64),
+                rec("h13", ts="2026-03-01T10:05:00Z", deployment="d13", cache_key="K", cache_hit=True, max_tokens=8)]
+    at = open_app(monkeypatch, build_db(tmp_path, records), "cache")
+    panels = [a["text"] for a in figure(at, "hit_rate_over_time")["layout"]["annotations"]
+              if re.fullmatch(r"d\d\d", a["text"])]
+    assert sorted(panels) == [*(f"d{d:02d}" for d in range(11)), "d13"], "the contaminated one, then the busiest"
+    assert any("12 deployments with the most contaminated hits, then requests, of 14" in c for c in texts(at, "caption"))
+
+
 def test_annotations_from_the_sidebar_and_detected_contamination_mark_every_time_chart(monkeypatch, incident_db):
     at = open_app(monkeypatch, incident_db)
     at.sidebar.text_area(key="annotations_text").set_value(
