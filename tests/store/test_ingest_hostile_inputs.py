@@ -456,8 +456,11 @@ def test_sigint_during_a_real_ingest_exits_130_with_one_line_and_leaves_the_stor
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob("t.duckdb.*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    time.sleep(0.5)
-    assert proc.poll() is None, "the ingest ended before it could be interrupted; make the file larger"
+    time.sleep(0.3)
+    # Still writing (its copy not yet in the store's place), not merely alive: on a loaded machine a process
+    # can be seen alive after it has replaced the store, while it exits, and there is nothing left to stop.
+    assert list(tmp_path.glob("t.duckdb.*.tmp")), \
+        "the ingest ended before it could be interrupted; make the file larger"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
