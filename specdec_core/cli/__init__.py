@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import duckdb
 
+from specdec_core import interrupts
 from specdec_core.cli.common import UsageError
 from specdec_core.extras import MissingExtra
 from specdec_core.store.connection import StoreError
@@ -73,6 +74,7 @@ def _command_name(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    interrupts.install()
     try:
         args = build_parser().parse_args(argv)
         try:

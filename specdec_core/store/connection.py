@@ -21,6 +21,7 @@ from typing import TypeVar
 
 import duckdb
 
+from specdec_core import interrupts
 from specdec_core.store import lake as lakes
 from specdec_core.store.convert import SIDE_VERSION, ConversionError, convert_into, written_by_newer_duckdb
 from specdec_core.store.ddl import ensure_schema
@@ -320,6 +321,7 @@ class Store:
                 con.close()
                 if original is not None:
                     _keep_metadata(written, original)
+                interrupts.check()  # a Ctrl-C a library swallowed during the block: the store stays as it was
                 os.replace(written, target)
             except BaseException as exc:
                 con.close()

@@ -29,6 +29,7 @@ from typing import TypeVar
 
 import duckdb
 
+from specdec_core import interrupts
 from specdec_core.store.errors import LakeError
 from specdec_core.store.instance import restore_threads
 from specdec_core.store.lake_extensions import new_instance
@@ -305,6 +306,7 @@ def writing(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
             con.execute("BEGIN TRANSACTION")
             setup(con)
             yield con
+            interrupts.check()  # a Ctrl-C a library swallowed during the block: nothing is committed
             try:
                 con.execute("COMMIT")
             except duckdb.Error as exc:

@@ -19,6 +19,7 @@ import duckdb
 import pytest
 from helpers import rec, run_cli, sigint_default, write_csv, write_jsonl
 
+from specdec_core import interrupts
 from specdec_core.cli import main as cli_main
 from specdec_core.formats.files import LogReadError
 from specdec_core.ingestion.load import ingest
@@ -468,6 +469,44 @@ def test_sigint_during_a_real_ingest_exits_130_with_one_line_and_leaves_the_stor
     assert db.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("t.duckdb")) == ["t.duckdb",
                                                                                           "t.duckdb.lock"]
+
+
+@pytest.fixture
+def python_sigint():
+    """SIGINT handled as a fresh `specdec` finds it (Python's own handler), whatever the suite's worker set."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+    interrupts._noted = False
+
+
+@pytest.mark.parametrize("kind", ["file", "lake"])
+def test_a_ctrl_c_a_library_swallowed_still_ends_in_130_and_leaves_the_store_as_it_was(
+        kind, tmp_path, monkeypatch, capsys, python_sigint):
+    # DuckDB imports pandas the first time it binds a Python value, and drops a KeyboardInterrupt raised inside
+    # that import: the command ran on and changed the store. Here the library's part is played by a write
+    # that swallows the interrupt its own SIGINT raised.
+    db = str(tmp_path / "t.duckdb") if kind == "file" else f"ducklake:{tmp_path / 'cat.sqlite'}"
+    ingest(Store(db), [str(write_jsonl(tmp_path / "seed.jsonl", [rec("seed")]))])
+    with Store(db).read() as con:
+        before = con.execute("SELECT count(*) FROM requests").fetchall()
+
+    def swallowing_ingest(store, paths, **kwargs):
+        with store.write() as con:
+            con.execute("DELETE FROM requests")
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)  # the handler runs at the next bytecode: long before this ends
+            except KeyboardInterrupt:
+                pass
+        raise AssertionError("the write made its changes visible after a Ctrl-C")
+
+    monkeypatch.setattr("specdec_core.cli.store_cmds.ingest", swallowing_ingest)
+    log = write_jsonl(tmp_path / "l.jsonl", [rec("a")])
+    assert cli_main(["ingest", str(log), "--db", db]) == 130
+    assert capsys.readouterr().err == "specdec: interrupted\n"
+    with Store(db).read() as con:
+        assert con.execute("SELECT count(*) FROM requests").fetchall() == before == [(1,)]
 
 
 def test_a_full_disk_while_copying_is_one_line_and_the_store_is_untouched(store, tmp_path, monkeypatch, capsys):
