@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 
@@ -29,6 +30,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         return 1
     print(f"specdec dashboard: serving http://{args.host}:{port}/ (Ctrl-C stops it)", file=sys.stderr, flush=True)
     server = subprocess.Popen(command)
+    # A service manager's stop (SIGTERM to this process alone) stops the server too: it would otherwise run on
+    # without us, holding the port.
+    previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: server.terminate())
     try:
         return server.wait()
     except KeyboardInterrupt:  # Streamlit got the same Ctrl-C and stops itself
@@ -37,6 +41,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         except subprocess.TimeoutExpired:
             server.kill()
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

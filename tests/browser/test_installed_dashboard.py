@@ -114,6 +114,9 @@ def test_specdec_dashboard_serves_the_installed_pages_from_another_folder(instal
         heading(page, "Request")
         page.context.close()
     finally:
-        server.terminate()
+        server.terminate()  # SIGTERM to `specdec dashboard` alone, as a service manager stops it
         server.wait(timeout=20)
         log.close()
+    # The Streamlit server it started went with it: nothing answers on the port.
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{url}/_stcore/health", timeout=2)
