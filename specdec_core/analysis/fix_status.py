@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from specdec_core.analysis.query import NO_FILTERS, Filters, execute
-from specdec_core.analysis.status import KeySchemeChange, fmt_time, key_scheme_changes, plural
+from specdec_core.analysis.status import KeySchemeChange, fmt_time, key_scheme_changes, key_shape, plural
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
@@ -20,11 +20,8 @@ def hits_after_fix_sql(where: str) -> str:
 SELECT count(*) AS hits FROM requests r
 WHERE {where} AND r.cache_hit AND {deployment_label()} = $deployment AND r.ts > $since
   AND contains(r.cache_key, ':')
-  AND list_contains($old_prefixes, left(r.cache_key, length(r.cache_key) - strpos(reverse(r.cache_key), ':')))
+  AND list_contains($old_prefixes, {key_shape("r.cache_key")})
 """
-
-
-_PREFIX = "left(c.cache_key, length(c.cache_key) - strpos(reverse(c.cache_key), ':'))"
 
 
 def hits_after_fix_summary_sql(where: str) -> str:
@@ -35,7 +32,7 @@ def hits_after_fix_summary_sql(where: str) -> str:
 WITH old AS (
     SELECT DISTINCT {summary.key_hash("c.deployment", "c.cache_key")} AS key_hash FROM summary_keys c
     WHERE c.deployment = $deployment AND c.hits > 0 AND c.last_seen > $since AND contains(c.cache_key, ':')
-      AND list_contains($old_prefixes, {_PREFIX})
+      AND list_contains($old_prefixes, {key_shape("c.cache_key")})
 )
 SELECT count(*) AS hits FROM summary_request_keys r
 WHERE {where} AND r.cache_hit AND r.deployment = $deployment AND r.ts > $since

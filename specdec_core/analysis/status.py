@@ -151,6 +151,11 @@ class KeySchemeChange:
                 f"{fmt_time(self.old_last)}) to {self.new_prefix}:... from {fmt_time(self.ts)}.")
 
 
+def key_shape(key: str) -> str:
+    """SQL: the shape of the key `key` (a column): all but its last ':'-separated part."""
+    return f"left({key}, length({key}) - strpos(reverse({key}), ':'))"
+
+
 def key_shapes_sql(where: str) -> str:
     """A key's shape is all but its last ':'-separated part (the digest): `edge-b-v1:model_prompt:9f2c...`
     has the shape `edge-b-v1:model_prompt`. Keys without a ':' have no shape to compare."""
@@ -160,7 +165,7 @@ WITH keys AS (  -- each distinct key once: the shape is cut from a few thousand 
            max(r.ts) AS last_ts
     FROM requests r WHERE {where} AND contains(r.cache_key, ':') GROUP BY ALL
 )
-SELECT deployment, left(cache_key, length(cache_key) - strpos(reverse(cache_key), ':')) AS prefix,
+SELECT deployment, {key_shape("cache_key")} AS prefix,
        sum(requests) AS requests, min(first_ts) AS first_ts, max(last_ts) AS last_ts
 FROM keys GROUP BY ALL ORDER BY deployment, first_ts
 """
@@ -174,7 +179,7 @@ WITH keys AS (
            max(c.last_seen) AS last_ts
     FROM summary_keys c WHERE {dims} AND contains(c.cache_key, ':') GROUP BY ALL
 )
-SELECT deployment, left(cache_key, length(cache_key) - strpos(reverse(cache_key), ':')) AS prefix,
+SELECT deployment, {key_shape("cache_key")} AS prefix,
        sum(requests) AS requests, min(first_ts) AS first_ts, max(last_ts) AS last_ts
 FROM keys GROUP BY ALL ORDER BY deployment, first_ts
 """
