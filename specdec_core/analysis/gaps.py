@@ -29,16 +29,12 @@ class LoggingGap:
         return f"{self.field} is never set in this log: if requests do vary in it, log it"
 
 
-def _fields() -> list[str]:
-    return [name for name in contract.IDENTITY_FIELDS if name not in ("prompt", "target_model")]
-
-
 def _gaps_sql(where: str) -> str:
     counts = ",\n".join(
         f"count(*) FILTER (WHERE r.cache_hit AND list_contains(r.unknown_fields, '{name}')) AS \"unknown:{name}\", "
         f"count(r.{name}) = 0 AND count(*) FILTER (WHERE list_contains(r.unknown_fields, '{name}')) = 0 "
         f"AS \"never:{name}\""
-        for name in _fields())
+        for name in summary.gap_fields())
     return f"SELECT count(*) FILTER (WHERE r.cache_hit) AS hits,\n{counts}\nFROM requests r WHERE {where}"
 
 
@@ -47,7 +43,7 @@ def _gaps_minute_sql(source: str) -> str:
     counts = ",\n".join(
         f"coalesce(sum(c.unknown_{name}) FILTER (WHERE c.cache_hit), 0) AS \"unknown:{name}\", "
         f"coalesce(sum(c.set_{name}), 0) = 0 AND coalesce(sum(c.unknown_{name}), 0) = 0 AS \"never:{name}\""
-        for name in _fields())
+        for name in summary.gap_fields())
     return f"SELECT {HITS} AS hits,\n{counts}\nFROM {source} c"
 
 
@@ -58,7 +54,7 @@ _NULL_IS_A_VALUE = frozenset({"draft_model", "num_speculative_tokens", "seed", "
 def logging_gaps(store: Store, filters: Filters = NO_FILTERS) -> list[LoggingGap]:
     """Identity fields unknown on some hits, then required ones never set, in the contract's order."""
     # A field a program added to the contract after the summary's columns were chosen is counted over the rows.
-    minute = _gaps_minute_sql if set(_fields()) <= set(summary.GAP_FIELDS) else None
+    minute = _gaps_minute_sql if set(summary.gap_fields()) <= set(summary.GAP_FIELDS) else None
     row = df(store, _gaps_sql, filters, minute=minute).iloc[0]
     hits = int(row["hits"])
     gaps = []

@@ -14,7 +14,17 @@ from typing import Any
 
 import pandas as pd
 
-from specdec_core.analysis.query import NO_FILTERS, Filters, ask, df, execute, native, time_bucket
+from specdec_core.analysis.query import (
+    CHOSEN_ROWS,
+    NO_FILTERS,
+    Filters,
+    ask,
+    chosen_rows,
+    df,
+    execute,
+    native,
+    time_bucket,
+)
 from specdec_core.contract.names import IMPACT_DIMENSIONS
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
@@ -311,12 +321,9 @@ def affected_requests(store: Store, consumer: str, filters: Filters = NO_FILTERS
             return ask(con, lambda where: f"{_affected_sql(where)} LIMIT {int(limit)}", filters, params).df()
         where, where_params = filters.named_where()
         hits_where, _ = filters.named_where("c")
-        ids, first, last = execute(con, _first_affected_ids_sql(where, hits_where, int(limit)),
-                                   params | where_params).fetchall()[0]
-        # Only those rows are joined with their verdicts and sources (bound: the planner would otherwise join
-        # every request of the consumer first); their time span lets the scans skip the rest of the store.
-        chosen = "r.request_id IN (SELECT unnest($ids::VARCHAR[])) AND r.ts >= $first AND r.ts <= $last"
-        return execute(con, _affected_sql(chosen), params | {"ids": ids or [], "first": first, "last": last}).df()
+        # Only the first rows are joined with their verdicts and sources.
+        chosen = chosen_rows(con, _first_affected_ids_sql(where, hits_where, int(limit)), params | where_params)
+        return execute(con, _affected_sql(CHOSEN_ROWS), params | chosen).df()
 
 
 def _affected_count_sql(where: str, hits_where: str) -> str:

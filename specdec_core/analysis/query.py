@@ -108,6 +108,19 @@ def execute(con: Any, sql: str, params: dict[str, Any]) -> Any:
     return con.execute(sql, {name: value for name, value in params.items() if name in named})
 
 
+# The requests `r` a first query chose by id (a page's first rows, found from the summaries): bound as a list,
+# since the planner would otherwise join every candidate row with its verdicts before keeping the first; their
+# time span lets the scans skip row groups.
+CHOSEN_ROWS = "r.request_id IN (SELECT unnest($ids::VARCHAR[])) AND r.ts >= $first AND r.ts <= $last"
+
+
+def chosen_rows(con: Any, ids_sql: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of CHOSEN_ROWS for the rows `ids_sql` chooses (one row: their ids as a list, their first
+    and last `ts`)."""
+    ids, first, last = execute(con, ids_sql, params).fetchall()[0]
+    return {"ids": ids or [], "first": first, "last": last}
+
+
 def one(store: Store, rows: Rows, filters: Filters, **summaries: Any) -> dict[str, Any]:
     frame = df(store, rows, filters, **summaries)
     return {k: native(v) for k, v in frame.iloc[0].items()}

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from specdec_core.analysis import NO_FILTERS, Filters
-from specdec_core.analysis.query import execute
+from specdec_core.analysis.query import CHOSEN_ROWS, chosen_rows, execute
 from specdec_core.contract.names import REPORT_KINDS
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
@@ -128,11 +128,10 @@ def mismatch_report(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable
     with store.read() as con:
         if limit is not None and summary.ready(con):
             # The first rows' requests first, from narrow columns; only those are joined with their verdicts,
-            # replays and texts (bound: the planner would otherwise join every flagged request first).
-            ids, first, last = execute(con, _first_ids_sql(filters, kinds), params | {"limit": limit}).fetchall()[0]
-            chosen = "r.request_id IN (SELECT unnest($ids::VARCHAR[])) AND r.ts >= $first AND r.ts <= $last"
-            parts, params = _parts(filters, kinds, chosen)
-            params |= {"ids": ids or [], "first": first, "last": last}
+            # replays and texts.
+            chosen = chosen_rows(con, _first_ids_sql(filters, kinds), params | {"limit": limit})
+            parts, params = _parts(filters, kinds, CHOSEN_ROWS)
+            params |= chosen
         sql = (" UNION ALL ".join(f"({p})" for _, p in parts)
                + " ORDER BY sort_ts, request_id, kind" + ("" if limit is None else " LIMIT $limit"))
         frame = execute(con, sql, params | {"limit": limit}).df()

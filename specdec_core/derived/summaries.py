@@ -63,7 +63,13 @@ _SPECULATIVE = f"NOT r.cache_hit AND r.draft_tokens > 0 AND {draft_label()} <> '
 # The identity fields whose logging gaps (analysis/gaps.py) the minute summary counts: requests that mark the
 # field unknown (`unknown_<field>`) and that set it (`set_<field>`). The shipped contract's, at import: a field a
 # program adds later (fields.define) has no column, and its gaps are counted over the rows.
-GAP_FIELDS = tuple(f for f in contract.IDENTITY_FIELDS if f not in ("prompt", "target_model"))
+def gap_fields() -> tuple[str, ...]:
+    """The current contract's identity fields a log can leave unset or unknown (a request always has a prompt
+    and a target model)."""
+    return tuple(f for f in contract.IDENTITY_FIELDS if f not in ("prompt", "target_model"))
+
+
+GAP_FIELDS = gap_fields()
 GAP_MEASURES = ",\n".join(f"count(*) FILTER (WHERE list_contains(r.unknown_fields, '{f}')) AS unknown_{f}, "
                           f"count(r.{f}) AS set_{f}" for f in GAP_FIELDS)
 
