@@ -278,14 +278,23 @@ def wrong_outputs_over_time(store: Store, filters: Filters = NO_FILTERS, bucket:
     return frame
 
 
-def _affected_sql(where: str) -> str:
+# The verdicts and sources of only the rows CHOSEN_ROWS picks: a join with the whole of hit_sources and requests
+# probed 20M rows each to keep 1,000 (0.65 s of the Impact page at 20M rows; 0.36 s so).
+_CHOSEN_HITS = "h.request_id IN (SELECT unnest($ids::VARCHAR[]))"
+_CHOSEN_SOURCES = "s.request_id IN (SELECT source_request_id FROM h)"
+
+
+def _affected_sql(where: str, hits: str = "TRUE", sources: str = "TRUE") -> str:
+    """The affected requests `where` picks; `hits` and `sources` narrow the verdicts and the sources read."""
     return f"""
+WITH h AS (SELECT * FROM hit_sources h WHERE {hits}),
+     s AS (SELECT s.request_id, s.experiment FROM requests s WHERE {sources})
 SELECT r.request_id, r.ts, CASE WHEN h.contaminated THEN 'contaminated_hit' ELSE 'length_violation' END AS kind,
        coalesce(r.consumer, '') AS consumer, coalesce(r.experiment, '') AS experiment,
        {deployment_label()} AS deployment, r.cache_key, h.source_request_id,
        coalesce(s.experiment, '') AS served_from, h.differing_fields, r.target_model, r.draft_model,
        r.max_tokens, r.output_tokens, left(r.output_text, 200) AS output_preview
-FROM requests r LEFT JOIN hit_sources h USING (request_id) LEFT JOIN requests s ON s.request_id = h.source_request_id
+FROM requests r LEFT JOIN h USING (request_id) LEFT JOIN s ON s.request_id = h.source_request_id
 WHERE {where} AND coalesce(r.consumer, '') = $consumer AND (h.contaminated OR r.output_tokens > r.max_tokens)
 ORDER BY r.ts, r.request_id
 """
@@ -323,7 +332,7 @@ def affected_requests(store: Store, consumer: str, filters: Filters = NO_FILTERS
         hits_where, _ = filters.named_where("c")
         # Only the first rows are joined with their verdicts and sources.
         chosen = chosen_rows(con, _first_affected_ids_sql(where, hits_where, int(limit)), params | where_params)
-        return execute(con, _affected_sql(CHOSEN_ROWS), params | chosen).df()
+        return execute(con, _affected_sql(CHOSEN_ROWS, _CHOSEN_HITS, _CHOSEN_SOURCES), params | chosen).df()
 
 
 def _affected_count_sql(where: str, hits_where: str) -> str:
