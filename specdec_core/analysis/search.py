@@ -11,7 +11,7 @@ import string
 import duckdb
 import pandas as pd
 
-from specdec_core.analysis.query import NO_FILTERS, Filters
+from specdec_core.analysis.query import CHOSEN_ROWS, NO_FILTERS, Filters
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
@@ -44,14 +44,33 @@ def _condition(field: str, mode: str, case_sensitive: bool) -> str:
     return f"regexp_matches(r.{field}, $text, '{'c' if case_sensitive else 'i'}')"
 
 
-def matching_requests_with_excerpts_sql(where: str, fields: tuple[str, ...], mode: str, case_sensitive: bool) -> str:
+def _match(fields: tuple[str, ...], mode: str, case_sensitive: bool) -> str:
+    return " OR ".join(_condition(f, mode, case_sensitive) for f in fields)
+
+
+def first_matches_sql(where: str, fields: tuple[str, ...], mode: str, case_sensitive: bool) -> str:
+    """How many requests `where` picks match, and the ids and time span of the first $limit in time order:
+    the scan reads only the searched texts, the ids and the times (at 20M rows it read every column the
+    page lists for every row first, 1.9 s of 3.9)."""
+    return f"""
+SELECT list(request_id ORDER BY ts, request_id), min(ts), max(ts), any_value(matches) FROM (
+    SELECT unnest(first, recursive := true), matches FROM (
+        SELECT min_by({{'request_id': r.request_id, 'ts': r.ts}}, (r.ts, r.request_id), $limit) AS first,
+               count(*) AS matches
+        FROM requests r WHERE {where} AND ({_match(fields, mode, case_sensitive)})))
+"""
+
+
+def matching_requests_with_excerpts_sql(where: str, fields: tuple[str, ...], mode: str, case_sensitive: bool,
+                                        matches: str = "count(*) OVER ()") -> str:
     """The requests `where` picks whose `fields` hold $text, in time order (the first $limit), each with the
-    field it matched in first and the match with the text around it; `matches` counts every match.
+    field it matched in first and the match with the text around it; `matches` counts every match (given:
+    the count of a first pass that chose the rows).
 
     The excerpt is cut only from the rows listed (the LIMIT), never over the whole log. Group 1 of the
     locating pattern ($locate) is the text before the first match and group 2 the match: a user's own groups
     come after."""
-    match = " OR ".join(_condition(f, mode, case_sensitive) for f in fields)
+    match = _match(fields, mode, case_sensitive)
     ordered = [f for f in EXCERPT_ORDER if f in fields]
     located = " ".join(f"WHEN {_condition(f, mode, case_sensitive)} THEN '{EXCERPT_FIELD_NAMES[f]}'" for f in ordered)
     matched_text = " ".join(f"WHEN '{EXCERPT_FIELD_NAMES[f]}' THEN r.{f}" for f in ordered)
@@ -59,7 +78,7 @@ def matching_requests_with_excerpts_sql(where: str, fields: tuple[str, ...], mod
     return f"""
 WITH found AS (
     SELECT r.request_id, r.ts, {deployment_label('r')} AS deployment, r.target_model, r.cache_hit,
-           r.max_tokens, r.output_tokens, r.prompt, r.output_text, count(*) OVER () AS matches
+           r.max_tokens, r.output_tokens, r.prompt, r.output_text, {matches} AS matches
     FROM requests r
     WHERE {where} AND ({match})
     ORDER BY r.ts, r.request_id LIMIT $limit
@@ -102,9 +121,13 @@ def search_requests(store: Store, text: str, *, fields: tuple[str, ...] = SEARCH
         raise SearchError(f"choose at least one field to search: {', '.join(SEARCH_FIELDS)}")
     where, params = filters.named_where()
     locate = "(?s:(.*?))(" + (regex_literal(text) if mode == "contains" else text) + ")"
-    sql = matching_requests_with_excerpts_sql(where, fields, mode, case_sensitive)
+    given = {**params, "text": text, "limit": limit}
     try:
         with store.read() as con:
-            return con.execute(sql, {**params, "text": text, "limit": limit, "locate": locate}).df()
+            ids, first, last, matches = con.execute(first_matches_sql(where, fields, mode, case_sensitive),
+                                                    given).fetchall()[0]
+            sql = matching_requests_with_excerpts_sql(CHOSEN_ROWS, fields, mode, case_sensitive, "$matches::BIGINT")
+            return con.execute(sql, {"text": text, "limit": limit, "locate": locate, "ids": ids or [],
+                                     "first": first, "last": last, "matches": matches or 0}).df()
     except duckdb.InvalidInputException as exc:
         raise SearchError(f"not a valid regular expression ({exc}); or search for the text as it is") from exc

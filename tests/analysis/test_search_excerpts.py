@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+
 from helpers import rec, write_jsonl
 
 from specdec_core import analysis
+from specdec_core.analysis.query import Filters
 from specdec_core.analysis.search import EXCERPT_CHARS
 from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
@@ -42,3 +45,22 @@ def test_punctuation_is_literal_and_a_regex_with_its_own_groups_is_located_whole
     assert analysis.search_requests(store, "REALLY", case_sensitive=True).empty
     [row] = analysis.search_requests(store, "REALLY").itertuples()
     assert row.match_text == "really"
+
+
+def test_many_matches_list_the_first_in_time_order_ties_by_id_and_count_them_all(tmp_path):
+    """The search chooses its rows in a narrow first pass: the list is still the first `limit` matches in time
+    order (ties by id), under the filters, and `matches` counts every match, those past the limit too."""
+    start = datetime(2026, 5, 1, tzinfo=timezone.utc)
+    records = []
+    for n in range(60):  # three requests a second (ties in ts), ids falling within a second; 1 in 5 elsewhere
+        records.append(rec(f"r-{99 - n}", cache_key=f"k-{n}", ts=(start + timedelta(seconds=n // 3)).isoformat(),
+                           deployment="other" if n % 5 == 0 else "edge",
+                           output_text="no luck" if n % 7 == 0 else f"an Invoice, number {n}"))
+    store = store_of(tmp_path, records)
+    expected = sorted((datetime.fromisoformat(r["ts"]), r["request_id"]) for r in records
+                      if r["deployment"] == "edge" and "Invoice" in r["output_text"])
+    cut = next(i for i in range(10, len(expected)) if expected[i][0] == expected[i - 1][0])  # inside a tie
+    found = analysis.search_requests(store, "invoice", filters=Filters(deployments=("edge",)), limit=cut)
+    assert list(found.request_id) == [rid for _, rid in expected[:cut]]
+    assert set(found.matches) == {len(expected)} and len(expected) > cut
+    assert analysis.search_requests(store, "no such text").empty
