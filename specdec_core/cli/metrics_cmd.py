@@ -75,7 +75,7 @@ def readable(store: Store) -> None:
         with store.read() as con:
             con.execute("SELECT count(*) FROM quarantine").fetchall()
     finally:
-        release_snapshots()  # the exporter reads on a thread of its own: this thread's view is not needed
+        release_snapshots()  # the exporter reads on a thread of its own and opens the view it needs
 
 
 def start_follower_metrics(store: Store, listen_text: str, top: int) -> Any:

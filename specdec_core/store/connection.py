@@ -1,8 +1,8 @@
 """The store behind triage: connections that never see a half-written batch (the tables are ddl.py's).
 
 Writers work on a copy of the database and swap it in with an atomic rename, under an
-exclusive lock file; readers use a read-only view of one state of the file, kept per
-thread until the file changes. A dashboard process can therefore read while
+exclusive lock file; readers use a read-only view of one state of the file, one per process (each
+thread reads through a cursor of its own) until the file changes. A dashboard process can therefore read while
 `specdec ingest` writes in another process, and sees either the state before the
 batch or after it, never a part of it. Reads never write: a file written by an older
 version is brought up to date by `migrate` (`specdec migrate`, and every ingest).
@@ -62,52 +62,55 @@ def _configure(con: duckdb.DuckDBPyConnection) -> None:
 
 
 log = logging.getLogger(__name__)
-_snapshots = threading.local()
 
 
 class _View:
-    """One read-only state of a file, and how many reads of this thread are using it."""
+    """One read-only state of a file, and how many reads are using it."""
 
     def __init__(self, version: tuple[int, int], con: duckdb.DuckDBPyConnection) -> None:
         self.version, self.con, self.in_use, self.current = version, con, 0, True
         self.checked = False  # whether its derived tables were checked against this code
 
     def release(self) -> None:
-        self.in_use -= 1
-        if not self.current and self.in_use == 0:
-            self.con.close()
+        with _views_lock:
+            self.in_use -= 1
+            if not self.current and self.in_use == 0:
+                self.con.close()
 
 
-def _views() -> dict[str, _View]:
-    return _snapshots.__dict__.setdefault("views", {})
+# The process's views, one per file: every thread reads through its own cursor of one DuckDB instance, whose
+# buffers outlive the thread. Kept per thread, each Streamlit rerun (a thread of its own) opened the store
+# anew and read its blocks again: the Impact page's first render at 20M rows took 2.1 s so, 1.6 s shared.
+_views: dict[str, _View] = {}
+_views_lock = threading.Lock()
 
 
 def _snapshot(path: Path, version: tuple[int, int]) -> _View:
-    """This thread's read-only view of `path` as of `version` (its mtime and inode).
+    """A read-only view of `path` as of `version` (its mtime and inode), counted as in use: release() it.
 
     The file is ATTACHed to a private in-memory database rather than opened by path:
     DuckDB hands every `connect(path)` the instance already open for that path, which
-    would keep showing a state the writer has since replaced. A thread's views are
-    never used by another thread; a stale one closes once its last read ends.
+    would keep showing a state the writer has since replaced. A stale view closes once
+    its last read ends.
     """
     key = str(path.resolve())
-    views = _views()
-    held = views.get(key)
-    if held is not None and held.version == version:
+    with _views_lock:
+        held = _views.get(key)
+        if held is None or held.version != version:
+            try:
+                con = attached(key, "READ_ONLY")
+            except duckdb.Error as exc:
+                if written_by_newer_duckdb(path):
+                    raise StoreError(f"{path}: written by DuckDB {SIDE_VERSION} (an older specdec); convert it "
+                                     f"with `specdec migrate --db {path}`") from None
+                raise StoreError(f"{path}: cannot open for reading: {exc}") from exc
+            if held is not None:
+                held.current = False
+                if held.in_use == 0:
+                    held.con.close()
+            _views[key] = held = _View(version, con)
+        held.in_use += 1
         return held
-    try:
-        con = attached(key, "READ_ONLY")
-    except duckdb.Error as exc:
-        if written_by_newer_duckdb(path):
-            raise StoreError(f"{path}: written by DuckDB {SIDE_VERSION} (an older specdec); convert it with "
-                             f"`specdec migrate --db {path}`") from None
-        raise StoreError(f"{path}: cannot open for reading: {exc}") from exc
-    if held is not None:
-        held.current = False
-        if held.in_use == 0:
-            held.con.close()
-    views[key] = view = _View(version, con)
-    return view
 
 
 def derived_current(con: duckdb.DuckDBPyConnection, path: Path | None = None, alias: str | None = STORE_ALIAS
@@ -126,13 +129,14 @@ def derived_current(con: duckdb.DuckDBPyConnection, path: Path | None = None, al
 
 
 def release_snapshots() -> None:
-    """Close this thread's idle read-only views, letting go of their files (e.g. before writing one in place)."""
-    views = _views()
-    for key, view in list(views.items()):
-        view.current = False
-        if view.in_use == 0:
-            view.con.close()
-        del views[key]
+    """Close the idle read-only views, letting go of their files (e.g. before writing one in place); one in use
+    closes when its read ends."""
+    with _views_lock:
+        for view in _views.values():
+            view.current = False
+            if view.in_use == 0:
+                view.con.close()
+        _views.clear()
     lakes.forget_readers()
 
 
@@ -187,7 +191,7 @@ class Store:
     def read(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A read-only connection to a consistent state of the database.
 
-        Opening one costs about 20 ms, more than a summary query, so each thread keeps
+        Opening one costs about 20 ms, more than a summary query, so the process keeps
         one per file and state (see `_snapshot`); a writer's swap gives the next read a new one.
         A lake is read in one transaction: one snapshot, whatever writers commit meanwhile.
         """
@@ -198,13 +202,13 @@ class Store:
         if not self.path.exists():
             raise StoreError(f"{self.path}: no such database; load logs with `specdec ingest PATH --db {self.path}`")
         view = _snapshot(self.path, self.version())
-        if not view.checked:
-            if not derived_current(view.con, self.path):
-                raise StoreError(f"{self.path}: written by an older specdec; bring it up to date with "
-                                 f"`specdec migrate --db {self.path}`")
-            view.checked = True
-        view.in_use += 1
         try:
+            if not view.checked:
+                with view.con.cursor() as check:
+                    if not derived_current(check, self.path):
+                        raise StoreError(f"{self.path}: written by an older specdec; bring it up to date with "
+                                         f"`specdec migrate --db {self.path}`")
+                view.checked = True
             con = view.con.cursor()
             try:
                 con.execute(f"USE {STORE_ALIAS}")
