@@ -1,0 +1,48 @@
+"""The threads of a process read a file store through one view per state: a Streamlit rerun (a thread of its
+own) finds the store open, and a view a writer has replaced closes when its last read ends, not before."""
+
+from __future__ import annotations
+
+import threading
+
+import duckdb
+import pytest
+from helpers import rec, write_jsonl
+
+from specdec_core.ingestion.load import ingest
+from specdec_core.store import connection
+from specdec_core.store.connection import Store
+
+
+def _in_thread(work):
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(work()))
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+def test_threads_share_one_view_and_a_replaced_one_closes_after_its_last_read(tmp_path, monkeypatch):
+    store = Store(tmp_path / "views.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec("a", cache_key="k-a")]))])
+    connection.release_snapshots()
+    opened = []
+    real = connection.attached
+    monkeypatch.setattr(connection, "attached", lambda *a: opened.append(a) or real(*a))
+
+    def count() -> int:
+        with store.read() as con:
+            return con.execute("SELECT count(*) FROM requests").fetchall()[0][0]
+
+    assert [_in_thread(count) for _ in range(4)] == [1, 1, 1, 1]
+    assert len(opened) == 1, "each thread opened the store anew"
+
+    with store.read() as old:  # a read in progress while a writer replaces the file
+        replaced = connection._views[str(store.path.resolve())]
+        ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("b", cache_key="k-b")]))])
+        assert _in_thread(count) == 2 and len(opened) == 2
+        assert old.execute("SELECT count(*) FROM requests").fetchall()[0][0] == 1, "the old state, whole"
+        assert replaced.con.execute("SELECT 1").fetchall() == [(1,)], "closed while a read still used it"
+    with pytest.raises(duckdb.ConnectionException):
+        replaced.con.execute("SELECT 1")
+    assert count() == 2 and len(opened) == 2
