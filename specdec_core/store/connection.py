@@ -74,8 +74,8 @@ class _View:
     def release(self) -> None:
         with _views_lock:
             self.in_use -= 1
-            if not self.current and self.in_use == 0:
-                self.con.close()
+            if not self.current:
+                self.retire()
 
     def retire(self) -> None:
         """No longer the view new reads get (under _views_lock): closed now if idle, else by its last read."""
