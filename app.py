@@ -439,7 +439,12 @@ with st.sidebar:
         annotation_widgets()
     ui.click_bridge()
 
-st.session_state[ui.PRELOAD_KEY] = model_preload(ui.store().name)
+try:
+    preload = replay_jobs.preload_enabled()
+except ValueError as exc:
+    st.warning(str(exc))
+    preload = True
+st.session_state[ui.PRELOAD_KEY] = model_preload(ui.store().name) if preload else None
 
 partial_load_warning()
 

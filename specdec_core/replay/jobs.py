@@ -7,6 +7,7 @@ its page can be reopened however the job ends.
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -253,6 +254,31 @@ class Preload:
     finished: bool = False
 
 
+PRELOAD_ENV = "SPECDEC_PRELOAD"
+
+
+def preload_enabled() -> bool:
+    """Whether the dashboard loads the store's models when it opens it: $SPECDEC_PRELOAD unset or 1 (true, yes,
+    on) says so, 0 (false, no, off) leaves them to the first replay (a machine short of memory, a dashboard
+    nobody replays from). Anything else: a ValueError of one line."""
+    text = os.environ.get(PRELOAD_ENV, "").strip().lower()
+    if text in ("", "1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"${PRELOAD_ENV}: expected 0 or 1, got {text[:40]!r}; the models are preloaded")
+
+
+NOTHING_NAMED = "ready (no request names a model of the registry)"
+
+
+def _to_load(registry: Registry, named: set[str] | None, keep: int) -> list[str]:
+    """The registry's models with weights here (not on an engine) that `named` holds (None: any), at most `keep`."""
+    return [n for n in registry.model_names
+            if registry.is_available(n) and getattr(registry, "engine_of", lambda _: None)(n) is None
+            and (named is None or n in named)][:keep]
+
+
 def preload_models(decoder_factory: Callable[[], Decoder] | None = None,
                    wanted: Callable[[], Iterable[str]] | None = None) -> Preload:
     """Load the registry's available models (up to what the loader keeps) in a background thread.
@@ -265,18 +291,19 @@ def preload_models(decoder_factory: Callable[[], Decoder] | None = None,
 
     def work() -> None:
         try:
+            named = None if wanted is None else set(wanted())
+            # The default decoder's registry is read first (a TOML file): when it has none of the named models
+            # here, torch is never imported (0.85 s of CPU and some hundreds of MB a dashboard then keeps).
+            if decoder_factory is None and named is not None and not _to_load(Registry.load(), named, 1):
+                state.stage = NOTHING_NAMED
+                return
             state.stage = "loading the decoder"
             decoder = (decoder_factory or replay_run.default_decoder)()
             local = decoder.local if isinstance(decoder, DecoderRouter) else decoder
             registry, loader = decoder.registry, local.loader
-            keep = getattr(loader, "capacity", 4)
-            # model_names is a property; a model on an engine has no weights here to load
-            named = None if wanted is None else set(wanted())
-            names = [n for n in registry.model_names
-                     if registry.is_available(n) and getattr(registry, "engine_of", lambda _: None)(n) is None
-                     and (named is None or n in named)][:keep]
+            names = _to_load(registry, named, getattr(loader, "capacity", 4))
             if named is not None and not names:
-                state.stage = "ready (no request names a model of the registry)"
+                state.stage = NOTHING_NAMED
                 return
             for name in names:
                 state.stage = f"loading {name}"

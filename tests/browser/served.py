@@ -35,15 +35,19 @@ def free_port() -> int:
 
 
 @contextmanager
-def dashboard(db: Path, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
-    """`streamlit run app.py -- --db DB` on a free local port, until the block ends."""
+def dashboard(db: Path, log: Path, env: dict[str, str] | None = None, preload: bool = False) -> Iterator[str]:
+    """`streamlit run app.py -- --db DB` on a free local port, until the block ends.
+
+    preload: whether it loads the store's models when it opens (a test that replays); off, a demo store's
+    three smollm2 models cost its server about 7 s of CPU the other tests lacked."""
+    env = {"SPECDEC_PRELOAD": "1" if preload else "0", **(env or {})}
     port = free_port()
     with open(log, "w") as out:
         server = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
              "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
              "--", "--db", str(db)],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env},
         )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -34,7 +34,8 @@ def foreign_server(tmp_path_factory, tiny_registry, engine, browser):
     stored = replay.replay(Store(db), "h1", engine)
     config = folder / "specdec.toml"
     config.write_text(registry_toml(tiny_registry))
-    with dashboard(db, folder / "streamlit.log", env={"SPECDEC_CONFIG": str(config)}) as url:
+    with dashboard(db, folder / "streamlit.log", env={"SPECDEC_CONFIG": str(config)},
+                   preload=True) as url:
         yield url, db, outputs, stored
 
 

@@ -77,7 +77,8 @@ def server(incident):
     found through the session that started it (a fresh page is a fresh session), and a test waits for its
     replays to end; what they store changes nothing the other test reads (Mismatches counts the log)."""
     db, config, folder = incident
-    with dashboard(db, folder / "streamlit.log", env={"SPECDEC_CONFIG": str(config)}) as url:
+    with dashboard(db, folder / "streamlit.log", env={"SPECDEC_CONFIG": str(config)},
+                   preload=True) as url:
         yield url
 
 
@@ -158,7 +159,8 @@ def test_ticks_follow_requests_and_replay_selected_replays_them(browser, server)
 
 def test_a_long_batch_shows_its_stage_disables_the_button_and_cancels(browser, long_incident, tmp_path):
     db, config = long_incident
-    with dashboard(db, tmp_path / "streamlit.log", env={"SPECDEC_CONFIG": str(config)}) as url:
+    with dashboard(db, tmp_path / "streamlit.log", env={"SPECDEC_CONFIG": str(config)},
+                   preload=True) as url:
         page = new_page(browser)
         page.goto(f"{url}/replay")
         heading(page, "Replay")

@@ -70,3 +70,17 @@ def test_a_dead_engine_is_one_line_saying_what_it_cost(monkeypatch, foreign, tin
     assert not at.exception, [e.value for e in at.exception]
     shown = [e.value.replace("\\", "") for e in at.main.error]
     assert shown == ["engine staging failed: unreachable: Connection refused (2 requests not replayed)"]
+
+
+@pytest.mark.parametrize("setting, preloads, warned", [("", True, False), ("0", False, False), ("off", False, False),
+                                                       ("maybe", True, True)])
+def test_specdec_preload_turns_the_dashboards_model_preload_off_and_a_bad_value_is_one_line(
+        monkeypatch, foreign, setting, preloads, warned):
+    db, _ = foreign
+    monkeypatch.setenv(jobs.PRELOAD_ENV, setting)
+    at = open_app(monkeypatch, db)
+    assert isinstance(at.session_state[ui.PRELOAD_KEY], jobs.Preload) is preloads
+    if not preloads:
+        assert at.session_state[ui.PRELOAD_KEY] is None
+    said = [w.value for w in at.warning if "SPECDEC_PRELOAD" in w.value]
+    assert said == (["$SPECDEC_PRELOAD: expected 0 or 1, got 'maybe'; the models are preloaded"] if warned else [])

@@ -3,6 +3,9 @@ injects faults (500, a malformed body, a hang past the timeout, a wrong model na
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -144,6 +147,23 @@ def test_preloading_loads_only_the_models_the_stores_requests_name(tiny_registry
         time.sleep(0.05)
     assert states["some"].stage == "ready" and states["some"].loaded == ["tiny-draft-b"], states["some"]
     assert states["none"].loaded == [] and "no request names a model" in states["none"].stage, states["none"]
+
+
+def test_a_dashboard_on_a_store_naming_no_local_model_never_imports_torch(tmp_path, tiny_registry):
+    """The default decoder is built only when the registry has a model the store names: a fresh process
+    preloading for a store of other models ends with torch unimported; naming the tiny draft loads it."""
+    config = tmp_path / "specdec.toml"
+    config.write_text(f'[models.tiny-draft-b]\npath = "{tiny_registry.models["tiny-draft-b"].path}"\n')
+    script = ("import sys, time\nfrom specdec_core.replay import jobs\n"
+              "s = jobs.preload_models(wanted=lambda: sys.argv[1:])\n"
+              "while not s.finished: time.sleep(0.02)\n"
+              "print(s.stage, s.loaded, 'torch' in sys.modules, s.error)\n")
+    runs = {names: subprocess.run([sys.executable, "-c", script, *names], capture_output=True, text=True,
+                                  timeout=120, env={**os.environ, "SPECDEC_CONFIG": str(config)})
+            for names in (("llama-8b", "none"), ("tiny-draft-b",))}
+    other, named = (runs[k].stdout.strip() for k in runs)
+    assert other == f"{jobs.NOTHING_NAMED} [] False None", runs[("llama-8b", "none")].stderr[-2000:]
+    assert named == "ready ['tiny-draft-b'] True None", runs[("tiny-draft-b",)].stderr[-2000:]
 
 
 def test_models_list_shows_where_models_replay_and_which_engines_answer(tmp_path, tiny_registry, served):
