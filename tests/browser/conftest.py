@@ -26,7 +26,7 @@ def browser():
 
 @pytest.fixture
 def page(browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    context = browser.new_context(viewport={"width": 1500, "height": 1100}, reduced_motion="reduce")
     page = context.new_page()
     dialogs: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))

@@ -88,7 +88,7 @@ def registry_toml(tiny_registry) -> str:
 
 
 def new_page(browser, width: int = 1440, height: int = 900) -> Page:
-    page = browser.new_context(viewport={"width": width, "height": height}).new_page()
+    page = browser.new_context(viewport={"width": width, "height": height}, reduced_motion="reduce").new_page()
     page.dialogs = []
     page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
     return page
