@@ -177,7 +177,8 @@ class Store:
         if self.lake is not None:
             if not self.exists:
                 return (0, 0)
-            return (lakes.snapshot_id(self._lake_reader().con), 0)
+            with self._lake_reading() as held, held.con.cursor() as con:
+                return (lakes.snapshot_id(con), 0)
         try:
             st = self.path.stat()
         except FileNotFoundError:
@@ -222,9 +223,12 @@ class Store:
         finally:
             view.release()
 
-    def _lake_reader(self) -> lakes._Reader:
+    @contextmanager
+    def _lake_reading(self) -> Iterator[lakes._Reader]:
+        """lakes.reading, a lake that can't be attached said as a StoreError."""
         try:
-            return lakes.reader(self.lake)
+            with lakes.reading(self.lake) as held:
+                yield held
         except lakes.LakeError as exc:
             raise StoreError(str(exc)) from None
 
@@ -232,30 +236,30 @@ class Store:
     def _read_lake(self) -> Iterator[duckdb.DuckDBPyConnection]:
         if not self.exists:
             raise StoreError(f"{self}: no such store; load logs with `specdec ingest PATH --db {self}`")
-        held = self._lake_reader()
-        con = held.con.cursor()
-        try:
-            con.execute(f"USE {lakes.ALIAS}")
-            _configure(con)
-            con.execute("BEGIN TRANSACTION")
-            snapshot = lakes.snapshot_id(con)
-            if held.checked_at != snapshot:
-                if not derived_current(con, str(self)):
-                    raise StoreError(f"{self}: written by an older specdec; bring it up to date with "
-                                     f"`specdec migrate --db {self}`")
-                held.checked_at = snapshot
-            yield con
-        except duckdb.Error as exc:
-            said = damage_message(exc, str(self))
-            if said is None:
-                raise
-            raise StoreError(self.mask(said)) from None
-        finally:
+        with self._lake_reading() as held:
+            con = held.con.cursor()
             try:
-                con.execute("ROLLBACK")  # reads never write: nothing to commit
-            except duckdb.Error:
-                pass
-            con.close()
+                con.execute(f"USE {lakes.ALIAS}")
+                _configure(con)
+                con.execute("BEGIN TRANSACTION")
+                snapshot = lakes.snapshot_id(con)
+                if held.checked_at != snapshot:
+                    if not derived_current(con, str(self)):
+                        raise StoreError(f"{self}: written by an older specdec; bring it up to date with "
+                                         f"`specdec migrate --db {self}`")
+                    held.checked_at = snapshot
+                yield con
+            except duckdb.Error as exc:
+                said = damage_message(exc, str(self))
+                if said is None:
+                    raise
+                raise StoreError(self.mask(said)) from None
+            finally:
+                try:
+                    con.execute("ROLLBACK")  # reads never write: nothing to commit
+                except duckdb.Error:
+                    pass
+                con.close()
 
     def transact(self, work: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         """work(con) in one write, run again on the new state when another machine's writer committed first."""

@@ -125,9 +125,20 @@ class _Reader:
     con: duckdb.DuckDBPyConnection
     catalog_file: tuple[int, int] | None  # a SQLite catalog's (device, inode) when it was attached
     checked_at: int = -1  # the snapshot its derived tables were last found current at
+    in_use: int = 0  # reads using it now (each through a cursor of its own)
+    current: bool = True  # what new reads get; once not, closed by its last read
+
+    def retire(self) -> None:
+        """No longer what new reads get (under _readers_lock): closed now if idle, else by its last read."""
+        self.current = False
+        if self.in_use == 0:
+            self.con.close()
 
 
-_readers = threading.local()
+# The process's read-only attachments, one per store: every thread reads through a cursor of its own. Kept
+# per thread, each Streamlit rerun (a thread of its own) attached the lake anew, a few hundred ms a page view.
+_readers: dict[str, _Reader] = {}
+_readers_lock = threading.Lock()
 
 
 def _catalog_file(location: LakeLocation) -> tuple[int, int] | None:
@@ -140,22 +151,35 @@ def _catalog_file(location: LakeLocation) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def reader(location: LakeLocation) -> _Reader:
-    """This thread's read-only attachment of the store (attaching costs a few hundred ms: kept until the
-    catalog file is another one: a store deleted and made again under the same name)."""
-    held: dict[str, _Reader] = _readers.__dict__.setdefault("held", {})
+@contextmanager
+def reading(location: LakeLocation) -> Iterator[_Reader]:
+    """The process's read-only attachment of the store, counted as in use while the block runs: read through
+    a cursor of its own. Kept until the catalog file is another one (a store deleted and made again under the
+    same name) or forget_readers; a replaced one closes when its last read ends."""
     key, current = str(location), _catalog_file(location)
-    if key not in held or held[key].catalog_file != current:
-        # A replaced one is left to close itself once no read uses it.
-        held[key] = _Reader(open_lake(location, read_only=True), current)
-    return held[key]
+    with _readers_lock:
+        held = _readers.get(key)
+        if held is None or held.catalog_file != current:
+            fresh = _Reader(open_lake(location, read_only=True), current)
+            if held is not None:
+                held.retire()
+            _readers[key] = held = fresh
+        held.in_use += 1
+    try:
+        yield held
+    finally:
+        with _readers_lock:
+            held.in_use -= 1
+            if not held.current:
+                held.retire()
 
 
 def forget_readers() -> None:
-    held: dict[str, _Reader] = _readers.__dict__.setdefault("held", {})
-    for r in held.values():
-        r.con.close()
-    held.clear()
+    """Let go of the process's attachments (one in use closes when its read ends), and of the kept writers."""
+    with _readers_lock:
+        for held in _readers.values():
+            held.retire()
+        _readers.clear()
     forget_writers()
 
 

@@ -1,5 +1,6 @@
-"""The threads of a process read a file store through one view per state: a Streamlit rerun (a thread of its
-own) finds the store open, and a view a writer has replaced closes when its last read ends, not before."""
+"""The threads of a process read a store through one view (a file's, per state) or attachment (a lake's): a
+Streamlit rerun (a thread of its own) finds the store open, and one replaced or let go of closes when its last
+read ends, not before."""
 
 from __future__ import annotations
 
@@ -45,4 +46,40 @@ def test_threads_share_one_view_and_a_replaced_one_closes_after_its_last_read(tm
         assert replaced.con.execute("SELECT 1").fetchall() == [(1,)], "closed while a read still used it"
     with pytest.raises(duckdb.ConnectionException):
         replaced.con.execute("SELECT 1")
+    assert count() == 2 and len(opened) == 2
+
+
+def test_threads_share_one_lake_attachment_and_one_let_go_of_closes_after_its_last_read(tmp_path, monkeypatch):
+    from specdec_core.store import lake as lakes
+
+    store = Store(f"ducklake:{tmp_path / 'views.sqlite'}")
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec("a", cache_key="k-a")]))])
+    lakes.forget_readers()
+    opened = []
+    real = lakes.open_lake
+
+    def counted(location, read_only=False, **kwargs):
+        if read_only:
+            opened.append(location)
+        return real(location, read_only=read_only, **kwargs)
+
+    monkeypatch.setattr(lakes, "open_lake", counted)
+
+    def count() -> int:
+        with store.read() as con:
+            return con.execute("SELECT count(*) FROM requests").fetchall()[0][0]
+
+    assert [_in_thread(count) for _ in range(4)] == [1, 1, 1, 1]
+    assert len(opened) == 1, "each thread attached the lake anew"
+    assert _in_thread(store.version) == store.version() and len(opened) == 1
+
+    with store.read() as old:  # a read in progress while a writer commits and the attachment is let go of
+        held = lakes._readers[str(store.lake)]
+        ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("b", cache_key="k-b")]))])
+        assert _in_thread(count) == 2 and len(opened) == 1, "a new snapshot needs no new attachment"
+        lakes.forget_readers()
+        assert old.execute("SELECT count(*) FROM requests").fetchall()[0][0] == 1, "the read's snapshot, whole"
+        assert held.con.execute("SELECT 1").fetchall() == [(1,)], "closed while a read still used it"
+    with pytest.raises(duckdb.ConnectionException):
+        held.con.execute("SELECT 1")
     assert count() == 2 and len(opened) == 2
