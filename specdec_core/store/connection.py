@@ -26,6 +26,7 @@ from specdec_core.store import lake as lakes
 from specdec_core.store.convert import SIDE_VERSION, ConversionError, convert_into, written_by_newer_duckdb
 from specdec_core.store.ddl import ensure_schema
 from specdec_core.store.errors import ForeignDatabaseError, StoreError
+from specdec_core.store.instance import SharedInstance
 from specdec_core.store.lake_files import damage_message
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LocationError, lake_location, mask_secrets, resolve_db
@@ -64,24 +65,13 @@ def _configure(con: duckdb.DuckDBPyConnection) -> None:
 log = logging.getLogger(__name__)
 
 
-class _View:
-    """One read-only state of a file, and how many reads are using it."""
+class _View(SharedInstance):
+    """One read-only state of a file, shared by the process's reads."""
 
     def __init__(self, version: tuple[int, int], con: duckdb.DuckDBPyConnection) -> None:
-        self.version, self.con, self.in_use, self.current = version, con, 0, True
+        super().__init__(con, _views_lock)
+        self.version = version
         self.checked = False  # whether its derived tables were checked against this code
-
-    def release(self) -> None:
-        with _views_lock:
-            self.in_use -= 1
-            if not self.current:
-                self.retire()
-
-    def retire(self) -> None:
-        """No longer the view new reads get (under _views_lock): closed now if idle, else by its last read."""
-        self.current = False
-        if self.in_use == 0:
-            self.con.close()
 
 
 # The process's views, one per file: every thread reads through its own cursor of one DuckDB instance, whose

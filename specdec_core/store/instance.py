@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import duckdb
 
@@ -29,3 +30,25 @@ def restore_threads(con: duckdb.DuckDBPyConnection) -> None:
     set (RESET alone would give every core), else DuckDB's default."""
     threads = instance_config().get("threads")
     con.execute(f"SET threads = {threads}" if threads else "RESET threads")
+
+
+class SharedInstance:
+    """A read-only DuckDB instance the threads of a process share, each read through a cursor of its own and
+    counted while it runs (`in_use`, changed under the owner's `lock`). Retired (replaced, or let go of), it
+    closes when its last read ends, not in the middle of one."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, lock: threading.Lock) -> None:
+        self.con, self.lock, self.in_use, self.current = con, lock, 0, True
+
+    def release(self) -> None:
+        """A read's end."""
+        with self.lock:
+            self.in_use -= 1
+            if not self.current:
+                self.retire()
+
+    def retire(self) -> None:
+        """No longer what new reads get (under `lock`): closed now if idle, else by its last read."""
+        self.current = False
+        if self.in_use == 0:
+            self.con.close()

@@ -31,7 +31,7 @@ import duckdb
 
 from specdec_core import interrupts
 from specdec_core.store.errors import LakeError
-from specdec_core.store.instance import restore_threads
+from specdec_core.store.instance import SharedInstance, restore_threads
 from specdec_core.store.lake_extensions import new_instance
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LakeLocation
@@ -120,19 +120,13 @@ def snapshot_id(con: duckdb.DuckDBPyConnection) -> int:
                            ).fetchall()[0][0] or 0)
 
 
-@dataclass
-class _Reader:
-    con: duckdb.DuckDBPyConnection
-    catalog_file: tuple[int, int] | None  # a SQLite catalog's (device, inode) when it was attached
-    checked_at: int = -1  # the snapshot its derived tables were last found current at
-    in_use: int = 0  # reads using it now (each through a cursor of its own)
-    current: bool = True  # what new reads get; once not, closed by its last read
+class _Reader(SharedInstance):
+    """A read-only attachment of a lake, shared by the process's reads."""
 
-    def retire(self) -> None:
-        """No longer what new reads get (under _readers_lock): closed now if idle, else by its last read."""
-        self.current = False
-        if self.in_use == 0:
-            self.con.close()
+    def __init__(self, con: duckdb.DuckDBPyConnection, catalog_file: tuple[int, int] | None) -> None:
+        super().__init__(con, _readers_lock)
+        self.catalog_file = catalog_file  # a SQLite catalog's (device, inode) when it was attached
+        self.checked_at = -1  # the snapshot its derived tables were last found current at
 
 
 # The process's read-only attachments, one per store: every thread reads through a cursor of its own. Kept
@@ -168,10 +162,7 @@ def reading(location: LakeLocation) -> Iterator[_Reader]:
     try:
         yield held
     finally:
-        with _readers_lock:
-            held.in_use -= 1
-            if not held.current:
-                held.retire()
+        held.release()
 
 
 def forget_readers() -> None:
