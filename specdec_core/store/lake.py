@@ -130,7 +130,8 @@ class _Reader(SharedInstance):
 
 
 # The process's read-only attachments, one per store: every thread reads through a cursor of its own. Kept
-# per thread, each Streamlit rerun (a thread of its own) attached the lake anew, a few hundred ms a page view.
+# per thread, each Streamlit rerun (a thread of its own) attached the lake anew: 0.08 s a page view on the demo's
+# lake (a SQLite catalog), 0.011 s shared.
 _readers: dict[str, _Reader] = {}
 _readers_lock = threading.Lock()
 
