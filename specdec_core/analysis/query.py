@@ -116,9 +116,11 @@ CHOSEN_ROWS = "r.request_id IN (SELECT unnest($ids::VARCHAR[])) AND r.ts >= $fir
 
 def chosen_rows(con: Any, ids_sql: str, params: dict[str, Any]) -> dict[str, Any]:
     """The parameters of CHOSEN_ROWS for the rows `ids_sql` chooses (one row: their ids as a list, their first
-    and last `ts`)."""
-    ids, first, last = execute(con, ids_sql, params).fetchall()[0]
-    return {"ids": ids or [], "first": first, "last": last}
+    and last `ts`, then any other columns the query names, kept under those names)."""
+    cursor = execute(con, ids_sql, params)
+    ids, first, last, *others = cursor.fetchall()[0]
+    return {"ids": ids or [], "first": first, "last": last,
+            **{column[0]: value for column, value in zip(cursor.description[3:], others, strict=True)}}
 
 
 def one(store: Store, rows: Rows, filters: Filters, **summaries: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import string
 import duckdb
 import pandas as pd
 
-from specdec_core.analysis.query import CHOSEN_ROWS, NO_FILTERS, Filters
+from specdec_core.analysis.query import CHOSEN_ROWS, NO_FILTERS, Filters, chosen_rows
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
@@ -53,7 +53,7 @@ def first_matches_sql(where: str, fields: tuple[str, ...], mode: str, case_sensi
     the scan reads only the searched texts, the ids and the times (at 20M rows it read every column the
     page lists for every row first, 1.9 s of 3.9)."""
     return f"""
-SELECT list(request_id ORDER BY ts, request_id), min(ts), max(ts), any_value(matches) FROM (
+SELECT list(request_id ORDER BY ts, request_id), min(ts), max(ts), any_value(matches) AS matches FROM (
     SELECT unnest(first, recursive := true), matches FROM (
         SELECT min_by({{'request_id': r.request_id, 'ts': r.ts}}, (r.ts, r.request_id), $limit) AS first,
                count(*) AS matches
@@ -124,10 +124,9 @@ def search_requests(store: Store, text: str, *, fields: tuple[str, ...] = SEARCH
     given = {**params, "text": text, "limit": limit}
     try:
         with store.read() as con:
-            ids, first, last, matches = con.execute(first_matches_sql(where, fields, mode, case_sensitive),
-                                                    given).fetchall()[0]
+            chosen = chosen_rows(con, first_matches_sql(where, fields, mode, case_sensitive), given)
             sql = matching_requests_with_excerpts_sql(CHOSEN_ROWS, fields, mode, case_sensitive, "$matches::BIGINT")
-            return con.execute(sql, {"text": text, "limit": limit, "locate": locate, "ids": ids or [],
-                                     "first": first, "last": last, "matches": matches or 0}).df()
+            return con.execute(sql, {"text": text, "limit": limit, "locate": locate,
+                                     **chosen, "matches": chosen["matches"] or 0}).df()
     except duckdb.InvalidInputException as exc:
         raise SearchError(f"not a valid regular expression ({exc}); or search for the text as it is") from exc
