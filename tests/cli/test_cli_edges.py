@@ -81,3 +81,28 @@ def test_stats_into_a_pipe_closed_early_exits_0_and_says_nothing(loaded_db):
                           stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
     os.close(write_end)
     assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_each_command_is_registered_by_the_module_the_cli_imports_for_it():
+    import argparse
+    import importlib
+
+    from specdec_core import cli
+
+    for module in cli.COMMAND_MODULES:
+        parser = argparse.ArgumentParser()
+        importlib.import_module(module).register(parser.add_subparsers())
+        registered = set(next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices)
+        assert registered == {c for c, m in cli.COMMANDS.items() if m == module}, module
+    whole = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(whole.choices) == list(cli.COMMANDS)
+
+
+def test_a_command_starts_with_its_own_module_only():
+    # What `specdec metrics rules` imported: no other command's module, and no pyarrow (the ingest's).
+    probe = ("import sys; from specdec_core.cli import main; code = main(['metrics', 'rules']); "
+             "print(code, sorted(m for m in sys.modules if m.startswith('specdec_core.cli.')), "
+             "'pyarrow' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.stdout.startswith("groups:"), done.stdout[:200]
+    assert done.stderr.strip() == "0 ['specdec_core.cli.common', 'specdec_core.cli.metrics_cmd'] False", done.stderr
