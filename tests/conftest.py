@@ -69,9 +69,9 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank[item.nodeid.partition("::")[0]])
 
 
-# What collection imported (torch, transformers, Streamlit, pandas: some 300,000 objects a worker) lives as
+# What collection imported (torch, transformers, Streamlit, pandas: most of a worker's objects) lives as
 # long as the worker: left out of the collector's full passes, which otherwise walked it each time. 424 store,
-# analysis and dashboard tests on three workers: 9.0 s of collection before, 5.0 s after.
+# analysis and dashboard tests on three workers: 9.0 s in the garbage collector before, 5.0 s after.
 def pytest_collection_finish(session):
     gc.collect()
     gc.freeze()
