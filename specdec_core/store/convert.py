@@ -88,9 +88,11 @@ def convert_into(source: Path, con: duckdb.DuckDBPyConnection, shown: str) -> li
     return tables
 
 
-def load_tables(con: duckdb.DuckDBPyConnection, folder: str, tables: list[str]) -> None:
+def load_tables(con: duckdb.DuckDBPyConnection, folder: str, tables: list[str], derived_current: bool = False
+                ) -> None:
     """Load `folder`/i.parquet into table i of `tables`: by column name where the schema has the table, as it
-    was otherwise; then mark the derived tables stale, so the write rebuilds them for this store."""
+    was otherwise; then, unless they are this version's (`derived_current`), mark the derived tables stale, so
+    the write rebuilds them for this store."""
     existing = {r[0] for r in con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
     for i, table in enumerate(tables):
@@ -100,7 +102,8 @@ def load_tables(con: duckdb.DuckDBPyConnection, folder: str, tables: list[str]) 
             con.execute(f"INSERT INTO \"{table}\" BY NAME SELECT * FROM read_parquet('{parquet}')")
         else:
             con.execute(f"CREATE TABLE \"{table}\" AS SELECT * FROM read_parquet('{parquet}')")
-    con.execute("DELETE FROM meta WHERE key = 'summary_version'")
+    if not derived_current:
+        con.execute("DELETE FROM meta WHERE key = 'summary_version'")
 
 
 def export_tables(con: duckdb.DuckDBPyConnection, folder: str) -> list[str]:

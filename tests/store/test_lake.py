@@ -211,6 +211,25 @@ def test_migrate_to_copies_a_local_store_into_a_new_lake_and_refuses_one_that_ho
     assert again.returncode == 1 and "already holds requests" in again.stderr and len(again.stderr.splitlines()) == 1
 
 
+def test_a_copy_takes_the_derived_tables_as_they_are(tmp_path, monkeypatch):
+    # A store that reads holds this version's: rebuilt in the copy's one transaction, a 20M-row store's ran a
+    # lake's writer out of memory.
+    import importlib
+
+    migration = importlib.import_module("specdec_core.derived.migrate")  # the package's `migrate` is the function
+    file_store, lake = tmp_path / "s.duckdb", f"ducklake:{tmp_path / 'shared.sqlite'}"
+    for batch in _batches(tmp_path)[:2]:
+        ingest(Store(file_store), [str(batch)])
+    judged = []
+    judge = migration.judge_hits
+    monkeypatch.setattr(migration, "judge_hits", lambda con: judged.append(1) or judge(con))
+    assert migration.copy_store(Store(file_store), Store(lake)) == 180
+    assert judged == []
+    assert contents(lake) == contents(file_store)
+    with Store(lake).read() as con:  # read, not refused as an older store's
+        assert con.execute("SELECT count(*) FROM hit_sources WHERE contaminated").fetchall()[0][0] > 0
+
+
 def test_a_reader_sees_a_lake_made_again_under_the_same_name(tmp_path):
     name = f"ducklake:{tmp_path / 's.sqlite'}"
     batches = _batches(tmp_path)
