@@ -1,14 +1,17 @@
 """Every figure a user sees, at 1M, 5M and 20M rows of an incident shaped like real ones, per kind of store.
 
     .venv/bin/python bench/bench_scale.py [--sizes 1000000,5000000,20000000] [--kinds file,lake]
-                                          [--lake-sizes 1000000,5000000] [--follow-seconds 30] [--work DIR]
+                                          [--lake-sizes 1000000,5000000] [--lake-by-copy]
+                                          [--follow-seconds 30] [--work DIR]
 
 The log (bench/scale_log.py): the services log's records (other fields anywhere, ties, mixed `ts` types,
 exact duplicates, hostile lines) over 50 deployments with the contaminated window of the demo's incident,
 repeated for the larger sizes. For each size and kind of store (a DuckDB file, the default; a DuckLake with
 a local SQLite catalog and its files beside it), in this order:
 
-- `specdec ingest` of the whole log into an empty store, in a fresh process: seconds and peak memory;
+- `specdec ingest` of the whole log into an empty store, in a fresh process: seconds and peak memory (with
+  --lake-by-copy, a lake is the file store of its size copied, as `specdec migrate --db FILE --to
+  ducklake:...` copies it: the file store moving to a lake when it outgrows one machine);
 - the store's size on disk;
 - each `specdec stats` question (the dashboard's figures) and each `specdec impact` answer: first call
   and median of three, in this process;
@@ -62,13 +65,27 @@ def size_on_disk(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def build(files: list[Path], path: Path, kind: str) -> dict:
+COPY = """
+import sys, time
+from specdec_core.derived.migrate import copy_store
+from specdec_core.store import Store
+t = time.perf_counter()
+n = copy_store(Store(sys.argv[1]), Store(sys.argv[2]))
+print(f"{time.perf_counter() - t:.2f} {n} 0")
+"""
+
+
+def build(files: list[Path], path: Path, kind: str, copy_of: Path | None = None) -> dict:
     if path.exists():
         return {"ingest_s": None, "peak_mb": None}
     tmp = path.with_name(path.name + ".building")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.unlink(missing_ok=True)
-    seconds, peak, printed = run_child(INGEST, store_name(tmp, kind), *map(str, files))
+    if copy_of is not None:
+        tmp.mkdir()
+        seconds, peak, printed = run_child(COPY, str(copy_of), store_name(tmp, kind))
+    else:
+        seconds, peak, printed = run_child(INGEST, store_name(tmp, kind), *map(str, files))
     shutil.move(tmp, path)
     accepted, quarantined = (int(x) for x in printed.split()[1:3])
     return {"ingest_s": seconds, "peak_mb": peak, "accepted": accepted, "quarantined": quarantined,
@@ -166,12 +183,13 @@ def follow_lag(path: Path, kind: str, rows: int, seconds: float) -> dict:
             "lag max": max(lags, default=float("nan")), "follow loaded": r["loaded"], "follow written": r["written"]}
 
 
-def measure(rows: int, kind: str, files: list[Path], work: Path, follow_seconds: float) -> dict:
+def measure(rows: int, kind: str, files: list[Path], work: Path, follow_seconds: float, by_copy: bool = False
+            ) -> dict:
     from specdec_core.store import Store
 
     path = work / (f"scale-{rows}.duckdb" if kind == "file" else f"scale-{rows}.lake")
-    fig: dict = {"rows": rows, "kind": kind}
-    fig.update(build(files, path, kind))
+    fig: dict = {"rows": rows, "kind": kind, "built": "copy" if by_copy and kind == "lake" else "ingest"}
+    fig.update(build(files, path, kind, work / f"scale-{rows}.duckdb" if fig["built"] == "copy" else None))
     fig["store_mb"] = size_on_disk(path) / 2**20
     db = store_name(path, kind)
     store = Store(db)
@@ -204,8 +222,9 @@ def show(results: list[dict]) -> None:
                 growth = f"{(values[-1] / values[0]) / (sizes[-1] / sizes[0]):>13.2f}x"
             print(f"  {name:<30}{cells}{growth}")
 
-        line("ingest (s)", lambda r: r.get("ingest_s"), "{:.1f}")
-        line("ingest peak memory (MB)", lambda r: r.get("peak_mb"), "{:.0f}")
+        made = "copy of the file store" if small.get("built") == "copy" else "ingest"
+        line(f"{made} (s)", lambda r: r.get("ingest_s"), "{:.1f}")
+        line(f"{made} peak memory (MB)", lambda r: r.get("peak_mb"), "{:.0f}")
         line("store size (MB)", lambda r: r["store_mb"], "{:.0f}")
         for q in small["questions"]:
             line(f"{q} (first)", lambda r, q=q: r["questions"][q][0], "{:.3f}")
@@ -237,6 +256,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000000,5000000,20000000")
     parser.add_argument("--kinds", default="file,lake")
     parser.add_argument("--lake-sizes", default="1000000,5000000", help="the sizes a lake is measured at")
+    parser.add_argument("--lake-by-copy", action="store_true",
+                        help="make each lake by copying the file store of its size (measured first)")
     parser.add_argument("--base", type=int, default=BASE_ROWS, help="rows of one copy of the log")
     parser.add_argument("--follow-seconds", type=float, default=30)
     parser.add_argument("--work", type=Path, default=OUT)
@@ -252,7 +273,7 @@ def main() -> None:
         for kind in args.kinds.split(","):
             if kind == "lake" and rows not in lake_sizes:
                 continue
-            results.append(measure(rows, kind, chosen, args.work, args.follow_seconds))
+            results.append(measure(rows, kind, chosen, args.work, args.follow_seconds, args.lake_by_copy))
             (args.work / "scale-results.json").write_text(json.dumps(results, indent=1))
     show(results)
 
