@@ -26,7 +26,7 @@ from specdec_core.store import lake as lakes
 from specdec_core.store.convert import SIDE_VERSION, ConversionError, convert_into, written_by_newer_duckdb
 from specdec_core.store.ddl import ensure_schema
 from specdec_core.store.errors import ForeignDatabaseError, StoreError
-from specdec_core.store.instance import SharedInstance
+from specdec_core.store.instance import SharedInstance, take_shared
 from specdec_core.store.lake_files import damage_message
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LocationError, lake_location, mask_secrets, resolve_db
@@ -91,21 +91,17 @@ def _snapshot(path: Path, version: tuple[int, int]) -> _View:
     its last read ends.
     """
     key = str(path.resolve())
-    with _views_lock:
-        held = _views.get(key)
-        if held is None or held.version != version:
-            try:
-                con = attached(key, "READ_ONLY")
-            except duckdb.Error as exc:
-                if written_by_newer_duckdb(path):
-                    raise StoreError(f"{path}: written by DuckDB {SIDE_VERSION} (an older specdec); convert it "
-                                     f"with `specdec migrate --db {path}`") from None
-                raise StoreError(f"{path}: cannot open for reading: {exc}") from exc
-            if held is not None:
-                held.retire()
-            _views[key] = held = _View(version, con)
-        held.in_use += 1
-        return held
+
+    def open_view() -> _View:
+        try:
+            return _View(version, attached(key, "READ_ONLY"))
+        except duckdb.Error as exc:
+            if written_by_newer_duckdb(path):
+                raise StoreError(f"{path}: written by DuckDB {SIDE_VERSION} (an older specdec); convert it "
+                                 f"with `specdec migrate --db {path}`") from None
+            raise StoreError(f"{path}: cannot open for reading: {exc}") from exc
+
+    return take_shared(_views, key, _views_lock, lambda held: held.version == version, open_view)
 
 
 def derived_current(con: duckdb.DuckDBPyConnection, path: Path | None = None, alias: str | None = STORE_ALIAS

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import duckdb
 
@@ -52,3 +54,21 @@ class SharedInstance:
         self.current = False
         if self.in_use == 0:
             self.con.close()
+
+
+S = TypeVar("S", bound=SharedInstance)
+
+
+def take_shared(held: dict[str, S], key: str, lock: threading.Lock, current: Callable[[S], bool],
+                open_new: Callable[[], S]) -> S:
+    """The process's instance under `key` in `held`, counted as in use (release() it when the read ends): a new
+    one from `open_new` where there is none or `current` says the one held is stale, which is then retired."""
+    with lock:
+        instance = held.get(key)
+        if instance is None or not current(instance):
+            fresh = open_new()
+            if instance is not None:
+                instance.retire()
+            held[key] = instance = fresh
+        instance.in_use += 1
+        return instance

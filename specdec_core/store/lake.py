@@ -31,7 +31,7 @@ import duckdb
 
 from specdec_core import interrupts
 from specdec_core.store.errors import LakeError
-from specdec_core.store.instance import SharedInstance, restore_threads
+from specdec_core.store.instance import SharedInstance, restore_threads, take_shared
 from specdec_core.store.lake_extensions import new_instance
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LakeLocation
@@ -151,15 +151,9 @@ def reading(location: LakeLocation) -> Iterator[_Reader]:
     """The process's read-only attachment of the store, counted as in use while the block runs: read through
     a cursor of its own. Kept until the catalog file is another one (a store deleted and made again under the
     same name) or forget_readers; a replaced one closes when its last read ends."""
-    key, current = str(location), _catalog_file(location)
-    with _readers_lock:
-        held = _readers.get(key)
-        if held is None or held.catalog_file != current:
-            fresh = _Reader(open_lake(location, read_only=True), current)
-            if held is not None:
-                held.retire()
-            _readers[key] = held = fresh
-        held.in_use += 1
+    current = _catalog_file(location)
+    held = take_shared(_readers, str(location), _readers_lock, lambda reader: reader.catalog_file == current,
+                       lambda: _Reader(open_lake(location, read_only=True), current))
     try:
         yield held
     finally:
