@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from forked_cli import run_forked
+
 from specdec_core.contract import DecodeRequest, DecodeResult, fingerprint
 from specdec_core.derived.hit_sources import last_miss_sql
 from specdec_core.store.connection import Store
@@ -95,7 +97,12 @@ def sigint_default() -> None:
 
 
 def run_cli(*args: str, timeout: float = 300, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """`specdec ARGS...` in a fresh interpreter, as a user runs it."""
+    """`specdec ARGS...` in a process of its own, as a user runs it: forked from one that has imported the
+    libraries every command imports (forked_cli.py), or a new interpreter where that can't be."""
+    if set(kwargs) <= {"cwd", "env", "input"}:
+        done = run_forked(list(args), timeout, **kwargs)
+        if done is not None:
+            return done
     return subprocess.run([sys.executable, "-m", "specdec_core", *args], capture_output=True, text=True,
                           timeout=timeout, **kwargs)
 

@@ -5,13 +5,11 @@ Python's reader recurses to. The records around it load."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from format_lines import MAP, litellm_line, mapped_line, otel_line
-from helpers import rec, write_jsonl
+from helpers import rec, run_cli, write_jsonl
 
 from specdec_core import formats
 from specdec_core.formats.common import MAX_JSON_DEPTH, epoch_to_rfc3339, to_decimal
@@ -107,8 +105,8 @@ def test_numbers_past_a_double_are_not_numbers_and_times_stay_exact_below():
 
 def test_an_otel_start_time_of_1e9999999_is_quarantined_at_once_not_spun_on(tmp_path):
     log = write_jsonl(tmp_path / "log.jsonl", [otel_line(startTimeUnixNano="1e9999999"), otel_line("otel-2")])
-    done = subprocess.run([sys.executable, "-m", "specdec_core", "ingest", str(log), "--db", str(tmp_path / "s.duckdb"),
-                           "--format", "otel", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = run_cli("ingest", str(log), "--db", str(tmp_path / "s.duckdb"), "--format", "otel", "--json", cwd=ROOT,
+                   timeout=60)
     assert done.returncode == 0, done.stderr
     counts = json.loads(done.stdout)
     assert (counts["read"], counts["accepted"], counts["quarantined"]) == (2, 1, 1)

@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf.json_format import MessageToDict
+from helpers import run_cli
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http import Compression
@@ -240,8 +241,7 @@ def test_backpressure_body_limit_and_token(db: Path) -> None:
         busy = [h for s, h, _ in statuses if s == 429]
         assert busy and all(int(h["Retry-After"]) >= 1 for h in busy)
         assert {s for s, _, _ in statuses} <= {200, 429}
-        second = subprocess.run([sys.executable, "-m", "specdec_core", "collect", "--db", str(db), "--listen",
-                                 "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+        second = run_cli("collect", "--db", str(db), "--listen", "127.0.0.1:0", timeout=60)
         assert second.returncode != 0 and "another specdec collect is using this spool" in second.stderr
         with grpc.insecure_channel(f"127.0.0.1:{collect.grpc_port}") as channel:
             stub = TraceServiceStub(channel)
@@ -256,7 +256,6 @@ def test_backpressure_body_limit_and_token(db: Path) -> None:
 
 
 def test_refuses_a_non_loopback_address_without_a_token(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "specdec_core", "collect", "--db", str(tmp_path / "s.duckdb"),
-                           "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=60)
+    done = run_cli("collect", "--db", str(tmp_path / "s.duckdb"), "--listen", "0.0.0.0:0", timeout=60)
     assert done.returncode == 2
     assert "--token-env" in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import write_jsonl
+from helpers import run_cli, write_jsonl
 from servers import create_database, postgres, s3, s3_keys
 from writers import batch, content, two_writers_and_a_reader
 
@@ -80,8 +79,7 @@ def test_the_cli_reads_and_writes_the_configured_store_without_db(shared, tmp_pa
     log = write_jsonl(tmp_path / "app.jsonl", batch("c", 300, 0))
 
     def specdec(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "specdec_core", *args], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=300)
+        return run_cli(*args, cwd=ROOT, env=env)
 
     loaded = specdec("ingest", str(log), "--json")
     assert loaded.returncode == 0, loaded.stderr
@@ -90,8 +88,7 @@ def test_the_cli_reads_and_writes_the_configured_store_without_db(shared, tmp_pa
     assert stats.returncode == 0, stats.stderr
     local = str(tmp_path / "local.duckdb")
     ingest(Store(local), [str(log)])
-    expected = subprocess.run([sys.executable, "-m", "specdec_core", "stats", "--json", "--db", local], cwd=ROOT,
-                              env=env, capture_output=True, text=True, timeout=300)
+    expected = run_cli("stats", "--json", "--db", local, cwd=ROOT, env=env)
     assert json.loads(stats.stdout) == json.loads(expected.stdout)
     report = specdec("report", "--out", str(tmp_path / "report.csv"))
     assert report.returncode == 0, report.stderr
