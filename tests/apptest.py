@@ -22,9 +22,9 @@ def open_app(monkeypatch, db: Path, page: str | None = None, **query: str) -> Ap
     monkeypatch.setenv("SPECDEC_DB", str(db))
     at = AppTest.from_file(str(APP), default_timeout=60)
     at.query_params.update(query)
+    if page:  # opened at its address, as a link to it opens it: no Overview drawn first
+        at.switch_page(f"pages/{page}.py")
     at.run()
-    if page:
-        at.switch_page(f"pages/{page}.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 
