@@ -15,6 +15,7 @@ line on stdin, forks, answers the child's pid and then its exit status.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -92,7 +93,10 @@ def serve() -> None:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            _child(request, reply)
+            try:
+                _child(request, reply)
+            finally:
+                os._exit(1)  # the child never goes back to reading requests, whatever went wrong
         answer(pid=pid)
         _, status = os.waitpid(pid, 0)
         answer(returncode=os.waitstatus_to_exitcode(status))
@@ -144,7 +148,8 @@ class _Server:
             pid = self.answer(None)["pid"]
             done = self.answer(timeout)
             if done is None:
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # it ended as the time ran out
+                    os.kill(pid, signal.SIGKILL)
                 self.answer(None)
             out, err = (paths[name].read_bytes().decode("utf-8", errors="replace").replace("\r\n", "\n")
                         for name in ("stdout", "stderr"))
@@ -161,6 +166,8 @@ def run_forked(args: list[str], timeout: float, cwd: Any = None, env: dict[str, 
                input: str | None = None) -> subprocess.CompletedProcess[str] | None:
     """The command's result, or None where it can't be forked (its caller then starts an interpreter)."""
     env = dict(os.environ if env is None else env)
+    if cwd is not None and not Path(cwd).is_dir():
+        return None  # subprocess's own error for it
     if not _SERVER.lock.acquire(blocking=False):
         return None
     try:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from forked_cli import run_forked
-from helpers import rec, write_jsonl
+from helpers import rec, run_cli, write_jsonl
 
 
 def fresh(*args: str, **kwargs) -> subprocess.CompletedProcess[str]:
@@ -51,3 +51,10 @@ def test_a_command_past_its_timeout_is_killed_and_the_next_runs(tmp_path):
 def test_an_environment_that_changes_how_python_starts_gets_a_new_interpreter():
     assert run_forked(["metrics", "rules"], 120, env={**os.environ, "PYTHONPATH": "/elsewhere"}) is None
     assert run_forked(["metrics", "rules"], 120, env={**os.environ, "SPECDEC_THREADS": "1"}) is not None
+
+
+def test_a_folder_that_is_not_there_is_subprocess_s_error_and_the_server_goes_on(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        run_cli("metrics", "rules", cwd=tmp_path / "gone")
+    after = run_forked(["metrics", "rules"], 120, cwd=tmp_path)
+    assert after is not None and after.returncode == 0
