@@ -62,8 +62,15 @@ def postgres() -> Iterator[str]:
                        check=True, capture_output=True)
         yield f"dbname=specdec host=127.0.0.1 port={port} user=postgres"
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        # A fast shutdown by pg_ctl, not a signal to runuser: runuser kills its child 2 s after passing on a
+        # SIGTERM, and a postmaster killed so leaves its shared memory segments in /dev/shm.
+        subprocess.run(_as_postgres([_pg_bin("pg_ctl"), "stop", "-D", str(data), "-m", "fast", "-w"]),
+                       capture_output=True, timeout=60)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
         shutil.rmtree(home, ignore_errors=True)
 
 
