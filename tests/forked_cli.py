@@ -135,8 +135,8 @@ class _Server:
 
     def run(self, args: list[str], timeout: float, cwd: Any, env: dict[str, str], input: str | None,
             ) -> subprocess.CompletedProcess[str]:
-        proc = self.start()
-        assert proc.stdin is not None
+        proc = self.proc
+        assert proc is not None and proc.stdin is not None
         with tempfile.TemporaryDirectory(prefix="specdec-cli-") as folder:
             paths = {name: Path(folder, name) for name in ("stdin", "stdout", "stderr")}
             paths["stdin"].write_text(input or "", encoding="utf-8")
@@ -171,7 +171,7 @@ def run_forked(args: list[str], timeout: float, cwd: Any = None, env: dict[str, 
     if not _SERVER.lock.acquire(blocking=False):
         return None
     try:
-        _SERVER.start()
+        _SERVER.start()  # again if it died; run() then uses it
         if _startup_settings(env) != _SERVER.settings:
             return None
         return _SERVER.run(args, timeout, cwd, env, input)

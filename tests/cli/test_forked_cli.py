@@ -3,6 +3,7 @@ command prints, exits with and writes must be what a new interpreter gives."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -31,6 +32,7 @@ def test_a_forked_command_prints_exits_and_writes_as_a_new_interpreter(tmp_path)
     for args, kwargs in runs:
         forked = run_forked(list(args), 120, **kwargs)
         if args[0] == "ingest":  # the second run would find the lines loaded: a new store for it
+            assert forked is not None and json.loads(forked.stdout)["accepted"] == 2, forked
             os.rename(tmp_path / "from-env.duckdb", tmp_path / "forked.duckdb")
         expected = fresh(*args, **kwargs)
         assert forked is not None
