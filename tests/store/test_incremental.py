@@ -84,6 +84,9 @@ def _assert_equals_full_rebuild(db, tmp_path) -> None:
     shutil.copyfile(db, rebuilt)
     with duckdb.connect(str(db), read_only=True) as con:
         updated = _derived(con)
+        # Every hit judged contaminated now was recorded when first judged so (the monitoring counter's record).
+        assert con.execute("SELECT count(*) FROM summary_contaminated WHERE request_id NOT IN "
+                           "(SELECT request_id FROM contaminated_first_verdicts)").fetchall() == [(0,)]
     with duckdb.connect(str(rebuilt)) as con:
         judge_hits(con)
         build_summaries(con)
