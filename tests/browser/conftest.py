@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
-from served import CHROMIUM, CHROMIUM_ARGS, ROOT, dashboard
+from served import CHROMIUM, CHROMIUM_ARGS, ROOT, dashboard, new_page
 
 from specdec_core.ingestion import ingest
 from specdec_core.store import Store
@@ -26,13 +26,9 @@ def browser():
 
 @pytest.fixture
 def page(browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1500, "height": 1100}, reduced_motion="reduce")
-    page = context.new_page()
-    dialogs: list[str] = []
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    page.dialogs = dialogs  # an alert() from log text would land here
+    page = new_page(browser, 1500, 1100)  # an alert() from log text would land in page.dialogs
     yield page
-    context.close()
+    page.close()
 
 
 @pytest.fixture(scope="module")

@@ -88,10 +88,30 @@ def registry_toml(tiny_registry) -> str:
 
 
 def new_page(browser, width: int = 1440, height: int = 900) -> Page:
-    page = browser.new_context(viewport={"width": width, "height": height}, reduced_motion="reduce").new_page()
+    """A fresh tab (its own history and Streamlit session) of `width` x `height`; close it with page.close().
+
+    Opened by a blank tab the browser keeps (`window.open`), so every test's tab shares one renderer and one
+    HTTP cache: a tab of a fresh context started a renderer that compiled Streamlit's and plotly's scripts
+    anew and fetched them again, about 2.5 CPU-s of a 5.5 CPU-s first view of the demo's Overview
+    (docs/benchmarks.md). Cookies and storage are shared with the module's other tests; the dashboard keeps
+    nothing in either."""
+    opener = _opener(browser)
+    with opener.context.expect_page() as opened:
+        opener.evaluate("() => window.open('about:blank')")
+    page = opened.value
+    page.set_viewport_size({"width": width, "height": height})
     page.dialogs = []
     page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
     return page
+
+
+def _opener(browser) -> Page:
+    """The blank tab that opens the browser's test tabs, made at the first one (a context of its own)."""
+    opener = getattr(browser, "specdec_opener", None)
+    if opener is None or opener.is_closed():
+        opener = browser.new_context(reduced_motion="reduce").new_page()
+        browser.specdec_opener = opener
+    return opener
 
 
 def heading(page: Page, title: str) -> None:

@@ -18,7 +18,7 @@ HOUR_CAPTION = "2026-11-20 09:00:00 UTC to 2026-11-20 10:00:00 UTC"
 def desk(browser, demo_url) -> Page:
     page = new_page(browser)
     yield page
-    page.context.close()
+    page.close()
 
 
 def open_view(page: Page, title: str) -> None:
@@ -154,4 +154,4 @@ def test_time_charts_span_the_range_and_their_labels_never_overlap(browser, demo
                         assert apart(entry, text), (size, entry["text"], text["text"])
             assert legends >= 6
     assert seen >= 3
-    page.context.close()
+    page.close()

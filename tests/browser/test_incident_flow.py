@@ -54,7 +54,7 @@ def test_a_stored_replay_has_a_permanent_page_in_any_tab(browser, foreign_server
     assert not re.search(r"\d\.\d{10,}", page.get_by_test_id("stMain").inner_text())
     page.reload()
     expect(metric(page, "Classification")).to_have_text("foreign")
-    page.context.close()
+    page.close()
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +88,8 @@ def test_filters_live_in_the_url_reload_keeps_them_and_back_goes_back(browser, i
     pasted.reload()
     expect(metric(pasted, "Requests")).to_have_text("2")
     expect(pasted.get_by_test_id("stSidebar").get_by_role("textbox", name="Database")).to_have_value(str(db))
-    pasted.context.close()
-    page.context.close()
+    pasted.close()
+    page.close()
 
 
 def _cut(page: Page) -> list[str]:
@@ -103,14 +103,14 @@ def test_metrics_and_plots_are_readable_at_1024_and_on_a_phone(browser, incident
     page.goto(url)
     expect(metric(page, "Requests")).to_have_text("6")
     assert _cut(page) == []
-    page.context.close()
+    page.close()
     phone = new_page(browser, 390, 844)
     phone.goto(f"{url}/cache")
     heading(phone, "Cache")
     plot = phone.locator(".js-plotly-plot").nth(1).locator(".nsewdrag").first
     expect(plot).to_be_visible()
     assert plot.bounding_box()["width"] > 250, "the hit-rate plot is not squeezed by its legend"
-    phone.context.close()
+    phone.close()
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +151,7 @@ def test_screenshots_of_every_page(browser, demo_server, width, height):
     settle(page)
     shoot(page, SCREENSHOTS / f"request-{width}x{height}.png")
     assert page.dialogs == []
-    page.context.close()
+    page.close()
 
 
 DEMO_CONTAMINATED_HIT = "req-000134"
@@ -187,4 +187,4 @@ def test_a_replay_puts_its_permanent_link_in_the_address_bar_and_results_show_fi
     request_box = page.get_by_role("textbox", name="Request id")
     assert done.bounding_box()["y"] < request_box.bounding_box()["y"]
     assert page.get_by_role("heading", name="Results").bounding_box()["y"] < request_box.bounding_box()["y"]
-    page.context.close()
+    page.close()

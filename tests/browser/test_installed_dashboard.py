@@ -112,7 +112,7 @@ def test_specdec_dashboard_serves_the_installed_pages_from_another_folder(instal
         expect(requests).to_have_text("2")
         page.goto(f"{url}/request?request_id=b")
         heading(page, "Request")
-        page.context.close()
+        page.close()
     finally:
         server.terminate()  # SIGTERM to `specdec dashboard` alone, as a service manager stops it
         server.wait(timeout=20)

@@ -152,9 +152,9 @@ def test_ticks_follow_requests_and_replay_selected_replays_them(browser, server)
     other.goto(href if href.startswith("http") else f"{server}/{href.lstrip('/')}")
     expect(metric(other, "Classification")).to_have_text("foreign")
     expect(other.get_by_text(f"Replay of request {hit_id(4)}")).to_be_visible()
-    other.context.close()
+    other.close()
     assert page.dialogs == []
-    page.context.close()
+    page.close()
 
 
 def test_a_long_batch_shows_its_stage_disables_the_button_and_cancels(browser, long_incident, tmp_path):
@@ -183,7 +183,7 @@ def test_a_long_batch_shows_its_stage_disables_the_button_and_cancels(browser, l
         assert done < LONG
         expect(button).to_be_enabled()
         assert page.dialogs == []
-        page.context.close()
+        page.close()
 
 
 def bars(page: Page):
@@ -241,4 +241,4 @@ def test_clicking_a_bar_lists_its_rows_and_dragging_sets_the_time_range(browser,
     # The range is a filter like any other: it is in the address, so the view can be shared.
     assert "start=" in page.url and "end=" in page.url, page.url
     assert page.dialogs == []
-    page.context.close()
+    page.close()

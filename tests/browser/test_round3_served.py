@@ -60,7 +60,7 @@ def test_back_after_a_filter_change_restores_the_view_before_it(browser, demo_ur
     assert page.url == f"{demo_url}/"
     expect(chosen(page, "Deployments")).not_to_contain_text("edge-a")
     heading(page, "Overview")
-    page.context.close()
+    page.close()
 
 
 def test_red_flags_and_the_status_strip_come_before_the_first_chart(browser, demo_url):
@@ -77,7 +77,7 @@ def test_red_flags_and_the_status_strip_come_before_the_first_chart(browser, dem
             assert first_flag.bounding_box()["y"] < 900, "a red flag in view without scrolling"
         strip = page.get_by_text("since 2026-11-20 11:52:57 UTC", exact=True)
         assert strip.bounding_box()["y"] < flags.bounding_box()["y"]
-        page.context.close()
+        page.close()
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_log_text_makes_no_link_in_the_contamination_window_or_the_red_flags(bro
     assert not [h for h in hrefs if "evil" in h or h.startswith(("http", "mailto"))], hrefs
     assert main.locator("img").count() == 0
     assert page.dialogs == []
-    page.context.close()
+    page.close()
 
 
 def test_back_after_a_dragged_range_restores_the_range_before_it(browser, demo_url):
@@ -141,4 +141,4 @@ def test_back_after_a_dragged_range_restores_the_range_before_it(browser, demo_u
     settle(page)
     page.wait_for_timeout(1500)
     assert page.url == f"{demo_url}/?deployment=edge-a", "the view before the drag stays"
-    page.context.close()
+    page.close()
