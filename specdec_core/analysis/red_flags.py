@@ -12,11 +12,15 @@ from specdec_core.analysis.overview import HeadlineCounts, headline_counts
 from specdec_core.analysis.query import (
     NO_FILTERS,
     Filters,
+    ask,
     df,
     draft_label,
+    execute,
+    native,
     one,
 )
 from specdec_core.analysis.status import plural
+from specdec_core.derived import summaries as summary
 from specdec_core.derived.summaries import output_identity_columns
 from specdec_core.store.connection import Store
 
@@ -96,6 +100,45 @@ FROM requests r, w WHERE {where}
 """
 
 
+def hit_rate_trend_halves_sql(source: str, where: str) -> str:
+    """The same halves from the minute relation `source`, split at `$trend_mid` (the selection's midpoint, read
+    from `source` first and bound, so that the one minute read from the rows is skipped to in the scan): the
+    minutes before and after the one that holds it, and that minute's rows split at it. A minute's rows all share
+    its `minute`, so no other minute straddles the midpoint. The rows' answer reads every request's time: 0.28 s
+    of the red flags at 20M rows in a lake."""
+    return f"""
+WITH halves AS (
+    SELECT c.minute < $trend_minute AS first, c.cache_hit, c.requests FROM {source} c WHERE c.minute <> $trend_minute
+    UNION ALL
+    SELECT r.ts < $trend_mid AS first, r.cache_hit, 1 AS requests FROM requests r
+    WHERE {where} AND r.ts >= $trend_minute AND r.ts < $trend_minute + INTERVAL 1 minute
+)
+SELECT coalesce(sum(requests) FILTER (WHERE first AND cache_hit), 0) / sum(requests) FILTER (WHERE first) AS first_half,
+       coalesce(sum(requests) FILTER (WHERE NOT first AND cache_hit), 0) / sum(requests) FILTER (WHERE NOT first)
+           AS second_half
+FROM halves
+"""
+
+
+def hit_rate_trend(store: Store, filters: Filters) -> dict[str, Any]:
+    """The hit rate in the first and the second half of the selection's time span."""
+    with store.read() as con:
+        if not summary.ready(con):
+            cursor = ask(con, hit_rate_trend_sql, filters)
+        else:
+            where, where_params = filters.named_where()
+            source, params = summary.named_minute_source(filters, (where, where_params))
+            params |= where_params
+            mid = execute(con, f"SELECT min(c.first_ts) + (max(c.last_ts) - min(c.first_ts)) / 2, "
+                               f"time_bucket(INTERVAL 1 minute, min(c.first_ts) + (max(c.last_ts) - min(c.first_ts)) / 2) "
+                               f"FROM {source} c", params).fetchall()[0]
+            if mid[0] is None:
+                return {"first_half": None, "second_half": None}
+            cursor = execute(con, hit_rate_trend_halves_sql(source, where),
+                             params | {"trend_mid": mid[0], "trend_minute": mid[1]})
+        return {k: native(v) for k, v in cursor.df().iloc[0].items()}
+
+
 def experiment_bias_sql(where: str) -> str:
     return f"""
 -- Grouped by the arm's columns, labelled after: one string per arm, not per request.
@@ -138,7 +181,7 @@ FIRST_SIGHT_HIT_SHARE = 0.05
 def _identical_outputs(store: Store, filters: Filters, head: HeadlineCounts) -> RedFlag:
     shared = one(store, shared_outputs_rows_sql, filters, whole=shared_outputs_whole_sql,
                  ranged=shared_outputs_range_sql)
-    trend = one(store, hit_rate_trend_sql, filters)
+    trend = hit_rate_trend(store, filters)
     rising = (trend["second_half"] or 0) > (trend["first_half"] or 0)
     shared_share = shared["hits_with_shared_output"] / shared["hits"] if shared["hits"] else 0.0
     return RedFlag(

@@ -11,6 +11,7 @@ from helpers import DROP, rec, write_jsonl
 
 from specdec_core import analysis
 from specdec_core.analysis import Filters, impact, report
+from specdec_core.analysis.red_flags import hit_rate_trend
 from specdec_core.demo.synthetic import make_synthetic_log
 from specdec_core.derived import migrate
 from specdec_core.derived import summaries as summary
@@ -122,6 +123,7 @@ QUESTIONS = {
     "logging_gaps": lambda s, f: pd.DataFrame([g.__dict__ for g in analysis.logging_gaps(s, f)]),
     "fix_status": lambda s, f: pd.DataFrame([{**st.__dict__, "old_prefixes": str(st.old_prefixes)}
                                              for st in analysis.fix_status(s, f)]),
+    "hit_rate_trend": lambda s, f: pd.DataFrame([hit_rate_trend(s, f)]),
     "red_flags": lambda s, f: pd.DataFrame([{**flag.to_json(), "numbers": str(flag.numbers)}
                                             for flag in analysis.red_flags(s, f)]),
 }
