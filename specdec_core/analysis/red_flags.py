@@ -129,13 +129,13 @@ def hit_rate_trend(store: Store, filters: Filters) -> dict[str, Any]:
             where, where_params = filters.named_where()
             source, params = summary.named_minute_source(filters, (where, where_params))
             params |= where_params
-            mid = execute(con, f"SELECT min(c.first_ts) + (max(c.last_ts) - min(c.first_ts)) / 2, "
-                               f"time_bucket(INTERVAL 1 minute, min(c.first_ts) + (max(c.last_ts) - min(c.first_ts)) / 2) "
-                               f"FROM {source} c", params).fetchall()[0]
-            if mid[0] is None:
+            mid, minute = execute(con, "SELECT mid, time_bucket(INTERVAL 1 minute, mid) FROM (SELECT min(c.first_ts) "
+                                       f"+ (max(c.last_ts) - min(c.first_ts)) / 2 AS mid FROM {source} c)",
+                                  params).fetchall()[0]
+            if mid is None:
                 return {"first_half": None, "second_half": None}
             cursor = execute(con, hit_rate_trend_halves_sql(source, where),
-                             params | {"trend_mid": mid[0], "trend_minute": mid[1]})
+                             params | {"trend_mid": mid, "trend_minute": minute})
         return {k: native(v) for k, v in cursor.df().iloc[0].items()}
 
 
