@@ -40,12 +40,16 @@ WHERE {where} AND r.cache_hit AND r.deployment = $deployment AND r.ts > $since
 """
 
 
-def _hits_after(store: Store, filters: Filters, deployment: str, since: datetime, prefixes: list[str]) -> int:
+def _hits_after(store: Store, filters: Filters, fixes: list[tuple[str, datetime, list[str]]]) -> list[int]:
+    """The selection's hits on keys of the old `prefixes` after each fix (deployment, since, prefixes), in one read
+    of the store: a read per fix cost the Overview 34 openings and version checks on a 20M-row lake (0.75 s)."""
+    if not fixes:
+        return []
     where, params = filters.named_where()
-    params |= {"deployment": deployment, "since": since, "old_prefixes": prefixes}
     with store.read() as con:
-        sql = hits_after_fix_summary_sql if summary.ready(con) else hits_after_fix_sql
-        return int(execute(con, sql(where), params).fetchall()[0][0])
+        sql = (hits_after_fix_summary_sql if summary.ready(con) else hits_after_fix_sql)(where)
+        return [int(execute(con, sql, params | {"deployment": deployment, "since": since, "old_prefixes": prefixes}
+                            ).fetchall()[0][0]) for deployment, since, prefixes in fixes]
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,8 @@ def scheme_change_hits(store: Store, filters: Filters = NO_FILTERS,
                        changes: list[KeySchemeChange] | None = None) -> list[SchemeChangeHits]:
     """Each key-scheme change with the hits from its old scheme after its first new key."""
     changes = key_scheme_changes(store, filters) if changes is None else changes
-    return [SchemeChangeHits(c, _hits_after(store, filters, c.deployment, c.ts, [c.old_prefix])) for c in changes]
+    hits = _hits_after(store, filters, [(c.deployment, c.ts, [c.old_prefix]) for c in changes])
+    return [SchemeChangeHits(c, n) for c, n in zip(changes, hits, strict=True)]
 
 
 def fix_status(store: Store, filters: Filters = NO_FILTERS,
@@ -108,11 +113,9 @@ def fix_status(store: Store, filters: Filters = NO_FILTERS,
     for c in sorted(changes, key=lambda c: c.ts):
         latest[c.deployment] = c
         olds.setdefault(c.deployment, []).append(c.old_prefix)
-    out = []
-    for deployment, fix in latest.items():
-        old = tuple(dict.fromkeys(p for p in olds[deployment] if p != fix.new_prefix))
-        out.append(FixStatus(deployment, fix.ts, fix.new_prefix, old,
-                             _hits_after(store, filters, deployment, fix.ts, list(old))))
+    old = {d: tuple(dict.fromkeys(p for p in olds[d] if p != fix.new_prefix)) for d, fix in latest.items()}
+    hits = _hits_after(store, filters, [(d, fix.ts, list(old[d])) for d, fix in latest.items()])
+    out = [FixStatus(d, fix.ts, fix.new_prefix, old[d], n) for (d, fix), n in zip(latest.items(), hits, strict=True)]
     return sorted(out, key=lambda s: (s.fixed_at, s.deployment))
 
 
