@@ -95,11 +95,19 @@ def ask(con: Any, rows: Rows, filters: Filters, params: dict[str, Any] | None = 
         dims, dim_params = summary.named_dimension_where(filters)
         sql, params = whole(dims), params | dim_params
     elif ranged is not None and summary.ready(con):
-        source, source_params = summary.named_minute_source(filters, (where, where_params))
-        sql, params = ranged(source, where), params | source_params | where_params
+        source, where, source_params = minute_source(filters)
+        sql, params = ranged(source, where), params | source_params
     else:
         sql, params = rows(where), params | where_params
     return execute(con, sql, params)
+
+
+def minute_source(filters: Filters) -> tuple[str, str, dict[str, Any]]:
+    """What a `ranged` builder reads: the minute relation of the selection, the rows' condition (over
+    `requests r`), and the parameters both name."""
+    where, where_params = filters.named_where()
+    source, source_params = summary.named_minute_source(filters, (where, where_params))
+    return source, where, source_params | where_params
 
 
 def execute(con: Any, sql: str, params: dict[str, Any]) -> Any:

@@ -16,8 +16,9 @@ from specdec_core.analysis.query import (
     df,
     draft_label,
     execute,
-    native,
+    minute_source,
     one,
+    row,
 )
 from specdec_core.analysis.status import plural
 from specdec_core.derived import summaries as summary
@@ -108,10 +109,11 @@ def hit_rate_trend_halves_sql(source: str, where: str) -> str:
     of the red flags at 20M rows in a lake."""
     return f"""
 WITH halves AS (
-    SELECT c.minute < $trend_minute AS first, c.cache_hit, c.requests FROM {source} c WHERE c.minute <> $trend_minute
+    SELECT c.minute < $trend_minute::TIMESTAMPTZ AS first, c.cache_hit, c.requests FROM {source} c
+    WHERE c.minute <> $trend_minute::TIMESTAMPTZ
     UNION ALL
-    SELECT r.ts < $trend_mid AS first, r.cache_hit, 1 AS requests FROM requests r
-    WHERE {where} AND r.ts >= $trend_minute AND r.ts < $trend_minute + INTERVAL 1 minute
+    SELECT r.ts < $trend_mid::TIMESTAMPTZ AS first, r.cache_hit, 1 AS requests FROM requests r
+    WHERE {where} AND r.ts >= $trend_minute::TIMESTAMPTZ AND r.ts < $trend_minute::TIMESTAMPTZ + INTERVAL 1 minute
 )
 SELECT coalesce(sum(requests) FILTER (WHERE first AND cache_hit), 0) / sum(requests) FILTER (WHERE first) AS first_half,
        coalesce(sum(requests) FILTER (WHERE NOT first AND cache_hit), 0) / sum(requests) FILTER (WHERE NOT first)
@@ -124,19 +126,14 @@ def hit_rate_trend(store: Store, filters: Filters) -> dict[str, Any]:
     """The hit rate in the first and the second half of the selection's time span."""
     with store.read() as con:
         if not summary.ready(con):
-            cursor = ask(con, hit_rate_trend_sql, filters)
-        else:
-            where, where_params = filters.named_where()
-            source, params = summary.named_minute_source(filters, (where, where_params))
-            params |= where_params
-            mid, minute = execute(con, "SELECT mid, time_bucket(INTERVAL 1 minute, mid) FROM (SELECT min(c.first_ts) "
-                                       f"+ (max(c.last_ts) - min(c.first_ts)) / 2 AS mid FROM {source} c)",
-                                  params).fetchall()[0]
-            if mid is None:
-                return {"first_half": None, "second_half": None}
-            cursor = execute(con, hit_rate_trend_halves_sql(source, where),
-                             params | {"trend_mid": mid, "trend_minute": minute})
-        return {k: native(v) for k, v in cursor.df().iloc[0].items()}
+            return row(ask(con, hit_rate_trend_sql, filters))
+        source, where, params = minute_source(filters)
+        mid, minute = execute(con, "SELECT mid, time_bucket(INTERVAL 1 minute, mid) FROM (SELECT min(c.first_ts) "
+                                   f"+ (max(c.last_ts) - min(c.first_ts)) / 2 AS mid FROM {source} c)",
+                              params).fetchall()[0]
+        # An empty selection has no midpoint: every comparison with it is NULL, and both halves are too.
+        return row(execute(con, hit_rate_trend_halves_sql(source, where),
+                           params | {"trend_mid": mid, "trend_minute": minute}))
 
 
 def experiment_bias_sql(where: str) -> str:
