@@ -55,24 +55,36 @@ _REPLAY_MISMATCH_COLUMNS = _COMMON.format(
 )
 
 
-def contaminated_hit_sql(where: str) -> str:
-    return (f"SELECT {_CONTAMINATED_HIT_COLUMNS} FROM requests r JOIN hit_sources h USING (request_id) "
+def contaminated_hit_sql(where: str, hits: str = "hit_sources") -> str:
+    """`hits`: the verdicts read, hit_sources or a relation with its columns (the chosen rows' contaminated
+    hits from their summary, which a range of time finds without reading every stored verdict)."""
+    return (f"SELECT {_CONTAMINATED_HIT_COLUMNS} FROM requests r JOIN {hits} h USING (request_id) "
             f"LEFT JOIN {_LATEST_REPLAY} p USING (request_id) "
             f"WHERE {where} AND h.contaminated")
 
 
 def length_violation_sql(where: str) -> str:
-    return (f"SELECT {_LENGTH_VIOLATION_COLUMNS} FROM requests r LEFT JOIN hit_sources h USING (request_id) "
-            f"LEFT JOIN {_LATEST_REPLAY} p USING (request_id) "
+    return (f"SELECT {_LENGTH_VIOLATION_COLUMNS} FROM requests r LEFT JOIN {_LATEST_REPLAY} p USING (request_id) "
             f"WHERE {where} AND r.output_tokens > r.max_tokens")
+
+
+# The verdicts of the replayed requests only: joined whole, every stored verdict would be read to find a few.
+_REPLAYED_VERDICTS = ("(SELECT request_id, differing_fields FROM hit_sources "
+                      "WHERE request_id IN (SELECT request_id FROM replays))")
 
 
 def replay_mismatch_sql(where: str) -> str:
     """The latest replay of each request decides; `match` and `near_tie` are not mismatches of the cache."""
     return (f"SELECT {_REPLAY_MISMATCH_COLUMNS} "
             f"FROM {_LATEST_REPLAY} p "
-            "JOIN requests r USING (request_id) LEFT JOIN hit_sources h USING (request_id) "
+            f"JOIN requests r USING (request_id) LEFT JOIN {_REPLAYED_VERDICTS} h USING (request_id) "
             f"WHERE {where} AND p.classification NOT IN ('match', 'near_tie')")
+
+
+# The contaminated hits among the chosen rows (query.CHOSEN_ROWS), from their summary in time order.
+_CHOSEN_HITS = ("(SELECT request_id, source_request_id, differing_fields, fingerprint_mismatch, TRUE AS contaminated "
+                "FROM summary_contaminated WHERE request_id IN (SELECT unnest($ids::VARCHAR[])) "
+                "AND ts >= $first AND ts <= $last)")
 
 
 MISMATCH_REPORT_SQL: dict[str, Callable[[str], str]] = {
@@ -81,15 +93,19 @@ MISMATCH_REPORT_SQL: dict[str, Callable[[str], str]] = {
 }
 
 
-def _parts(filters: Filters, kinds: Iterable[str], also: str = "TRUE") -> tuple[list[tuple[str, str]], dict[str, Any]]:
-    """(kind, SQL) of each chosen kind, in the report's order, and the filters' parameters (by name); `also`,
-    a further condition over `requests r`."""
+def _parts(filters: Filters, kinds: Iterable[str], chosen: bool = False) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """(kind, SQL) of each chosen kind, in the report's order, and the filters' parameters (by name); `chosen`:
+    of the rows query.CHOSEN_ROWS picks only, each contaminated hit's verdict read from its summary."""
     kinds = list(kinds)
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise ValueError(f"report kind {', '.join(unknown)} is unknown; known: {', '.join(KINDS)}")
     where, params = filters.named_where()
-    return [(k, MISMATCH_REPORT_SQL[k](f"{where} AND {also}")) for k in KINDS if k in kinds], params
+    if chosen:
+        where = f"{where} AND {CHOSEN_ROWS}"
+    sql = {**MISMATCH_REPORT_SQL, **({"contaminated_hit": lambda w: contaminated_hit_sql(w, _CHOSEN_HITS)}
+                                     if chosen else {})}
+    return [(k, sql[k](where)) for k in KINDS if k in kinds], params
 
 
 def _first_ids_sql(filters: Filters, kinds: list[str]) -> str:
@@ -130,7 +146,7 @@ def mismatch_report(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable
             # The first rows' requests first, from narrow columns; only those are joined with their verdicts,
             # replays and texts.
             chosen = chosen_rows(con, _first_ids_sql(filters, kinds), params | {"limit": limit})
-            parts, params = _parts(filters, kinds, CHOSEN_ROWS)
+            parts, params = _parts(filters, kinds, chosen=True)
             params |= chosen
         sql = (" UNION ALL ".join(f"({p})" for _, p in parts)
                + " ORDER BY sort_ts, request_id, kind" + ("" if limit is None else " LIMIT $limit"))
