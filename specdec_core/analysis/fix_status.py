@@ -13,43 +13,53 @@ from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
+# Each fix as a row: its number, deployment, first key of the new scheme, and the old schemes' shapes.
+_FIXES = """fixes AS (SELECT f.n, f.deployment, f.since, f.old_prefixes FROM (
+    SELECT unnest($fixes::STRUCT(n INTEGER, deployment VARCHAR, since TIMESTAMPTZ, old_prefixes VARCHAR[])[]) AS f))"""
+
 
 # A key's scheme is its shape, as key_scheme_changes cuts it: all but its last ':'-separated part.
 def hits_after_fix_sql(where: str) -> str:
+    """Per fix (`n`), the selection's hits on keys of its old schemes after it: none listed, none counted."""
     return f"""
-SELECT count(*) AS hits FROM requests r
-WHERE {where} AND r.cache_hit AND {deployment_label()} = $deployment AND r.ts > $since
-  AND contains(r.cache_key, ':')
-  AND list_contains($old_prefixes, {key_shape("r.cache_key")})
+WITH {_FIXES}
+SELECT f.n, count(*) AS hits FROM requests r JOIN fixes f ON {deployment_label()} = f.deployment
+WHERE {where} AND r.cache_hit AND r.ts > f.since AND contains(r.cache_key, ':')
+  AND list_contains(f.old_prefixes, {key_shape("r.cache_key")})
+GROUP BY f.n
 """
 
 
 def hits_after_fix_summary_sql(where: str) -> str:
-    """The same count from the summaries: the old scheme's keys still used after the fix (summary_keys, one row
-    per key; none when the fix holds), then the selection's hits on those keys (summary_request_keys, whose
-    rows are narrow and ordered by time) instead of every row's key text."""
+    """The same counts from the summaries: the old schemes' keys still used after each fix (summary_keys, one row
+    per key; none when the fixes hold, and then no request is read), then the selection's hits on those keys
+    (summary_request_keys, whose rows are narrow and ordered by time) instead of every row's key text."""
     return f"""
-WITH old AS (
-    SELECT DISTINCT {summary.key_hash("c.deployment", "c.cache_key")} AS key_hash FROM summary_keys c
-    WHERE c.deployment = $deployment AND c.hits > 0 AND c.last_seen > $since AND contains(c.cache_key, ':')
-      AND list_contains($old_prefixes, {key_shape("c.cache_key")})
+WITH {_FIXES}, old AS (
+    SELECT DISTINCT f.n, f.deployment, f.since, {summary.key_hash("c.deployment", "c.cache_key")} AS key_hash
+    FROM summary_keys c JOIN fixes f ON c.deployment = f.deployment
+    WHERE c.hits > 0 AND c.last_seen > f.since AND contains(c.cache_key, ':')
+      AND list_contains(f.old_prefixes, {key_shape("c.cache_key")})
 )
-SELECT count(*) AS hits FROM summary_request_keys r
-WHERE {where} AND r.cache_hit AND r.deployment = $deployment AND r.ts > $since
-  AND r.key_hash IN (SELECT key_hash FROM old)
+SELECT o.n, count(*) AS hits FROM summary_request_keys r JOIN old o ON r.key_hash = o.key_hash
+WHERE {where} AND r.cache_hit AND r.deployment = o.deployment AND r.ts > o.since
+GROUP BY o.n
 """
 
 
 def _hits_after(store: Store, filters: Filters, fixes: list[tuple[str, datetime, list[str]]]) -> list[int]:
-    """The selection's hits on keys of the old `prefixes` after each fix (deployment, since, prefixes), in one read
-    of the store: a read per fix cost the Overview 34 openings and version checks on a 20M-row lake (0.75 s)."""
+    """The selection's hits on keys of the old `prefixes` after each fix (deployment, since, prefixes), in one
+    statement: a read per fix cost the Overview 34 openings and version checks on a 20M-row lake (0.75 s), and a
+    statement per fix 0.65 s more."""
     if not fixes:
         return []
     where, params = filters.named_where()
+    rows = [{"n": n, "deployment": d, "since": since, "old_prefixes": list(prefixes)}
+            for n, (d, since, prefixes) in enumerate(fixes)]
     with store.read() as con:
         sql = (hits_after_fix_summary_sql if summary.ready(con) else hits_after_fix_sql)(where)
-        return [int(execute(con, sql, params | {"deployment": deployment, "since": since, "old_prefixes": prefixes}
-                            ).fetchall()[0][0]) for deployment, since, prefixes in fixes]
+        hits = dict(execute(con, sql, params | {"fixes": rows}).fetchall())
+    return [int(hits.get(n, 0)) for n in range(len(fixes))]
 
 
 @dataclass(frozen=True)
