@@ -48,10 +48,16 @@ def store(tmp_path_factory):
         # Hits on keys of edge-a's old scheme after its fix began (08:18:01): the rollout is not holding.
         rec("x9", ts="2026-11-20T08:20:00Z", deployment="edge-a", cache_key="edge-a:p:0001", cache_hit=True),
         rec("x10", ts="2026-11-20T08:21:30.5Z", deployment="edge-a", cache_key="edge-a:p:0001", cache_hit=True),
+        # An engine that overran max_tokens, and a clean hit that served its output again: a violation whose
+        # source the Impact page names (found in hit_sources, not in the contaminated hits' summaries).
+        rec("x11", ts="2026-11-20T08:07:00Z", deployment="edge-v", cache_key="KV", max_tokens=8, output_tokens=12,
+            experiment="arm-src"),
+        rec("x12", ts="2026-11-20T08:07:30Z", deployment="edge-v", cache_key="KV", max_tokens=8, output_tokens=12,
+            cache_hit=True),
     ])
     s = Store(tmp / "summary.duckdb")
     result = ingest(s, [str(log), str(extra)])
-    assert result.quarantined == 0 and result.accepted == 4010
+    assert result.quarantined == 0 and result.accepted == 4012
     return s
 
 
@@ -203,7 +209,7 @@ def test_key_hashes_another_duckdb_wrote_are_rebuilt_before_they_are_counted(sto
     with copy.read() as con:
         assert con.execute("SELECT count(*) FROM summary_request_keys k JOIN requests r "
                            "ON r.ts = k.ts AND k.key_hash = hash(coalesce(r.deployment, ''), r.cache_key) AND "
-                           "k.identity_hash = hash(coalesce(r.deployment, ''), r.fingerprint)").fetchall()[0][0] == 4007
+                           "k.identity_hash = hash(coalesce(r.deployment, ''), r.fingerprint)").fetchall()[0][0] == 4009
 
 
 def test_a_store_from_an_older_version_is_brought_up_to_date_by_migrate(store, tmp_path):
