@@ -211,6 +211,7 @@ STORE_TABLES = {
     "summary_keys": "SELECT * EXCLUDE (key_id, fp_id) FROM summary_keys ORDER BY ALL",
     "summary_contaminated": "SELECT * FROM summary_contaminated ORDER BY ALL",
     "summary_lengths": "SELECT * FROM summary_lengths ORDER BY ALL",
+    "summary_violations": "SELECT * FROM summary_violations ORDER BY ALL",
     "contaminated_first_verdicts": "SELECT * FROM contaminated_first_verdicts ORDER BY ALL",
     "summary_first_verdicts": "SELECT * FROM summary_first_verdicts ORDER BY ALL",
     "ingests": "SELECT ingest_id, n_read, n_accepted, n_duplicates, n_quarantined FROM ingests ORDER BY ingest_id",

@@ -252,15 +252,15 @@ WHERE {where} AND (h.contaminated OR r.output_tokens > r.max_tokens) GROUP BY AL
 """
 
 
-def _over_time_whole_sql(dims: str, where: str) -> str:
-    """Without a time range: the contaminated hits from their summary, the violations (few) from the rows."""
+def _over_time_summary_sql(where: str) -> str:
+    """From the summaries of the contaminated hits and of the violations (`where`: the filters over either, `c`)."""
     return f"""
 SELECT bucket, consumer, sum(hits)::BIGINT AS contaminated_hits, sum(violations)::BIGINT AS length_violations
 FROM (SELECT time_bucket(CAST($bucket AS INTERVAL), c.ts) AS bucket, c.consumer, count(*) AS hits, 0 AS violations
-      FROM summary_impact_hits c WHERE {dims} GROUP BY ALL
+      FROM summary_impact_hits c WHERE {where} GROUP BY ALL
       UNION ALL
-      SELECT time_bucket(CAST($bucket AS INTERVAL), r.ts), coalesce(r.consumer, ''), 0, count(*)
-      FROM requests r WHERE r.output_tokens > r.max_tokens AND {where} GROUP BY ALL)
+      SELECT time_bucket(CAST($bucket AS INTERVAL), c.ts), c.consumer, 0, count(*)
+      FROM summary_violations c WHERE {where} GROUP BY ALL)
 GROUP BY ALL ORDER BY bucket, consumer
 """
 
@@ -268,12 +268,12 @@ GROUP BY ALL ORDER BY bucket, consumer
 def wrong_outputs_over_time(store: Store, filters: Filters = NO_FILTERS, bucket: str | None = None) -> pd.DataFrame:
     """Per time bucket and consumer: the contaminated hits and length violations received (`wrong`: both)."""
     bucket = bucket or time_bucket(store, filters)
-
-    def whole(con: Any, dims: str, params: dict[str, Any]) -> pd.DataFrame:
-        where, row_params = filters.named_where()
-        return execute(con, _over_time_whole_sql(dims, where), params | row_params | {"bucket": bucket}).df()
-
-    frame = df(store, _over_time_rows_sql, filters, {"bucket": bucket}, whole_answer=whole)
+    with store.read() as con:
+        if summary.ready(con):
+            where, params = filters.named_where("c")
+            frame = execute(con, _over_time_summary_sql(where), params | {"bucket": bucket}).df()
+        else:
+            frame = ask(con, _over_time_rows_sql, filters, {"bucket": bucket}).df()
     frame["wrong"] = frame["contaminated_hits"] + frame["length_violations"]
     return frame
 
@@ -323,17 +323,16 @@ ORDER BY r.ts, r.request_id
 """
 
 
-def _first_affected_ids_sql(where: str, hits_where: str, limit: int) -> str:
-    """The ids of `_affected_sql`'s first `limit` rows, with the summaries' help: the first contaminated hits
-    (summary_impact_hits) and the first violations (the rows' few narrow columns), merged."""
+def _first_affected_ids_sql(where: str, limit: int) -> str:
+    """The ids of `_affected_sql`'s first `limit` rows from the summaries (`where`: the filters over them, `c`):
+    the first contaminated hits and the first violations, merged."""
     return f"""
 WITH hits AS (
-    SELECT c.request_id, c.ts FROM summary_impact_hits c WHERE {hits_where} AND c.consumer = $consumer
+    SELECT c.request_id, c.ts FROM summary_impact_hits c WHERE {where} AND c.consumer = $consumer
     ORDER BY c.ts, c.request_id LIMIT {limit}
 ), violations AS (
-    SELECT r.request_id, r.ts FROM requests r
-    WHERE {where} AND coalesce(r.consumer, '') = $consumer AND r.output_tokens > r.max_tokens
-    ORDER BY r.ts, r.request_id LIMIT {limit}
+    SELECT c.request_id, c.ts FROM summary_violations c WHERE {where} AND c.consumer = $consumer
+    ORDER BY c.ts, c.request_id LIMIT {limit}
 )
 SELECT list(request_id), min(ts), max(ts) FROM (
     SELECT * FROM (SELECT * FROM hits UNION SELECT * FROM violations) ORDER BY ts, request_id LIMIT {limit})
@@ -351,21 +350,18 @@ def affected_requests(store: Store, consumer: str, filters: Filters = NO_FILTERS
             return ask(con, _affected_sql, filters, params).df()
         if not summary.ready(con):
             return ask(con, lambda where: f"{_affected_sql(where)} LIMIT {int(limit)}", filters, params).df()
-        where, where_params = filters.named_where()
-        hits_where, _ = filters.named_where("c")
+        where, where_params = filters.named_where("c")
         # Only the first rows are joined with their verdicts and sources.
-        chosen = chosen_rows(con, _first_affected_ids_sql(where, hits_where, int(limit)), params | where_params)
+        chosen = chosen_rows(con, _first_affected_ids_sql(where, int(limit)), params | where_params)
         return execute(con, _chosen_affected_sql(), params | chosen).df()
 
 
-def _affected_count_sql(where: str, hits_where: str) -> str:
-    """How many requests `_affected_sql` lists, from the summaries: the contaminated hits that are not also
-    violations (summary_impact_hits), plus the violations (the rows' narrow columns)."""
+def _affected_count_sql(where: str) -> str:
+    """How many requests `_affected_sql` lists, from the summaries (`where`: the filters over them, `c`): the
+    contaminated hits that are not also violations, plus the violations."""
     return f"""
-SELECT (SELECT count(*) FROM summary_impact_hits c
-        WHERE {hits_where} AND c.consumer = $consumer AND c.violation IS NOT TRUE)
-     + (SELECT count(*) FROM requests r
-        WHERE {where} AND coalesce(r.consumer, '') = $consumer AND r.output_tokens > r.max_tokens)
+SELECT (SELECT count(*) FROM summary_impact_hits c WHERE {where} AND c.consumer = $consumer AND c.violation IS NOT TRUE)
+     + (SELECT count(*) FROM summary_violations c WHERE {where} AND c.consumer = $consumer)
 """
 
 
@@ -374,9 +370,8 @@ def affected_count(store: Store, consumer: str, filters: Filters = NO_FILTERS) -
     params = {"consumer": consumer}
     with store.read() as con:
         if summary.ready(con):
-            where, where_params = filters.named_where()
-            hits_where, _ = filters.named_where("c")
-            cursor = execute(con, _affected_count_sql(where, hits_where), params | where_params)
+            where, where_params = filters.named_where("c")
+            cursor = execute(con, _affected_count_sql(where), params | where_params)
         else:
             cursor = ask(con, lambda where: f"SELECT count(*) FROM ({_affected_sql(where)})", filters, params)
         return int(cursor.fetchall()[0][0])

@@ -110,14 +110,14 @@ def _parts(filters: Filters, kinds: Iterable[str], chosen: bool = False) -> tupl
 
 def _first_ids_sql(filters: Filters, kinds: list[str]) -> str:
     """The requests of the report's first `$limit` rows, their first and last time: the first contaminated hits
-    from their summary, the first violations from the rows' narrow columns, the replays' few as they are."""
+    and violations from their summaries, the replays' few as they are."""
     where, _ = filters.named_where()
     hits_where, _ = filters.named_where("c")
     first = {
         "contaminated_hit": f"SELECT c.request_id, c.ts AS sort_ts, 'contaminated_hit' AS kind "
                             f"FROM summary_contaminated c WHERE {hits_where}",
-        "length_violation": f"SELECT r.request_id, r.ts AS sort_ts, 'length_violation' AS kind FROM requests r "
-                            f"WHERE {where} AND r.output_tokens > r.max_tokens",
+        "length_violation": f"SELECT c.request_id, c.ts AS sort_ts, 'length_violation' AS kind "
+                            f"FROM summary_violations c WHERE {hits_where}",
         "replay_mismatch": f"SELECT request_id, sort_ts, kind FROM ({replay_mismatch_sql(where)})",
     }
     union = " UNION ALL ".join(f"({first[k]} ORDER BY sort_ts, request_id LIMIT $limit)" for k in KINDS if k in kinds)

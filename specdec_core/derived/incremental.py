@@ -53,6 +53,7 @@ from specdec_core.derived.summaries import (
     request_keys_sql,
     request_outputs_sql,
     shared_keys_sql,
+    violations_sql,
 )
 from specdec_core.derived.verdicts import record_first_verdicts
 from specdec_core.store.sql import deployment_label, deployment_partition, literal, scalar
@@ -103,6 +104,7 @@ def update_derived(con: duckdb.DuckDBPyConnection, ingest_id: int, backfilled: s
     _append_outputs(con, batch)
     _append_request_keys(con, batch)
     con.execute("INSERT INTO summary_request_outputs BY NAME " + request_outputs_sql(batch.where))
+    con.execute("INSERT INTO summary_violations BY NAME " + violations_sql(batch.where))  # a row's own figures
     # The verdicts just written for `rejudge` are `judged`: joined to it, not to every stored verdict.
     rejudged_rows = f"r.ts >= {first} AND r.request_id IN (SELECT request_id FROM {judged})"
     con.execute(f"DELETE FROM summary_contaminated WHERE request_id IN (SELECT request_id FROM {rejudge})")

@@ -24,6 +24,9 @@ thousands of rows instead of millions.
   experiment arm (and the filters' labels): who received what (analysis/impact.py).
 - `summary_impact_hits`: each contaminated hit with who received it, its arm, the arm of its source and its
   measures, so an arm's figures can be read without its contaminated hits.
+- `summary_violations`: each request whose output overran its max_tokens, in time order, with the labels the
+  filters read and its consumer: the Impact page's and the report's first violations and counts per consumer
+  without reading every row's token counts.
 - `summary_first_verdicts`: the hits first judged contaminated (derived/verdicts.py), counted per labels and
   differing fields: the monitoring counters read these few rows, not one row per hit ever judged.
 
@@ -173,6 +176,13 @@ FROM requests r JOIN {hit_sources} h USING (request_id) LEFT JOIN requests s ON 
 WHERE h.contaminated AND {where}"""
 
 
+def violations_sql(where: str = "TRUE") -> str:
+    """Each request of `where` whose output overran its max_tokens, as summary_violations holds it."""
+    return f"""SELECT r.request_id, r.ts, {deployment_label('r')} AS deployment, r.target_model,
+       {draft_label()} AS draft_model, coalesce(r.consumer, '') AS consumer
+FROM requests r WHERE r.output_tokens > r.max_tokens AND {where}"""
+
+
 def shared_keys_sql(where: str = "TRUE") -> str:
     """The pairs of keys that more than one identity used (`where` over summary_keys). A filter only removes
     pairs, so a key shared under any filter is among these: collisions are counted over this small table."""
@@ -261,6 +271,7 @@ CREATE OR REPLACE TABLE summary_contaminated AS {contaminated_sql()} ORDER BY r.
 CREATE OR REPLACE TABLE summary_outputs AS {outputs_sql()};
 CREATE OR REPLACE TABLE summary_audience AS {audience_sql()};
 CREATE OR REPLACE TABLE summary_impact_hits AS {impact_hits_sql()} ORDER BY r.ts, r.request_id;
+CREATE OR REPLACE TABLE summary_violations AS {violations_sql()} ORDER BY r.ts, r.request_id;
 -- In time order: a range's scan skips the row groups outside it.
 CREATE OR REPLACE TABLE summary_request_keys AS {request_keys_sql()} ORDER BY r.ts;
 CREATE OR REPLACE TABLE summary_request_outputs AS {request_outputs_sql()} ORDER BY r.ts;

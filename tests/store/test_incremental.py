@@ -36,6 +36,7 @@ _TABLES = {
     "summary_contaminated": "SELECT * FROM summary_contaminated",
     "summary_audience": "SELECT * FROM summary_audience",
     "summary_impact_hits": "SELECT * FROM summary_impact_hits",
+    "summary_violations": "SELECT * FROM summary_violations",
     "identity_first_seen": "SELECT * FROM identity_first_seen",
     # Appended per batch: one latest miss per key once folded.
     "key_last_miss": last_miss_sql("SELECT * FROM key_last_miss"),
