@@ -12,7 +12,7 @@ import tempfile
 import duckdb
 
 from specdec_core.derived.hit_sources import judge_hits
-from specdec_core.derived.summaries import build_summaries
+from specdec_core.derived.summaries import build_summaries, upgrade_summaries
 from specdec_core.derived.verdicts import record_first_verdicts
 from specdec_core.store.connection import Store, StoreError, derived_current
 from specdec_core.store.convert import export_tables, load_tables, written_by_newer_duckdb
@@ -20,27 +20,32 @@ from specdec_core.store.ddl import _columns, refuse_foreign, schema_changes
 from specdec_core.store.errors import ForeignDatabaseError
 from specdec_core.store.lake import LakeError, compact
 from specdec_core.store.lake_files import damaged_files, damaged_message
+from specdec_core.store.schema import SUMMARY_VERSION
 from specdec_core.store.sql import scalar
 from specdec_core.store.working_copy import STORE_ALIAS, attached, compact_after_write
 
 
-def migrate_connection(con: duckdb.DuckDBPyConnection) -> bool:
-    """Within a write: rejudge hits and rebuild summaries when they predate this version. Returns whether it did."""
+def migrate_connection(con: duckdb.DuckDBPyConnection) -> str | None:
+    """Within a write: bring derived tables that predate this version up to date (the summaries' steps since
+    their version where there are, else every hit judged again and every summary rebuilt). Returns what it did,
+    in words (None: nothing)."""
     if derived_current(con, alias=None):
-        return False
+        return None
+    if upgrade_summaries(con):
+        return f"brought the summaries up to version {SUMMARY_VERSION}"
     judge_hits(con)
     build_summaries(con)
     record_first_verdicts(con, None)
     if scalar(con, "SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)"):
         compact_after_write(con)  # the old tables' blocks are free now: the store is written anew
-    return True
+    return "rejudged hits and rebuilt summaries"
 
 
 def migrate(store: Store) -> list[str]:
     """Bring `store` up to date (schema, then derived tables); returns what it changed, in words ([]: nothing).
 
     A lake's small files are merged as well (writers also do it once they pass a threshold)."""
-    def checked(con: duckdb.DuckDBPyConnection) -> bool:
+    def checked(con: duckdb.DuckDBPyConnection) -> str | None:
         # "Up to date" is said of the data too: a lake's files the catalog lists must all be there, whole.
         damaged = damaged_files(con) if store.lake is not None else []
         if damaged:
@@ -48,13 +53,13 @@ def migrate(store: Store) -> list[str]:
         return migrate_connection(con)
 
     with schema_changes() as changes:
-        rebuilt = store.transact(checked)  # the write adds missing tables and columns first
+        done = store.transact(checked)  # the write adds missing tables and columns first
     if store.lake is not None:
         try:
             compact(store.lake)
         except LakeError as exc:
             raise StoreError(str(exc)) from None
-    return [*changes, *(["rejudged hits and rebuilt summaries"] if rebuilt else [])]
+    return [*changes, *([done] if done else [])]
 
 
 def _held_requests(con: duckdb.DuckDBPyConnection) -> bool:

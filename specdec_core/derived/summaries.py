@@ -49,7 +49,13 @@ import numpy as np
 
 from specdec_core.contract import fields as contract
 from specdec_core.derived.verdicts import build_first_verdict_counts
-from specdec_core.store.schema import VERSION_SQL, current_version_sql
+from specdec_core.store.schema import (
+    HASH_NAME_SQL,
+    READ_SUMMARIES,
+    SUMMARY_VERSION,
+    VERSION_SQL,
+    current_version_sql,
+)
 from specdec_core.store.sql import deployment_label
 
 NO_DRAFT = "none"
@@ -183,6 +189,9 @@ def violations_sql(where: str = "TRUE") -> str:
 FROM requests r WHERE r.output_tokens > r.max_tokens AND {where}"""
 
 
+VIOLATIONS_BUILD_SQL = f"CREATE OR REPLACE TABLE summary_violations AS {violations_sql()} ORDER BY r.ts, r.request_id"
+
+
 def shared_keys_sql(where: str = "TRUE") -> str:
     """The pairs of keys that more than one identity used (`where` over summary_keys). A filter only removes
     pairs, so a key shared under any filter is among these: collisions are counted over this small table."""
@@ -271,13 +280,39 @@ CREATE OR REPLACE TABLE summary_contaminated AS {contaminated_sql()} ORDER BY r.
 CREATE OR REPLACE TABLE summary_outputs AS {outputs_sql()};
 CREATE OR REPLACE TABLE summary_audience AS {audience_sql()};
 CREATE OR REPLACE TABLE summary_impact_hits AS {impact_hits_sql()} ORDER BY r.ts, r.request_id;
-CREATE OR REPLACE TABLE summary_violations AS {violations_sql()} ORDER BY r.ts, r.request_id;
+{VIOLATIONS_BUILD_SQL};
 -- In time order: a range's scan skips the row groups outside it.
 CREATE OR REPLACE TABLE summary_request_keys AS {request_keys_sql()} ORDER BY r.ts;
 CREATE OR REPLACE TABLE summary_request_outputs AS {request_outputs_sql()} ORDER BY r.ts;
 {OUTPUTS_COMPACTED_SQL};
 {VERSION_SQL};
 """
+
+
+# From a stored summary version, what makes the next: a table added is built alone, not every verdict and summary
+# of the store again (a full rebuild of a 20M-row lake outgrew its writer's 1 GB).
+UPGRADES = {"12": VIOLATIONS_BUILD_SQL}
+
+
+def upgrade_summaries(con: duckdb.DuckDBPyConnection) -> bool:
+    """Bring summaries of an older version up to this one by UPGRADES' steps, within a write. False where there is
+    no such path (a version before the first step, or hashes another DuckDB computed): they are rebuilt whole."""
+    rows = con.execute(f"SELECT value, {HASH_NAME_SQL} FROM meta WHERE key = 'summary_version'").fetchall()
+    if not rows:
+        return False
+    major, _, hashed = str(rows[0][0]).partition(".")
+    if hashed != rows[0][1] or major == SUMMARY_VERSION:
+        return False
+    steps = []
+    while major != SUMMARY_VERSION:
+        if major not in UPGRADES:
+            return False
+        steps.append(UPGRADES[major])
+        major = str(int(major) + 1)
+    for step in steps:
+        con.execute(step)
+    con.execute(VERSION_SQL)
+    return True
 
 
 def build_summaries(con: duckdb.DuckDBPyConnection) -> None:
@@ -301,6 +336,9 @@ def ready(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether this store's summaries exist, match this code and may be used."""
     if _ROWS_ONLY.get():
         return False
+    told = READ_SUMMARIES.get()
+    if told is not None and told[0] is con:  # found when the read began
+        return told[1]
     rows = con.execute(current_version_sql()).fetchall()
     return bool(rows) and rows[0][0]
 

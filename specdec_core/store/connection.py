@@ -30,7 +30,7 @@ from specdec_core.store.instance import SharedInstance, take_shared
 from specdec_core.store.lake_files import damage_message
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LocationError, lake_location, mask_secrets, resolve_db
-from specdec_core.store.schema import current_version_sql
+from specdec_core.store.schema import READ_SUMMARIES, current_version_sql
 from specdec_core.store.sql import literal
 from specdec_core.store.working_copy import (
     STORE_ALIAS,
@@ -71,7 +71,7 @@ class _View(SharedInstance):
     def __init__(self, version: tuple[int, int], con: duckdb.DuckDBPyConnection) -> None:
         super().__init__(con, _views_lock)
         self.version = version
-        self.checked = False  # whether its derived tables were checked against this code
+        self.summarized: bool | None = None  # whether its summaries are this code's (None: not checked yet)
 
 
 # The process's views, one per file: every thread reads through its own cursor of one DuckDB instance, whose
@@ -104,19 +104,40 @@ def _snapshot(path: Path, version: tuple[int, int]) -> _View:
     return take_shared(_views, key, _views_lock, lambda held: held.version == version, open_view)
 
 
-def derived_current(con: duckdb.DuckDBPyConnection, path: Path | None = None, alias: str | None = STORE_ALIAS
-                    ) -> bool:
-    """Whether the tables derived from `requests` were built by this version (or there is nothing to derive).
+def derived_state(con: duckdb.DuckDBPyConnection, path: Path | str | None = None,
+                  alias: str | None = STORE_ALIAS) -> tuple[bool, bool]:
+    """(Whether the tables derived from `requests` may be read: built by this version, or there is nothing to
+    derive; whether they were built by this version, the summaries with them).
 
     `alias` None: the connection's own database (a writer's)."""
     alias = f"{alias}." if alias else ""
     try:
         version = con.execute(current_version_sql(f"{alias}meta")).fetchall()
         if version and version[0][0]:
-            return True
-        return not con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {alias}requests LIMIT 1)").fetchall()[0][0]
+            return True, True
+        return not con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {alias}requests LIMIT 1)").fetchall()[0][0], False
     except duckdb.CatalogException:
         raise StoreError(f"{path}: a DuckDB file, but not a specdec database (no meta or requests table)") from None
+
+
+def derived_current(con: duckdb.DuckDBPyConnection, path: Path | None = None, alias: str | None = STORE_ALIAS
+                    ) -> bool:
+    """Whether the tables derived from `requests` were built by this version (or there is nothing to derive)."""
+    return derived_state(con, path, alias)[0]
+
+
+def _older_specdec(store: object) -> StoreError:
+    return StoreError(f"{store}: written by an older specdec; bring it up to date with `specdec migrate --db {store}`")
+
+
+@contextmanager
+def _told_summaries(con: duckdb.DuckDBPyConnection, summarized: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+    """`con` for the read's block, with what its state's summaries were found to be (schema.READ_SUMMARIES)."""
+    token = READ_SUMMARIES.set((con, summarized))
+    try:
+        yield con
+    finally:
+        READ_SUMMARIES.reset(token)
 
 
 def release_snapshots() -> None:
@@ -193,17 +214,19 @@ class Store:
             raise StoreError(f"{self.path}: no such database; load logs with `specdec ingest PATH --db {self.path}`")
         view = _snapshot(self.path, self.version())
         try:
-            if not view.checked:
+            summarized = view.summarized
+            if summarized is None:
                 with view.con.cursor() as check:
-                    if not derived_current(check, self.path):
-                        raise StoreError(f"{self.path}: written by an older specdec; bring it up to date with "
-                                         f"`specdec migrate --db {self.path}`")
-                view.checked = True
+                    current, summarized = derived_state(check, self.path)
+                if not current:
+                    raise _older_specdec(self.path)
+                view.summarized = summarized
             con = view.con.cursor()
             try:
                 con.execute(f"USE {STORE_ALIAS}")
                 _configure(con)
-                yield con
+                with _told_summaries(con, summarized):
+                    yield con
             finally:
                 con.close()
         finally:
@@ -229,12 +252,14 @@ class Store:
                 _configure(con)
                 con.execute("BEGIN TRANSACTION")
                 snapshot = lakes.snapshot_id(con)
-                if held.checked_at != snapshot:
-                    if not derived_current(con, str(self)):
-                        raise StoreError(f"{self}: written by an older specdec; bring it up to date with "
-                                         f"`specdec migrate --db {self}`")
-                    held.checked_at = snapshot
-                yield con
+                checked_at, summarized = held.checked
+                if checked_at != snapshot:
+                    current, summarized = derived_state(con, str(self))
+                    if not current:
+                        raise _older_specdec(self)
+                    held.checked = (snapshot, summarized)
+                with _told_summaries(con, summarized):
+                    yield con
             except duckdb.Error as exc:
                 said = damage_message(exc, str(self))
                 if said is None:

@@ -126,7 +126,8 @@ class _Reader(SharedInstance):
     def __init__(self, con: duckdb.DuckDBPyConnection, catalog_file: tuple[int, int] | None) -> None:
         super().__init__(con, _readers_lock)
         self.catalog_file = catalog_file  # a SQLite catalog's (device, inode) when it was attached
-        self.checked_at = -1  # the snapshot its derived tables were last found current at
+        # The snapshot its derived tables were last found current at, and whether its summaries were this code's.
+        self.checked: tuple[int, bool] = (-1, False)
 
 
 # The process's read-only attachments, one per store: every thread reads through a cursor of its own. Kept

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 import duckdb
 
 from specdec_core.contract import fields as contract
@@ -205,9 +207,15 @@ SUMMARY_VERSION = "13"
 # promise its hash() stays the same across versions. The version stored names that hash too, as the connection
 # that writes or reads computes it: a DuckDB whose hash differs takes the summaries for out of date (a read asks
 # for `specdec migrate`, which rebuilds them, as an ingest does), so hashes of two versions never meet in one count.
-STORED_VERSION_SQL = f"'{SUMMARY_VERSION}.' || printf('%x', hash('specdec_core summary hash'))"
+HASH_NAME_SQL = "printf('%x', hash('specdec_core summary hash'))"  # this DuckDB's hash(), by one value of it
+STORED_VERSION_SQL = f"'{SUMMARY_VERSION}.' || {HASH_NAME_SQL}"
 VERSION_SQL = ("DELETE FROM meta WHERE key = 'summary_version'; "
                f"INSERT INTO meta SELECT 'summary_version', {STORED_VERSION_SQL}")
+
+
+# What the open read (Store.read) found of its state's summaries: (its connection, built by this code). A read
+# checks once per state; asked again for each question, a lake's meta took 6-7 ms a time, 20-30 times a page.
+READ_SUMMARIES: ContextVar[tuple[object, bool] | None] = ContextVar("specdec_read_summaries", default=None)
 
 
 def current_version_sql(meta: str = "meta") -> str:
