@@ -20,6 +20,7 @@ from specdec_core.analysis.query import (
     Filters,
     ask,
     chosen_rows,
+    chosen_verdicts,
     df,
     execute,
     native,
@@ -279,19 +280,10 @@ def wrong_outputs_over_time(store: Store, filters: Filters = NO_FILTERS, bucket:
 
 
 def _chosen_affected_sql() -> str:
-    """`_affected_sql` over the rows CHOSEN_ROWS picks. A contaminated hit's verdict and source's experiment come
-    from its summaries, which the rows' time range bounds; only a clean hit that overran its max_tokens is looked
-    up in hit_sources, and its source in the requests. There are seldom any, and then neither is read: both hold
-    20M rows at 20M requests, and a lake finds a few ids in them by reading every row group (1.3 s)."""
+    """`_affected_sql` over the rows CHOSEN_ROWS picks, their verdicts found as `chosen_verdicts` finds them."""
     return f"""
-WITH c AS (SELECT c.request_id, c.source_request_id, c.differing_fields, i.source_experiment
-           FROM summary_contaminated c JOIN summary_impact_hits i USING (request_id)
-           WHERE c.request_id IN (SELECT unnest($ids::VARCHAR[])) AND c.ts >= $first AND c.ts <= $last
-             AND i.ts >= $first AND i.ts <= $last),
-     r AS (SELECT * FROM requests r WHERE {CHOSEN_ROWS} AND coalesce(r.consumer, '') = $consumer),
-     h AS (SELECT h.request_id, h.source_request_id, h.differing_fields FROM hit_sources h
-           WHERE h.request_id IN (SELECT request_id FROM r WHERE cache_hit AND output_tokens > max_tokens
-                                  AND request_id NOT IN (SELECT request_id FROM c))),
+WITH r AS (SELECT * FROM requests r WHERE {CHOSEN_ROWS} AND coalesce(r.consumer, '') = $consumer),
+     {chosen_verdicts("r")},
      s AS (SELECT s.request_id, s.experiment FROM requests s WHERE s.request_id IN (SELECT source_request_id FROM h))
 SELECT r.request_id, r.ts, CASE WHEN c.request_id IS NOT NULL THEN 'contaminated_hit' ELSE 'length_violation' END
            AS kind,

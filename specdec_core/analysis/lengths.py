@@ -7,11 +7,17 @@ from typing import Any
 import pandas as pd
 
 from specdec_core.analysis.query import (
+    CHOSEN_ROWS,
     NO_FILTERS,
     Filters,
+    ask,
+    chosen_rows,
+    chosen_verdicts,
     df,
     draft_label,
+    execute,
 )
+from specdec_core.derived import summaries as summary
 from specdec_core.derived.summaries import histogram_quantiles
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
@@ -51,8 +57,33 @@ ORDER BY r.ts, r.request_id LIMIT $limit
 """
 
 
+def _first_violations_sql(where: str) -> str:
+    """The first `$limit` violations `where` (the filters over the summary, `c`) picks: ids and time span."""
+    return f"""SELECT list(request_id), min(ts), max(ts) FROM (
+    SELECT c.request_id, c.ts FROM summary_violations c WHERE {where} ORDER BY c.ts, c.request_id LIMIT $limit)"""
+
+
+def _chosen_violations_sql() -> str:
+    """`length_violations_sql` over the rows CHOSEN_ROWS picks, each hit's source found as `chosen_verdicts`
+    finds it."""
+    return f"""
+WITH r AS (SELECT * FROM requests r WHERE {CHOSEN_ROWS}), {chosen_verdicts("r")}
+SELECT r.request_id, r.ts, {deployment_label()} AS deployment, r.max_tokens, r.output_tokens,
+       r.cache_hit, coalesce(c.source_request_id, h.source_request_id) AS source_request_id, r.target_model,
+       {draft_label()} AS draft_model, r.temperature, r.cache_key
+FROM r LEFT JOIN c USING (request_id) LEFT JOIN h USING (request_id)
+ORDER BY r.ts, r.request_id
+"""
+
+
 def length_violations(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
-    """Requests whose output is longer than their max_tokens allows."""
-    return df(store, length_violations_sql, filters, {"limit": limit})
+    """Requests whose output is longer than their max_tokens allows (the first `limit`, in time order): found in
+    their summary, and only those read with their sources."""
+    with store.read() as con:
+        if not summary.ready(con):
+            return ask(con, length_violations_sql, filters, {"limit": limit}).df()
+        where, params = filters.named_where("c")
+        chosen = chosen_rows(con, _first_violations_sql(where), params | {"limit": limit})
+        return execute(con, _chosen_violations_sql(), chosen).df()
 
 

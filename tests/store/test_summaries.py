@@ -122,6 +122,9 @@ QUESTIONS = {
     "affected_requests": lambda s, f: pd.concat([impact.affected_requests(s, i.value, f, limit=limit).assign(
         consumer_total=impact.affected_count(s, i.value, f), limit=limit)
         for i in _busiest(impact.impact(s, "consumer")) for limit in (1, 7, 10_000)]),
+    # The Output length page's list of violations (its first rows) and their hits' sources.
+    "length_violations": lambda s, f: pd.concat([analysis.length_violations(s, f, limit=limit).assign(limit=limit)
+                                                 for limit in (1, 7, 10_000)]),
     # The Export page's counts and preview (the report's first rows).
     "report": lambda s, f: pd.concat([report.mismatch_report(s, f, limit=limit).assign(limit=limit)
                                       for limit in (1, 7, 10_000)]).assign(**report.report_counts(s, f)),
@@ -229,6 +232,35 @@ def test_a_store_from_an_older_version_is_brought_up_to_date_by_migrate(store, t
     assert len(hits) == len(analysis.contaminated_hits(store)) > 0 and hits["source_ts"].notna().any()
     with old.read() as con:
         assert summary.ready(con)
+
+
+def test_summaries_one_step_older_get_the_step_alone(store, tmp_path):
+    """Version 12 lacked summary_violations: migrate builds it, judges no hit again, and the store answers as one
+    built by this version. A store whose hashes another DuckDB computed is still rebuilt whole."""
+    old = Store(tmp_path / "v12.duckdb")
+    old.path.write_bytes(store.path.read_bytes())
+    release_snapshots()
+    con = duckdb.connect(str(old.path))
+    con.execute("DROP TABLE summary_violations; UPDATE meta SET value = '12.' || split_part(value, '.', 2) "
+                "WHERE key = 'summary_version'")
+    # A verdict changed by hand: a rejudge would set it right again; the step leaves it.
+    con.execute("UPDATE hit_sources SET differing_fields = 'marked' WHERE request_id = 'x2'")
+    con.close()
+    with pytest.raises(StoreError, match="specdec migrate"):
+        analysis.headline(old)
+    assert migrate(old) == [f"brought the summaries up to version {SUMMARY_VERSION}"]
+    with old.read() as con, store.read() as fresh:
+        assert summary.ready(con)
+        violations = "SELECT * FROM summary_violations ORDER BY ts, request_id"
+        assert con.execute(violations).fetchall() == fresh.execute(violations).fetchall() != []
+        assert con.execute("SELECT differing_fields FROM hit_sources WHERE request_id = 'x2'").fetchall() == [("marked",)]
+    release_snapshots()
+    con = duckdb.connect(str(old.path))
+    con.execute("UPDATE meta SET value = '12.0' WHERE key = 'summary_version'")
+    con.close()
+    assert migrate(old) == ["rejudged hits and rebuilt summaries"]
+    with old.read() as con:
+        assert con.execute("SELECT differing_fields FROM hit_sources WHERE request_id = 'x2'").fetchall() != [("marked",)]
 
 
 def test_a_later_ingest_rebuilds_the_summaries(tmp_path):
