@@ -105,14 +105,16 @@ def hit_rate_trend_halves_sql(source: str, where: str) -> str:
     """The same halves from the minute relation `source`, split at `$trend_mid` (the selection's midpoint, read
     from `source` first and bound, so that the one minute read from the rows is skipped to in the scan): the
     minutes before and after the one that holds it, and that minute's rows split at it. A minute's rows all share
-    its `minute`, so no other minute straddles the midpoint. The rows' answer reads every request's time: 0.28 s
-    of the red flags at 20M rows in a lake."""
+    its `minute`, so no other minute straddles the midpoint. That minute's requests are read from
+    summary_request_outputs (every request, its labels as the filters read them, in time order: the scan skips to
+    the minute, where the rows of a log not written in time order are all read). The rows' answer reads every
+    request's time: 0.28 s of the red flags at 20M rows in a lake."""
     return f"""
 WITH halves AS (
     SELECT c.minute < $trend_minute::TIMESTAMPTZ AS first, c.cache_hit, c.requests FROM {source} c
     WHERE c.minute <> $trend_minute::TIMESTAMPTZ
     UNION ALL
-    SELECT r.ts < $trend_mid::TIMESTAMPTZ AS first, r.cache_hit, 1 AS requests FROM requests r
+    SELECT r.ts < $trend_mid::TIMESTAMPTZ AS first, r.cache_hit, 1 AS requests FROM summary_request_outputs r
     WHERE {where} AND r.ts >= $trend_minute::TIMESTAMPTZ AND r.ts < $trend_minute::TIMESTAMPTZ + INTERVAL 1 minute
 )
 SELECT coalesce(sum(requests) FILTER (WHERE first AND cache_hit), 0) / sum(requests) FILTER (WHERE first) AS first_half,
