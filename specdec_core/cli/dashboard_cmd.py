@@ -6,6 +6,7 @@ import argparse
 import signal
 import subprocess
 import sys
+import threading
 
 from specdec_core.cli.common import UsageError
 from specdec_core.dashboard_launch import (
@@ -16,6 +17,8 @@ from specdec_core.dashboard_launch import (
     streamlit_command,
 )
 from specdec_core.extras import require
+
+STOP_GRACE_S = 10.0
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
@@ -30,11 +33,20 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         return 1
     print(f"specdec dashboard: serving http://{args.host}:{port}/ (Ctrl-C stops it)", file=sys.stderr, flush=True)
     server = subprocess.Popen(command)
-    # A service manager's stop (SIGTERM to this process alone) stops the server too: it would otherwise run on
-    # without us, holding the port.
-    previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: server.terminate())
+
+    def stop(_signum: int, _frame: object) -> None:
+        """A service manager's stop (SIGTERM to this process alone) stops the server too: it would otherwise run
+        on without us, holding the port. Streamlit's server waits for the requests in flight without a limit (a
+        browser's open tab kept one stopping for good): killed after STOP_GRACE_S."""
+        server.terminate()
+        timer = threading.Timer(STOP_GRACE_S, server.kill)
+        timer.daemon = True
+        timer.start()
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
-        return server.wait()
+        code = server.wait()
+        return code if code >= 0 else 128 - code  # a killed server: 137, as a shell says it
     except KeyboardInterrupt:  # Streamlit got the same Ctrl-C and stops itself
         try:
             server.wait(timeout=10)

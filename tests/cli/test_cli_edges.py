@@ -4,6 +4,7 @@ Each refusal is one line with exit 2; a closed pipe is a reader that has what it
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,23 @@ def test_a_command_starts_with_its_own_module_only():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.stdout.startswith("groups:"), done.stdout[:200]
     assert done.stderr.strip() == "0 ['specdec_core.cli.common', 'specdec_core.cli.metrics_cmd'] False", done.stderr
+
+
+def test_a_dashboard_server_that_ignores_the_stop_is_killed_after_the_grace() -> None:
+    """A service manager's stop (SIGTERM to `specdec dashboard`): a server that does not stop within STOP_GRACE_S
+    (Streamlit's waits for requests in flight, without a limit) is killed, and the port never stays held."""
+    server = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              "print(os.getpid(), flush=True); time.sleep(60)")
+    script = f"""
+import sys, types
+from specdec_core.cli import dashboard_cmd as d
+d.STOP_GRACE_S = 0.5
+d.streamlit_command = lambda *args: [sys.executable, "-c", {server!r}]
+sys.exit(d.cmd_dashboard(types.SimpleNamespace(db=None, host="127.0.0.1", port="8999")))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 137, proc.stderr.read()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
