@@ -302,14 +302,12 @@ ORDER BY r.ts, r.request_id
 def _affected_sql(where: str) -> str:
     """The affected requests `where` picks."""
     return f"""
-WITH h AS (SELECT * FROM hit_sources h),
-     s AS (SELECT s.request_id, s.experiment FROM requests s)
 SELECT r.request_id, r.ts, CASE WHEN h.contaminated THEN 'contaminated_hit' ELSE 'length_violation' END AS kind,
        coalesce(r.consumer, '') AS consumer, coalesce(r.experiment, '') AS experiment,
        {deployment_label()} AS deployment, r.cache_key, h.source_request_id,
        coalesce(s.experiment, '') AS served_from, h.differing_fields, r.target_model, r.draft_model,
        r.max_tokens, r.output_tokens, left(r.output_text, 200) AS output_preview
-FROM requests r LEFT JOIN h USING (request_id) LEFT JOIN s ON s.request_id = h.source_request_id
+FROM requests r LEFT JOIN hit_sources h USING (request_id) LEFT JOIN requests s ON s.request_id = h.source_request_id
 WHERE {where} AND coalesce(r.consumer, '') = $consumer AND (h.contaminated OR r.output_tokens > r.max_tokens)
 ORDER BY r.ts, r.request_id
 """

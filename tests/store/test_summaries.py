@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import duckdb
 import pandas as pd
@@ -59,6 +60,20 @@ def store(tmp_path_factory):
     result = ingest(s, [str(log), str(extra)])
     assert result.quarantined == 0 and result.accepted == 4012
     return s
+
+
+def _copy(store: Store, path: Path) -> Store:
+    path.write_bytes(store.path.read_bytes())
+    return Store(path)
+
+
+def _tamper(store: Store, *statements: str) -> None:
+    """Change a file store as another program would (an older specdec, another DuckDB, a hand)."""
+    release_snapshots()  # our read views hold the file: let go before writing it in place
+    con = duckdb.connect(str(store.path))
+    for statement in statements:
+        con.execute(statement)
+    con.close()
 
 
 def _ts(store: Store, n: int) -> datetime:
@@ -169,21 +184,14 @@ def test_filter_options_come_from_the_summary_alike(store):
 
 def test_summaries_answer_when_ready_and_rows_otherwise(store, tmp_path):
     # Plant a wrong count in a copy's summary: the default path must show it, the row path must not.
-    copy = Store(tmp_path / "copy.duckdb")
-    copy.path.write_bytes(store.path.read_bytes())
-    release_snapshots()  # our read views hold the file: let go before writing it in place
-    con = duckdb.connect(str(copy.path))
-    con.execute("UPDATE summary_minute SET requests = requests + 1000 WHERE rowid = 0")
-    con.close()
+    copy = _copy(store, tmp_path / "copy.duckdb")
+    _tamper(copy, "UPDATE summary_minute SET requests = requests + 1000 WHERE rowid = 0")
     real = analysis.headline(store).requests
     assert analysis.headline(copy).requests == real + 1000
     with summary.from_rows():
         assert analysis.headline(copy).requests == real
     # Summaries of another version: a read refuses (it never writes); migrate rebuilds, dropping the planted count.
-    release_snapshots()
-    con = duckdb.connect(str(copy.path))
-    con.execute("UPDATE meta SET value = 'old' WHERE key = 'summary_version'")
-    con.close()
+    _tamper(copy, "UPDATE meta SET value = 'old' WHERE key = 'summary_version'")
     before = copy.path.read_bytes()
     with pytest.raises(StoreError, match="specdec migrate"):
         analysis.headline(copy)
@@ -197,13 +205,9 @@ def test_summaries_answer_when_ready_and_rows_otherwise(store, tmp_path):
 
 def test_key_hashes_another_duckdb_wrote_are_rebuilt_before_they_are_counted(store, tmp_path):
     # The same summary version, written by a DuckDB whose hash() differs: its stored hashes can't be mixed with ours.
-    copy = Store(tmp_path / "other-hash.duckdb")
-    copy.path.write_bytes(store.path.read_bytes())
-    release_snapshots()
-    con = duckdb.connect(str(copy.path))
-    con.execute("UPDATE meta SET value = ? WHERE key = 'summary_version'", [f"{SUMMARY_VERSION}.0"])
-    con.execute("UPDATE summary_request_keys SET key_hash = key_hash + 1, identity_hash = 0")
-    con.close()
+    copy = _copy(store, tmp_path / "other-hash.duckdb")
+    _tamper(copy, f"UPDATE meta SET value = '{SUMMARY_VERSION}.0' WHERE key = 'summary_version'",
+            "UPDATE summary_request_keys SET key_hash = key_hash + 1, identity_hash = 0")
     with pytest.raises(StoreError, match="specdec migrate"):
         analysis.headline(copy)
     assert migrate(copy) == ["rejudged hits and rebuilt summaries"]
@@ -217,13 +221,9 @@ def test_key_hashes_another_duckdb_wrote_are_rebuilt_before_they_are_counted(sto
 
 def test_a_store_from_an_older_version_is_brought_up_to_date_by_migrate(store, tmp_path):
     # Written before summaries and before hit_sources had source_ts: the Mismatches page reads both.
-    old = Store(tmp_path / "old.duckdb")
-    old.path.write_bytes(store.path.read_bytes())
-    release_snapshots()
-    con = duckdb.connect(str(old.path))
-    con.execute("DROP TABLE summary_minute; DROP TABLE summary_contaminated; "
-                "ALTER TABLE hit_sources DROP COLUMN source_ts; DELETE FROM meta WHERE key = 'summary_version'")
-    con.close()
+    old = _copy(store, tmp_path / "old.duckdb")
+    _tamper(old, "DROP TABLE summary_minute; DROP TABLE summary_contaminated; "
+                 "ALTER TABLE hit_sources DROP COLUMN source_ts; DELETE FROM meta WHERE key = 'summary_version'")
     with pytest.raises(StoreError, match="older specdec"):
         analysis.contaminated_hits(old)
     changes = migrate(old)
@@ -237,15 +237,11 @@ def test_a_store_from_an_older_version_is_brought_up_to_date_by_migrate(store, t
 def test_summaries_one_step_older_get_the_step_alone(store, tmp_path):
     """Version 12 lacked summary_violations: migrate builds it, judges no hit again, and the store answers as one
     built by this version. A store whose hashes another DuckDB computed is still rebuilt whole."""
-    old = Store(tmp_path / "v12.duckdb")
-    old.path.write_bytes(store.path.read_bytes())
-    release_snapshots()
-    con = duckdb.connect(str(old.path))
-    con.execute("DROP TABLE summary_violations; UPDATE meta SET value = '12.' || split_part(value, '.', 2) "
-                "WHERE key = 'summary_version'")
-    # A verdict changed by hand: a rejudge would set it right again; the step leaves it.
-    con.execute("UPDATE hit_sources SET differing_fields = 'marked' WHERE request_id = 'x2'")
-    con.close()
+    old = _copy(store, tmp_path / "v12.duckdb")
+    _tamper(old, "DROP TABLE summary_violations",
+            "UPDATE meta SET value = '12.' || split_part(value, '.', 2) WHERE key = 'summary_version'",
+            # A verdict changed by hand: a rejudge would set it right again; the step leaves it.
+            "UPDATE hit_sources SET differing_fields = 'marked' WHERE request_id = 'x2'")
     with pytest.raises(StoreError, match="specdec migrate"):
         analysis.headline(old)
     assert migrate(old) == [f"brought the summaries up to version {SUMMARY_VERSION}"]
@@ -254,10 +250,7 @@ def test_summaries_one_step_older_get_the_step_alone(store, tmp_path):
         violations = "SELECT * FROM summary_violations ORDER BY ts, request_id"
         assert con.execute(violations).fetchall() == fresh.execute(violations).fetchall() != []
         assert con.execute("SELECT differing_fields FROM hit_sources WHERE request_id = 'x2'").fetchall() == [("marked",)]
-    release_snapshots()
-    con = duckdb.connect(str(old.path))
-    con.execute("UPDATE meta SET value = '12.0' WHERE key = 'summary_version'")
-    con.close()
+    _tamper(old, "UPDATE meta SET value = '12.0' WHERE key = 'summary_version'")
     assert migrate(old) == ["rejudged hits and rebuilt summaries"]
     with old.read() as con:
         assert con.execute("SELECT differing_fields FROM hit_sources WHERE request_id = 'x2'").fetchall() != [("marked",)]
