@@ -291,7 +291,11 @@ CREATE OR REPLACE TABLE summary_request_outputs AS {request_outputs_sql()} ORDER
 
 # From a stored summary version, what makes the next: a table added is built alone, not every verdict and summary
 # of the store again (a full rebuild of a 20M-row lake outgrew its writer's 1 GB).
-UPGRADES = {"12": VIOLATIONS_BUILD_SQL}
+# 13: the stored partitions of no deployment, NUL then (store.sql.deployment_partition), rewritten whole: a filter
+# naming NUL would reach a lake's catalog query.
+UPGRADES = {"12": VIOLATIONS_BUILD_SQL,
+            "13": "; ".join(f"UPDATE {table} SET dep = CASE WHEN dep = chr(0) THEN chr(1) ELSE dep END"
+                            for table in ("identity_first_seen", "key_last_miss"))}
 
 
 def upgrade_summaries(con: duckdb.DuckDBPyConnection) -> bool:

@@ -200,8 +200,8 @@ def is_specdec_store(con: duckdb.DuckDBPyConnection, tables: dict[str, set[str]]
 # 10: summary_minute's logged token sums; summary_first_verdicts (derived/verdicts.py).
 # 11: summary_audience and summary_impact_hits (consumer and experiment).
 # 12: summary_minute's logging-gap counts (unknown_<field>, set_<field>).
-# 13: summary_violations.
-SUMMARY_VERSION = "13"
+# 13: summary_violations. 14: chr(1), not NUL, the stored partition (dep) of requests that log no deployment.
+SUMMARY_VERSION = "14"
 
 # A store's rows of summary_request_keys hold hashes that the DuckDB which wrote them computed, and DuckDB does not
 # promise its hash() stays the same across versions. The version stored names that hash too, as the connection

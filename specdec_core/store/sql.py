@@ -18,16 +18,17 @@ def list_literal(texts: Iterable[str]) -> str:
 
 
 # The contract's deployment is optional. The figures, the pages and the reports show a request that logged none
-# under the empty name; the judging of hits keeps it apart from one that logged '' (NUL, which a log's
-# deployment name never holds): a hit is judged within its own deployment's cache.
+# under the empty name; the judging of hits keeps it apart from one that logged '' (chr(1), which a deployment
+# name does not hold): a hit is judged within its own deployment's cache. Not NUL, as before: a lake's scan
+# that a join filters on a stored partition writes the value into its catalog query, where a NUL ends the text.
 def deployment_label(alias: str | None = "r") -> str:
     """SQL: the deployment a figure groups a request under ('' for none)."""
     return f"coalesce({_column(alias, 'deployment')}, '')"
 
 
 def deployment_partition(alias: str | None = "r") -> str:
-    """SQL: the deployment whose cache a hit is judged in (chr(0) for none, apart from a logged '')."""
-    return f"coalesce({_column(alias, 'deployment')}, chr(0))"
+    """SQL: the deployment whose cache a hit is judged in (chr(1) for none, apart from a logged '')."""
+    return f"coalesce({_column(alias, 'deployment')}, chr(1))"
 
 
 def _column(alias: str | None, name: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 import pytest
-from helpers import DROP, rec, write_jsonl
+from helpers import DROP, contents, rec, write_jsonl
 
 from specdec_core import analysis
 from specdec_core.analysis import Filters, impact, report
@@ -254,6 +254,19 @@ def test_summaries_one_step_older_get_the_step_alone(store, tmp_path):
     assert migrate(old) == ["rejudged hits and rebuilt summaries"]
     with old.read() as con:
         assert con.execute("SELECT differing_fields FROM hit_sources WHERE request_id = 'x2'").fetchall() != [("marked",)]
+
+
+def test_the_partitions_version_13_wrote_with_nul_are_rewritten(store, tmp_path):
+    """Version 13 stored NUL as the partition of requests that log no deployment (a lake's catalog query broke on
+    it): migrate rewrites it, and the store holds what this version builds."""
+    old = _copy(store, tmp_path / "v13.duckdb")
+    _tamper(old, "UPDATE meta SET value = '13.' || split_part(value, '.', 2) WHERE key = 'summary_version'",
+            *(f"UPDATE {table} SET dep = chr(0) WHERE dep = chr(1)" for table in ("identity_first_seen", "key_last_miss")))
+    con = duckdb.connect(str(old.path), read_only=True)
+    assert con.execute("SELECT count(*) FROM identity_first_seen WHERE dep = chr(0)").fetchall()[0][0] > 0
+    con.close()
+    assert migrate(old) == [f"brought the summaries up to version {SUMMARY_VERSION}"]
+    assert contents(str(old.path)) == contents(str(store.path))
 
 
 def test_a_later_ingest_rebuilds_the_summaries(tmp_path):
