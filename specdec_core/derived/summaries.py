@@ -56,7 +56,7 @@ from specdec_core.store.schema import (
     VERSION_SQL,
     current_version_sql,
 )
-from specdec_core.store.sql import deployment_label
+from specdec_core.store.sql import deployment_label, partition_of
 
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)
@@ -291,10 +291,10 @@ CREATE OR REPLACE TABLE summary_request_outputs AS {request_outputs_sql()} ORDER
 
 # From a stored summary version, what makes the next: a table added is built alone, not every verdict and summary
 # of the store again (a full rebuild of a 20M-row lake outgrew its writer's 1 GB).
-# 13: the stored partitions of no deployment, NUL then (store.sql.deployment_partition), rewritten whole: a filter
-# naming NUL would reach a lake's catalog query.
+# 13: the stored partitions (store.sql.deployment_partition), NUL for no deployment then and each name as it is,
+# rewritten whole: a filter naming NUL would reach a lake's catalog query.
 UPGRADES = {"12": VIOLATIONS_BUILD_SQL,
-            "13": "; ".join(f"UPDATE {table} SET dep = CASE WHEN dep = chr(0) THEN chr(1) ELSE dep END"
+            "13": "; ".join(f"UPDATE {table} SET dep = {partition_of('CASE WHEN dep <> chr(0) THEN dep END')}"
                             for table in ("identity_first_seen", "key_last_miss"))}
 
 

@@ -18,9 +18,10 @@ def list_literal(texts: Iterable[str]) -> str:
 
 
 # The contract's deployment is optional. The figures, the pages and the reports show a request that logged none
-# under the empty name; the judging of hits keeps it apart from one that logged '' (chr(1), which a deployment
-# name does not hold): a hit is judged within its own deployment's cache. Not NUL, as before: a lake's scan
-# that a join filters on a stored partition writes the value into its catalog query, where a NUL ends the text.
+# under the empty name; the judging of hits keeps it apart from one that logged '': a hit is judged within its
+# own deployment's cache. The partition holds no NUL: a lake's scan that a join filters on a stored partition
+# writes the value into its catalog query, where a NUL ends the text. So none is chr(1) alone, and a name's
+# chr(1) and NUL are written chr(1) chr(1) and chr(1) '0' (no name comes out as chr(1) alone, or as another's).
 def deployment_label(alias: str | None = "r") -> str:
     """SQL: the deployment a figure groups a request under ('' for none)."""
     return f"coalesce({_column(alias, 'deployment')}, '')"
@@ -28,7 +29,12 @@ def deployment_label(alias: str | None = "r") -> str:
 
 def deployment_partition(alias: str | None = "r") -> str:
     """SQL: the deployment whose cache a hit is judged in (chr(1) for none, apart from a logged '')."""
-    return f"coalesce({_column(alias, 'deployment')}, chr(1))"
+    return partition_of(_column(alias, "deployment"))
+
+
+def partition_of(deployment: str) -> str:
+    """SQL: deployment_partition of the deployment `deployment` (an SQL expression; NULL for none)."""
+    return f"coalesce(replace(replace({deployment}, chr(1), chr(1) || chr(1)), chr(0), chr(1) || '0'), chr(1))"
 
 
 def _column(alias: str | None, name: str) -> str:

@@ -26,13 +26,14 @@ OLD_STORE = FIXTURES / "store-duckdb-2.0.1"
 
 
 def _batches(tmp_path: Path) -> list[Path]:
-    # A third of the rows log no deployment: judged in a partition of their own, which the lake stores and
-    # its later writes join on (a NUL there broke the second write's catalog query).
+    # Some rows log no deployment, some a name holding NUL: each judged in a partition of its own, which the
+    # lake stores and its later writes join on (a NUL there broke the second write's catalog query).
+    deployments = (DROP, "prod", "prod", "p\x00\x01")
     early = [rec(f"e{i}", ts=f"2026-03-01T10:{i // 60:02d}:{i % 60:02d}Z", cache_key=f"K{i % 9}",
                  cache_hit=i % 3 != 0, max_tokens=(32, 64)[i % 2], output_tokens=(20, 50)[i % 3 % 2],
-                 deployment=(DROP, "prod", "prod")[i % 9 // 3]) for i in range(120)]
+                 deployment=deployments[i % 12 // 3]) for i in range(120)]
     later = [rec(f"l{i}", ts=f"2026-03-01T11:{i // 60:02d}:{i % 60:02d}Z", cache_key=f"K{i % 9}",
-                 cache_hit=True, draft_model=("d1", "none")[i % 2], deployment=(DROP, "prod", "prod")[i % 9 // 3])
+                 cache_hit=True, draft_model=("d1", "none")[i % 2], deployment=deployments[i % 12 // 3])
              for i in range(60)]
     # A late file: rows older than those stored, whose misses change the verdicts of stored hits.
     late = [rec(f"x{i}", ts=f"2026-03-01T09:59:{i:02d}Z", cache_key=f"K{i % 9}", temperature=0.7, seed=i)
