@@ -122,6 +122,11 @@ def execute(con: Any, sql: str, params: dict[str, Any]) -> Any:
 CHOSEN_ROWS = "r.request_id IN (SELECT unnest($ids::VARCHAR[])) AND r.ts >= $first AND r.ts <= $last"
 
 
+# The contaminated hits among the chosen rows, from their summary in time order: the rows' time span bounds the scan.
+CHOSEN_CONTAMINATED = ("(SELECT * FROM summary_contaminated WHERE request_id IN (SELECT unnest($ids::VARCHAR[])) "
+                       "AND ts >= $first AND ts <= $last)")
+
+
 def chosen_verdicts(rows: str) -> str:
     """Two CTEs over the chosen rows (`rows`: a relation of CHOSEN_ROWS' requests): `c`, each contaminated hit's
     source, differing fields and source's arm from its summaries, which the rows' time range bounds; `h`, the
@@ -129,9 +134,8 @@ def chosen_verdicts(rows: str) -> str:
     hit_sources is not read: at 20M requests it holds 19M verdicts, and a lake finds a few ids among them by
     reading every row group (1.3 s)."""
     return f"""c AS (SELECT c.request_id, c.source_request_id, c.differing_fields, i.source_experiment
-           FROM summary_contaminated c JOIN summary_impact_hits i USING (request_id)
-           WHERE c.request_id IN (SELECT unnest($ids::VARCHAR[])) AND c.ts >= $first AND c.ts <= $last
-             AND i.ts >= $first AND i.ts <= $last),
+           FROM {CHOSEN_CONTAMINATED} c JOIN summary_impact_hits i USING (request_id)
+           WHERE i.ts >= $first AND i.ts <= $last),
      h AS (SELECT h.request_id, h.source_request_id, h.differing_fields FROM hit_sources h
            WHERE h.request_id IN (SELECT request_id FROM {rows} WHERE cache_hit AND output_tokens > max_tokens
                                   AND request_id NOT IN (SELECT request_id FROM c)))"""

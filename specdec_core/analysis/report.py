@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from specdec_core.analysis import NO_FILTERS, Filters
-from specdec_core.analysis.query import CHOSEN_ROWS, chosen_rows, execute
+from specdec_core.analysis.query import CHOSEN_CONTAMINATED, CHOSEN_ROWS, chosen_rows, execute
 from specdec_core.contract.names import REPORT_KINDS
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
@@ -81,10 +81,9 @@ def replay_mismatch_sql(where: str) -> str:
             f"WHERE {where} AND p.classification NOT IN ('match', 'near_tie')")
 
 
-# The contaminated hits among the chosen rows (query.CHOSEN_ROWS), from their summary in time order.
+# The contaminated hits among the chosen rows (query.CHOSEN_ROWS), as hit_sources' verdicts.
 _CHOSEN_HITS = ("(SELECT request_id, source_request_id, differing_fields, fingerprint_mismatch, TRUE AS contaminated "
-                "FROM summary_contaminated WHERE request_id IN (SELECT unnest($ids::VARCHAR[])) "
-                "AND ts >= $first AND ts <= $last)")
+                f"FROM {CHOSEN_CONTAMINATED})")
 
 
 MISMATCH_REPORT_SQL: dict[str, Callable[[str], str]] = {
