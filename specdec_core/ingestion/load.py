@@ -302,9 +302,10 @@ def _keep_new_rejects(con: duckdb.DuckDBPyConnection, rel: BatchRelations) -> No
     """
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE {rel.bad_new} AS
-        SELECT b.* FROM {rel.bad} b
-        WHERE NOT EXISTS (SELECT 1 FROM quarantine q WHERE q.source_line = b.source_line AND q.raw_hash = b.raw_hash)
-        QUALIFY row_number() OVER (PARTITION BY b.source_line, b.raw_hash ORDER BY b.seq) = 1
+        SELECT * FROM {rel.bad} WHERE seq IN (
+            SELECT min(b.seq) FROM {rel.bad} b
+            WHERE NOT EXISTS (SELECT 1 FROM quarantine q WHERE q.source_line = b.source_line AND q.raw_hash = b.raw_hash)
+            GROUP BY b.source_line, b.raw_hash)
     """)
 
 

@@ -22,6 +22,7 @@ from helpers import rec, run_cli, sigint_default, write_csv, write_jsonl
 from specdec_core import interrupts
 from specdec_core.cli import main as cli_main
 from specdec_core.formats.files import LogReadError
+from specdec_core.ingestion import load
 from specdec_core.ingestion.load import ingest
 from specdec_core.ingestion.staging import IngestLimits
 from specdec_core.store import connection
@@ -688,3 +689,19 @@ def test_the_same_bad_file_from_another_path_is_not_quarantined_again(store, tmp
     both = Store(tmp_path / "both.duckdb")
     result = ingest(both, [str(first), str(second)])  # two copies in one batch
     assert (result.read, result.accepted, result.duplicates, result.quarantined) == (6, 1, 3, 2)
+
+
+def test_a_log_that_conflicts_with_every_record_of_another_is_quarantined_within_the_memory_limit(
+        store, tmp_path, monkeypatch):
+    # Two services that logged the same requests with different content: every record of the second conflicts,
+    # and each reject is kept with its line. Choosing which rejects were new sorted them with their text: a
+    # 2M-line ingest (1M conflicts) ran out of its 1.4 GB. The same here, 120 MB of lines under 180 MB.
+    monkeypatch.setattr(load, "WRITER_MEMORY_LIMIT_NATIVE", "180MB")
+    n, long = 20_000, "x" * 3000
+    first = write_jsonl(tmp_path / "gateway.jsonl", [rec(f"r{i}", output_text=f"{i} {long}") for i in range(n)])
+    second = write_jsonl(tmp_path / "service.jsonl", [rec(f"r{i}", output_text=f"{i} {long}!") for i in range(n)])
+    result = ingest(store, [str(first), str(second)])
+    assert (result.accepted, result.quarantined) == (n, n)
+    with store.read() as con:
+        assert con.execute("SELECT count(*), count(DISTINCT request_id), min(reason LIKE 'conflict: request_id r% "
+                           "appears earlier at %gateway.jsonl:%') FROM quarantine").fetchall() == [(n, n, True)]
