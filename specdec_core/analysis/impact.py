@@ -122,6 +122,9 @@ def _column(by: str, alias: str) -> str:
     return f"coalesce({alias}.{by}, '')"
 
 
+VIOLATION = "r.output_tokens > r.max_tokens"  # an output longer than its request allowed
+
+
 # --- per consumer, arm or deployment ---------------------------------------------------------------------
 
 def _by_rows_sql(col: str, where: str) -> str:
@@ -133,25 +136,42 @@ SELECT {col} AS value, count(*) AS requests, count(*) FILTER (WHERE h.contaminat
 FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where} GROUP BY ALL
 """
 
-def _by_whole_sql(col: str, dims: str) -> str:
+def _by_summary_sql(col: str, requests: str, hits_where: str) -> str:
+    """Per value: `requests` (value, requests, violations, first_v, last_v) beside the contaminated hits'
+    summary (`hits_where`: the filters over it, `c`)."""
     return f"""
-WITH a AS (SELECT {col} AS value, sum(c.requests)::BIGINT AS requests, sum(c.violations)::BIGINT AS violations,
-                  min(c.first_violation) AS first_v, max(c.last_violation) AS last_v
-           FROM summary_audience c WHERE {dims} GROUP BY ALL),
+WITH a AS ({requests}),
      h AS (SELECT {col} AS value, count(*) AS hits, min(c.ts) AS first_h, max(c.ts) AS last_h
-           FROM summary_impact_hits c WHERE {dims} GROUP BY ALL)
+           FROM summary_impact_hits c WHERE {hits_where} GROUP BY ALL)
 SELECT a.value, a.requests, coalesce(h.hits, 0) AS contaminated_hits, a.violations AS length_violations,
        least(a.first_v, h.first_h) AS first, greatest(a.last_v, h.last_h) AS last
 FROM a LEFT JOIN h USING (value)
 """
 
 
+def _by_whole_sql(col: str, dims: str) -> str:
+    return _by_summary_sql(col, f"""SELECT {col} AS value, sum(c.requests)::BIGINT AS requests,
+       sum(c.violations)::BIGINT AS violations, min(c.first_violation) AS first_v, max(c.last_violation) AS last_v
+FROM summary_audience c WHERE {dims} GROUP BY ALL""", dims)
+
+
+# A time range: the requests' counts from their rows (the audience summary holds no time), the contaminated hits
+# from their summary, which holds each one's time; no hit joined to its verdict (at 20M rows, 1.3-1.6 s).
+def _by_ranged_sql(row_col: str, col: str, where: str, hits_where: str) -> str:
+    return _by_summary_sql(col, f"""SELECT {row_col} AS value, count(*)::BIGINT AS requests,
+       count(*) FILTER (WHERE {VIOLATION})::BIGINT AS violations,
+       min(r.ts) FILTER (WHERE {VIOLATION}) AS first_v, max(r.ts) FILTER (WHERE {VIOLATION}) AS last_v
+FROM requests r WHERE {where} GROUP BY ALL""", hits_where)
+
+
 def impact(store: Store, by: str = "consumer", filters: Filters = NO_FILTERS) -> tuple[Impact, ...]:
     """Per value of `by` (consumer, experiment or deployment): its requests, the contaminated hits and length
     violations it received and the first and last of them; the most affected first."""
     row_column, summary_column = _column(by, "r"), _column(by, "c")
+    hits_where = filters.named_where("c")[0]
     frame = df(store, lambda where: _by_rows_sql(row_column, where), filters,
-               whole=lambda dims: _by_whole_sql(summary_column, dims))
+               whole=lambda dims: _by_whole_sql(summary_column, dims),
+               ranged=lambda _, where: _by_ranged_sql(row_column, summary_column, where, hits_where))
     out = [Impact(value=str(r["value"]), requests=int(r["requests"]), contaminated_hits=int(r["contaminated_hits"]),
                   length_violations=int(r["length_violations"]), first=_time(r["first"]), last=_time(r["last"]))
            for r in frame.to_dict("records")]
@@ -192,18 +212,31 @@ SELECT coalesce(r.experiment, '') AS arm, count(*) AS a_n, sum(r.output_tokens) 
        sum(r.accepted_tokens) FILTER (WHERE h.contaminated AND {summary.BOTH_TOKENS}) AS c_accepted
 FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where} GROUP BY ALL
 """
-def _arms_whole_sql(dims: str) -> str:
+def _arms_summary_sql(requests: str, hits_where: str) -> str:
     return f"""
-WITH a AS (SELECT c.experiment AS arm, sum(c.requests) AS a_n, sum(c.output_tokens) AS a_tokens,
-                  sum(c.latency_n) AS a_latency_n, sum(c.latency_sum) AS a_latency, sum(c.draft_tokens) AS a_draft,
-                  sum(c.accepted_tokens) AS a_accepted
-           FROM summary_audience c WHERE {dims} GROUP BY ALL),
+WITH a AS ({requests}),
      h AS (SELECT c.experiment AS arm, count(*) AS c_n, sum(c.output_tokens) AS c_tokens,
                   count(c.latency_ms) AS c_latency_n, sum(c.latency_ms) AS c_latency, sum(c.draft_tokens) AS c_draft,
                   sum(c.accepted_tokens) AS c_accepted
-           FROM summary_impact_hits c WHERE {dims} GROUP BY ALL)
+           FROM summary_impact_hits c WHERE {hits_where} GROUP BY ALL)
 SELECT * FROM a LEFT JOIN h USING (arm)
 """
+
+
+def _arms_whole_sql(dims: str) -> str:
+    return _arms_summary_sql(f"""SELECT c.experiment AS arm, sum(c.requests) AS a_n, sum(c.output_tokens) AS a_tokens,
+       sum(c.latency_n) AS a_latency_n, sum(c.latency_sum) AS a_latency, sum(c.draft_tokens) AS a_draft,
+       sum(c.accepted_tokens) AS a_accepted
+FROM summary_audience c WHERE {dims} GROUP BY ALL""", dims)
+
+
+def _arms_ranged_sql(where: str, hits_where: str) -> str:
+    """A time range: each arm's sums over its rows, its contaminated hits' from their summary (as _by_ranged_sql)."""
+    return _arms_summary_sql(f"""SELECT coalesce(r.experiment, '') AS arm, count(*) AS a_n,
+       sum(r.output_tokens) AS a_tokens, count(r.latency_ms) AS a_latency_n, sum(r.latency_ms) AS a_latency,
+       sum(r.draft_tokens) FILTER (WHERE {summary.BOTH_TOKENS}) AS a_draft,
+       sum(r.accepted_tokens) FILTER (WHERE {summary.BOTH_TOKENS}) AS a_accepted
+FROM requests r WHERE {where} GROUP BY ALL""", hits_where)
 
 
 def _ratio(num: Any, den: Any) -> float | None:
@@ -233,8 +266,11 @@ def _arm(row: dict[str, Any]) -> ArmFigures:
 def experiment_impact(store: Store, filters: Filters = NO_FILTERS) -> ExperimentImpact:
     """Which arm's outputs each arm received (the cross-feeding), and each arm's figures with and without its
     contaminated hits, so that an A/B comparison can be read again on clean rows."""
-    cross = df(store, _cross_rows_sql, filters, whole=_cross_whole_sql)
-    arms = df(store, _arms_rows_sql, filters, whole=_arms_whole_sql)
+    hits_where = filters.named_where("c")[0]
+    cross = df(store, _cross_rows_sql, filters, whole=_cross_whole_sql,
+               ranged=lambda _, where: _cross_whole_sql(hits_where))
+    arms = df(store, _arms_rows_sql, filters, whole=_arms_whole_sql,
+              ranged=lambda _, where: _arms_ranged_sql(where, hits_where))
     feeding = sorted((CrossFeeding(str(r["arm"]), str(r["served_from"]), int(r["hits"]))
                       for r in cross.to_dict("records")), key=lambda c: (-c.hits, c.arm, c.served_from))
     figures = sorted((_arm(r) for r in arms.to_dict("records")), key=lambda a: (a.arm == "", a.arm))
