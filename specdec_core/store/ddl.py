@@ -30,8 +30,11 @@ def is_lake(con: duckdb.DuckDBPyConnection) -> bool:
 
 
 def create_tables(con: duckdb.DuckDBPyConnection, ddl: str) -> None:
-    """Run CREATE TABLE statements; in a lake without their keys, which its writers keep unique themselves."""
-    con.execute(re.sub(r"\s+PRIMARY KEY\b", " NOT NULL", ddl) if is_lake(con) else ddl)
+    """Run CREATE TABLE (or ADD COLUMN) statements; in a lake without their keys, which its writers keep unique
+    themselves, and without the compression a column of a DuckDB file is given (Parquet's are the lake's)."""
+    if is_lake(con):
+        ddl = re.sub(r"\s+USING COMPRESSION \w+", "", re.sub(r"\s+PRIMARY KEY\b", " NOT NULL", ddl))
+    con.execute(ddl)
 
 
 
@@ -67,8 +70,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     report = _SCHEMA_CHANGES.get()
     before = _columns(con)
     refuse_foreign(con, before)
-    create_tables(con, schema_sql())
-    con.execute(column_migrations_sql())
+    create_tables(con, schema_sql() + "\n" + column_migrations_sql())
     constraints = con.execute("SELECT table_name, constraint_type, unnest(constraint_column_names) "
                               "FROM duckdb_constraints() WHERE database_name = current_database() "
                               f"AND list_contains({list_literal(['requests', *UNKEYED_TABLES])}, table_name)"
