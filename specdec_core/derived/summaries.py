@@ -38,6 +38,7 @@ the tests hold every summary answer equal to the row answer.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -51,6 +52,7 @@ from specdec_core.contract import fields as contract
 from specdec_core.derived.verdicts import build_first_verdict_counts
 from specdec_core.store.schema import (
     HASH_NAME_SQL,
+    READ_EDGES,
     READ_SUMMARIES,
     SUMMARY_VERSION,
     VERSION_SQL,
@@ -410,13 +412,33 @@ def named_minute_source(filters: Any, row_where: tuple[str, dict[str, Any]]) -> 
     if edges:
         where, row_params = row_where
         spans = " OR ".join(f"(r.ts >= $minute_edge{i}_from AND r.ts < $minute_edge{i}_to)" for i in range(len(edges)))
-        parts.append(f"SELECT {MINUTE_DIMENSIONS}, {MINUTE_MEASURES} "
-                     f"FROM requests r LEFT JOIN hit_sources h USING (request_id) "
-                     f"WHERE {where} AND ({spans}) GROUP BY ALL")
-        params |= row_params
+        edge_sql = (f"SELECT {MINUTE_DIMENSIONS}, {MINUTE_MEASURES} "
+                    f"FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where} AND ({spans}) GROUP BY ALL")
+        edge_params = dict(row_params)
         for i, (lower, upper) in enumerate(edges):
-            params[f"minute_edge{i}_from"], params[f"minute_edge{i}_to"] = lower, upper
+            edge_params[f"minute_edge{i}_from"], edge_params[f"minute_edge{i}_to"] = lower, upper
+        kept = _kept_edges(edge_sql, edge_params)
+        parts.append(f"SELECT * FROM {kept}" if kept else edge_sql)
+        params |= {} if kept else edge_params
     return "(" + " UNION ALL ".join(parts) + ")", params
+
+
+def _kept_edges(sql: str, params: dict[str, Any]) -> str | None:
+    """The table holding `sql`'s rows, made once per state of a DuckDB file being read (schema.READ_EDGES);
+    None elsewhere (a write, a lake). Every question of a page with a time range aggregates the same cut
+    minutes from the rows: at 20M rows not in time order, 0.3-0.6 s each, a dozen times a page."""
+    told = READ_EDGES.get()
+    if told is None:
+        return None
+    con, kept, lock = told
+    named = {k: v for k, v in params.items() if re.search(rf"\${k}\b", sql)}
+    key = (sql, tuple(sorted((k, repr(v)) for k, v in named.items())))
+    with lock:
+        if key not in kept:
+            name = f"memory.main.specdec_edges_{len(kept)}"
+            con.execute(f"CREATE TABLE {name} AS {sql}", named)
+            kept[key] = name
+        return kept[key]
 
 
 def histogram_quantiles(con: duckdb.DuckDBPyConnection, source: str, params: list[Any] | dict[str, Any],

@@ -30,7 +30,7 @@ from specdec_core.store.instance import SharedInstance, take_shared
 from specdec_core.store.lake_files import damage_message
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LocationError, lake_location, mask_secrets, resolve_db
-from specdec_core.store.schema import READ_SUMMARIES, current_version_sql
+from specdec_core.store.schema import READ_EDGES, READ_SUMMARIES, current_version_sql
 from specdec_core.store.sql import literal
 from specdec_core.store.working_copy import (
     STORE_ALIAS,
@@ -72,6 +72,8 @@ class _View(SharedInstance):
         super().__init__(con, _views_lock)
         self.version = version
         self.summarized: bool | None = None  # whether its summaries are this code's (None: not checked yet)
+        self.edges: dict[object, str] = {}  # schema.READ_EDGES
+        self.edges_lock = threading.Lock()
 
 
 # The process's views, one per file: every thread reads through its own cursor of one DuckDB instance, whose
@@ -225,8 +227,12 @@ class Store:
             try:
                 con.execute(f"USE {STORE_ALIAS}")
                 _configure(con)
-                with _told_summaries(con, summarized):
-                    yield con
+                edges = READ_EDGES.set((con, view.edges, view.edges_lock))
+                try:
+                    with _told_summaries(con, summarized):
+                        yield con
+                finally:
+                    READ_EDGES.reset(edges)
             finally:
                 con.close()
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextvars import ContextVar
+from typing import Any
 
 import duckdb
 
@@ -224,6 +225,9 @@ VERSION_SQL = ("DELETE FROM meta WHERE key = 'summary_version'; "
 # What the open read (Store.read) found of its state's summaries: (its connection, built by this code). A read
 # checks once per state; asked again for each question, a lake's meta took 6-7 ms a time, 20-30 times a page.
 READ_SUMMARIES: ContextVar[tuple[object, bool] | None] = ContextVar("specdec_read_summaries", default=None)
+# The open read's state of a DuckDB file, where the rows of a time range's cut minutes are kept once aggregated
+# (summaries.named_minute_source): (its connection, {the rows' query: a table of the view's own database}, a lock).
+READ_EDGES: ContextVar[tuple[Any, dict[Any, str], Any] | None] = ContextVar("specdec_read_edges", default=None)
 
 
 def current_version_sql(meta: str = "meta") -> str:

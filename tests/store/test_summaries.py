@@ -278,3 +278,34 @@ def test_a_later_ingest_rebuilds_the_summaries(tmp_path):
     head = analysis.headline(s)
     assert (head.requests, head.hits, head.contaminated_hits) == (2, 1, 1)
     assert list(analysis.contaminated_hits(s)["source_request_id"]) == ["m1"]
+
+
+def test_a_time_ranges_cut_minutes_are_read_once_per_state_and_again_after_a_write(tmp_path):
+    # Each question of a page aggregates the minutes a range cuts through from the rows; a state of the file
+    # keeps them once aggregated (at 20M rows 0.3-0.6 s a question). A write is a new state: read again.
+    store = Store(tmp_path / "s.duckdb")
+    rows = [rec(f"r{i}", ts=f"2026-03-01T10:{i // 60:02d}:{i % 60:02d}Z", cache_key=f"K{i % 7}", cache_hit=i % 3 > 0)
+            for i in range(600)]
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", rows))])
+    cut = Filters(start=datetime(2026, 3, 1, 10, 0, 30, tzinfo=timezone.utc),
+                  end=datetime(2026, 3, 1, 10, 7, 29, 500000, tzinfo=timezone.utc))
+
+    def kept() -> int:
+        with store.read() as con:
+            return con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'memory' "
+                               "AND table_name LIKE 'specdec_edges_%'").fetchall()[0][0]
+
+    def answers() -> tuple:
+        with summary.from_rows():
+            expected = (analysis.headline(store, cut), analysis.logging_gaps(store, cut))
+        got = (analysis.headline(store, cut), analysis.logging_gaps(store, cut))
+        assert got == expected
+        return got
+
+    assert kept() == 0
+    first = answers()
+    assert first[0].requests == 420 and kept() == 1  # both questions, one aggregate
+    ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("late", ts="2026-03-01T10:00:45Z", cache_key="K1",
+                                                              cache_hit=True, seed=DROP, __unknown__=["seed"])]))])
+    second = answers()
+    assert second[0].requests == 421 and second != first and kept() == 1
