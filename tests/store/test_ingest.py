@@ -15,7 +15,7 @@ from helpers import DROP, rec, write_csv, write_jsonl
 from specdec_core.contract.identity import canonical_json, fingerprint, identity
 from specdec_core.formats.files import LogReadError
 from specdec_core.ingestion.load import ingest
-from specdec_core.store.connection import Store, StoreError
+from specdec_core.store.connection import Store, StoreError, release_snapshots
 
 
 def quarantine_rows(store):
@@ -416,6 +416,11 @@ def test_rows_appended_to_a_store_go_into_small_row_groups_and_read_back_whole(t
                            ).fetchall()[0] == (40_000, 40_000)
 
 
+def _seed_compression(con) -> set[str]:
+    return {c for (c,) in con.execute("SELECT DISTINCT compression FROM pragma_storage_info('requests') "
+                                      "WHERE column_name = 'seed' AND segment_type = 'HUGEINT'").fetchall()}
+
+
 def test_the_seed_column_of_a_file_store_is_run_length_encoded_after_every_write(tmp_path):
     # DuckDB 1.5.5 bit-packs a HUGEINT of small numbers and unpacks it slowly (a read of the seed: 0.25 s at 1M
     # rows, 5 s at 20M); schema.py asks for RLE. A batch appended, and the fresh file a migration writes, keep it.
@@ -425,8 +430,7 @@ def test_the_seed_column_of_a_file_store_is_run_length_encoded_after_every_write
 
     def seed_compression() -> set[str]:
         with duckdb.connect(str(store.path), read_only=True) as con:
-            return {c for (c,) in con.execute("SELECT DISTINCT compression FROM pragma_storage_info('requests') "
-                                              "WHERE column_name = 'seed' AND segment_type = 'HUGEINT'").fetchall()}
+            return _seed_compression(con)
 
     rows = [rec(f"a{i}", seed=[7, 42, DROP][i % 3], ts=f"2026-03-01T10:00:{i % 60:02d}Z") for i in range(3000)]
     ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", rows))])
@@ -436,3 +440,23 @@ def test_the_seed_column_of_a_file_store_is_run_length_encoded_after_every_write
     assert seed_compression() == {"RLE"}
     with store.read() as con:
         assert con.execute("SELECT count(seed), sum(seed) FROM requests").fetchall() == [(4000, 2000 * 49)]
+
+
+def test_a_store_of_schema_version_1_gets_its_seed_column_encoded_by_the_next_write(tmp_path):
+    from specdec_core.derived import migrate
+
+    store = Store(tmp_path / "s.duckdb")
+    rows = [rec(f"a{i}", seed=[7, 42, DROP][i % 3], ts=f"2026-03-01T10:00:{i % 60:02d}Z") for i in range(3000)]
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", rows))])
+    release_snapshots()
+    with duckdb.connect(str(store.path)) as con:  # as specdec wrote it before: DuckDB's choice, bit-packed
+        con.execute("CREATE TABLE r1 AS SELECT * FROM requests; DROP TABLE requests; ALTER TABLE r1 RENAME TO requests")
+        con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'; CHECKPOINT")
+        before = con.execute("SELECT * FROM requests ORDER BY request_id").fetchall()
+        assert _seed_compression(con) == {"BitPacking"}
+    assert migrate(store) == ["wrote requests again, its seed column run-length encoded"]
+    with store.read() as con:
+        assert _seed_compression(con) == {"RLE"}
+        assert con.execute("SELECT * FROM requests ORDER BY request_id").fetchall() == before
+        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [("2",)]
+    assert migrate(store) == []
