@@ -168,10 +168,10 @@ def impact(store: Store, by: str = "consumer", filters: Filters = NO_FILTERS) ->
     """Per value of `by` (consumer, experiment or deployment): its requests, the contaminated hits and length
     violations it received and the first and last of them; the most affected first."""
     row_column, summary_column = _column(by, "r"), _column(by, "c")
-    hits_where = filters.named_where("c")[0]
+    rows_where = filters.named_where()[0]  # the same parameters as the summaries' condition
     frame = df(store, lambda where: _by_rows_sql(row_column, where), filters,
                whole=lambda dims: _by_whole_sql(summary_column, dims),
-               ranged=lambda _, where: _by_ranged_sql(row_column, summary_column, where, hits_where))
+               summarized=lambda over: _by_ranged_sql(row_column, summary_column, rows_where, over))
     out = [Impact(value=str(r["value"]), requests=int(r["requests"]), contaminated_hits=int(r["contaminated_hits"]),
                   length_violations=int(r["length_violations"]), first=_time(r["first"]), last=_time(r["last"]))
            for r in frame.to_dict("records")]
@@ -266,11 +266,10 @@ def _arm(row: dict[str, Any]) -> ArmFigures:
 def experiment_impact(store: Store, filters: Filters = NO_FILTERS) -> ExperimentImpact:
     """Which arm's outputs each arm received (the cross-feeding), and each arm's figures with and without its
     contaminated hits, so that an A/B comparison can be read again on clean rows."""
-    hits_where = filters.named_where("c")[0]
-    cross = df(store, _cross_rows_sql, filters, whole=_cross_whole_sql,
-               ranged=lambda _, where: _cross_whole_sql(hits_where))
+    rows_where = filters.named_where()[0]
+    cross = df(store, _cross_rows_sql, filters, whole=_cross_whole_sql, summarized=_cross_whole_sql)
     arms = df(store, _arms_rows_sql, filters, whole=_arms_whole_sql,
-              ranged=lambda _, where: _arms_ranged_sql(where, hits_where))
+              summarized=lambda over: _arms_ranged_sql(rows_where, over))
     feeding = sorted((CrossFeeding(str(r["arm"]), str(r["served_from"]), int(r["hits"]))
                       for r in cross.to_dict("records")), key=lambda c: (-c.hits, c.arm, c.served_from))
     figures = sorted((_arm(r) for r in arms.to_dict("records")), key=lambda a: (a.arm == "", a.arm))

@@ -67,15 +67,17 @@ WholeAnswer = Callable[[Any, str, dict[str, Any]], pd.DataFrame]
 
 def df(store: Store, rows: Rows, filters: Filters, params: dict[str, Any] | None = None, *,
        minute: Minutes | None = None, whole: Whole | None = None, ranged: Ranged | None = None,
-       whole_answer: WholeAnswer | None = None) -> pd.DataFrame:
+       whole_answer: WholeAnswer | None = None, summarized: Whole | None = None) -> pd.DataFrame:
     """Answer a question: from the summaries when they can (`minute` over a relation shaped like
-    summary_minute; `whole`, or `whole_answer`, without a time range; `ranged`, the rows helped by the
-    summaries), else `rows` over the requests with the filters' condition. Each builder is a function of
-    what it reads; `params` are the question's own, bound by name beside the filters' `$filter_*`."""
+    summary_minute; `whole`, or `whole_answer`, without a time range; `summarized`, under any filter, the
+    filters' condition over summary tables `c`; `ranged`, the rows helped by the summaries), else `rows` over
+    the requests with the filters' condition. Each builder is a function of what it reads; `params` are the
+    question's own, bound by name beside the filters' `$filter_*`."""
     with store.read() as con:
         if whole_answer is not None and whole_from_summaries(con, filters):
             return whole_answer(con, *summary.named_dimension_where(filters))
-        return ask(con, rows, filters, params, minute=minute, whole=whole, ranged=ranged).df()
+        return ask(con, rows, filters, params, minute=minute, whole=whole, ranged=ranged,
+                   summarized=summarized).df()
 
 
 def whole_from_summaries(con: Any, filters: Filters) -> bool:
@@ -84,7 +86,8 @@ def whole_from_summaries(con: Any, filters: Filters) -> bool:
 
 
 def ask(con: Any, rows: Rows, filters: Filters, params: dict[str, Any] | None = None, *,
-        minute: Minutes | None = None, whole: Whole | None = None, ranged: Ranged | None = None) -> Any:
+        minute: Minutes | None = None, whole: Whole | None = None, ranged: Ranged | None = None,
+        summarized: Whole | None = None) -> Any:
     """Run the question's best builder (as `df` chooses) and return the cursor."""
     params = dict(params or {})
     where, where_params = filters.named_where()
@@ -94,6 +97,9 @@ def ask(con: Any, rows: Rows, filters: Filters, params: dict[str, Any] | None = 
     elif whole is not None and whole_from_summaries(con, filters):
         dims, dim_params = summary.named_dimension_where(filters)
         sql, params = whole(dims), params | dim_params
+    elif summarized is not None and summary.ready(con):
+        over, over_params = filters.named_where("c")
+        sql, params = summarized(over), params | over_params
     elif ranged is not None and summary.ready(con):
         source, where, source_params = minute_source(filters)
         sql, params = ranged(source, where), params | source_params

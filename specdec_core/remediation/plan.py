@@ -20,6 +20,7 @@ import pandas as pd
 
 from specdec_core.analysis.query import NO_FILTERS, Filters, df
 from specdec_core.contract.names import DEFAULT_KEY_TEMPLATE
+from specdec_core.derived.summaries import key_hash
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
@@ -126,6 +127,32 @@ ORDER BY first_contaminated NULLS LAST, first_seen, deployment, cache_key
 """
 
 
+def plan_ranged_sql(where: str) -> str:
+    """The same keys with a time range (`where`: the filters over the summaries, `c`), from the time-ordered
+    summaries: each key's identities and first and last use from summary_request_keys (their 64-bit hashes,
+    named again from summary_keys), its contaminated hits from summary_contaminated. The rows' join with
+    hit_sources took 1.9-2.4 s at 20M rows for two hours of them."""
+    return f"""
+WITH used AS (
+    SELECT c.deployment, c.key_hash, count(DISTINCT c.identity_hash) AS identities,
+           min(c.ts) AS first_seen, max(c.ts) AS last_seen
+    FROM summary_request_keys c WHERE {where} GROUP BY ALL
+), hits AS (
+    SELECT c.deployment, c.cache_key, count(*) AS contaminated_hits, min(c.ts) AS first_contaminated
+    FROM summary_contaminated c WHERE {where} AND c.cache_key IS NOT NULL GROUP BY ALL
+), named AS (
+    SELECT DISTINCT c.deployment, c.cache_key, {key_hash("c.deployment", "c.cache_key")} AS key_hash
+    FROM summary_keys c WHERE c.cache_key IS NOT NULL
+), k AS (SELECT n.deployment, n.cache_key, u.identities, u.first_seen, u.last_seen FROM used u JOIN named n
+         USING (deployment, key_hash))
+SELECT k.deployment, k.cache_key, k.identities, coalesce(hits.contaminated_hits, 0) AS contaminated_hits,
+       hits.first_contaminated, k.first_seen, k.last_seen
+FROM k LEFT JOIN hits USING (deployment, cache_key)
+WHERE hits.contaminated_hits > 0 OR k.identities > 1
+ORDER BY first_contaminated NULLS LAST, first_seen, deployment, cache_key
+"""
+
+
 def _instant(value: Any) -> datetime | None:
     if value is None or value is pd.NaT or (not isinstance(value, str) and pd.isna(value)):
         return None
@@ -137,7 +164,7 @@ def purge_plan(store: Store, filters: Filters = NO_FILTERS,
                key_template: str = DEFAULT_KEY_TEMPLATE) -> list[PlanEntry]:
     """The keys to remove, in order of their first contaminated hit (collisions last, by first use)."""
     check_key_template(key_template)
-    rows = df(store, plan_sql, filters, whole=plan_whole_sql)
+    rows = df(store, plan_sql, filters, whole=plan_whole_sql, summarized=plan_ranged_sql)
     entries = []
     for row in rows.itertuples(index=False):
         hits = int(row.contaminated_hits)
