@@ -426,7 +426,7 @@ def named_minute_source(filters: Any, row_where: tuple[str, dict[str, Any]]) -> 
 def _kept_edges(sql: str, params: dict[str, Any]) -> str | None:
     """The table holding `sql`'s rows, made once per state of a DuckDB file being read (schema.READ_EDGES);
     None elsewhere (a write, a lake). Every question of a page with a time range aggregates the same cut
-    minutes from the rows: at 20M rows not in time order, 0.3-0.6 s each, a dozen times a page."""
+    minutes from the rows: at 20M rows not in time order, 0.6-1.9 s each, a dozen times a page."""
     told = READ_EDGES.get()
     if told is None:
         return None
