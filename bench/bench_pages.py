@@ -51,9 +51,13 @@ def build_db(rows: int, out: Path, rebuild: bool) -> Store:
     return db
 
 
-def render(page: str, request_id: str = "") -> tuple[float, float]:
-    """Seconds for the page's first render with an empty data cache, then for a rerun."""
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
+def render(page: str, request_id: str = "", time_range: tuple[str, str] | None = None) -> tuple[float, float]:
+    """Seconds for the page's first render with an empty data cache, then for a rerun; `time_range`: the
+    sidebar's range, as a link gives it (?start=&end=, RFC 3339)."""
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
+    if time_range:
+        at.query_params["start"], at.query_params["end"] = time_range
+    at.run()
     if page != "overview":
         at.switch_page(f"pages/{page}.py")
     if page == "search":  # the page takes its query from the address (?q=), as a link or Back gives it

@@ -16,7 +16,8 @@ a local SQLite catalog and its files beside it), in this order:
 - each `specdec stats` question (the dashboard's figures) and each `specdec impact` answer: first call
   and median of three, in this process;
 - each page's first render (Streamlit's AppTest, data cache cleared, no model registry: no models loading
-  beside it), in this process;
+  beside it), in this process; then again, in turn, with a time range whose ends cut minutes (the middle
+  half of the log, as the slider's steps or a box dragged on a chart leave it);
 - one metrics scrape (a fresh exporter, its first scrape, then one on an unchanged store);
 - `specdec report` of the whole store (CSV), in a fresh process;
 - appending 20,000 live lines, in a fresh process, beside the same lines into an empty store of that kind;
@@ -123,7 +124,20 @@ def questions(store) -> dict[str, tuple[float, float]]:
     return {name: first_and_median(ask) for name, ask in asks.items()}
 
 
-def pages(store, db: str) -> dict[str, float]:
+def middle_half(store) -> tuple[str, str]:
+    """The middle half of the log's time span, its ends 30 s past a minute and 31 s before one."""
+    from datetime import timedelta
+
+    from specdec_core.analysis import filter_options
+
+    options = filter_options(store)
+    quarter = (options.end - options.start) / 4
+    start = (options.start + quarter).replace(second=30, microsecond=0)
+    end = (options.end - quarter).replace(second=29, microsecond=0) - timedelta(minutes=1)
+    return start.strftime("%Y-%m-%dT%H:%M:%SZ"), end.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pages(store, db: str, time_range: tuple[str, str] | None = None) -> dict[str, float]:
     from bench_pages import PAGES, render
 
     from specdec_core.analysis import suspicious_requests
@@ -135,7 +149,7 @@ def pages(store, db: str) -> dict[str, float]:
     empty.write_text("")
     os.environ["SPECDEC_CONFIG"] = str(empty)
     request_id = str(suspicious_requests(store, 1).request_id.iloc[0])
-    return {page: render(page, request_id)[0] for page in PAGES}
+    return {page: render(page, request_id, time_range)[0] for page in PAGES}
 
 
 def scrape(db: str) -> dict[str, float]:
@@ -198,6 +212,7 @@ def measure(rows: int, kind: str, files: list[Path], work: Path, follow_seconds:
     fig["questions"] = questions(store)
     print(f"  {kind} {rows:,}: questions done", flush=True)
     fig["pages"] = pages(store, db)
+    fig["pages_range"] = pages(store, db, middle_half(store))
     print(f"  {kind} {rows:,}: pages done", flush=True)
     fig["scrape"] = scrape(db)
     fig["report_s"] = report(db, work)
@@ -232,6 +247,8 @@ def show(results: list[dict]) -> None:
             line(f"{q} (median)", lambda r, q=q: r["questions"][q][1], "{:.3f}")
         for p in small["pages"]:
             line(f"page {p} (cold)", lambda r, p=p: r["pages"][p])
+        for p in small.get("pages_range", {}):
+            line(f"page {p}, time range", lambda r, p=p: r.get("pages_range", {}).get(p))
         for s in small["scrape"]:
             line(s, lambda r, s=s: r["scrape"][s], "{:.3f}")
         line("specdec report (s)", lambda r: r["report_s"], "{:.1f}")
@@ -241,7 +258,7 @@ def show(results: list[dict]) -> None:
         line("follow lag p50 (s)", lambda r: r["lag p50"], "{:.1f}")
         line("follow lag max (s)", lambda r: r["lag max"], "{:.1f}")
         largest = by[(kind, sizes[-1])]
-        worst_page = max(largest["pages"].values())
+        worst_page = max([*largest["pages"].values(), *largest.get("pages_range", {}).values()])
         worst_question = max(max(v) for v in largest["questions"].values())
         print(f"  at {sizes[-1]:,}: slowest page {worst_page:.2f} s (target < {TARGETS['page']} s), slowest question "
               f"{worst_question:.3f} s (< {TARGETS['question']} s), lag max {largest['lag max']:.1f} s "
