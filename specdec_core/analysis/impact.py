@@ -130,9 +130,9 @@ VIOLATION = "r.output_tokens > r.max_tokens"  # an output longer than its reques
 def _by_rows_sql(col: str, where: str) -> str:
     return f"""
 SELECT {col} AS value, count(*) AS requests, count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
-       count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS length_violations,
-       min(r.ts) FILTER (WHERE h.contaminated OR r.output_tokens > r.max_tokens) AS first,
-       max(r.ts) FILTER (WHERE h.contaminated OR r.output_tokens > r.max_tokens) AS last
+       count(*) FILTER (WHERE {VIOLATION}) AS length_violations,
+       min(r.ts) FILTER (WHERE h.contaminated OR {VIOLATION}) AS first,
+       max(r.ts) FILTER (WHERE h.contaminated OR {VIOLATION}) AS last
 FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where} GROUP BY ALL
 """
 
@@ -282,9 +282,9 @@ def _over_time_rows_sql(where: str) -> str:
     return f"""
 SELECT time_bucket(CAST($bucket AS INTERVAL), r.ts) AS bucket, coalesce(r.consumer, '') AS consumer,
        count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
-       count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS length_violations
+       count(*) FILTER (WHERE {VIOLATION}) AS length_violations
 FROM requests r LEFT JOIN hit_sources h USING (request_id)
-WHERE {where} AND (h.contaminated OR r.output_tokens > r.max_tokens) GROUP BY ALL ORDER BY bucket, consumer
+WHERE {where} AND (h.contaminated OR {VIOLATION}) GROUP BY ALL ORDER BY bucket, consumer
 """
 
 
@@ -329,7 +329,7 @@ SELECT r.request_id, r.ts, CASE WHEN c.request_id IS NOT NULL THEN 'contaminated
        coalesce(c.differing_fields, h.differing_fields) AS differing_fields, r.target_model, r.draft_model,
        r.max_tokens, r.output_tokens, left(r.output_text, 200) AS output_preview
 FROM r LEFT JOIN c USING (request_id) LEFT JOIN h USING (request_id) LEFT JOIN s ON s.request_id = h.source_request_id
-WHERE c.request_id IS NOT NULL OR r.output_tokens > r.max_tokens
+WHERE c.request_id IS NOT NULL OR {VIOLATION}
 ORDER BY r.ts, r.request_id
 """
 
@@ -343,7 +343,7 @@ SELECT r.request_id, r.ts, CASE WHEN h.contaminated THEN 'contaminated_hit' ELSE
        coalesce(s.experiment, '') AS served_from, h.differing_fields, r.target_model, r.draft_model,
        r.max_tokens, r.output_tokens, left(r.output_text, 200) AS output_preview
 FROM requests r LEFT JOIN hit_sources h USING (request_id) LEFT JOIN requests s ON s.request_id = h.source_request_id
-WHERE {where} AND coalesce(r.consumer, '') = $consumer AND (h.contaminated OR r.output_tokens > r.max_tokens)
+WHERE {where} AND coalesce(r.consumer, '') = $consumer AND (h.contaminated OR {VIOLATION})
 ORDER BY r.ts, r.request_id
 """
 

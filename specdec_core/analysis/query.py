@@ -4,7 +4,6 @@ the filtered window); filters choose which hits are shown."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,7 +13,7 @@ import pandas as pd
 
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
-from specdec_core.store.sql import deployment_label
+from specdec_core.store.sql import deployment_label, named_params
 
 
 @dataclass(frozen=True)
@@ -118,8 +117,7 @@ def minute_source(filters: Filters) -> tuple[str, str, dict[str, Any]]:
 
 def execute(con: Any, sql: str, params: dict[str, Any]) -> Any:
     """`sql` with the parameters it names: DuckDB refuses any it does not."""
-    named = set(re.findall(r"\$(\w+)", sql))
-    return con.execute(sql, {name: value for name, value in params.items() if name in named})
+    return con.execute(sql, named_params(sql, params))
 
 
 # The requests `r` a first query chose by id (a page's first rows, found from the summaries): bound as a list,

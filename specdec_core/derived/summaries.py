@@ -38,7 +38,6 @@ the tests hold every summary answer equal to the row answer.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -58,7 +57,7 @@ from specdec_core.store.schema import (
     VERSION_SQL,
     current_version_sql,
 )
-from specdec_core.store.sql import deployment_label, partition_of
+from specdec_core.store.sql import deployment_label, named_params, partition_of
 
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)
@@ -437,7 +436,7 @@ def _kept_edges(sql: str, params: dict[str, Any]) -> str | None:
     if told is None:
         return None
     con, kept, lock = told
-    named = {k: v for k, v in params.items() if re.search(rf"\${k}\b", sql)}
+    named = named_params(sql, params)
     key = (sql, tuple(sorted((k, repr(v)) for k, v in named.items())))
     with lock:
         if key not in kept:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+from typing import Any
 
 import duckdb
 
@@ -39,6 +41,12 @@ def partition_of(deployment: str) -> str:
 
 def _column(alias: str | None, name: str) -> str:
     return f"{alias}.{name}" if alias else name
+
+
+def named_params(sql: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters `sql` names ($name): DuckDB refuses any it does not."""
+    named = set(re.findall(r"\$(\w+)", sql))
+    return {name: value for name, value in params.items() if name in named}
 
 
 def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | dict | None = None):
