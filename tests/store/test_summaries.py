@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import duckdb
 import pandas as pd
@@ -305,6 +306,9 @@ def test_a_time_ranges_cut_minutes_are_read_once_per_state_and_again_after_a_wri
     assert kept() == 0
     first = answers()
     assert first[0].requests == 420 and kept() == 1  # both questions, one aggregate
+    # The same instants with another UTC (a page's sidebar gave pytz's): the same aggregate, not one more.
+    same = Filters(start=cut.start.astimezone(ZoneInfo("UTC")), end=cut.end.astimezone(ZoneInfo("UTC")))
+    assert analysis.headline(store, same) == first[0] and kept() == 1
     ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("late", ts="2026-03-01T10:00:45Z", cache_key="K1",
                                                               cache_hit=True, seed=DROP, __unknown__=["seed"])]))])
     second = answers()
