@@ -10,6 +10,7 @@ from specdec_core.analysis.query import (
     HITS,
     NO_FILTERS,
     Filters,
+    Histogram,
     df,
     draft_label,
     over_time,
@@ -141,16 +142,22 @@ GROUP BY ALL ORDER BY outcome
 """
 
 
-def _latency_from_histogram(con: Any, dims: str, params: dict[str, Any]) -> pd.DataFrame:
-    source = ("(SELECT CASE WHEN c.cache_hit THEN 'hit' ELSE 'miss' END AS key, c.value, c.n "
-              f"FROM summary_latency c WHERE {dims})")
+def _latency_from_histogram(con: Any, source: str, params: dict[str, Any]) -> pd.DataFrame:
     s = histogram_quantiles(con, source, params, {"p50_ms": 0.5, "p95_ms": 0.95})
     return pd.DataFrame({"outcome": s["key"], "requests": s["total"], "mean_ms": s["mean"], "p50_ms": s["p50_ms"],
                          "p95_ms": s["p95_ms"]})
 
 
 def latency_hit_vs_miss(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
-    return df(store, latency_hit_vs_miss_sql, filters, whole_answer=_latency_from_histogram)
+    return df(store, latency_hit_vs_miss_sql, filters, histogram=_LATENCY)
+
+
+_OUTCOME = "CASE WHEN {}.cache_hit THEN 'hit' ELSE 'miss' END AS key"
+_LATENCY = Histogram(
+    whole=lambda dims: f"(SELECT {_OUTCOME.format('c')}, c.value, c.n FROM summary_latency c WHERE {dims})",
+    rows=lambda where: (f"(SELECT {_OUTCOME.format('r')}, r.latency_ms AS value, count(*) AS n FROM requests r "
+                        f"WHERE {where} AND r.latency_ms IS NOT NULL GROUP BY ALL)"),
+    answer=_latency_from_histogram)
 
 
 def acceptance_rate(accepted_tokens: float | None, draft_tokens: float | None) -> float | None:

@@ -10,6 +10,7 @@ from specdec_core.analysis.query import (
     CHOSEN_ROWS,
     NO_FILTERS,
     Filters,
+    Histogram,
     ask,
     chosen_rows,
     chosen_verdicts,
@@ -34,8 +35,7 @@ GROUP BY ALL ORDER BY r.max_tokens
 """
 
 
-def _lengths_from_histogram(con: Any, dims: str, params: dict[str, Any]) -> pd.DataFrame:
-    source = f"(SELECT c.max_tokens AS key, c.value, c.n FROM summary_lengths c WHERE {dims})"
+def _lengths_from_histogram(con: Any, source: str, params: dict[str, Any]) -> pd.DataFrame:
     s = histogram_quantiles(con, source, params, {"q1": 0.25, "median": 0.5, "q3": 0.75}, count_above_key=True)
     return pd.DataFrame({"max_tokens": s["key"], "requests": s["total"], "min": s["min"], "q1": s["q1"],
                          "median": s["median"], "q3": s["q3"], "max": s["max"], "violations": s["above_key"]})
@@ -43,7 +43,14 @@ def _lengths_from_histogram(con: Any, dims: str, params: dict[str, Any]) -> pd.D
 
 def output_length_by_max_tokens(store: Store, filters: Filters = NO_FILTERS) -> pd.DataFrame:
     """Distribution of output tokens per max_tokens (box statistics), with violation counts."""
-    return df(store, output_length_by_max_tokens_sql, filters, whole_answer=_lengths_from_histogram)
+    return df(store, output_length_by_max_tokens_sql, filters, histogram=_LENGTHS)
+
+
+_LENGTHS = Histogram(
+    whole=lambda dims: f"(SELECT c.max_tokens AS key, c.value, c.n FROM summary_lengths c WHERE {dims})",
+    rows=lambda where: ("(SELECT r.max_tokens AS key, r.output_tokens AS value, count(*) AS n "
+                        f"FROM requests r WHERE {where} GROUP BY ALL)"),
+    answer=_lengths_from_histogram)
 
 
 def length_violations_sql(where: str) -> str:

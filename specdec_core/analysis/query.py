@@ -60,21 +60,35 @@ Rows = Callable[[str], str]
 Minutes = Callable[[str], str]
 Whole = Callable[[str], str]
 Ranged = Callable[[str, str], str]
-# Answers a question without a time range from the summaries: (connection, dims condition, its params).
-WholeAnswer = Callable[[Any, str, dict[str, Any]], pd.DataFrame]
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A question answered from a histogram relation (`key`, `value`, `n`): `whole` builds it from a summary
+    under the filters other than time (a condition over `c`), `rows` from the requests the filters pick (over
+    `requests r`, time included), and `answer` (connection, relation, params) reads it. Under a time range
+    the rows' GROUP BY reads two columns where quantile_cont sorted every value of each group: the output
+    lengths of half a 20M-row log 0.64 -> 0.08 s, the buffers warm."""
+    whole: Whole
+    rows: Rows
+    answer: Callable[[Any, str, dict[str, Any]], pd.DataFrame]
 
 
 def df(store: Store, rows: Rows, filters: Filters, params: dict[str, Any] | None = None, *,
        minute: Minutes | None = None, whole: Whole | None = None, ranged: Ranged | None = None,
-       whole_answer: WholeAnswer | None = None, summarized: Whole | None = None) -> pd.DataFrame:
+       histogram: Histogram | None = None, summarized: Whole | None = None) -> pd.DataFrame:
     """Answer a question: from the summaries when they can (`minute` over a relation shaped like
-    summary_minute; `whole`, or `whole_answer`, without a time range; `summarized`, under any filter, the
+    summary_minute; `whole` without a time range; `histogram`, under any filter; `summarized`, under any filter, the
     filters' condition over summary tables `c`; `ranged`, the rows helped by the summaries), else `rows` over
     the requests with the filters' condition. Each builder is a function of what it reads; `params` are the
     question's own, bound by name beside the filters' `$filter_*`."""
     with store.read() as con:
-        if whole_answer is not None and whole_from_summaries(con, filters):
-            return whole_answer(con, *summary.named_dimension_where(filters))
+        if histogram is not None and summary.ready(con):
+            if whole_from_summaries(con, filters):
+                dims, params = summary.named_dimension_where(filters)
+                return histogram.answer(con, histogram.whole(dims), params)
+            where, params = filters.named_where()
+            return histogram.answer(con, histogram.rows(where), params)
         return ask(con, rows, filters, params, minute=minute, whole=whole, ranged=ranged,
                    summarized=summarized).df()
 
