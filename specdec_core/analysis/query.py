@@ -78,17 +78,18 @@ def df(store: Store, rows: Rows, filters: Filters, params: dict[str, Any] | None
        minute: Minutes | None = None, whole: Whole | None = None, ranged: Ranged | None = None,
        histogram: Histogram | None = None, summarized: Whole | None = None) -> pd.DataFrame:
     """Answer a question: from the summaries when they can (`minute` over a relation shaped like
-    summary_minute; `whole` without a time range; `histogram`, under any filter; `summarized`, under any filter, the
-    filters' condition over summary tables `c`; `ranged`, the rows helped by the summaries), else `rows` over
-    the requests with the filters' condition. Each builder is a function of what it reads; `params` are the
-    question's own, bound by name beside the filters' `$filter_*`."""
+    summary_minute; `whole` without a time range; `histogram` under any filter; `summarized`, under any
+    filter, the filters' condition over summary tables `c`; `ranged`, the rows helped by the summaries), else
+    `rows` over the requests with the filters' condition. Each builder is a function of what it reads;
+    `params` are the question's own, bound by name beside the filters' `$filter_*` (a histogram reads only
+    the filters')."""
     with store.read() as con:
         if histogram is not None and summary.ready(con):
             if whole_from_summaries(con, filters):
-                dims, params = summary.named_dimension_where(filters)
-                return histogram.answer(con, histogram.whole(dims), params)
-            where, params = filters.named_where()
-            return histogram.answer(con, histogram.rows(where), params)
+                dims, dim_params = summary.named_dimension_where(filters)
+                return histogram.answer(con, histogram.whole(dims), dim_params)
+            where, where_params = filters.named_where()
+            return histogram.answer(con, histogram.rows(where), where_params)
         return ask(con, rows, filters, params, minute=minute, whole=whole, ranged=ranged,
                    summarized=summarized).df()
 
