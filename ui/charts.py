@@ -150,12 +150,12 @@ def _add_marks(layout: Any, shapes: list[dict], labels: list[dict]) -> None:
     facet label into itself (0.23 s of a chart's 0.5 s). Built above from fixed keys and MARK_STYLES, they
     are valid: the tests' figures go through plotly's checks (tests/dashboard/test_charts_annotations_search.py)."""
     before = (tuple(layout.shapes), tuple(layout.annotations))
-    layout._validate = False
+    checked, layout._validate = layout._validate, False
     try:
         layout.shapes = [*before[0], *shapes]
         layout.annotations = [*before[1], *labels]
     finally:
-        layout._validate = True
+        layout._validate = checked
 
 
 def _merged(notes: list[tuple[float, str, dict]], ms_per_px: float) -> list[tuple[float, str, dict]]:
