@@ -25,23 +25,17 @@ figure.update_yaxes(tickformat=".0%")
 st.plotly_chart(ui.readable_layout(ui.fit_value_axes(figure)), key="hit_rate_by_combination", config=ui.CHART_CONFIG)
 
 st.subheader("Hit rate over time, per deployment")
-MAX_PANELS = 12
 # Smoothed by default: bucket by bucket, a few requests per combination make each line a comb.
 smoothing = st.select_slider("Smoothing (trailing buckets)", analysis.SMOOTHING_WINDOWS, value=5,
                              key="hit_rate_smoothing", format_func=lambda n: "off" if n == 1 else f"{n} buckets")
 bucket = ui.cached(analysis.time_bucket, filters=filters)
 over_time = ui.cached(analysis.hit_rate_by_deployment_over_time, filters=filters, bucket=bucket,
                       smoothing=smoothing)
-# A panel per deployment, at most MAX_PANELS of them: fifty panels are a chart taller than seven screens that
-# nobody reads (and plotly takes seconds to build it). The deployments shown are those with the most
-# contaminated hits, then the busiest; the sidebar's deployment filter chooses any others.
+# A panel per deployment (at most MAX_PANELS, ui/charts.py): those with the most contaminated hits, then the busiest.
 contaminated = {s.deployment: s.contaminated_hits for s in ui.cached(analysis.contamination_status, filters=filters)}
 requests = over_time.groupby("deployment").requests.sum()
 ranked = sorted(requests.index, key=lambda d: (-contaminated.get(d, 0), -requests[d], d))
-if len(ranked) > MAX_PANELS:
-    st.caption(f"The {MAX_PANELS} deployments with the most contaminated hits, then requests, of {len(ranked)}: "
-               "the sidebar's deployment filter shows any others.")
-    over_time = over_time[over_time.deployment.isin(ranked[:MAX_PANELS])]
+over_time = over_time[over_time.deployment.isin(ui.shown_panels(ranked, "the most contaminated hits, then requests"))]
 over_time = over_time.assign(combination=over_time.combination.map(ui.plot_label),
                              label=[ui.plot_label(ui.deployment_label(d)) for d in over_time.deployment])
 deployments = over_time.deployment.nunique()

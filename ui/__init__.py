@@ -25,6 +25,7 @@ from ui.charts import (
     point_time,
     readable_layout,
     show_point_rows,
+    shown_panels,
     time_chart,
 )
 from ui.format import (
@@ -91,6 +92,6 @@ __all__ = [
     "deployment_label", "empty_state", "entrypoint", "filter_slug", "filters", "fmt_duration", "fmt_int", "fmt_pct",
     "SHOWN_APART", "fmt_ts", "value_text", "has_data", "md_escape", "operator_stores", "page_header", "page_link", "panel_spacing",
     "plot_label", "point_deployment", "point_time", "readable_layout", "replay_url", "request_table", "request_url",
-    "require_data", "short_digest", "show_point_rows", "store", "time_chart", "TIME_FORMAT", "columns_for", "header",
+    "require_data", "short_digest", "show_point_rows", "shown_panels", "store", "time_chart", "TIME_FORMAT", "columns_for", "header",
     "table", "TIME_FORMAT_D3", "view_params", "LINKED_ONLY", "request_link_column", "side_by_side",
 ]

@@ -86,6 +86,20 @@ def _axis_name(axis: str) -> str:
     return f"{axis[0]}axis{axis[1:]}"
 
 
+# A chart with a panel per deployment shows at most MAX_PANELS of them: fifty panels are a chart taller than
+# seven screens that nobody reads (and plotly takes seconds to build it).
+MAX_PANELS = 12
+
+
+def shown_panels(ranked: list[str], most: str) -> list[str]:
+    """The deployments a chart with a panel each shows: the first MAX_PANELS of `ranked` (those with `most`
+    first), said in a caption when others are left out; the sidebar's deployment filter chooses any others."""
+    if len(ranked) > MAX_PANELS:
+        st.caption(f"The {MAX_PANELS} deployments with {most}, of {len(ranked)}: the sidebar's deployment "
+                   "filter shows any others.")
+    return ranked[:MAX_PANELS]
+
+
 def panel_spacing(panels: int, panel_px: int) -> float:
     """facet_row_spacing that leaves about 30 px between panels of `panel_px` each: room for the labels of a
     panel's marks (annotate), which sit above it and ran into the bars of the panel above at plotly's 3%."""

@@ -66,6 +66,23 @@ def test_hit_rate_over_time_shows_twelve_panels_the_contaminated_deployments_fir
     assert any("12 deployments with the most contaminated hits, then requests, of 14" in c for c in texts(at, "caption"))
 
 
+def test_the_contamination_timeline_shows_twelve_panels_the_most_contaminated_first(monkeypatch, tmp_path):
+    # Fourteen contaminated deployments, d13 the most (14 hits), d00 the least (1): the table lists all of
+    # them, the chart the twelve with the most.
+    records = []
+    for d in range(14):
+        records.append(rec(f"m{d}", deployment=f"d{d:02d}", cache_key=f"K{d}", max_tokens=64))
+        records += [rec(f"h{d}-{i}", ts=f"2026-03-01T10:{i + 1:02d}:00Z", deployment=f"d{d:02d}", cache_key=f"K{d}",
+                        cache_hit=True, max_tokens=8) for i in range(d + 1)]
+    at = open_app(monkeypatch, build_db(tmp_path, records))
+    panels = [a["text"] for a in figure(at, "contamination_timeline")["layout"]["annotations"]
+              if re.fullmatch(r"d\d\d", a["text"])]
+    assert sorted(panels) == [f"d{d:02d}" for d in range(2, 14)], "the twelve most contaminated"
+    assert any("12 deployments with the most contaminated hits, of 14" in c for c in texts(at, "caption"))
+    [table] = [d.value for d in at.dataframe if len(d.value) == 14]  # the window's table: every deployment
+    assert sorted(table.iloc[:, 0]) == [f"d{d:02d}" for d in range(14)]
+
+
 def test_annotations_from_the_sidebar_and_detected_contamination_mark_every_time_chart(monkeypatch, incident_db):
     at = open_app(monkeypatch, incident_db)
     at.sidebar.text_area(key="annotations_text").set_value(
