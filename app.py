@@ -203,8 +203,15 @@ def time_range(options: analysis.FilterOptions) -> tuple:
     if zoom is not None:  # a box dragged across a time chart
         st.session_state["f_time"] = (max(zoom[0], start), min(zoom[1], end))
     chosen = st.session_state.get("f_time")
+    last = st.session_state.get(TIME_SPAN_KEY)
+    if chosen and last and last != (start, end):  # the store changed: a handle at an end stays at that end
+        chosen = (start if chosen[0] <= last[0] else chosen[0], end if chosen[1] >= last[1] else chosen[1])
     if not chosen or chosen[0] < start or chosen[1] > end or chosen[0] > chosen[1]:
-        st.session_state["f_time"] = (start, end)
+        chosen = (start, end)
+    # Set on every run, as keep_valid sets the lists, not only when it changes: a run that a click cut short
+    # before the slider reached the browser (a slow first load of a link) left the browser to draw it at its
+    # default, the whole span, and send that back with the next rerun as if chosen: the link's range was lost.
+    st.session_state["f_time"], st.session_state[TIME_SPAN_KEY] = chosen, (start, end)
     step = max(timedelta(seconds=1), timedelta(seconds=round((end - start).total_seconds() / 1000)))
     # The one timestamp format (ui.TIME_FORMAT); over a single day the date goes in the label, once: two
     # whole timestamps over the handles ran past the sidebar's edge when the handles came close.
@@ -230,6 +237,7 @@ def time_range(options: analysis.FilterOptions) -> tuple:
 QUICK_RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "6h": timedelta(hours=6),
                 "24h": timedelta(hours=24), "all": None}
 QUICK_KEY = "quick_range"
+TIME_SPAN_KEY = "_time_span"  # the slider's span in the last run: a store that grows moves the handles at its ends
 
 
 def quick_range(start: datetime, end: datetime) -> None:

@@ -15,6 +15,7 @@ from dashboard_data import HOSTILE_DEPLOYMENTS, build_db, incident_records
 from helpers import rec, write_jsonl
 
 from specdec_core import analysis
+from specdec_core.ingestion.load import ingest
 from specdec_core.replay import jobs
 from specdec_core.replay.stored import StoredReplay
 from specdec_core.store.connection import Store
@@ -321,3 +322,22 @@ def test_deployments_are_listed_by_name_on_every_page(monkeypatch, tmp_path):
     at.switch_page("pages/cache.py").run()
     spec = figures(at)["first_sight_hits"]
     assert list(reversed(spec["layout"]["yaxis"]["categoryarray"])) == ["a-late", "prod", "staging"]
+
+
+def test_every_run_sends_the_browser_the_time_range_and_a_growing_store_moves_only_the_handles_at_its_ends(
+        monkeypatch, tmp_path):
+    """A run cut short by a click before its slider reached the browser (a slow first load of a link) left the
+    next run's slider without a value: the browser drew its default, the whole span, and sent it back as chosen.
+    Rows loaded later move a handle at the end, not one the link put inside."""
+    db = build_db(tmp_path, incident_records())
+    at = open_app(monkeypatch, db, start="2026-03-01T10:05:00Z")
+    for _ in range(2):  # the run that read the link, then a later one of the same view
+        slider = at.slider(key="f_time")
+        assert slider.proto.set_value, "the browser is left to draw the slider at its default"
+        assert list(slider.proto.value) != list(slider.proto.default)
+        assert slider.value[0] == datetime(2026, 3, 1, 10, 5, tzinfo=timezone.utc)
+        at.run()
+    ingest(Store(db), [str(write_jsonl(tmp_path / "later.jsonl", [rec("late", ts="2026-03-01T12:00:00Z")]))])
+    at.run()
+    assert at.slider(key="f_time").value == (datetime(2026, 3, 1, 10, 5, tzinfo=timezone.utc),
+                                             datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc))
