@@ -455,6 +455,7 @@ except ValueError as exc:
 st.session_state[ui.PRELOAD_KEY] = model_preload(ui.store().name) if preload else None
 
 partial_load_warning()
+ui.freeze_what_is_loaded()
 
 with ui.entrypoint():
     navigation.run()
