@@ -67,9 +67,8 @@ def _linked_rows(rng: random.Random, n: int) -> list[dict]:
 def _derived(con: duckdb.DuckDBPyConnection) -> dict[str, pd.DataFrame]:
     con.execute("SET TimeZone = 'UTC'")
     out = {}
-    for name, sql in _TABLES.items():
-        frame = con.execute(sql).df()
-        out[name] = frame.sort_values(list(frame.columns), na_position="first").reset_index(drop=True)
+    for name, sql in _TABLES.items():  # sorted by DuckDB: pandas' sort of every column took a fifth of the module
+        out[name] = con.execute(f"SELECT * FROM ({sql}) ORDER BY ALL NULLS FIRST").df()
     for ids, of in (("key_id", "deployment, cache_key"), ("fp_id", "fingerprint")):
         # A number names one key (identity) and each key (identity) has one number.
         assert con.execute(f"SELECT count(DISTINCT {ids}) = count(DISTINCT ({of})) FROM summary_keys").fetchall() == [
