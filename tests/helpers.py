@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import signal
 import socket
@@ -15,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from forked_cli import run_forked
+from forked_cli import STARTUP_PREFIXES, run_forked
 
 from specdec_core.contract import DecodeRequest, DecodeResult, fingerprint
 from specdec_core.derived.hit_sources import last_miss_sql
@@ -94,6 +95,15 @@ def sigint_default() -> None:
     A shell starts background jobs with SIGINT ignored, and Python installs no KeyboardInterrupt handler in a
     process that starts so: the child would ignore the test's SIGINT."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def bare_env(**extra: str) -> dict[str, str]:
+    """A user's bare environment for a command (a short PATH, the model hub offline, `extra`), with the
+    interpreter settings the suite runs under (forked_cli.STARTUP_PREFIXES): the command is then forked as the
+    others are, and its torch keeps to the worker's one thread (a new interpreter with none ran two, spinning,
+    for 2.5x the CPU of the same replay)."""
+    startup = {k: v for k, v in os.environ.items() if k.startswith(STARTUP_PREFIXES)}
+    return {**startup, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **extra}
 
 
 def run_cli(*args: str, timeout: float = 300, **kwargs: Any) -> subprocess.CompletedProcess[str]:

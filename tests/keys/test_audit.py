@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -39,8 +38,6 @@ from specdec_core.contract import NON_IDENTITY_FIELDS
 from specdec_core.keys import dict_key_adapter
 from specdec_core.keys.audit import KeyAuditError, audit_key_function
 from specdec_core.testing import assert_key_covers
-
-REPO = Path(__file__).resolve().parents[2]
 
 # A generic request with one field of each shape the auditor has to change.
 EXAMPLE: dict[str, Any] = {
@@ -287,7 +284,7 @@ def cli_dir(tmp_path: Path) -> Path:
 
 
 def _specdec(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_cli("audit-key", *args, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return run_cli("audit-key", *args, cwd=cwd)
 
 
 def test_cli_exits_0_with_a_clean_json_object(cli_dir):

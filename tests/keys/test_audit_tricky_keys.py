@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
 import subprocess
 import uuid
@@ -16,8 +15,6 @@ import pytest
 from helpers import run_cli
 
 from specdec_core.keys.audit import INSTABILITY_KINDS, audit_key_function
-
-REPO = Path(__file__).resolve().parents[2]
 
 # A chat request: equal strings ("user", "hi") repeat, objects nest inside a list.
 CHAT: dict[str, Any] = {
@@ -184,7 +181,7 @@ def test_two_long_keys_that_differ_late_show_where_they_differ():
 
 
 def _specdec(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_cli("audit-key", *args, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return run_cli("audit-key", *args, cwd=cwd)
 
 
 def test_cli_rejects_a_misspelled_ignore_name_listing_the_known_fields(tmp_path):

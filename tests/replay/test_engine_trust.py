@@ -12,7 +12,7 @@ import time
 
 import pytest
 from engine_servers import FaultServer, LlamaServer, RawServer
-from helpers import rec, run_cli, write_jsonl
+from helpers import bare_env, rec, run_cli, write_jsonl
 
 from specdec_core.contract.identity import DecodeRequest
 from specdec_core.decoding.engine_client import (
@@ -83,7 +83,7 @@ def config_toml(path, engines: dict[str, str], models: dict[str, str | None], ke
 
 
 def cli_env(config, **extra: str) -> dict[str, str]:
-    return {"SPECDEC_CONFIG": str(config), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **extra}
+    return bare_env(SPECDEC_CONFIG=str(config), **extra)
 
 
 @pytest.fixture(scope="module")

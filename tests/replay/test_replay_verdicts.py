@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import DROP, rec, run_cli, write_jsonl
+from helpers import DROP, bare_env, rec, run_cli, write_jsonl
 
 from specdec_core.cache import MemoryCache
 from specdec_core.contract.identity import DecodeRequest, sha256_hex
@@ -177,7 +177,7 @@ def _registry_toml(registry) -> str:
 def test_replay_cli_prints_classification_and_json(incident_store, tiny_registry, tmp_path):
     config = tmp_path / "specdec.toml"
     config.write_text(_registry_toml(tiny_registry))
-    env = {"SPECDEC_CONFIG": str(config), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    env = bare_env(SPECDEC_CONFIG=str(config))
     done = run_cli("replay", "--db", str(incident_store.path), "--request-id", "b", "--json", env=env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["classification"] == "foreign"
