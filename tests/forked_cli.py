@@ -32,7 +32,7 @@ PRELOAD = ("numpy", "pandas", "pyarrow", "duckdb")
 STARTUP_PREFIXES = ("PYTHON", "LANG", "LC_", "OMP_", "OPENBLAS_", "MKL_")
 
 
-def _startup_settings(env: dict[str, str]) -> dict[str, str]:
+def startup_settings(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES)}
 
 
@@ -113,7 +113,7 @@ class _Server:
 
     def start(self) -> subprocess.Popen[bytes]:
         if self.proc is None or self.proc.poll() is not None:
-            self.settings = _startup_settings(dict(os.environ))
+            self.settings = startup_settings(dict(os.environ))
             self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          bufsize=0, cwd=Path(__file__).parent)
             self.pending = b""
@@ -172,7 +172,7 @@ def run_forked(args: list[str], timeout: float, cwd: Any = None, env: dict[str, 
         return None
     try:
         _SERVER.start()  # again if it died; run() then uses it
-        if _startup_settings(env) != _SERVER.settings:
+        if startup_settings(env) != _SERVER.settings:
             return None
         return _SERVER.run(args, timeout, cwd, env, input)
     finally:

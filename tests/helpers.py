@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from forked_cli import STARTUP_PREFIXES, run_forked
+from forked_cli import run_forked, startup_settings
 
 from specdec_core.contract import DecodeRequest, DecodeResult, fingerprint
 from specdec_core.derived.hit_sources import last_miss_sql
@@ -99,11 +99,10 @@ def sigint_default() -> None:
 
 def bare_env(**extra: str) -> dict[str, str]:
     """A user's bare environment for a command (a short PATH, the model hub offline, `extra`), with the
-    interpreter settings the suite runs under (forked_cli.STARTUP_PREFIXES): the command is then forked as the
+    interpreter settings the suite runs under (forked_cli.startup_settings): the command is then forked as the
     others are, and its torch keeps to the worker's one thread (a new interpreter with none ran two, spinning,
     for 2.5x the CPU of the same replay)."""
-    startup = {k: v for k, v in os.environ.items() if k.startswith(STARTUP_PREFIXES)}
-    return {**startup, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **extra}
+    return {**startup_settings(dict(os.environ)), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **extra}
 
 
 def run_cli(*args: str, timeout: float = 300, **kwargs: Any) -> subprocess.CompletedProcess[str]:
