@@ -24,7 +24,9 @@ from specdec_core.store.schema import (
 from specdec_core.store.sql import list_literal, scalar
 from specdec_core.store.working_copy import compact_after_write
 
-SCHEMA_VERSION = 2  # 2: requests.seed run-length encoded in a DuckDB file (_encode_seed)
+# 2: requests.seed run-length encoded in a DuckDB file (_encode_seed); 3: a DuckDB file written anew in DuckDB 1.5's
+# storage format (working_copy.STORAGE_VERSION), so the rows written before get its compression too.
+SCHEMA_VERSION = 3
 
 
 def is_lake(con: duckdb.DuckDBPyConnection) -> bool:
@@ -101,6 +103,8 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     if lake or stored != str(SCHEMA_VERSION):
         if stored == "1":
             _encode_seed(con)
+        elif stored == "2":
+            compact_after_write(con)
         con.execute("DELETE FROM meta WHERE key = 'schema_version'")
         con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
     if report is not None and before:  # a store that had tables: what this write changed in them
@@ -110,6 +114,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         said += [f"let requests.{c} be unknown (NULL)" for c in relaxed]
         said += [f"dropped the key of {table} (kept unique by every ingest)" for table in keyed]
         said += ["wrote requests again, its seed column run-length encoded"] if stored == "1" else []
+        said += ["wrote the store anew in DuckDB 1.5's storage format"] if stored in ("1", "2") else []
         report.extend(x for x in said if x not in report)
 
 

@@ -454,9 +454,51 @@ def test_a_store_of_schema_version_1_gets_its_seed_column_encoded_by_the_next_wr
         con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'; CHECKPOINT")
         before = con.execute("SELECT * FROM requests ORDER BY request_id").fetchall()
         assert _seed_compression(con) == {"BitPacking"}
-    assert migrate(store) == ["wrote requests again, its seed column run-length encoded"]
+    assert migrate(store) == ["wrote requests again, its seed column run-length encoded",
+                              "wrote the store anew in DuckDB 1.5's storage format"]
     with store.read() as con:
         assert _seed_compression(con) == {"RLE"}
         assert con.execute("SELECT * FROM requests ORDER BY request_id").fetchall() == before
-        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [("2",)]
+        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [("3",)]
     assert migrate(store) == []
+
+
+def _text_compression(con) -> set[str]:
+    return {c for (c,) in con.execute("SELECT DISTINCT compression FROM pragma_storage_info('requests') "
+                                      "WHERE column_name = 'output_text' AND segment_type = 'VARCHAR'").fetchall()}
+
+
+def test_a_store_in_duckdbs_older_storage_format_is_written_anew_in_1_5s_by_the_next_write(tmp_path):
+    # DuckDB writes its 1.0 format unless told otherwise; 1.5's stores a column of repeated texts (a cache hit
+    # repeats its source's output) as a dictionary of FSST strings. A store written before (schema version 2)
+    # is written anew by its next write, every row group, not only the ones that write appends.
+    import struct
+
+    def storage_number(path) -> int:  # the storage version in the file's header: 64 for 1.0, 68 for 1.5
+        return struct.unpack("<Q", path.read_bytes()[12:20])[0]
+
+    store = Store(tmp_path / "s.duckdb")
+    rows = [rec(f"a{i}", output_text=f"output {i % 40} " + "tok " * 60, ts=f"2026-03-01T10:{i // 60 % 60:02d}:"
+                f"{i % 60:02d}Z") for i in range(20_000)]
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", rows))])
+    assert storage_number(store.path) == 68
+    with store.read() as con:
+        assert _text_compression(con) == {"DICT_FSST"}
+    release_snapshots()
+    old = tmp_path / "old.duckdb"
+    with duckdb.connect() as con:  # the same store as specdec wrote it before: DuckDB's default format
+        con.execute(f"ATTACH '{store.path}' AS s (READ_ONLY); ATTACH '{old}' AS o (STORAGE_VERSION 'v1.0.0')")
+        con.execute("COPY FROM DATABASE s TO o")
+        con.execute("UPDATE o.meta SET value = '2' WHERE key = 'schema_version'; CHECKPOINT o")
+        before = con.execute("SELECT * FROM o.requests ORDER BY request_id").fetchall()
+        assert "DICT_FSST" not in {c for (c,) in con.execute(
+            "SELECT compression FROM pragma_storage_info('o.requests') WHERE column_name = 'output_text'").fetchall()}
+    old.replace(store.path)
+    assert storage_number(store.path) == 64
+    more = [rec("b0", ts="2026-03-01T11:00:00Z")]
+    assert ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", more))]).accepted == 1
+    assert storage_number(store.path) == 68
+    with store.read() as con:
+        assert _text_compression(con) == {"DICT_FSST"}
+        assert con.execute("SELECT * FROM requests WHERE request_id <> 'b0' ORDER BY request_id").fetchall() == before
+        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [("3",)]
