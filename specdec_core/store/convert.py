@@ -43,14 +43,23 @@ class ConversionError(RuntimeError):
     """A DuckDB 2.0 store could not be converted; the message is one line and says what to do."""
 
 
-def written_by_newer_duckdb(path: Path) -> bool:
-    """Whether the DuckDB file at `path` has the storage version DuckDB 2.0 writes."""
+def storage_number(path: Path) -> int | None:
+    """The storage version in the header of the DuckDB file at `path` (64: DuckDB's 1.0 format, 68: 1.5's, 999 and
+    up: 2.0's); None where it is no DuckDB file or can't be read."""
     try:
         with open(path, "rb") as f:
             header = f.read(20)
     except OSError:
-        return False
-    return len(header) == 20 and header[8:12] == b"DUCK" and struct.unpack("<Q", header[12:20])[0] >= _NEWER_STORAGE
+        return None
+    if len(header) < 20 or header[8:12] != b"DUCK":
+        return None
+    return struct.unpack("<Q", header[12:20])[0]
+
+
+def written_by_newer_duckdb(path: Path) -> bool:
+    """Whether the DuckDB file at `path` has the storage version DuckDB 2.0 writes."""
+    number = storage_number(path)
+    return number is not None and number >= _NEWER_STORAGE
 
 
 def side_install() -> Path:

@@ -472,10 +472,7 @@ def test_a_store_in_duckdbs_older_storage_format_is_written_anew_in_1_5s_by_the_
     # DuckDB writes its 1.0 format unless told otherwise; 1.5's stores a column of repeated texts (a cache hit
     # repeats its source's output) as a dictionary of FSST strings. A store written before (schema version 2)
     # is written anew by its next write, every row group, not only the ones that write appends.
-    import struct
-
-    def storage_number(path) -> int:  # the storage version in the file's header: 64 for 1.0, 68 for 1.5
-        return struct.unpack("<Q", path.read_bytes()[12:20])[0]
+    from specdec_core.store.convert import storage_number
 
     store = Store(tmp_path / "s.duckdb")
     rows = [rec(f"a{i}", output_text=f"output {i % 40} " + "tok " * 60, ts=f"2026-03-01T10:{i // 60 % 60:02d}:"
