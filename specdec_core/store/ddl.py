@@ -103,7 +103,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     if lake or stored != str(SCHEMA_VERSION):
         if stored == "1":
             _encode_seed(con)
-        elif stored == "2":
+        if stored in ("1", "2"):  # the old row groups too: the store into a fresh file, in today's format
             compact_after_write(con)
         con.execute("DELETE FROM meta WHERE key = 'schema_version'")
         con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
@@ -120,12 +120,11 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
 
 def _encode_seed(con: duckdb.DuckDBPyConnection) -> None:
     """Schema version 2: a DuckDB file's requests table written again, its seed run-length encoded
-    (schema._COMPRESSION), then the store into a fresh file. Once, at about 90 s for 20M rows."""
+    (schema._COMPRESSION); the store then goes into a fresh file (ensure_schema). Once, at about 90 s for 20M rows."""
     con.execute(requests_ddl().replace("CREATE TABLE IF NOT EXISTS requests", "CREATE TABLE requests_encoded", 1))
     con.execute("INSERT INTO requests_encoded BY NAME SELECT * FROM requests")
     con.execute("DROP TABLE requests")
     con.execute("ALTER TABLE requests_encoded RENAME TO requests")
-    compact_after_write(con)
 
 
 def refuse_foreign(con: duckdb.DuckDBPyConnection, tables: dict[str, set[str]]) -> None:

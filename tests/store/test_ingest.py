@@ -416,9 +416,13 @@ def test_rows_appended_to_a_store_go_into_small_row_groups_and_read_back_whole(t
                            ).fetchall()[0] == (40_000, 40_000)
 
 
-def _seed_compression(con) -> set[str]:
+def _compression(con, column: str, segment_type: str) -> set[str]:
     return {c for (c,) in con.execute("SELECT DISTINCT compression FROM pragma_storage_info('requests') "
-                                      "WHERE column_name = 'seed' AND segment_type = 'HUGEINT'").fetchall()}
+                                      "WHERE column_name = ? AND segment_type = ?", [column, segment_type]).fetchall()}
+
+
+def _seed_compression(con) -> set[str]:
+    return _compression(con, "seed", "HUGEINT")
 
 
 def test_the_seed_column_of_a_file_store_is_run_length_encoded_after_every_write(tmp_path):
@@ -464,8 +468,7 @@ def test_a_store_of_schema_version_1_gets_its_seed_column_encoded_by_the_next_wr
 
 
 def _text_compression(con) -> set[str]:
-    return {c for (c,) in con.execute("SELECT DISTINCT compression FROM pragma_storage_info('requests') "
-                                      "WHERE column_name = 'output_text' AND segment_type = 'VARCHAR'").fetchall()}
+    return _compression(con, "output_text", "VARCHAR")
 
 
 def test_a_store_in_duckdbs_older_storage_format_is_written_anew_in_1_5s_by_the_next_write(tmp_path):
