@@ -121,6 +121,7 @@ class Follower:
                  batch_rows: int = DEFAULT_BATCH_ROWS, on_problem: Callable[[str], None] | None = None) -> None:
         self.store, self.paths, self.log_format, self.mapping = store, paths, log_format, mapping
         self.limits, self.batch_rows = limits, batch_rows
+        store.write_repeatedly()
         # A file that can't be read is said once (one line each), and the follower goes on with the others.
         self.problems: list[str] = []
         self._on_problem = on_problem or self.problems.append
@@ -150,6 +151,7 @@ class Follower:
         for handle in self._handles.values():
             handle.close()
         self._handles.clear()
+        self.store.drop_spare()
 
     def _files(self) -> list[Path]:
         try:

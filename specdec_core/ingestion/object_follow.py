@@ -35,6 +35,7 @@ class ObjectFollower:
                  batch_rows: int = 10_000, on_problem: Callable[[str], None] | None = None) -> None:
         self.store, self.log_format, self.mapping, self.limits = store, log_format, mapping, limits
         self.batch_rows = batch_rows
+        store.write_repeatedly()
         self.urls = [p for p in paths if object_store.is_s3(p)]
         local = [p for p in paths if not object_store.is_s3(p)]
         self.local = Follower(store, local, log_format=log_format, mapping=mapping, limits=limits,
@@ -56,6 +57,7 @@ class ObjectFollower:
         return {path: head for path, head in rows}
 
     def close(self) -> None:
+        self.store.drop_spare()
         if self.local is not None:
             self.local.close()
         if self._con is not None:

@@ -31,6 +31,7 @@ from specdec_core.store.lake_files import damage_message
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LocationError, lake_location, mask_secrets, resolve_db
 from specdec_core.store.schema import READ_EDGES, READ_SUMMARIES, current_version_sql
+from specdec_core.store.spare import keep_replaced, spare_path, take_spare
 from specdec_core.store.sql import literal
 from specdec_core.store.working_copy import (
     STORE_ALIAS,
@@ -44,6 +45,7 @@ from specdec_core.store.working_copy import (
     _remove_working_copy,
     _write_fresh,
     attached,
+    copies_share_blocks,
 )
 
 T = TypeVar("T")
@@ -68,12 +70,24 @@ log = logging.getLogger(__name__)
 class _View(SharedInstance):
     """One read-only state of a file, shared by the process's reads."""
 
-    def __init__(self, version: tuple[int, int], con: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, version: tuple[int, int], con: duckdb.DuckDBPyConnection, files: set[int]) -> None:
         super().__init__(con, _views_lock)
-        self.version = version
+        self.version, self.files = version, files
         self.summarized: bool | None = None  # whether its summaries are this code's (None: not checked yet)
         self.edges: dict[object, str] = {}  # schema.READ_EDGES
         self.edges_lock = threading.Lock()
+        self.closed = False
+        for inode in files:
+            _reading[inode] = _reading.get(inode, 0) + 1
+
+    def retire(self) -> None:
+        super().retire()
+        if self.in_use == 0 and not self.closed:
+            self.closed = True
+            for inode in self.files:
+                left = _reading.pop(inode) - 1
+                if left:
+                    _reading[inode] = left
 
 
 # The process's views, one per file: every thread reads through its own cursor of one DuckDB instance, whose
@@ -82,6 +96,10 @@ class _View(SharedInstance):
 # both times so, 1.9 s and then 1.4 s shared.
 _views: dict[str, _View] = {}
 _views_lock = threading.Lock()
+# The inodes of the files this process's open views read, current or not (under _views_lock). A repeated
+# writer's spare is written only when none reads it here: DuckDB's lock on a file, which says so for other
+# processes, is lost when this process closes any handle of the file (POSIX), as every write's copy does.
+_reading: dict[int, int] = {}
 
 
 def _snapshot(path: Path, version: tuple[int, int]) -> _View:
@@ -96,7 +114,12 @@ def _snapshot(path: Path, version: tuple[int, int]) -> _View:
 
     def open_view() -> _View:
         try:
-            return _View(version, attached(key, "READ_ONLY"))
+            con = attached(key, "READ_ONLY")
+            try:  # the file opened is the one stat()ed before it or, replaced in between, the one now there
+                files = {version[1], os.stat(key).st_ino}
+            except OSError:
+                files = {version[1]}
+            return _View(version, con, files)
         except duckdb.Error as exc:
             if written_by_newer_duckdb(path):
                 raise StoreError(f"{path}: written by DuckDB {SIDE_VERSION} (an older specdec); convert it "
@@ -163,6 +186,7 @@ class Store:
         except LocationError as exc:
             raise StoreError(mask_secrets(str(exc))) from None
         self.path = Path(self.name)
+        self.keep_spare = False  # write_repeatedly()
 
     def __repr__(self) -> str:
         return f"Store({str(self)!r})"
@@ -289,6 +313,33 @@ class Store:
         except lakes.WriteConflict as exc:
             raise StoreError(f"{exc}, again and again: try the ingest again") from exc
 
+    def _spare_taken(self, target: Path, tmp: Path, original: os.stat_result) -> bool:
+        """Whether this process's spare became the working copy `tmp` (spare.take_spare): not while a read of
+        this process holds it. Its view of an older state of the store, idle, is let go of first."""
+        with _views_lock:
+            view = _views.get(str(target))
+            if view is not None and view.version != (original.st_mtime_ns, original.st_ino):
+                view.retire()
+                del _views[str(target)]
+            try:
+                if os.stat(spare_path(target)).st_ino in _reading:
+                    return False
+            except OSError:
+                return False
+        return take_spare(spare_path(target), target, tmp)
+
+    def write_repeatedly(self) -> None:
+        """Said by a writer that will write again and again (a follow): where a write copies the file whole (no
+        reflinks), each keeps the file it replaced, to make the next one's working copy out of it (spare.py).
+        drop_spare() when done."""
+        self.keep_spare = self.lake is None and not copies_share_blocks(Path(os.path.realpath(self.path)).parent)
+
+    def drop_spare(self) -> None:
+        """Remove the file a repeated writer kept (keep_spare), and keep none from now on."""
+        self.keep_spare = False
+        if self.lake is None:
+            spare_path(Path(os.path.realpath(self.path))).unlink(missing_ok=True)
+
     @contextmanager
     def write(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A connection whose changes become visible all at once when the block exits cleanly.
@@ -323,7 +374,8 @@ class Store:
             try:
                 original = target.stat() if target.exists() else None
                 convert = original is not None and written_by_newer_duckdb(target)
-                if original is not None and not convert:
+                if original is not None and not convert and not (
+                        self.keep_spare and self._spare_taken(target, tmp, original)):
                     _copy_database(target, tmp)
                 con = _open_working_copy(tmp, appending=original is not None)
                 if convert:
@@ -350,7 +402,14 @@ class Store:
                 if original is not None:
                     _keep_metadata(written, original)
                 interrupts.check()  # a Ctrl-C a library swallowed during the block: the store stays as it was
-                os.replace(written, target)
+                kept = self.keep_spare and original is not None and not convert and keep_replaced(
+                    target, spare_path(target))
+                try:
+                    os.replace(written, target)
+                except BaseException:
+                    if kept:
+                        spare_path(target).unlink(missing_ok=True)
+                    raise
             except BaseException as exc:
                 con.close()
                 _remove_working_copy(tmp)

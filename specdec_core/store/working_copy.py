@@ -39,10 +39,10 @@ APPEND_ROW_GROUP_SIZE = 16_384
 STORAGE_VERSION = "v1.5.0"
 
 
-# A writer's working copy of `<db>` is `<db>.<pid>.tmp` (with its WAL and spill folder). Leftovers of killed
-# writers are removed under the exclusive lock, so no live writer other than one whose pid is alive is
-# between its copy and its rename.
-WORKING_COPY_SUFFIX = r"\.tmp(?:\.wal|\.spill|\.fresh)?"
+# A writer's working copy of `<db>` is `<db>.<pid>.tmp` (with its WAL and spill folder; a repeated writer's
+# spare: spare.py). Leftovers of killed writers are removed under the exclusive lock, so no live writer other
+# than one whose pid is alive is between its copy and its rename.
+WORKING_COPY_SUFFIX = r"\.tmp(?:\.wal|\.spill|\.fresh|\.spare)?"
 
 # A write that rebuilt every derived table (a migration, a copy into a store) leaves their old blocks free in
 # the file, and the new ones in an append's small row groups: the file grows and every later append's
@@ -191,8 +191,8 @@ class _StoreFile(Protocol):
 
 
 def copy_cost_note(store: _StoreFile, min_bytes: int = COPY_NOTE_BYTES) -> str | None:
-    """One line for a writer that will write again and again (--follow), when each of its writes copies a large
-    store file whole; None for a lake, a small file, or a filesystem whose copies share blocks."""
+    """One line for a writer that will write again and again (--follow), when its writes copy a large store file
+    (spare.py: the first one whole); None for a lake, a small file, or a filesystem whose copies share blocks."""
     if store.lake is not None or not store.path.is_file():
         return None
     size = store.path.stat().st_size
@@ -201,8 +201,9 @@ def copy_cost_note(store: _StoreFile, min_bytes: int = COPY_NOTE_BYTES) -> str |
     lake = store.path.with_suffix(".sqlite")
     kind = filesystem_type(store.path.resolve().parent)
     named = f" ({kind})" if kind != "?" else ""
-    return (f"note: every batch copies {store.path} ({size / 2**20:,.0f} MiB) whole, since this filesystem{named} "
-            f"makes no reflinks (XFS and btrfs do); a DuckLake store appends instead: "
+    return (f"note: the first batch copies {store.path} ({size / 2**20:,.0f} MiB) whole, since this filesystem{named} "
+            f"makes no reflinks (XFS and btrfs do), and later ones keep a second copy beside it while the follow "
+            f"runs; a DuckLake store appends instead: "
             f"specdec migrate --db {store.path} --to ducklake:{lake}, then --db ducklake:{lake}")
 
 
