@@ -65,8 +65,8 @@ def take_spare(spare: Path, target: Path, tmp: Path) -> bool:
         return False
     try:
         own, store = os.fstat(fd), os.stat(target)
-        usable = (own.st_nlink == 1 and (own.st_dev, own.st_ino) != (store.st_dev, store.st_ino)
-                  and own.st_dev == store.st_dev and _lock_alone(fd))
+        usable = (own.st_nlink == 1 and own.st_dev == store.st_dev and own.st_ino != store.st_ino
+                  and _lock_alone(fd))
         if usable:
             os.fchmod(fd, 0o600)  # private while written, as a copy is
             with open(target, "rb") as src:
