@@ -13,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,10 +22,10 @@ import duckdb
 
 from specdec_core import interrupts
 from specdec_core.store import lake as lakes
+from specdec_core.store import views
 from specdec_core.store.convert import SIDE_VERSION, ConversionError, convert_into, written_by_newer_duckdb
 from specdec_core.store.ddl import ensure_schema
 from specdec_core.store.errors import ForeignDatabaseError, StoreError
-from specdec_core.store.instance import SharedInstance, take_shared
 from specdec_core.store.lake_files import damage_message
 from specdec_core.store.leftovers import remove_dead_writers_files
 from specdec_core.store.location import LocationError, lake_location, mask_secrets, resolve_db
@@ -67,42 +66,7 @@ def _configure(con: duckdb.DuckDBPyConnection) -> None:
 log = logging.getLogger(__name__)
 
 
-class _View(SharedInstance):
-    """One read-only state of a file, shared by the process's reads."""
-
-    def __init__(self, version: tuple[int, int], con: duckdb.DuckDBPyConnection, files: set[int]) -> None:
-        super().__init__(con, _views_lock)
-        self.version, self.files = version, files
-        self.summarized: bool | None = None  # whether its summaries are this code's (None: not checked yet)
-        self.edges: dict[object, str] = {}  # schema.READ_EDGES
-        self.edges_lock = threading.Lock()
-        self.closed = False
-        for inode in files:
-            _reading[inode] = _reading.get(inode, 0) + 1
-
-    def retire(self) -> None:
-        super().retire()
-        if self.in_use == 0 and not self.closed:
-            self.closed = True
-            for inode in self.files:
-                left = _reading.pop(inode) - 1
-                if left:
-                    _reading[inode] = left
-
-
-# The process's views, one per file: every thread reads through its own cursor of one DuckDB instance, whose
-# buffers outlive the thread. Kept per thread, each Streamlit rerun (a thread of its own) opened the store
-# anew and read its blocks again: the Impact page's first render at 20M rows, twice in one process, took 2.1 s
-# both times so, 1.9 s and then 1.4 s shared.
-_views: dict[str, _View] = {}
-_views_lock = threading.Lock()
-# The inodes of the files this process's open views read, current or not (under _views_lock). A repeated
-# writer's spare is written only when none reads it here: DuckDB's lock on a file, which says so for other
-# processes, is lost when this process closes any handle of the file (POSIX), as every write's copy does.
-_reading: dict[int, int] = {}
-
-
-def _snapshot(path: Path, version: tuple[int, int]) -> _View:
+def _snapshot(path: Path, version: tuple[int, int]) -> views.View:
     """A read-only view of `path` as of `version` (its mtime and inode), counted as in use: release() it.
 
     The file is ATTACHed to a private in-memory database rather than opened by path:
@@ -112,21 +76,16 @@ def _snapshot(path: Path, version: tuple[int, int]) -> _View:
     """
     key = str(path.resolve())
 
-    def open_view() -> _View:
+    def open_view() -> duckdb.DuckDBPyConnection:
         try:
-            con = attached(key, "READ_ONLY")
-            try:  # the file opened is the one stat()ed before it or, replaced in between, the one now there
-                files = {version[1], os.stat(key).st_ino}
-            except OSError:
-                files = {version[1]}
-            return _View(version, con, files)
+            return attached(key, "READ_ONLY")
         except duckdb.Error as exc:
             if written_by_newer_duckdb(path):
                 raise StoreError(f"{path}: written by DuckDB {SIDE_VERSION} (an older specdec); convert it "
                                  f"with `specdec migrate --db {path}`") from None
             raise StoreError(f"{path}: cannot open for reading: {exc}") from exc
 
-    return take_shared(_views, key, _views_lock, lambda held: held.version == version, open_view)
+    return views.take(key, version, open_view)
 
 
 def derived_state(con: duckdb.DuckDBPyConnection, path: Path | str | None = None,
@@ -168,10 +127,7 @@ def _told_summaries(con: duckdb.DuckDBPyConnection, summarized: bool) -> Iterato
 def release_snapshots() -> None:
     """Close the idle read-only views, letting go of their files (e.g. before writing one in place); one in use
     closes when its read ends."""
-    with _views_lock:
-        for view in _views.values():
-            view.retire()
-        _views.clear()
+    views.let_go_of_all()
     lakes.forget_readers()
 
 
@@ -316,16 +272,12 @@ class Store:
     def _spare_taken(self, target: Path, tmp: Path, original: os.stat_result) -> bool:
         """Whether this process's spare became the working copy `tmp` (spare.take_spare): not while a read of
         this process holds it. Its view of an older state of the store, idle, is let go of first."""
-        with _views_lock:
-            view = _views.get(str(target))
-            if view is not None and view.version != (original.st_mtime_ns, original.st_ino):
-                view.retire()
-                del _views[str(target)]
-            try:
-                if os.stat(spare_path(target)).st_ino in _reading:
-                    return False
-            except OSError:
+        views.let_go_if_replaced(str(target), (original.st_mtime_ns, original.st_ino))
+        try:
+            if views.reading_file(os.stat(spare_path(target)).st_ino):
                 return False
+        except OSError:
+            return False
         return take_spare(spare_path(target), target, tmp)
 
     def write_repeatedly(self) -> None:

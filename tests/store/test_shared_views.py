@@ -5,13 +5,14 @@ read ends, not before."""
 from __future__ import annotations
 
 import threading
+import time
 
 import duckdb
 import pytest
 from helpers import rec, write_jsonl
 
 from specdec_core.ingestion.load import ingest
-from specdec_core.store import connection
+from specdec_core.store import connection, views
 from specdec_core.store.connection import Store
 
 
@@ -39,7 +40,7 @@ def test_threads_share_one_view_and_a_replaced_one_closes_after_its_last_read(tm
     assert len(opened) == 1, "each thread opened the store anew"
 
     with store.read() as old:  # a read in progress while a writer replaces the file
-        replaced = connection._views[str(store.path.resolve())]
+        replaced = views._views[str(store.path.resolve())]
         ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("b", cache_key="k-b")]))])
         assert _in_thread(count) == 2 and len(opened) == 2
         assert old.execute("SELECT count(*) FROM requests").fetchall()[0][0] == 1, "the old state, whole"
@@ -83,3 +84,36 @@ def test_threads_share_one_lake_attachment_and_one_let_go_of_closes_after_its_la
     with pytest.raises(duckdb.ConnectionException):
         held.con.execute("SELECT 1")
     assert count() == 2 and len(opened) == 2
+
+
+def test_the_view_of_a_replaced_file_is_let_go_of_before_the_next_read(tmp_path):
+    """Between two reads (the dashboard's Live view reads every 5 s) the view of a file a writer replaced is let
+    go of within a second, for a follow's write wants that file (spare.py); one in use closes when its read ends."""
+    store = Store(tmp_path / "views.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec("a", cache_key="k-a")]))])
+    key = str(store.path.resolve())
+
+    def replace(name: str) -> None:
+        ingest(store, [str(write_jsonl(tmp_path / f"{name}.jsonl", [rec(name, cache_key=f"k-{name}")]))])
+
+    def let_go(view) -> bool:
+        deadline = time.monotonic() + 10
+        while views._views.get(key) is view and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return views._views.get(key) is not view
+
+    with store.read() as con:
+        con.execute("SELECT 1")
+    idle, idle_file = views._views[key], store.version()[1]
+    replace("b")
+    assert let_go(idle) and not views.reading_file(idle_file)
+    with pytest.raises(duckdb.ConnectionException):
+        idle.con.execute("SELECT 1")
+    with store.read() as con:
+        busy, busy_file = views._views[key], store.version()[1]
+        replace("c")
+        assert let_go(busy) and views.reading_file(busy_file)
+        assert con.execute("SELECT count(*) FROM requests").fetchall() == [(2,)], "its state, whole"
+    assert not views.reading_file(busy_file)
+    with pytest.raises(duckdb.ConnectionException):
+        busy.con.execute("SELECT 1")

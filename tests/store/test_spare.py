@@ -23,7 +23,7 @@ from helpers import contents, rec
 
 from specdec_core.ingestion.follow import Follower
 from specdec_core.store.connection import Store
-from specdec_core.store.spare import _make_equal, spare_path
+from specdec_core.store.spare import _lock_alone, _make_equal, spare_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,6 +129,44 @@ def test_a_reader_holding_the_replaced_state_keeps_it_whole(tmp_path, reading):
     with Store(db).read() as con:
         assert con.execute("SELECT count(*) FROM requests").fetchall() == [(3200,)]
     follower.close()
+
+
+def test_a_reader_elsewhere_gone_idle_lets_go_of_the_replaced_file_for_the_next_write(tmp_path):
+    """A dashboard that read the store keeps its view for its next read (the Live view: 5 s later); the file a
+    write replaced is let go of before it, so the follow's next write but one need not copy the store."""
+    log, db = tmp_path / "app.jsonl", tmp_path / "s.duckdb"
+    append(log, lines(0, 1000))
+    follower = Follower(Store(db), [str(log)])
+    follower.poll()
+    reader = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from specdec_core.store.connection import Store\n"
+         f"with Store({str(db)!r}).read() as con:\n"
+         f"    print(con.execute({COUNT!r}).fetchall(), flush=True)\n"
+         "sys.stdin.readline()\n"],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert reader.stdout.readline().startswith("[(1000,")
+    read_file = inode(db)
+    append(log, lines(1000, 300))
+    follower.poll()
+    assert inode(spare_path(db)) == read_file
+    deadline = time.monotonic() + 10
+    while not free(spare_path(db)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    append(log, lines(1300, 300))
+    follower.poll()
+    assert inode(db) == read_file, "the write copied the store: the reader held the file it replaced"
+    reader.stdin.close()
+    assert reader.wait(30) == 0
+    follower.close()
+
+
+def free(path: Path) -> bool:
+    """Whether no process holds a lock on the file (a DuckDB reader holds a shared one)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return _lock_alone(fd)
+    finally:
+        os.close(fd)
 
 
 def test_a_spare_another_name_shares_is_never_written(tmp_path):
