@@ -273,12 +273,13 @@ class Store:
         """Whether this process's spare became the working copy `tmp` (spare.take_spare): not while a read of
         this process holds it. Its view of an older state of the store, idle, is let go of first."""
         views.let_go_if_replaced(str(target), (original.st_mtime_ns, original.st_ino))
+        spare = spare_path(target)
         try:
-            if views.reading_file(os.stat(spare_path(target)).st_ino):
+            if views.reading_file(os.stat(spare).st_ino):
                 return False
         except OSError:
             return False
-        return take_spare(spare_path(target), target, tmp)
+        return take_spare(spare, target, tmp)
 
     def write_repeatedly(self) -> None:
         """Said by a writer that will write again and again (a follow): where a write copies the file whole (no
