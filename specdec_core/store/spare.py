@@ -7,17 +7,21 @@ So a writer that writes again and again (`--follow`, `specdec collect`) keeps th
 name, and its next write makes it the store's copy by writing only the chunks that differ from the store, found
 by reading both (0.6 s at 20M rows on two cores). The result is the store byte for byte, whatever DuckDB wrote.
 
-The spare is written only when nothing else reads it: a reader of the old state (a dashboard, in another
-process or this one) holds DuckDB's shared lock on the file, and an open-file-description write lock, which
-conflicts with it even within this process, is asked first. Refused, or where the spare is another name's file
-too (a hard link), it is dropped and the store copied as before.
+The spare is written only when nothing else reads it. A reader of the old state in another process (a
+dashboard) holds DuckDB's shared lock on the file, and an open-file-description write lock, which conflicts with
+it, is asked first (again for a moment, where the store is large: such a reader is most often in the middle of a
+read). This process's own reads are counted by views.py: its DuckDB locks are lost when it closes any handle of
+the file. Refused, or where the spare is another name's file too (a hard link), it is dropped and the store
+copied as before.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import struct
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,17 +46,28 @@ def keep_replaced(target: Path, spare: Path) -> bool:
     return True
 
 
-def _lock_alone(fd: int) -> bool:
-    """Whether no one else holds a lock on the file (a DuckDB reader holds a shared one); held until fd closes.
-    False where there are no open-file-description locks (Linux has them since 3.15; macOS has none)."""
+# A reader holding the spare is most often in the middle of a read (a page at 20M rows: up to 2 s), and the
+# copy the write makes instead costs about 2 s a GB here: the lock is asked again for at most the copy's cost
+# at 500 MB/s, and at most a second.
+_WAIT_BYTES_PER_S, _WAIT_AT_MOST_S = 500e6, 1.0
+
+
+def _lock_alone(fd: int, wait: float = 0.0) -> bool:
+    """Whether no one else holds a lock on the file (a DuckDB reader holds a shared one), asked again for up to
+    `wait` seconds; held until fd closes. False where there are no open-file-description locks (Linux has them
+    since 3.15; macOS has none)."""
     ofd_lock = getattr(fcntl, "F_OFD_SETLK", None)
     if ofd_lock is None:
         return False
-    try:
-        fcntl.fcntl(fd, ofd_lock, struct.pack("hhqqixxxx", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
-    except OSError:
-        return False
-    return True
+    until = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.fcntl(fd, ofd_lock, struct.pack("hhqqixxxx", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() >= until:
+                return False
+        time.sleep(0.01)
 
 
 def take_spare(spare: Path, target: Path, tmp: Path) -> bool:
@@ -66,7 +81,7 @@ def take_spare(spare: Path, target: Path, tmp: Path) -> bool:
     try:
         own, store = os.fstat(fd), os.stat(target)
         usable = (own.st_nlink == 1 and own.st_dev == store.st_dev and own.st_ino != store.st_ino
-                  and _lock_alone(fd))
+                  and _lock_alone(fd, min(_WAIT_AT_MOST_S, store.st_size / _WAIT_BYTES_PER_S)))
         if usable:
             os.fchmod(fd, 0o600)  # private while written, as a copy is
             with open(target, "rb") as src:

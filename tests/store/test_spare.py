@@ -19,8 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import contents, rec
+from helpers import contents, rec, write_jsonl
 
+from specdec_core.ingestion import ingest
 from specdec_core.ingestion.follow import Follower
 from specdec_core.store.connection import Store
 from specdec_core.store.spare import _lock_alone, _make_equal, spare_path
@@ -167,6 +168,78 @@ def free(path: Path) -> bool:
         return _lock_alone(fd)
     finally:
         os.close(fd)
+
+
+def test_a_follow_beside_another_writer_and_a_reader_in_a_loop(tmp_path):
+    """Another process's writes replace the store between the follow's (its spare is then further behind), and a
+    reader reads in a loop all along: every state it sees is whole, and the store equals the logs loaded one
+    after the other."""
+    from writers import READER, WRITER, batch, content
+
+    db, log, stop_file = tmp_path / "s.duckdb", tmp_path / "live.jsonl", tmp_path / "done"
+    seed, other = (write_jsonl(tmp_path / f"{name}.jsonl", batch(name, n, 0)) for name, n in (("seed", 200),
+                                                                                               ("other", 3000)))
+    ingest(Store(db), [str(seed)])
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(db), str(stop_file)], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    assert reader.stdout.readline().strip() == "reading"
+    follower = Follower(Store(db), [str(log)])
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(db), str(other)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    records, reused = batch("live", 3000, 1), 0
+    for start in range(0, 3000, 250):
+        append(log, "".join(json.dumps(r) + "\n" for r in records[start:start + 250]))
+        spare = inode(spare_path(db)) if spare_path(db).exists() else None
+        follower.poll()
+        reused += inode(db) == spare
+        time.sleep(0.2)  # the follow's poll interval (--every)
+    out, err = writer.communicate(timeout=300)
+    assert writer.returncode == 0 and int(out) == 3000, err
+    stop_file.touch()
+    read = json.loads(reader.communicate(timeout=120)[0])
+    follower.close()
+    assert read["errors"] == [] and len(read["seen"]) > 20
+    # Each state whole: its minute summaries count every request it holds.
+    assert all(requests == summarized for requests, summarized, *_ in read["seen"])
+    assert reused >= 6, "the follow copied the store at most of its writes"
+    clean = tmp_path / "clean.duckdb"
+    for path in (seed, other, log):
+        ingest(Store(clean), [str(path)])
+    assert content(db) == content(clean)
+
+
+def test_a_write_waits_a_moment_for_a_read_of_the_spare_to_end(tmp_path, monkeypatch):
+    """A reader elsewhere in the middle of a read of the file a write replaced: the next write but one waits for
+    it to end (up to the copy's cost, here made a second), and then makes its copy out of that file."""
+    from specdec_core.store import spare
+
+    monkeypatch.setattr(spare, "_WAIT_BYTES_PER_S", 1e6)
+    log, db = tmp_path / "app.jsonl", tmp_path / "s.duckdb"
+    append(log, lines(0, 1000))
+    follower = Follower(Store(db), [str(log)])
+    follower.poll()
+    assert db.stat().st_size / 1e6 > 1
+    reader = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from specdec_core.store.connection import Store, release_snapshots\n"
+         f"with Store({str(db)!r}).read() as con:\n"
+         f"    print(con.execute({COUNT!r}).fetchall(), flush=True)\n"
+         "    sys.stdin.readline()\n"
+         "    time.sleep(0.3)\n"
+         "release_snapshots()\n"
+         "time.sleep(30)\n"],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert reader.stdout.readline().startswith("[(1000,")
+    read_file = inode(db)
+    append(log, lines(1000, 300))
+    follower.poll()
+    reader.stdin.write("\n")
+    reader.stdin.flush()  # its read ends in 0.3 s
+    append(log, lines(1300, 300))
+    follower.poll()
+    assert inode(db) == read_file
+    reader.kill()
+    reader.wait(30)
+    follower.close()
 
 
 def test_a_spare_another_name_shares_is_never_written(tmp_path):
