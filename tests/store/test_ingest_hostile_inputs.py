@@ -570,20 +570,6 @@ def test_a_full_disk_inside_the_range_copy_is_one_line_and_the_store_is_untouche
         "triage.duckdb", "triage.duckdb.lock"]
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True,
-                             text=True)
-    # The suite runs as root (make test, CI): a disk that can't be made full is a failure, not a skip.
-    assert mounted.returncode == 0, f"cannot mount a 16 MB tmpfs for the full-disk test: {mounted.stderr.strip()}"
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def test_a_really_full_disk_is_one_line_and_the_store_is_untouched(tiny_disk, tmp_path):
     db = tiny_disk / "t.duckdb"
     ingest(Store(db), [str(write_jsonl(tmp_path / "a.jsonl", [rec("a")]))])

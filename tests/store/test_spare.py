@@ -281,6 +281,30 @@ def test_a_killed_followers_spare_is_removed_by_the_next_write(tmp_path):
     assert not spare.exists()
 
 
+def test_a_follow_on_a_full_disk_says_so_in_a_line_and_leaves_the_store_and_no_spare(tiny_disk, tmp_path):
+    log, db = tmp_path / "app.jsonl", tiny_disk / "t.duckdb"
+    append(log, lines(0, 200))
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "specdec_core", "ingest", "--follow", str(log), "--db", str(db), "--every", "0.2"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    spare = db.with_name(f"{db.name}.{follower.pid}.tmp.spare")
+    deadline = time.monotonic() + 60
+    while not db.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    append(log, lines(200, 10))  # the second write keeps the file it replaced: the store twice on the disk
+    while not spare.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    before = db.read_bytes()
+    stat = os.statvfs(tiny_disk)
+    (tiny_disk / "filler").write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - (64 << 10)))
+    with open(log, "a", encoding="utf-8") as fh:  # random text: DuckDB would compress a repeated one to nothing
+        fh.write("".join(json.dumps(rec(f"big{i}", output_text=os.urandom(1000).hex())) + "\n" for i in range(4000)))
+    _, err = follower.communicate(timeout=120)
+    assert follower.returncode == 1 and err.count("\n") == 1 and "No space left on device" in err, err
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tiny_disk.iterdir()) == ["filler", "t.duckdb", "t.duckdb.lock"]
+
+
 def test_the_spare_becomes_the_store_byte_for_byte(tmp_path):
     rng = random.Random(7)
     store, spare = tmp_path / "store", tmp_path / "spare"
