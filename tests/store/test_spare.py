@@ -81,22 +81,28 @@ def test_each_write_of_a_follow_is_made_out_of_the_file_the_last_one_replaced(tm
 COUNT = "SELECT count(*), sum(length(output_text)) FROM requests"
 
 
+def reader_elsewhere(db: Path, within: tuple[str, ...] = (), after: tuple[str, ...] = ()) -> subprocess.Popen:
+    """A process that reads the store, prints its count (read the line before going on), runs the lines
+    `within` in that read, then the lines `after` it (the view kept: the process's next read would use it)."""
+    script = ("import sys, time; from specdec_core.store.connection import Store, release_snapshots\n"
+              f"with Store({str(db)!r}).read() as con:\n"
+              f"    print(con.execute({COUNT!r}).fetchall(), flush=True)\n"
+              + "".join(f"    {line}\n" for line in within) + "".join(f"{line}\n" for line in after))
+    return subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+
+
 @contextmanager
 def reading_elsewhere(db: Path) -> Iterator[Callable[[], list]]:
     """A read of the store's present state in another process, held open: each call reads again within it."""
-    reader = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from specdec_core.store.connection import Store\n"
-         f"with Store({str(db)!r}).read() as con:\n"
-         "    for _ in sys.stdin:\n"
-         f"        print(con.execute({COUNT!r}).fetchall(), flush=True)\n"],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    reader = reader_elsewhere(db, within=("for _ in sys.stdin:", f"    print(con.execute({COUNT!r}).fetchall(), flush=True)"))
+    reader.stdout.readline()
 
     def read() -> str:
         reader.stdin.write("\n")
         reader.stdin.flush()
         return reader.stdout.readline()
 
-    read()  # open
     try:
         yield read
     finally:
@@ -139,12 +145,7 @@ def test_a_reader_elsewhere_gone_idle_lets_go_of_the_replaced_file_for_the_next_
     append(log, lines(0, 1000))
     follower = Follower(Store(db), [str(log)])
     follower.poll()
-    reader = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from specdec_core.store.connection import Store\n"
-         f"with Store({str(db)!r}).read() as con:\n"
-         f"    print(con.execute({COUNT!r}).fetchall(), flush=True)\n"
-         "sys.stdin.readline()\n"],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    reader = reader_elsewhere(db, after=("sys.stdin.readline()",))
     assert reader.stdout.readline().startswith("[(1000,")
     read_file = inode(db)
     append(log, lines(1000, 300))
@@ -219,15 +220,8 @@ def test_a_write_waits_a_moment_for_a_read_of_the_spare_to_end(tmp_path, monkeyp
     follower = Follower(Store(db), [str(log)])
     follower.poll()
     assert db.stat().st_size / 1e6 > 1
-    reader = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from specdec_core.store.connection import Store, release_snapshots\n"
-         f"with Store({str(db)!r}).read() as con:\n"
-         f"    print(con.execute({COUNT!r}).fetchall(), flush=True)\n"
-         "    sys.stdin.readline()\n"
-         "    time.sleep(0.3)\n"
-         "release_snapshots()\n"
-         "time.sleep(30)\n"],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    reader = reader_elsewhere(db, within=("sys.stdin.readline()", "time.sleep(0.3)"),
+                              after=("release_snapshots()", "time.sleep(30)"))
     assert reader.stdout.readline().startswith("[(1000,")
     read_file = inode(db)
     append(log, lines(1000, 300))
