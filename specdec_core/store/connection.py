@@ -168,11 +168,7 @@ class Store:
                 return (0, 0)
             with self._lake_reading() as held, held.con.cursor() as con:
                 return (lakes.snapshot_id(con), 0)
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return (0, 0)
-        return (st.st_mtime_ns, st.st_ino)
+        return views.file_version(self.path)
 
     def ensure(self) -> None:
         """Create the database with its schema when it does not exist yet."""
@@ -269,10 +265,10 @@ class Store:
         except lakes.WriteConflict as exc:
             raise StoreError(f"{exc}, again and again: try the ingest again") from exc
 
-    def _spare_taken(self, target: Path, tmp: Path, original: os.stat_result) -> bool:
+    def _spare_taken(self, target: Path, tmp: Path) -> bool:
         """Whether this process's spare became the working copy `tmp` (spare.take_spare): not while a read of
         this process holds it. Its view of an older state of the store, idle, is let go of first."""
-        views.let_go_if_replaced(str(target), (original.st_mtime_ns, original.st_ino))
+        views.let_go_if_replaced(str(target))
         spare = spare_path(target)
         try:
             if views.reading_file(os.stat(spare).st_ino):
@@ -328,7 +324,7 @@ class Store:
                 original = target.stat() if target.exists() else None
                 convert = original is not None and written_by_newer_duckdb(target)
                 if original is not None and not convert and not (
-                        self.keep_spare and self._spare_taken(target, tmp, original)):
+                        self.keep_spare and self._spare_taken(target, tmp)):
                     _copy_database(target, tmp)
                 con = _open_working_copy(tmp, appending=original is not None)
                 if convert:

@@ -74,11 +74,22 @@ def take(key: str, version: tuple[int, int], open_con: Callable[[], duckdb.DuckD
     return take_shared(_views, key, _lock, lambda held: held.version == version, open_view)
 
 
-def let_go_if_replaced(key: str, version: tuple[int, int]) -> None:
-    """Let go of the view of the file `key` unless it is of `version`."""
+def file_version(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """The state of the file at `path` as views are kept by (Store.version): its mtime and inode; (0, 0) where
+    there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return (0, 0)
+    return (st.st_mtime_ns, st.st_ino)
+
+
+def let_go_if_replaced(key: str) -> None:
+    """Let go of the view of the file `key` unless its file is still the one there. stat()ed under the lock: a
+    view of the state it finds can't have been taken meanwhile."""
     with _lock:
         view = _views.get(key)
-        if view is not None and view.version != version:
+        if view is not None and view.version != file_version(key):
             view.retire()
             del _views[key]
 
@@ -96,22 +107,13 @@ def reading_file(inode: int) -> bool:
         return inode in _reading
 
 
-def _version(key: str) -> tuple[int, int]:
-    try:
-        st = os.stat(key)
-    except OSError:
-        return (0, 0)
-    return (st.st_mtime_ns, st.st_ino)
-
-
 def _let_go_of_replaced() -> None:
     while True:
         time.sleep(LET_GO_EVERY_S)
         with _lock:
             held = list(_views)
         for key in held:
-            with _lock:  # stat()ed under the lock: a view of the state it finds can't have been taken meanwhile
-                view = _views.get(key)
-                if view is not None and view.version != _version(key):
-                    view.retire()
-                    del _views[key]
+            try:
+                let_go_if_replaced(key)
+            except OSError:  # a folder no longer readable: the view stays until its next read
+                pass
