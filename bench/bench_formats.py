@@ -9,7 +9,10 @@
   epoch-millisecond timestamps mixed, unknown fields, rows shuffled into four files;
 - `services`: the tie-heavy log's records with other fields where real loggers put them (bench/service_log.py:
   first, between known ones, last, different ones from record to record), and `clean`, the same records
-  without them: the first within 10% of the second.
+  without them: the first within 10% of the second;
+- `incident` (only when named): the contract's records as issue 57 describes its held-out incident log, two
+  unknown fields (`service_version` between known ones, `i` last) and `ts` mixed (RFC 3339 and epoch
+  milliseconds): the `ingest-speed` check's 3.5x.
 
 Every file also holds hostile lines (bad JSON, wrong types, a huge integer) and duplicate timestamps.
 Targets: the contract log within 3x of its floor, with ten unknown fields within 3x,
@@ -20,7 +23,7 @@ floor, ours, ...: a loaded machine's drift falls on both) and reports medians; `
 side, our ingest from another checkout's `specdec_core` (`git archive REV specdec_core | tar -x -C DIR`).
 
     .venv/bin/python bench/bench_formats.py [--rows 1000000] [--repeat 1] [--before DIR]
-        [--logs contract,unknown,otel,litellm,ties,services,clean]   (all by default)
+        [--logs contract,unknown,otel,litellm,ties,services,clean,incident]   (all but incident by default)
 """
 
 from __future__ import annotations
@@ -123,6 +126,7 @@ COPY (
 
 
 SERVICES, CLEAN = "services (other fields anywhere)", "services' records, no other fields"
+INCIDENT = "incident (issue 57's shape)"
 
 
 def make_logs(rows: int, wanted: set[str]) -> dict[str, Path]:
@@ -133,11 +137,40 @@ def make_logs(rows: int, wanted: set[str]) -> dict[str, Path]:
             "otel": OUT / f"formats-{rows}-otel.jsonl", "litellm": OUT / f"formats-{rows}-litellm.jsonl"}
     if not all(p.exists() for name, p in logs.items() if name in wanted):
         _make_shapes(rows, logs)
+    if INCIDENT in wanted:
+        logs[INCIDENT] = OUT / f"formats-{rows}-incident.jsonl"
+        if not base.exists():
+            _make_shapes(rows, {k: v for k, v in logs.items() if k != INCIDENT})
+        if not logs[INCIDENT].exists():
+            _make_incident(base, logs[INCIDENT])
     if "ties" in wanted:
         logs["ties"] = make_tie_log(OUT / f"formats-{rows}-ties", rows)
     if wanted & {SERVICES, CLEAN}:
         logs[SERVICES], logs[CLEAN] = make_service_logs(OUT / f"formats-{rows}-services", rows)
     return logs
+
+
+def _make_incident(base: Path, out: Path) -> None:
+    """The contract log's records as issue 57 describes its held-out incident log: two fields the contract
+    doesn't name (`service_version` between known ones, `i` last) and `ts` an RFC 3339 string on half the
+    records, epoch milliseconds on the other half; the hostile lines after them."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    tmp = out.with_suffix(".part")
+    con.execute(f"""COPY (SELECT request_id,
+                        CASE WHEN seq % 2 = 0 THEN to_json(epoch_ms(ts::TIMESTAMP))
+                             ELSE to_json(strftime(ts::TIMESTAMP, '%Y-%m-%dT%H:%M:%S.%gZ')) END AS ts,
+                        prompt, '2.14.' || (seq % 7) AS service_version, * EXCLUDE (request_id, ts, prompt, seq),
+                        seq - 1 AS i
+                    FROM (SELECT *, row_number() OVER () AS seq FROM read_json(?, format = 'newline_delimited',
+                                                                                ignore_errors = true)))
+                    TO '{tmp}' (FORMAT JSON)""", [str(base)])
+    con.close()
+    with open(tmp, "a", encoding="utf-8") as fh:
+        fh.write("\n".join(HOSTILE) + "\n")
+    tmp.rename(out)
 
 
 def _make_shapes(rows: int, logs: dict[str, Path]) -> None:
@@ -215,12 +248,13 @@ def main() -> None:
     parser.add_argument("--logs", default="contract,unknown,otel,litellm,ties,services,clean",
                         help="which logs to run: contract, unknown (contract + 10 unknown fields), otel, litellm, "
                              "ties (the tie-heavy incident log), services (other fields anywhere), clean (the "
-                             "services log's records without them)")
+                             "services log's records without them), incident (issue 57's held-out shape: "
+                             "contract records with two unknown fields and mixed ts types; not in the default)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each side, in turn; medians reported")
     parser.add_argument("--before", type=Path, help="a folder holding another checkout's specdec_core: a third side")
     args = parser.parse_args()
     short = {"contract": "contract", "unknown": "contract + 10 unknown fields", "otel": "otel", "litellm": "litellm",
-             "ties": "ties", "services": SERVICES, "clean": CLEAN}
+             "ties": "ties", "services": SERVICES, "clean": CLEAN, "incident": INCIDENT}
     wanted = {short[name.strip()] for name in args.logs.split(",")}
     sys.path.insert(0, str(ROOT))
     OUT.mkdir(exist_ok=True)
@@ -266,7 +300,8 @@ def main() -> None:
               f"{ours_s - checked:.1f} s ({(ours_s - checked) / floor_s:.2f}x): "
               + ", ".join(f"{k} {v:.1f}" for k, v in phases.items() if k not in READ_AND_CHECK))
     print_phase_table(tables)
-    for name, target in (("contract", 3.0), ("contract + 10 unknown fields", 3.0), ("ties", 3.5), (SERVICES, 3.0)):
+    for name, target in (("contract", 3.0), ("contract + 10 unknown fields", 3.0), ("ties", 3.5), (SERVICES, 3.0),
+                         (INCIDENT, 3.5)):
         if name not in results:
             continue
         floor_s, ours_s = results[name]["floor"][0], results[name]["ours"][0]
