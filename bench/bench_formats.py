@@ -138,11 +138,11 @@ def make_logs(rows: int, wanted: set[str]) -> dict[str, Path]:
     if not all(p.exists() for name, p in logs.items() if name in wanted):
         _make_shapes(rows, logs)
     if INCIDENT in wanted:
-        logs[INCIDENT] = OUT / f"formats-{rows}-incident.jsonl"
         if not base.exists():
-            _make_shapes(rows, {k: v for k, v in logs.items() if k != INCIDENT})
+            _make_shapes(rows, logs)
+        logs[INCIDENT] = OUT / f"formats-{rows}-incident.jsonl"
         if not logs[INCIDENT].exists():
-            _make_incident(base, logs[INCIDENT])
+            _make_incident(base, rows, logs[INCIDENT])
     if "ties" in wanted:
         logs["ties"] = make_tie_log(OUT / f"formats-{rows}-ties", rows)
     if wanted & {SERVICES, CLEAN}:
@@ -150,10 +150,10 @@ def make_logs(rows: int, wanted: set[str]) -> dict[str, Path]:
     return logs
 
 
-def _make_incident(base: Path, out: Path) -> None:
-    """The contract log's records as issue 57 describes its held-out incident log: two fields the contract
-    doesn't name (`service_version` between known ones, `i` last) and `ts` an RFC 3339 string on half the
-    records, epoch milliseconds on the other half; the hostile lines after them."""
+def _make_incident(base: Path, rows: int, out: Path) -> None:
+    """The contract log's `rows` records as issue 57 describes its held-out incident log: two fields the
+    contract doesn't name (`service_version` between known ones, `i` last) and `ts` an RFC 3339 string on half
+    the records, epoch milliseconds on the other half; the hostile lines after them."""
     import duckdb
 
     con = duckdb.connect()
@@ -165,7 +165,8 @@ def _make_incident(base: Path, out: Path) -> None:
                         prompt, '2.14.' || (seq % 7) AS service_version, * EXCLUDE (request_id, ts, prompt, seq),
                         seq - 1 AS i
                     FROM (SELECT *, row_number() OVER () AS seq FROM read_json(?, format = 'newline_delimited',
-                                                                                ignore_errors = true)))
+                                                                                ignore_errors = true))
+                    WHERE seq <= {int(rows)})
                     TO '{tmp}' (FORMAT JSON)""", [str(base)])
     con.close()
     with open(tmp, "a", encoding="utf-8") as fh:
