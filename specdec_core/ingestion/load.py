@@ -128,7 +128,7 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, ch
         lists AS (SELECT *, json_type(obj, {paths}) AS t, from_json(obj, {texts}) AS s FROM o),
         -- One column per field: list indexing inside every later expression would repeat the work.
         fields AS (SELECT seq, source_file, source_line, raw, valid, root, obj,
-                          len(list_filter(t, lambda x: x IS NOT NULL)) AS n_known,
+                          list_count(t) AS n_known,
                           coalesce(object_keys, json_keys(obj)) AS keys,
                           {", ".join(f"t[{i}] AS {field_type(n)}, {text_in_texts('s', n)} AS {field_text(n)}"
                                      for n, i in field_index().items())}
