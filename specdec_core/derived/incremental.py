@@ -23,7 +23,6 @@ Each step takes the relations it reads as arguments and returns the name of the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import duckdb
 
@@ -77,9 +76,9 @@ class Batch:
         return f"r.ingest_id = {int(self.ingest_id)}"
 
 
-def _temp(con: duckdb.DuckDBPyConnection, name: str, sql: str, params: dict[str, Any] | None = None) -> str:
+def _temp(con: duckdb.DuckDBPyConnection, name: str, sql: str) -> str:
     """Make the temp table `name` from `sql` and return its name: the one place the update's relations are made."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {sql}", params or {})
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {sql}")
     return name
 
 
@@ -127,8 +126,8 @@ def _batch_rows(con: duckdb.DuckDBPyConnection, ingest_id: int) -> str:
     return _temp(con, "batch", f"""
         SELECT request_id, ts, {_DEP} AS dep, {deployment_label(None)} AS deployment, cache_key, cache_hit, fingerprint,
                source_file, source_line
-        FROM requests r WHERE ingest_id = $ingest_id
-    """, {"ingest_id": ingest_id})
+        FROM requests r WHERE ingest_id = {int(ingest_id)}
+    """)
 
 
 def _rejudge_set(con: duckdb.DuckDBPyConnection, batch: Batch) -> str:
@@ -147,7 +146,7 @@ def _rejudge_set(con: duckdb.DuckDBPyConnection, batch: Batch) -> str:
     since = _timestamp_literal(con, f"SELECT min(since) FROM {touched}")
     batch_first = _timestamp_literal(con, f"SELECT min(ts) FROM {batch.rows}")
     stored = (f"r.request_id, r.ts, {deployment_label('r')} AS deployment, r.cache_key, r.fingerprint, "
-              f"{_DEP}, r.ingest_id <> $ingest_id")
+              f"{_DEP}, r.ingest_id <> {int(batch.ingest_id)}")
     return _temp(con, "rejudge", f"""
         SELECT DISTINCT ON (request_id) * FROM (
             SELECT request_id, ts, deployment, cache_key, fingerprint, dep, false AS stored FROM {batch.rows}
@@ -168,7 +167,7 @@ def _rejudge_set(con: duckdb.DuckDBPyConnection, batch: Batch) -> str:
               ON b.dep = f.dep AND b.fingerprint = f.fingerprint
             WHERE r.cache_hit AND r.ts > {batch_first} AND r.ts <= f.first_ts AND b.ts < r.ts
         ) ORDER BY request_id, stored
-    """, {"ingest_id": batch.ingest_id})
+    """)
 
 
 def _update_first_seen(con: duckdb.DuckDBPyConnection, batch: Batch) -> None:
@@ -297,27 +296,32 @@ def _update_minutes(con: duckdb.DuckDBPyConnection, batch: Batch, rejudge: str, 
                                     f"(SELECT ts FROM {rejudge} WHERE stored UNION ALL SELECT ts FROM {batch.backfilled})")
     added = _temp(con, "added", f"SELECT DISTINCT {_minute('ts')} AS minute FROM {batch.rows} "
                                 f"WHERE {_minute('ts')} NOT IN (SELECT minute FROM {recount})")
-    _replace_minutes(con, recount, minute_sql(_in_minutes(recount)))
-    # The batch's hits were all judged now: their verdicts are `judged`'s rows.
-    batch_rows = minute_sql(f"{_in_minutes(added)} AND {batch.where}", hit_sources=judged)
-    merged = ", ".join(f"{how}({name}) AS {name}" for name, how in MINUTE_MERGE.items())
-    _replace_minutes(con, added, f"SELECT * EXCLUDE ({', '.join(MINUTE_MERGE)}), {merged} FROM ("
-                                 f"SELECT * FROM summary_minute WHERE minute IN (SELECT minute FROM {added}) "
-                                 f"UNION ALL BY NAME {batch_rows}) GROUP BY ALL")
+    recounted = _in_minutes(con, recount)
+    if recounted:
+        _replace_minutes(con, recount, minute_sql(recounted))
+    if added_rows := _in_minutes(con, added):
+        # The batch's hits were all judged now: their verdicts are `judged`'s rows.
+        batch_rows = minute_sql(f"{added_rows} AND {batch.where}", hit_sources=judged)
+        merged = ", ".join(f"{how}({name}) AS {name}" for name, how in MINUTE_MERGE.items())
+        _replace_minutes(con, added, f"SELECT * EXCLUDE ({', '.join(MINUTE_MERGE)}), {merged} FROM ("
+                                     f"SELECT * FROM summary_minute WHERE minute IN (SELECT minute FROM {added}) "
+                                     f"UNION ALL BY NAME {batch_rows}) GROUP BY ALL")
 
 
-def _in_minutes(minutes: str) -> str:
-    # The range ($lo, $hi) lets the scan skip what lies outside it; the list keeps only those minutes.
-    return f"r.ts >= $lo AND r.ts < $hi AND {_minute('r.ts')} IN (SELECT minute FROM {minutes})"
+def _in_minutes(con: duckdb.DuckDBPyConnection, minutes: str) -> str | None:
+    """The rows of `requests r` in the minutes the relation `minutes` lists; None when it lists none. The range
+    (constant bounds) lets the scan skip what lies outside it; the list keeps only those minutes."""
+    lo, hi = con.execute(f"SELECT min(minute)::VARCHAR, (max(minute) + INTERVAL 1 minute)::VARCHAR "
+                         f"FROM {minutes}").fetchall()[0]
+    if lo is None:
+        return None
+    return (f"r.ts >= {literal(lo)}::TIMESTAMPTZ AND r.ts < {literal(hi)}::TIMESTAMPTZ "
+            f"AND {_minute('r.ts')} IN (SELECT minute FROM {minutes})")
 
 
 def _replace_minutes(con: duckdb.DuckDBPyConnection, minutes: str, rows: str) -> None:
-    """Replace summary_minute's rows of the minutes listed in the relation `minutes` by `rows` (over
-    _in_minutes(minutes), whose bounds it binds)."""
-    lo, hi = con.execute(f"SELECT min(minute), max(minute) + INTERVAL 1 minute FROM {minutes}").fetchall()[0]
-    if lo is None:
-        return
-    minute_rows = _temp(con, "minute_rows", rows, {"lo": lo, "hi": hi})
+    """Replace summary_minute's rows of the minutes listed in the relation `minutes` by `rows`."""
+    minute_rows = _temp(con, "minute_rows", rows)
     con.execute(f"DELETE FROM summary_minute WHERE minute IN (SELECT minute FROM {minutes})")
     con.execute(f"INSERT INTO summary_minute BY NAME SELECT * FROM {minute_rows}")
 
@@ -413,7 +417,7 @@ def _fold_when_doubled(con: duckdb.DuckDBPyConnection, table: str, key: str, fol
     """Fold a table that batches append to (`fold_sql`) once it holds more than twice its rows when last folded
     (meta's `key`) plus a slack: each row is folded a bounded number of times."""
     rows = scalar(con, f"SELECT count(*) FROM {table}")
-    folded = scalar(con, "SELECT coalesce(max(value::BIGINT), 0) FROM meta WHERE key = $key", {"key": key})
+    folded = scalar(con, f"SELECT coalesce(max(value::BIGINT), 0) FROM meta WHERE key = {literal(key)}")
     if rows > 2 * folded + summaries.OUTPUTS_SLACK:
         con.execute(fold_sql)
         con.execute(folded_sql(table, key))

@@ -16,10 +16,11 @@ import duckdb
 
 from specdec_core.store.ddl import create_tables
 from specdec_core.store.schema import FIRST_VERDICTS_DDL
+from specdec_core.store.sql import value_sql
 
 
-def new_verdicts_sql(among: str | None) -> str:
-    """The hits judged contaminated for the first time by this write ($ingest_id): of every contaminated hit, or only
+def new_verdicts_sql(among: str | None, ingest_id: int | None) -> str:
+    """The hits judged contaminated for the first time by this write (`ingest_id`): of every contaminated hit, or only
     of those whose ids the relation `among` lists (the hits a batch judged again: no other verdict changed). The
     record is read for the candidates only: at 20M rows, 6M verdicts on each side cost a follow's write 0.75 s."""
     if among is None:
@@ -27,7 +28,7 @@ def new_verdicts_sql(among: str | None) -> str:
     else:
         candidates = f"(SELECT * FROM summary_contaminated WHERE request_id IN (SELECT request_id FROM {among}))"
     return f"""
-SELECT c.request_id, c.deployment, c.target_model, c.draft_model, c.differing_fields, $ingest_id::BIGINT AS ingest_id
+SELECT c.request_id, c.deployment, c.target_model, c.draft_model, c.differing_fields, {value_sql(ingest_id)}::BIGINT AS ingest_id
 FROM {candidates} c LEFT JOIN contaminated_first_verdicts v ON v.request_id = c.request_id
 WHERE v.request_id IS NULL
 """
@@ -64,7 +65,7 @@ def record_first_verdicts(con: duckdb.DuckDBPyConnection, ingest_id: int | None,
     create_tables(con, FIRST_VERDICTS_DDL)
     if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'summary_contaminated'").fetchall()[0][0]:
         return  # none before the first accepted row
-    con.execute(f"CREATE OR REPLACE TEMP TABLE new_first_verdicts AS {new_verdicts_sql(among)}", {"ingest_id": ingest_id})
+    con.execute(f"CREATE OR REPLACE TEMP TABLE new_first_verdicts AS {new_verdicts_sql(among, ingest_id)}")
     if not con.execute("SELECT count(*) FROM new_first_verdicts").fetchall()[0][0]:
         return
     con.execute("INSERT INTO contaminated_first_verdicts SELECT * FROM new_first_verdicts")

@@ -27,7 +27,7 @@ from specdec_core.contract.identity import (
 from specdec_core.formats.common import MAX_JSON_DEPTH, TOO_DEEP, FormatError, loads, too_deep
 from specdec_core.ingestion.relations import BatchRelations
 from specdec_core.ingestion.validation import is_unknown
-from specdec_core.store.sql import list_literal
+from specdec_core.store.sql import list_literal, sql_list
 
 _ID_JOIN = "t.id_hash = m.id_hash"
 
@@ -133,8 +133,8 @@ def _field_sql(con: duckdb.DuckDBPyConnection, f: contract.Field, joins: list[st
         canons = [canonical_value(f, v) for v in distinct]
         canon_type = f.sql_type
     table = _lookup_table(f)
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT unnest(?::{f.sql_type}[]) AS v, "
-                f"unnest(?::VARCHAR[]) AS text, unnest(?::{canon_type}[]) AS canon", [distinct, texts, canons])
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT unnest({sql_list(distinct, f.sql_type)}) AS v, "
+                f"unnest({sql_list(texts, 'VARCHAR')}) AS text, unnest({sql_list(canons, canon_type)}) AS canon")
     joins.append(f"LEFT JOIN {table} ON {table}.v IS NOT DISTINCT FROM i.{f.name}")
     return f"text_{f.name}", f"canon_{f.name}"
 
@@ -176,8 +176,8 @@ def _canonical_cached_fingerprints(con: duckdb.DuckDBPyConnection, rel: BatchRel
         cached_texts.append(text)
         cached_fps.append(fp)
         canonical_rows[fp] = canonical
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {rel.cachedmap} AS SELECT unnest($texts::VARCHAR[]) AS text, "
-                "unnest($fingerprints::VARCHAR[]) AS fingerprint", {"texts": cached_texts, "fingerprints": cached_fps})
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {rel.cachedmap} AS SELECT unnest({sql_list(cached_texts, 'VARCHAR')}) "
+                f"AS text, unnest({sql_list(cached_fps, 'VARCHAR')}) AS fingerprint")
     return canonical_rows
 
 
@@ -201,9 +201,10 @@ def _insert_identities(con: duckdb.DuckDBPyConnection, rows: dict[str, str]) -> 
             columns.append(values)
             casts.append(f.sql_type)
     names = ["fingerprint", "identity", "greedy", *(f.name for f in fields)]
-    selected = [f"unnest(?::{cast}[]) AS {name}" for cast, name in zip(casts, names, strict=True)]
+    selected = [f"unnest({sql_list(column, cast)}) AS {name}"
+                for column, cast, name in zip(columns, casts, names, strict=True)]
     stored = ["fingerprint", "identity::JSON", "greedy",
               *(f"{f.name}::HUGEINT" if f.sql_type == "HUGEINT" else f.name for f in fields)]
     con.execute(f"INSERT INTO identities ({', '.join(names)}) SELECT {', '.join(stored)} "
                 f"FROM (SELECT {', '.join(selected)}) a "
-                "WHERE NOT EXISTS (SELECT 1 FROM identities i WHERE i.fingerprint = a.fingerprint)", columns)
+                "WHERE NOT EXISTS (SELECT 1 FROM identities i WHERE i.fingerprint = a.fingerprint)")

@@ -51,7 +51,7 @@ from specdec_core.ingestion.validation import (
     values_sql,
 )
 from specdec_core.store.connection import WRITER_MEMORY_LIMIT_NATIVE, Store
-from specdec_core.store.sql import deployment_label, deployment_partition, scalar
+from specdec_core.store.sql import deployment_label, deployment_partition, literal, scalar, sql_list
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, ch
     paths, texts, extra = paths_literal(), texts_type(shapes), extra_sql(shapes)
     select = f"""
         WITH staging AS (
-            SELECT seq, $source_file::VARCHAR AS source_file, source_line, raw FROM ({lines.sql})
+            SELECT seq, {literal(source_file)}::VARCHAR AS source_file, source_line, raw FROM ({lines.sql})
             WHERE raw IS NOT NULL AND (raw[1] = '{{' OR NOT regexp_full_match(raw, '\\s*'))
         ),
         -- A line that opens with '{{' is parsed once for its keys: NULL when it is not valid JSON. Only
@@ -153,9 +153,9 @@ def _validate(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, ch
         SELECT *, {id_hash_sql()} AS id_hash FROM typed_rows
     """
     if create:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {checked} AS {select}", {"source_file": source_file})
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {checked} AS {select}")
         return 0
-    return con.execute(f"INSERT INTO {checked} {select}", {"source_file": source_file}).fetchall()[0][0]
+    return con.execute(f"INSERT INTO {checked} {select}").fetchall()[0][0]
 
 
 # `checked`'s columns as DDL, once per contract in a process: planning the check is costly.
@@ -266,13 +266,13 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str, inputs: d
                        "ingest_id"])
     accepted = con.execute(f"""
         INSERT INTO requests ({names})
-        SELECT {columns}, m.fingerprint, cm.fingerprint, t.source_file, t.source_line, $ingest_id
+        SELECT {columns}, m.fingerprint, cm.fingerprint, t.source_file, t.source_line, {int(ingest_id)}
         FROM {rel.typed} t
         JOIN {rel.idmap} m ON {join}
         LEFT JOIN {rel.outcome} o USING (seq)
         LEFT JOIN {rel.cachedmap} cm ON cm.text = t.cached_fingerprint::VARCHAR
         WHERE coalesce(o.outcome, 'accept') = 'accept'
-    """, {"ingest_id": ingest_id}).fetchall()[0][0]
+    """).fetchall()[0][0]
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE {rel.bad} AS
         WITH b AS (
@@ -288,8 +288,8 @@ def _commit(con: duckdb.DuckDBPyConnection, ingest_id: int, join: str, inputs: d
     _keep_new_rejects(con, rel)
     con.execute(f"""
         INSERT INTO quarantine
-        SELECT $ingest_id, source_file, source_line, request_id, reason, raw, raw_hash FROM {rel.bad_new}
-    """, {"ingest_id": ingest_id})
+        SELECT {int(ingest_id)}, source_file, source_line, request_id, reason, raw, raw_hash FROM {rel.bad_new}
+    """)
     quarantined = scalar(con, f"SELECT count(*) FROM {rel.bad_new}")
     return accepted, quarantined
 
@@ -398,10 +398,8 @@ def ingest(
                 update_derived(con, ingest_id, rel.backfilled)  # with the first verdicts among what it judged
             say(_BATCH_STEPS[3])
         duplicates = read - accepted - quarantined - skipped
-        con.execute(
-            "INSERT INTO ingests VALUES (?, now(), ?, ?, ?, ?, ?)",
-            [ingest_id, shown, read, accepted, duplicates, quarantined],
-        )
+        con.execute(f"INSERT INTO ingests VALUES ({int(ingest_id)}, now(), {sql_list(shown, 'VARCHAR')}, "
+                    f"{int(read)}, {int(accepted)}, {int(duplicates)}, {int(quarantined)})")
         if before_commit is not None:
             before_commit(con, ingest_id)
         _drop_work_tables(con, rel)

@@ -24,6 +24,7 @@ from specdec_core.formats.containers import read_file
 from specdec_core.formats.files import JSONL_SUFFIXES, MAX_RECORD_BYTES, duckdb_literal_path, too_large
 from specdec_core.formats.jsonl import FOREIGN_CHUNK_ROWS, read_foreign
 from specdec_core.store.connection import WRITER_MEMORY_LIMIT
+from specdec_core.store.sql import literal
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,9 @@ class IngestLimits:
 # fails the strict read and the file is read by the Python reader instead, which takes anything.
 # So does a line past the size limit: the Python reader hands it over for quarantine. The buffer is twice
 # the longest line, not DuckDB's default of sixteen times: 256 MB buffers read a 1M-line file at half speed.
-def _raw_lines_sql(table: str, max_line_size: int) -> str:
-    """Read the file $path into `table`, a line a row."""
-    return (f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT raw FROM read_csv($path, columns = {{'raw': 'VARCHAR'}}, "
+def _raw_lines_sql(table: str, path: str, max_line_size: int) -> str:
+    """Read the file `path` into `table`, a line a row."""
+    return (f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT raw FROM read_csv({literal(path)}, columns = {{'raw': 'VARCHAR'}}, "
             "delim = chr(1), quote = '', escape = '', header = false, auto_detect = false, strict_mode = true, "
             f"max_line_size = {int(max_line_size)}, buffer_size = {2 * int(max_line_size)})")
 
@@ -164,8 +165,8 @@ def _stage(con: duckdb.DuckDBPyConnection, path: Path, table: str, first_seq: in
         return _stage_foreign(con, path, name, table, first_seq, reader, limits.max_record_bytes)
     if path.name.lower().endswith(JSONL_SUFFIXES) and _lines_end_in_newlines(path):
         try:
-            with duckdb_literal_path(path) as literal:
-                con.execute(_raw_lines_sql(table, limits.max_record_bytes), {"path": literal})
+            with duckdb_literal_path(path) as readable:
+                con.execute(_raw_lines_sql(table, readable, limits.max_record_bytes))
         except duckdb.InterruptException:
             raise
         except duckdb.Error:
@@ -276,7 +277,7 @@ def set_aside(con: duckdb.DuckDBPyConnection, lines: Lines, source_file: str, li
     con.execute(f"CREATE OR REPLACE TEMP TABLE {aside} AS SELECT * FROM aside_arrow")
     con.unregister("aside_arrow")
     con.execute(f"INSERT INTO {checked} (seq, source_file, source_line, reason) "
-                f"SELECT seq, $source_file, source_line, reason FROM {aside}", {"source_file": source_file})
+                f"SELECT seq, {literal(source_file)}, source_line, reason FROM {aside}")
     rest = replace(lines, sql=f"SELECT * FROM ({lines.sql}) WHERE seq NOT IN (SELECT seq FROM {aside})")
     return rest, len(rows)
 

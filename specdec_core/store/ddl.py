@@ -21,7 +21,7 @@ from specdec_core.store.schema import (
     requests_ddl,
     schema_sql,
 )
-from specdec_core.store.sql import list_literal, scalar
+from specdec_core.store.sql import list_literal, literal, scalar
 from specdec_core.store.working_copy import compact_after_write
 
 # 2: requests.seed run-length encoded in a DuckDB file (_encode_seed); 3: a DuckDB file written anew in DuckDB 1.5's
@@ -106,7 +106,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         if stored in ("1", "2"):  # the old row groups too: the store into a fresh file, in today's format
             compact_after_write(con)
         con.execute("DELETE FROM meta WHERE key = 'schema_version'")
-        con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        con.execute(f"INSERT INTO meta VALUES ('schema_version', {literal(str(SCHEMA_VERSION))})")
     if report is not None and before:  # a store that had tables: what this write changed in them
         after = _columns(con)
         said = [f"added table {t}" for t in sorted(set(after) - set(before))]

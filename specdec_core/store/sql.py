@@ -1,17 +1,66 @@
-"""SQL text made from values that can't be bound as parameters (ATTACH, LOAD, SET, lists in DDL): quoted here only."""
+"""SQL text made from values that can't be bound as parameters (ATTACH, LOAD, SET, lists in DDL), or that an ingest
+writes into its statements so as to bind none (value_sql): quoted here only."""
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 import duckdb
 
 
 def literal(text: str) -> str:
-    """`text` as a SQL string literal, its quotes included."""
-    return "'" + text.replace("'", "''") + "'"
+    """`text` as a SQL string literal, its quotes included (a NUL, which would end the statement's text, as chr(0))."""
+    quoted = "'" + text.replace("'", "''") + "'"
+    return quoted.replace("\0", "' || chr(0) || '") if "\0" in text else quoted
+
+
+# Values written into a statement instead of bound: DuckDB's Python client imports pandas to bind its first
+# parameter (0.3 s), and a process that only ingests (the CLI's, a follower's) needs no pandas.
+def value_sql(value: Any) -> str:
+    """A Python value (None, bool, int, float, str, datetime) as SQL text that gives that value exactly."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value) if -(2**63) <= value < 2**63 else f"{value}::HUGEINT"
+    if isinstance(value, float):
+        return f"{literal(repr(value))}::DOUBLE"  # the shortest text that reads back as this double
+    if isinstance(value, str):
+        return literal(value)
+    if isinstance(value, datetime):
+        return f"{literal(value.isoformat())}::{'TIMESTAMPTZ' if value.tzinfo else 'TIMESTAMP'}"
+    raise TypeError(f"no SQL text for a {type(value).__name__}")
+
+
+def _as_text(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_as_text(v) for v in value]
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"no SQL text for a {type(value).__name__}")
+
+
+def sql_list(values: Sequence[Any], sql_type: str) -> str:
+    """A Python list as an SQL expression of type `sql_type`[] holding those values exactly (items of sql_type:
+    values as value_sql takes them, or lists of them where it ends in []). Written as one JSON text of the
+    values' texts, cast: a list literal of 100,000 values takes DuckDB 0.7 s to bind, this 0.1 s."""
+    depth = sql_type.count("[]")
+    structure = "[" * (depth + 1) + '"VARCHAR"' + "]" * (depth + 1)
+    text = json.dumps(_as_text(list(values)), ensure_ascii=True)
+    return f"from_json({literal(text)}, {literal(structure)})::{sql_type}[]"
 
 
 def list_literal(texts: Iterable[str]) -> str:

@@ -6,6 +6,8 @@ import gzip
 import hashlib
 import json
 import random
+import subprocess
+import sys
 import threading
 
 import duckdb
@@ -502,3 +504,22 @@ def test_a_store_in_duckdbs_older_storage_format_is_written_anew_in_1_5s_by_the_
         assert _text_compression(con) == {"DICT_FSST"}
         assert con.execute("SELECT * FROM requests WHERE request_id <> 'b0' ORDER BY request_id").fetchall() == before
         assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [("3",)]
+
+
+def test_an_ingest_binds_no_parameter_so_its_process_never_imports_pandas(tmp_path):
+    """DuckDB's Python client imports pandas (0.3 s) to bind a first parameter; an ingest needs no pandas, so every
+    value it sends is written into its statements. First and later batches, a file and a lake, with rejects, a
+    cached_fingerprint object and stop lists (the values the identities are written with)."""
+    records = [rec(f"p{i}", stop=["\n", f"s{i % 3}"], temperature=0.7 if i % 2 else 0.0, seed=2**62 + i,
+                   cached_fingerprint={"prompt": "x", "target_model": "t"} if i == 3 else None) for i in range(20)]
+    first = write_jsonl(tmp_path / "a.jsonl", [*records[:10], {"request_id": "bad"}])
+    later = write_jsonl(tmp_path / "b.jsonl", records[10:])
+    code = ("import sys\nfrom specdec_core.ingestion import ingest\nfrom specdec_core.store import Store\n"
+            "for store in sys.argv[3:]:\n    for path in sys.argv[1:3]:\n        ingest(Store(store), [path])\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas')[:1])")
+    done = subprocess.run([sys.executable, "-c", code, str(first), str(later), str(tmp_path / "s.duckdb"),
+                           f"ducklake:{tmp_path}/lake.sqlite"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+    with Store(tmp_path / "s.duckdb").read() as con:
+        assert con.execute("SELECT count(*) FROM requests").fetchall() == [(20,)]
