@@ -244,11 +244,12 @@ def output_identity_columns(alias: str = "i") -> str:
 
 def request_outputs_sql(where: str = "TRUE") -> str:
     """Every request of `where` as summary_request_outputs holds it: labels as the filters read them, the output
-    text and the identity fields that decide it as DuckDB's 64-bit hashes (the same hash as the row answer's)."""
+    text and the identity fields that decide it as DuckDB's 64-bit hashes (the same hash as the row answer's). The
+    identity's hash is taken once per identity, not per request (1M requests: 0.21 s against 0.30 s)."""
     return f"""SELECT r.ts, {deployment_label('r')} AS deployment, r.target_model,
-       {draft_label()} AS draft_model, r.cache_hit, hash(r.output_text) AS out_hash,
-       hash(({output_identity_columns()})) AS out_identity
-FROM requests r JOIN identities i USING (fingerprint) WHERE {where}"""
+       {draft_label()} AS draft_model, r.cache_hit, hash(r.output_text) AS out_hash, i.out_identity
+FROM requests r JOIN (SELECT i.fingerprint, hash(({output_identity_columns()})) AS out_identity FROM identities i) i
+     USING (fingerprint) WHERE {where}"""
 
 
 # Batches append rows a group already has; once the table has grown past twice its size when last one row per
