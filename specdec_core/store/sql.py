@@ -20,37 +20,37 @@ def literal(text: str) -> str:
 
 # Values written into a statement instead of bound: DuckDB's Python client imports pandas to bind its first
 # parameter (0.3 s), and a process that only ingests (the CLI's, a follower's) needs no pandas.
-def value_sql(value: Any) -> str:
-    """A Python value (None, bool, int, float, str, datetime) as SQL text that gives that value exactly."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value) if -(2**63) <= value < 2**63 else f"{value}::HUGEINT"
-    if isinstance(value, float):
-        return f"{literal(repr(value))}::DOUBLE"  # the shortest text that reads back as this double
-    if isinstance(value, str):
-        return literal(value)
-    if isinstance(value, datetime):
-        return f"{literal(value.isoformat())}::{'TIMESTAMPTZ' if value.tzinfo else 'TIMESTAMP'}"
-    raise TypeError(f"no SQL text for a {type(value).__name__}")
-
-
 def _as_text(value: Any) -> Any:
+    """A value (None, bool, int, float, str, datetime, or a list of them) as the text DuckDB casts back to it
+    exactly (a float: the shortest text that reads back as that double); None stays None."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, (list, tuple)):
         return [_as_text(v) for v in value]
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, float):
+    if isinstance(value, (int, float)):
         return repr(value)
-    if isinstance(value, int):
-        return str(value)
     if isinstance(value, datetime):
         return value.isoformat()
     raise TypeError(f"no SQL text for a {type(value).__name__}")
+
+
+def value_sql(value: Any) -> str:
+    """A value (None, bool, int, float, str, datetime) as SQL text that gives that value exactly."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, str):
+        return literal(value)
+    if isinstance(value, bool):
+        kind = "BOOLEAN"
+    elif isinstance(value, int):
+        kind = "BIGINT" if -(2**63) <= value < 2**63 else "HUGEINT"
+    elif isinstance(value, float):
+        kind = "DOUBLE"
+    else:
+        kind = "TIMESTAMPTZ" if getattr(value, "tzinfo", None) else "TIMESTAMP"
+    return f"{literal(_as_text(value))}::{kind}"
 
 
 def sql_list(values: Sequence[Any], sql_type: str) -> str:
