@@ -16,7 +16,6 @@ import duckdb
 
 from specdec_core.store.ddl import create_tables
 from specdec_core.store.schema import FIRST_VERDICTS_DDL
-from specdec_core.store.sql import value_sql
 
 
 def new_verdicts_sql(among: str | None, ingest_id: int | None) -> str:
@@ -28,7 +27,7 @@ def new_verdicts_sql(among: str | None, ingest_id: int | None) -> str:
     else:
         candidates = f"(SELECT * FROM summary_contaminated WHERE request_id IN (SELECT request_id FROM {among}))"
     return f"""
-SELECT c.request_id, c.deployment, c.target_model, c.draft_model, c.differing_fields, {value_sql(ingest_id)}::BIGINT AS ingest_id
+SELECT c.request_id, c.deployment, c.target_model, c.draft_model, c.differing_fields, {'NULL' if ingest_id is None else int(ingest_id)}::BIGINT AS ingest_id
 FROM {candidates} c LEFT JOIN contaminated_first_verdicts v ON v.request_id = c.request_id
 WHERE v.request_id IS NULL
 """
