@@ -194,17 +194,13 @@ def _insert_identities(con: duckdb.DuckDBPyConnection, rows: dict[str, str]) -> 
         if f.canonical == "string_set":  # the canonical set as JSON text
             columns.append([None if v is None else json.dumps(v, ensure_ascii=False) for v in values])
             casts.append("VARCHAR")
-        elif f.sql_type == "HUGEINT":  # through text: a Python int may not fit a 64-bit parameter
-            columns.append([None if v is None else str(v) for v in values])
-            casts.append("VARCHAR")
-        else:
+        else:  # sql_list writes any Python int's digits and casts them: a HUGEINT needs no detour
             columns.append(values)
             casts.append(f.sql_type)
     names = ["fingerprint", "identity", "greedy", *(f.name for f in fields)]
     selected = [f"unnest({sql_list(column, cast)}) AS {name}"
                 for column, cast, name in zip(columns, casts, names, strict=True)]
-    stored = ["fingerprint", "identity::JSON", "greedy",
-              *(f"{f.name}::HUGEINT" if f.sql_type == "HUGEINT" else f.name for f in fields)]
+    stored = ["fingerprint", "identity::JSON", "greedy", *(f.name for f in fields)]
     con.execute(f"INSERT INTO identities ({', '.join(names)}) SELECT {', '.join(stored)} "
                 f"FROM (SELECT {', '.join(selected)}) a "
                 "WHERE NOT EXISTS (SELECT 1 FROM identities i WHERE i.fingerprint = a.fingerprint)")

@@ -17,7 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec_core.contract import fields as contract
-from specdec_core.contract.identity import canonical_json, identity_with_unknown, sha256_hex
+from specdec_core.contract.identity import (
+    canonical_json,
+    fingerprint,
+    identity,
+    identity_with_unknown,
+    sha256_hex,
+)
 from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
@@ -99,3 +105,19 @@ def test_identity_columns_hold_the_canonical_values(tmp_path):
                            "ORDER BY temperature DESC").fetchall()
     assert rows == [(0.7, 0.9, None, '["a", "b"]', None, 2**100, False),
                     (0.0, None, None, "[]", "llama-1b", None, True)]
+
+
+def test_an_identity_given_whole_is_kept_with_the_same_columns_as_a_logged_one(tmp_path):
+    """A hit's cached_fingerprint names an identity the log never shows: it is stored from the object, its
+    columns (a seed past 64 bits, a stop set, a rounded temperature) as a logged request's would be."""
+    source = rec("src", temperature=0.70000049, top_p=0.9, stop=["b", "a", "b"], seed=2**100 + 1)
+    hit = rec("hit", cache_hit=True, cached_fingerprint=identity(source))
+    whole, logged = Store(tmp_path / "whole.duckdb"), Store(tmp_path / "logged.duckdb")
+    ingest(whole, [str(write_jsonl(tmp_path / "whole.jsonl", [hit]))])
+    ingest(logged, [str(write_jsonl(tmp_path / "logged.jsonl", [source]))])
+    columns = "fingerprint, temperature, top_p, stop, seed, greedy, identity::VARCHAR"
+    with logged.read() as con:
+        expected = con.execute(f"SELECT {columns} FROM identities").fetchall()
+    with whole.read() as con:
+        kept = con.execute(f"SELECT {columns} FROM identities WHERE fingerprint = ?", [fingerprint(source)]).fetchall()
+    assert kept == expected and kept[0][4] == 2**100 + 1
