@@ -511,7 +511,8 @@ def test_an_ingest_binds_no_parameter_so_its_process_never_imports_pandas(tmp_pa
     value it sends is written into its statements. First and later batches, a file and a lake, with rejects, a
     cached_fingerprint object and stop lists (the values the identities are written with)."""
     records = [rec(f"p{i}", stop=["\n", f"s{i % 3}"], temperature=0.7 if i % 2 else 0.0, seed=2**62 + i,
-                   cached_fingerprint={"prompt": "x", "target_model": "t"} if i == 3 else None) for i in range(20)]
+                   cached_fingerprint=identity(rec("elsewhere", temperature=0.7, seed=2**100 + 1)) if i == 3 else None)
+               for i in range(20)]
     first = write_jsonl(tmp_path / "a.jsonl", [*records[:10], {"request_id": "bad"}])
     later = write_jsonl(tmp_path / "b.jsonl", records[10:])
     code = ("import sys\nfrom specdec_core.ingestion import ingest\nfrom specdec_core.store import Store\n"
@@ -523,3 +524,5 @@ def test_an_ingest_binds_no_parameter_so_its_process_never_imports_pandas(tmp_pa
     assert done.stdout.strip() == "[]", done.stdout
     with Store(tmp_path / "s.duckdb").read() as con:
         assert con.execute("SELECT count(*) FROM requests").fetchall() == [(20,)]
+        # The identity given whole was written too (the lists of _insert_identities).
+        assert con.execute(f"SELECT count(*) FROM identities WHERE seed::VARCHAR = '{2**100 + 1}'").fetchall() == [(1,)]
