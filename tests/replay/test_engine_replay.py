@@ -4,6 +4,7 @@ injects faults (500, a malformed body, a hang past the timeout, a wrong model na
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -214,8 +215,9 @@ def test_a_faulty_engine_gives_one_clear_line_and_stores_nothing(tiny_registry, 
     assert says in failures[0] and "engine serve" in failures[0] and "\n" not in failures[0]
     if fault == "hang":  # dead after the first: the rest are not sent
         assert "on 1 of 1 replays sent" in failures[0] and "2 more not sent" in failures[0]
-    else:
-        assert "on 3 of 3 replays sent" in failures[0]
+    else:  # all three go out at once, unless the first failed before the rest were sent (a busy machine)
+        sent = int(re.search(r"on (\d) of \1 replays sent", failures[0]).group(1))
+        assert sent == 3 or f"{3 - sent} more not sent to a dead engine" in failures[0], failures
 
 
 def test_a_429_with_retry_after_is_waited_out_and_then_replays(tiny_registry, faults, batch):
