@@ -13,6 +13,9 @@ process started with SIGINT ignored (a background job) keeps ignoring it.
 from __future__ import annotations
 
 import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 _noted = False
@@ -34,3 +37,36 @@ def check() -> None:
     """Raise KeyboardInterrupt if one was noted, whatever became of the one raised then."""
     if _noted:
         raise KeyboardInterrupt
+
+
+@contextmanager
+def deferred(signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """A Ctrl-C (or SIGTERM) within the block takes effect as it ends, once its work is done and counted; a second
+    one at once.
+
+    For work that a server does but whose answer the process must see to say what it did (a purge's batch of
+    deletes: interrupted between the server's work and its reply, the run said it deleted none of them). Only
+    the main thread receives signals, and a signal the process ignores or leaves to the system stays so: there
+    the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    previous = {sig: handler for sig, handler in previous.items() if callable(handler)}
+    held: list[signal.Signals] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        if held:
+            previous[sig](signum, frame)  # a second one: now, as the handler before would have
+        held.append(sig)
+
+    for sig in previous:
+        signal.signal(sig, hold)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if held:
+        previous[held[0]](held[0], None)

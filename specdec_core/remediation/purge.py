@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from specdec_core import interrupts
 from specdec_core.extras import require
 from specdec_core.remediation.backup import BackupWriter, back_up
 from specdec_core.remediation.target import (
@@ -139,7 +140,8 @@ def _drive(client: Any, target: RedisTarget, batches: Iterable[list[bytes]], tal
     writer = BackupWriter(backup) if backup is not None and not dry_run else None
     try:
         for keys in batches:
-            _run_batch(client, keys, tally, dry_run=dry_run, writer=writer)
+            with interrupts.deferred():  # Ctrl-C or SIGTERM: the run stops after the batch under way, counted
+                _run_batch(client, keys, tally, dry_run=dry_run, writer=writer)
             done = tally.deleted + tally.missing + tally.existing
             if progress is not None:
                 progress(done, total())

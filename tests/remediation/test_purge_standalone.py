@@ -21,7 +21,7 @@ from remediation_servers import (
 
 from specdec_core.cli import main
 from specdec_core.ingestion import ingest
-from specdec_core.remediation import RedisTarget, purge_keys, purge_log, purge_namespace
+from specdec_core.remediation import Interrupted, RedisTarget, purge_keys, purge_log, purge_namespace
 from specdec_core.store import Store
 
 ENV = {**os.environ, PASSWORD_ENV: PASSWORD}
@@ -160,6 +160,81 @@ def test_interrupted_purge_run_again_deletes_the_rest_and_counts_them_missing(st
     assert admin.dbsize() == 0
     backed_up = {json.loads(line)["key"] for line in (tmp_path / "b.jsonl").read_text().splitlines()}
     assert backed_up == set(keys)  # the first run's backup was added to, not overwritten
+
+
+class _InterruptedOnReply:
+    """A real client whose pipelines deliver a Ctrl-C to this process the moment the server's replies are back,
+    before the purge reads them: where the CLI run above sometimes got it (a purge that said it deleted none
+    of the keys the server had just unlinked)."""
+
+    def __init__(self, client, sig: signal.Signals = signal.SIGINT) -> None:
+        self._client, self._sig = client, sig
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+    def pipeline(self, **kwargs):
+        pipe = self._client.pipeline(**kwargs)
+        execute = pipe.execute
+
+        def replied_then_interrupted(*args, **kw):
+            replies = execute(*args, **kw)
+            os.kill(os.getpid(), self._sig)
+            return replies
+
+        pipe.execute = replied_then_interrupted
+        return pipe
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+# As in `specdec cache purge`'s main thread: Python's Ctrl-C, and a SIGTERM raised as one.
+@pytest.mark.parametrize("sig, handler", [(signal.SIGINT, signal.default_int_handler),
+                                          (signal.SIGTERM, _raise_interrupt)])
+def test_a_ctrl_c_while_the_server_unlinks_a_batch_stops_after_it_and_counts_it(standalone, sig, handler):
+    admin = standalone.admin
+    admin.flushall()
+    keys = [f"specdec:prod:v1:{i:04d}" for i in range(30)]
+    admin.mset({k: b"poison" for k in keys})
+    previous = signal.signal(sig, handler)
+    try:
+        with pytest.raises(Interrupted) as stopped:
+            purge_keys(target(standalone), keys, batch=10, client=_InterruptedOnReply(admin, sig))
+    finally:
+        signal.signal(sig, previous)
+    assert admin.dbsize() == 20, "the run stopped after its first batch"
+    assert (stopped.value.result.deleted, stopped.value.result.missing) == (10, 0)
+
+
+def test_a_second_ctrl_c_stops_a_batch_at_once(standalone):
+    """The batch a first Ctrl-C waits for may hang (a server that stopped answering): a second one does not wait."""
+    admin = standalone.admin
+    admin.flushall()
+    keys = [f"specdec:prod:v1:{i:04d}" for i in range(30)]
+    admin.mset({k: b"poison" for k in keys})
+    client = _InterruptedOnReply(admin)
+
+    def pipeline(**kwargs):
+        pipe = admin.pipeline(**kwargs)
+
+        def twice_before_sending(*args, **kw):
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            return pipe.__class__.execute(pipe, *args, **kw)
+
+        pipe.execute = twice_before_sending
+        return pipe
+
+    client.pipeline = pipeline
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(Interrupted) as stopped:
+            purge_keys(target(standalone), keys, batch=10, client=client)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert admin.dbsize() == 30 and stopped.value.result.deleted == 0
 
 
 def test_namespace_with_glob_characters_removes_only_its_own_keys(standalone, tmp_path, capsys):
