@@ -40,7 +40,7 @@ def check() -> None:
 
 
 @contextmanager
-def deferred(signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+def deferred() -> Iterator[None]:
     """A Ctrl-C (or SIGTERM) within the block takes effect as it ends, once its work is done and counted; a second
     one at once.
 
@@ -51,8 +51,7 @@ def deferred(signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTER
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.getsignal(sig) for sig in signals}
-    previous = {sig: handler for sig, handler in previous.items() if callable(handler)}
+    previous = {sig: handler for sig in (signal.SIGINT, signal.SIGTERM) if callable(handler := signal.getsignal(sig))}
     held: list[signal.Signals] = []
 
     def hold(signum: int, frame: FrameType | None) -> None:
