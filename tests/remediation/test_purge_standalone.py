@@ -162,13 +162,13 @@ def test_interrupted_purge_run_again_deletes_the_rest_and_counts_them_missing(st
     assert backed_up == set(keys)  # the first run's backup was added to, not overwritten
 
 
-class _InterruptedOnReply:
-    """A real client whose pipelines deliver a Ctrl-C to this process the moment the server's replies are back,
-    before the purge reads them: where the CLI run above sometimes got it (a purge that said it deleted none
-    of the keys the server had just unlinked)."""
+class _SignalledClient:
+    """A real client whose pipelines signal this process: `before` times before sending, and (`after`) once the
+    moment the server's replies are back, before the purge reads them: where the CLI run above sometimes got
+    its Ctrl-C (a purge that said it deleted none of the keys the server had just unlinked)."""
 
-    def __init__(self, client, sig: signal.Signals = signal.SIGINT) -> None:
-        self._client, self._sig = client, sig
+    def __init__(self, client, sig: signal.Signals = signal.SIGINT, before: int = 0, after: bool = True) -> None:
+        self._client, self._sig, self._before, self._after = client, sig, before, after
 
     def __getattr__(self, name: str):
         return getattr(self._client, name)
@@ -177,12 +177,15 @@ class _InterruptedOnReply:
         pipe = self._client.pipeline(**kwargs)
         execute = pipe.execute
 
-        def replied_then_interrupted(*args, **kw):
+        def signalled(*args, **kw):
+            for _ in range(self._before):
+                os.kill(os.getpid(), self._sig)
             replies = execute(*args, **kw)
-            os.kill(os.getpid(), self._sig)
+            if self._after:
+                os.kill(os.getpid(), self._sig)
             return replies
 
-        pipe.execute = replied_then_interrupted
+        pipe.execute = signalled
         return pipe
 
 
@@ -201,7 +204,7 @@ def test_a_ctrl_c_while_the_server_unlinks_a_batch_stops_after_it_and_counts_it(
     previous = signal.signal(sig, handler)
     try:
         with pytest.raises(Interrupted) as stopped:
-            purge_keys(target(standalone), keys, batch=10, client=_InterruptedOnReply(admin, sig))
+            purge_keys(target(standalone), keys, batch=10, client=_SignalledClient(admin, sig))
     finally:
         signal.signal(sig, previous)
     assert admin.dbsize() == 20, "the run stopped after its first batch"
@@ -214,20 +217,7 @@ def test_a_second_ctrl_c_stops_a_batch_at_once(standalone):
     admin.flushall()
     keys = [f"specdec:prod:v1:{i:04d}" for i in range(30)]
     admin.mset({k: b"poison" for k in keys})
-    client = _InterruptedOnReply(admin)
-
-    def pipeline(**kwargs):
-        pipe = admin.pipeline(**kwargs)
-
-        def twice_before_sending(*args, **kw):
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)
-            return pipe.__class__.execute(pipe, *args, **kw)
-
-        pipe.execute = twice_before_sending
-        return pipe
-
-    client.pipeline = pipeline
+    client = _SignalledClient(admin, before=2, after=False)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(Interrupted) as stopped:
