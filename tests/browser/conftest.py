@@ -1,4 +1,4 @@
-"""Settings and fixtures shared by the browser tests: one Chromium per module, a fresh page per test."""
+"""Settings and fixtures shared by the browser tests: one Chromium per test process, a fresh page per test."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from specdec_core.store import Store
 expect.set_options(timeout=30_000)
 
 
-@pytest.fixture(scope="module")
+# One per test process, not per module: its tabs share one renderer and one HTTP cache (served.new_page), which
+# keep Streamlit's scripts compiled for the next module's dashboards at the same addresses (served.dashboard_port).
+@pytest.fixture(scope="session")
 def browser():
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

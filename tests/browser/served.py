@@ -34,34 +34,77 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The ports this process has served dashboards on, each used again once it is free. Chromium keeps a page's
+# scripts, compiled, by their address, port included: a dashboard served at the address an earlier one had, in
+# the same browser (one per test process: conftest.py), is drawn without fetching and compiling Streamlit's
+# and plotly's scripts again. The demo's Overview, first viewed from a new server: 2.3-2.5 CPU-s of Chromium
+# at an address seen before, 4.0-4.6 at a new one (docs/benchmarks.md).
+_PORTS: list[int] = []
+
+
+def _free(port: int) -> bool:
+    """Whether a server could listen on `port` now (as Streamlit binds: reusing an address left in TIME_WAIT)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def dashboard_port() -> int:
+    """A port an earlier dashboard of this process served on and nothing listens on now, else a new one."""
+    port = next((p for p in _PORTS if _free(p)), None)
+    if port is None:
+        port = free_port()
+        _PORTS.append(port)
+    return port
+
+
+def wait_until_healthy(url: str, server: subprocess.Popen, log: Path) -> None:
+    """Return once the dashboard at `url` answers its health check; raise with its log if it exits or takes 60 s."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as health:
+                if health.read() == b"ok":
+                    return
+        except OSError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the dashboard did not come up; its log: {log.read_text()[-2000:]}")
+        time.sleep(0.3)
+
+
 @contextmanager
 def dashboard(db: Path, log: Path, env: dict[str, str] | None = None, preload: bool = False) -> Iterator[str]:
-    """`streamlit run app.py -- --db DB` on a free local port, until the block ends.
+    """`streamlit run app.py -- --db DB` on a free local port (dashboard_port), until the block ends.
 
     preload: whether it loads the store's models when it opens (a test that replays); off, a demo store's
     three smollm2 models cost its server about 7 s of CPU the other tests lacked."""
     env = {"SPECDEC_PRELOAD": "1" if preload else "0", **(env or {})}
-    port = free_port()
-    with open(log, "w") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
-             "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-             "--", "--db", str(db)],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env},
-        )
-    url = f"http://127.0.0.1:{port}"
+    for attempt in range(3):
+        port = dashboard_port()
+        with open(log, "w") as out:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.address", "127.0.0.1",
+                 "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                 "--", "--db", str(db)],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env},
+            )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until_healthy(url, server, log)
+            break
+        except RuntimeError:
+            server.kill()
+            server.wait()
+            # Another process took the port between the check and Streamlit's bind: a new port, once more.
+            if f"Port {port} is not available" not in log.read_text() or attempt == 2:
+                raise
+            _PORTS.remove(port)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as health:
-                    if health.read() == b"ok":
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the dashboard did not come up; its log: {log.read_text()[-2000:]}")
-            time.sleep(0.3)
         yield url
     finally:
         server.terminate()

@@ -9,14 +9,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
 from helpers import rec, run_cli, write_jsonl
-from served import free_port
+from served import dashboard_port, wait_until_healthy
 
 from specdec_core.ingestion.load import ingest
 from specdec_core.settings_file import tomllib
@@ -89,22 +88,13 @@ def test_specdec_dashboard_serves_the_installed_pages_from_another_folder(instal
     where = subprocess.run([sys.executable, "-c", "from specdec_core.dashboard_launch import dashboard_app; "
                             "print(dashboard_app())"], cwd=elsewhere, env=env, capture_output=True, text=True)
     assert where.stdout.strip() == str(installed / "specdec_core" / "dashboard" / "app.py"), where.stderr
-    port = free_port()
+    port = dashboard_port()
     log = (tmp_path / "dashboard.log").open("w")
     server = subprocess.Popen([sys.executable, "-m", "specdec_core", "dashboard", "--db", "triage.duckdb",
                                "--port", str(port)], cwd=elsewhere, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as health:
-                    if health.read() == b"ok":
-                        break
-            except OSError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "dashboard.log").read_text()
-            time.sleep(0.3)
+        wait_until_healthy(url, server, tmp_path / "dashboard.log")
         page = new_page(browser)
         page.goto(url)
         heading(page, "Overview")
