@@ -16,6 +16,7 @@ import duckdb
 
 from specdec_core.store.ddl import create_tables
 from specdec_core.store.schema import FIRST_VERDICTS_DDL
+from specdec_core.store.sql import has_table
 
 
 def new_verdicts_sql(among: str | None, ingest_id: int | None) -> str:
@@ -62,14 +63,17 @@ def record_first_verdicts(con: duckdb.DuckDBPyConnection, ingest_id: int | None,
     `among` lists, when given), and their counts to `summary_first_verdicts`. A batch with none (healthy traffic)
     writes nothing."""
     create_tables(con, FIRST_VERDICTS_DDL)
-    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'summary_contaminated'").fetchall()[0][0]:
+    if not has_table(con, "summary_contaminated"):
         return  # none before the first accepted row
     con.execute(f"CREATE OR REPLACE TEMP TABLE new_first_verdicts AS {new_verdicts_sql(among, ingest_id)}")
-    if not con.execute("SELECT count(*) FROM new_first_verdicts").fetchall()[0][0]:
+    found = con.execute("SELECT count(*) FROM new_first_verdicts").fetchall()[0][0]
+    if found:
+        con.execute("INSERT INTO contaminated_first_verdicts SELECT * FROM new_first_verdicts")
+        con.execute("INSERT INTO summary_first_verdicts BY NAME "
+                    + first_verdict_counts_sql("new_first_verdicts"))
+    con.execute("DROP TABLE temp.new_first_verdicts")
+    if not found:
         return
-    con.execute("INSERT INTO contaminated_first_verdicts SELECT * FROM new_first_verdicts")
-    con.execute("INSERT INTO summary_first_verdicts BY NAME "
-                + first_verdict_counts_sql("new_first_verdicts"))
     rows, combinations = con.execute(ROWS_AND_COMBINATIONS_SQL).fetchall()[0]
     if rows > 2 * combinations + FOLD_SLACK:
         con.execute(FOLD_SQL)

@@ -33,6 +33,7 @@ from specdec_core.ingestion.load import IngestResult, ingest
 from specdec_core.ingestion.staging import IngestLimits
 from specdec_core.store.connection import Store
 from specdec_core.store.ddl import create_tables
+from specdec_core.store.sql import has_table
 from specdec_core.store.working_copy import copy_bytes
 
 OFFSETS_DDL = """
@@ -110,8 +111,7 @@ DEFAULT_BATCH_ROWS = 10_000
 
 def has_offsets(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the store has followed anything yet (its table of positions exists)."""
-    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'follow_offsets'"
-                            ).fetchall()[0][0])
+    return has_table(con, "follow_offsets")
 
 class Follower:
     """Polls the paths and commits what is new as one ingest batch per poll (at most `batch_rows` lines)."""

@@ -219,11 +219,11 @@ def _classify(con: duckdb.DuckDBPyConnection, join: str, rel: BatchRelations) ->
 
     `join`: the condition that joins `typed t` to `idmap m`."""
     con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE contested AS
+        CREATE OR REPLACE TEMP TABLE {rel.contested} AS
         SELECT request_id FROM {rel.typed} GROUP BY request_id HAVING count(*) > 1
         UNION SELECT DISTINCT t.request_id FROM {rel.typed} t JOIN requests r USING (request_id)
     """)
-    if not scalar(con, "SELECT count(*) FROM contested"):  # every id is new: nothing to tell apart
+    if not scalar(con, f"SELECT count(*) FROM {rel.contested}"):  # every id is new: nothing to tell apart
         con.execute(f"CREATE OR REPLACE TEMP TABLE {rel.outcome} AS SELECT seq, NULL::VARCHAR AS outcome "
                     f"FROM {rel.typed} LIMIT 0")
         return
@@ -233,7 +233,7 @@ def _classify(con: duckdb.DuckDBPyConnection, join: str, rel: BatchRelations) ->
             SELECT t.seq, t.request_id, t.source_file, t.source_line,
                    {_content_hash_sql('t', 'm.prompt_sha')} AS content_hash
             FROM {rel.typed} t JOIN {rel.idmap} m ON {join}
-            WHERE t.request_id IN (SELECT request_id FROM contested)
+            WHERE t.request_id IN (SELECT request_id FROM {rel.contested})
         ), firsts AS (
             SELECT request_id, min(seq) AS first_seq, arg_min(content_hash, seq) AS first_hash,
                    arg_min(source_file || ':' || source_line, seq) AS first_at
@@ -241,7 +241,7 @@ def _classify(con: duckdb.DuckDBPyConnection, join: str, rel: BatchRelations) ->
         ), ex AS (
             SELECT r.request_id, {_content_hash_sql('r', 'r.prompt_hash')} AS content_hash,
                    r.source_file || ':' || r.source_line AS loaded_at
-            FROM requests r WHERE r.request_id IN (SELECT request_id FROM contested)
+            FROM requests r WHERE r.request_id IN (SELECT request_id FROM {rel.contested})
         )
         SELECT ok.seq,
           CASE
@@ -447,7 +447,7 @@ def _backfill_cache_keys(con: duckdb.DuckDBPyConnection, rel: BatchRelations) ->
             SELECT source_link, cache_key, ts, source_file, source_line FROM requests
             WHERE cache_hit AND source_link IS NOT NULL AND cache_key IS NOT NULL AND source_link IN ({keyless})"""
     con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE links AS
+        CREATE OR REPLACE TEMP TABLE {rel.links} AS
         SELECT source_link, arg_min(cache_key, (ts, source_file, source_line)) AS key FROM (
             SELECT source_link, cache_key, ts, source_file, source_line FROM {rel.checked} WHERE {valid_hits}{stored_hits}
         ) GROUP BY 1
@@ -455,15 +455,15 @@ def _backfill_cache_keys(con: duckdb.DuckDBPyConnection, rel: BatchRelations) ->
     con.execute(f"CREATE OR REPLACE TEMP TABLE {rel.backfilled} AS SELECT c.request_id, c.ts, {deployment_partition('c')} "
                 f"AS dep, {deployment_label('c')} AS deployment, h.key AS cache_key, c.cache_hit, c.fingerprint, "
                 "c.source_file, c.source_line FROM requests c "
-                "JOIN links h ON c.request_id = h.source_link WHERE c.cache_key IS NULL")
-    if not scalar(con, "SELECT count(*) FROM links"):
+                f"JOIN {rel.links} h ON c.request_id = h.source_link WHERE c.cache_key IS NULL")
+    if not scalar(con, f"SELECT count(*) FROM {rel.links}"):
         return 0
     for table in (rel.checked, "requests"):
         reject = "c.reason IS NULL AND " if table == rel.checked else ""
         con.execute(f"""
             UPDATE {table} c SET cache_key = h.key,
                    unknown_fields = nullif(list_filter(c.unknown_fields, lambda x: x <> 'cache_key'), [])
-            FROM links h
+            FROM {rel.links} h
             WHERE {reject}c.request_id = h.source_link AND c.cache_key IS NULL
         """)
     return scalar(con, f"SELECT count(*) FROM {rel.backfilled}")

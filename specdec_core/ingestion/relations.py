@@ -21,7 +21,10 @@ class BatchRelations:
     backfilled: the stored misses the batch gave a cache key, as they now are (load._backfill_cache_keys).
     idmap: each distinct identity input of `typed` with its fingerprint and prompt_sha (identities.py).
     cachedmap: each cached_fingerprint text of `typed` with the fingerprint of the identity it holds.
+    contested: the request_ids of `typed` that repeat, in the batch or against the store (load._classify).
     outcome: accept, duplicate or conflict of each row of `typed` whose request_id repeats (load._classify).
+    links: each source link of the batch's hits with the cache key it gives the miss it names
+        (load._backfill_cache_keys).
     bad: the batch's rejects with their quoted text; bad_new: those not quarantined before.
     """
 
@@ -31,7 +34,9 @@ class BatchRelations:
     backfilled: str = "backfilled"
     idmap: str = "idmap"
     cachedmap: str = "cachedmap"
+    contested: str = "contested"
     outcome: str = "outcome"
+    links: str = "links"
     bad: str = "bad"
     bad_new: str = "bad_new"
 
@@ -39,4 +44,5 @@ class BatchRelations:
         return (self.typed, self.raws)
 
     def tables(self) -> tuple[str, ...]:
-        return (self.checked, self.backfilled, self.idmap, self.cachedmap, self.outcome, self.bad, self.bad_new)
+        return (self.checked, self.backfilled, self.idmap, self.cachedmap, self.contested, self.outcome, self.links,
+                self.bad, self.bad_new)

@@ -82,3 +82,14 @@ def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | dict | None 
     """The single value a query returns (fetched fully: DuckDB keeps a half-read result pending)."""
     rows = con.execute(sql, params or []).fetchall()
     return rows[0][0] if rows else None
+
+
+def has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """Whether `name` (a table or view, as a statement would find it) exists: bound, not looked up in
+    duckdb_tables(), which lists every attached catalog's tables with their sizes (in a lake's write: 14 ms a
+    call, against 0.3 ms). A name that is not there leaves the transaction as it was."""
+    try:
+        con.execute(f"SELECT 1 FROM {name} LIMIT 0")
+    except duckdb.CatalogException:
+        return False
+    return True

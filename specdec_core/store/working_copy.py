@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import duckdb
 
 from specdec_core.store.instance import instance_config
-from specdec_core.store.sql import literal
+from specdec_core.store.sql import has_table, literal
 
 log = logging.getLogger(__name__)
 # The name a connection gives the store's file it attaches (readers and writers alike).
@@ -57,8 +57,7 @@ def compact_after_write(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _compaction_asked(con: duckdb.DuckDBPyConnection) -> bool:
-    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'temp' "
-                            f"AND table_name = '{_COMPACT_MARK}'").fetchall()[0][0])
+    return has_table(con, f"temp.{_COMPACT_MARK}")
 
 
 def _write_fresh(con: duckdb.DuckDBPyConnection, tmp: Path) -> Path:

@@ -22,6 +22,7 @@ from specdec_core.derived import incremental, summaries, verdicts
 from specdec_core.derived.hit_sources import judge_hits, last_miss_sql
 from specdec_core.derived.summaries import build_summaries
 from specdec_core.ingestion.load import ingest
+from specdec_core.ingestion.relations import BatchRelations
 from specdec_core.store.connection import Store, release_snapshots
 from specdec_core.store.schema import FIRST_VERDICTS_DDL
 
@@ -270,3 +271,22 @@ def test_a_keyed_first_verdict_record_of_an_older_store_loses_its_key_and_keeps_
         assert con.execute(keys).fetchall() == [(0,)]
         assert con.execute("SELECT request_id, ingest_id FROM contaminated_first_verdicts ORDER BY 1").fetchall() \
             == [("b0-hit", 1), ("b1-hit", 2)]
+
+
+@pytest.mark.parametrize("form", ["file", "lake"])
+def test_an_update_drops_the_temp_tables_it_made(tmp_path, form):
+    """A kept writer (a follow's) serves write after write: what one update made is gone before it commits, and
+    the batch's own relations are those BatchRelations names, which the ingest drops next."""
+    db = str(tmp_path / "store.duckdb") if form == "file" else f"ducklake:{tmp_path / 'store.sqlite'}"
+    records = random_log(4, n=160)
+    ingest(Store(db), [str(write_jsonl(tmp_path / "a.jsonl", records[:80]))])
+    at_commit, first_verdicts = [], []
+
+    def before_commit(con, ingest_id):
+        at_commit.extend(name for (name,) in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall())
+        first_verdicts.append(con.execute("SELECT count(*) FROM contaminated_first_verdicts").fetchall()[0][0])
+
+    ingest(Store(db), [str(write_jsonl(tmp_path / "b.jsonl", records[80:]))], before_commit=before_commit)
+    assert first_verdicts[0] > 0, "the batch recorded first verdicts: their temp table was made"
+    assert set(at_commit) <= set(BatchRelations().tables()), set(at_commit) - set(BatchRelations().tables())

@@ -7,7 +7,7 @@ import math
 import duckdb
 import pytest
 
-from specdec_core.store.sql import literal, sql_list
+from specdec_core.store.sql import has_table, literal, sql_list
 
 TEXTS = ["", "it's", "a\x00b", "é\U0001F600", '"quoted"', "\\'; DROP TABLE x; --", None]
 
@@ -36,3 +36,21 @@ def test_a_list_written_into_sql_reads_back_as_itself(values, sql_type):
 @pytest.mark.parametrize("text", [t for t in TEXTS if t is not None], ids=repr)
 def test_a_text_written_as_a_literal_reads_back_as_itself(text):
     assert duckdb.connect().execute(f"SELECT {literal(text)}").fetchall() == [(text,)]
+
+
+@pytest.mark.parametrize("form", ["file", "lake"])
+def test_has_table_finds_tables_and_leaves_a_write_going_when_one_is_missing(tmp_path, form):
+    from helpers import rec, write_jsonl
+
+    from specdec_core.ingestion.load import ingest
+    from specdec_core.store.connection import Store
+
+    db = str(tmp_path / "s.duckdb") if form == "file" else f"ducklake:{tmp_path / 's.sqlite'}"
+    ingest(Store(db), [str(write_jsonl(tmp_path / "a.jsonl", [rec("a")]))])
+    with Store(db).write() as con:
+        con.execute("CREATE TEMP TABLE scratch AS SELECT 1 AS x")
+        assert [has_table(con, name) for name in ("requests", "summary_contaminated", "temp.scratch")] == [True] * 3
+        assert [has_table(con, name) for name in ("nope", "temp.requests", "follow_offsets")] == [False] * 3
+        con.execute("INSERT INTO meta VALUES ('after_a_missing_table', 'written')")
+    with Store(db).read() as con:
+        assert con.execute("SELECT value FROM meta WHERE key = 'after_a_missing_table'").fetchall() == [("written",)]
