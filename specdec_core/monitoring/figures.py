@@ -24,7 +24,7 @@ import duckdb
 from specdec_core.derived import summaries as summary
 from specdec_core.derived.verdicts import first_verdict_counts_sql
 from specdec_core.store.connection import Store
-from specdec_core.store.sql import deployment_label, literal
+from specdec_core.store.sql import deployment_label, has_table, literal
 
 OTHER = "other"
 DEFAULT_TOP = 50
@@ -68,10 +68,6 @@ class Folds:
     target_model: tuple[str, ...] = ()
     draft_model: tuple[str, ...] = ()
     combinations: tuple[str, ...] = ()  # each kept set's key: the SHA-256 of its labels (specdec_sets.k)
-
-
-def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
-    return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
 
 
 def _text_list(values: list[str]) -> str:
@@ -211,13 +207,13 @@ def read_figures(store: Store, top: int = DEFAULT_TOP, folds: Folds | None = Non
         return _read(con, top, folds or Folds(), combinations)
 
 
-def _verdicts(tables: set[str], ready: bool) -> str:
+def _verdicts(recorded: bool, ready: bool) -> str:
     """The first verdicts counted per labels and field list: the summary, or (no summaries: the row path) the
     same counted over their record; a store none of whose ingests has recorded them yet counts its current
     verdicts, which its next ingest records as first verdicts."""
     if ready:
         return "summary_first_verdicts"
-    source = "contaminated_first_verdicts" if "contaminated_first_verdicts" in tables else (
+    source = "contaminated_first_verdicts" if recorded else (
         f"({summary.contaminated_sql()})")
     return f"({first_verdict_counts_sql(source)})"
 
@@ -251,7 +247,7 @@ def _read(con: duckdb.DuckDBPyConnection, top: int, folds: Folds, combinations: 
     dep_join = _fold_join("d", "deployment", "x.deployment")
     keys_join = _fold_join("d", "deployment", "", ("x.h", "x.p"))
     now_kept = Folds(kept["deployment"], kept["target_model"], kept["draft_model"], kept_keys)
-    verdicts = _verdicts(_tables(con), ready)
+    verdicts = _verdicts(has_table(con, "contaminated_first_verdicts"), ready)
     names = {"joins": verdict_joins, "verdicts": verdicts, "dep_join": dep_join,
              "keys_join": keys_join, "per_deployment": KEYS_SUMMARY_SQL if ready else KEYS_ROWS_SQL}
 

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 
 from specdec_core.store.connection import Store
 from specdec_core.store.schema import PURGE_COLUMNS
+from specdec_core.store.sql import has_table
 
 KINDS = ("plan", "namespace", "restore")
 
@@ -52,9 +53,7 @@ def purge_log(store: Store) -> list[PurgeRecord]:
     if not store.exists:
         return []
     with store.read() as con:
-        present = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-                              "AND table_name = 'purges'").fetchall()[0][0]
-        if not present:
+        if not has_table(con, "purges"):
             return []
         rows = con.execute(f"SELECT {', '.join(_NAMES)} FROM purges ORDER BY ts, kind").fetchall()
     return [PurgeRecord(ts.astimezone(timezone.utc), kind, target, plan, namespace, int(planned), int(deleted),

@@ -287,3 +287,24 @@ def test_a_fresh_process_reads_the_figures_without_importing_pandas(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, str(store.path)], capture_output=True, text=True, env=env,
                           timeout=120)
     assert done.stdout.split() == ["7", "False"], done.stderr
+
+
+def test_read_from_rows_the_first_verdicts_are_the_recorded_ones_or_the_current_ones_before_any_record(tmp_path):
+    """Without summaries, the counter of hits first judged contaminated reads their record; a store made before
+    that record existed counts the hits contaminated now, which its next ingest records."""
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(incident_log(tmp_path / "log.jsonl"))])
+
+    def hits(rows) -> int:
+        return sum(row[-1] for row in rows)
+
+    with store.write() as con:  # one recorded first verdict fewer than the hits contaminated now
+        con.execute("DELETE FROM contaminated_first_verdicts WHERE request_id = 'n-hit-1'")
+    with from_rows():
+        figures = read_figures(store)
+    assert hits(figures.contaminated_now) == 6 and hits(figures.contaminated_first) == 5
+    with store.write() as con:
+        con.execute("DROP TABLE contaminated_first_verdicts")
+    with from_rows():
+        figures = read_figures(store)
+    assert hits(figures.contaminated_first) == hits(figures.contaminated_now) == 6
