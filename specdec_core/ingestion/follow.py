@@ -15,7 +15,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ from typing import IO
 import duckdb
 import pyarrow as pa
 
-from specdec_core import formats
+from specdec_core import formats, scratch
 from specdec_core.formats.files import JSONL_SUFFIXES, LogReadError, resolve_paths
 from specdec_core.ingestion.load import IngestResult, ingest
 from specdec_core.ingestion.staging import IngestLimits
@@ -319,7 +318,7 @@ class Follower:
         parts = self._parts()
         if not parts:
             return None
-        with tempfile.TemporaryDirectory(prefix="specdec-follow-") as tmp:
+        with scratch.folder("follow") as tmp:
             paths, names = [], {}
             for n, part in enumerate(parts):
                 if part.data is None and part.span is None:

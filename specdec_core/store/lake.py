@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from typing import TypeVar
 
 import duckdb
 
-from specdec_core import interrupts
+from specdec_core import interrupts, scratch
 from specdec_core.store.errors import LakeError
 from specdec_core.store.instance import SharedInstance, restore_threads, take_shared
 from specdec_core.store.lake_extensions import new_instance
@@ -390,7 +389,7 @@ def _writer(location: LakeLocation, setup: Callable[[duckdb.DuckDBPyConnection],
     if key in held and held[key].catalog_file != _catalog_file(location):
         _forget_writer(location)  # the store was deleted (and perhaps made again) since
     if key not in held:
-        spill = tempfile.mkdtemp(prefix="specdec-spill-")
+        spill = scratch.make("spill")
         try:
             con = _writing_instance(location, setup, spill)
         except BaseException:

@@ -20,27 +20,35 @@ def process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:
-        return True  # it exists, owned by someone else
+    except (OSError, OverflowError):
+        return True  # it exists, owned by someone else (or is no pid this system could have: never taken for dead)
     return True
 
 
-def remove_dead_writers_files(target: Path, suffix: str) -> None:
+def remove_dead_writers_files(target: Path, suffix: str) -> list[Path]:
     """Remove the files and folders named `<target's name>.<pid><suffix>` (suffix: a regex) whose pid is no
     live process's, nor this one's."""
-    pattern = re.compile(re.escape(target.name) + r"\.(\d+)" + suffix)
+    return remove_dead_processes_entries(target.parent, re.compile(re.escape(target.name) + r"\.(\d+)" + suffix))
+
+
+def remove_dead_processes_entries(folder: Path, pattern: re.Pattern[str]) -> list[Path]:
+    """Remove the entries of `folder` whose whole name `pattern` matches, its first group a pid that is no live
+    process's, nor this one's; returns them."""
+    removed: list[Path] = []
     try:
-        entries = list(os.scandir(target.parent))
+        entries = list(os.scandir(folder))
     except OSError:
-        return
+        return removed
     for entry in entries:
         match = pattern.fullmatch(entry.name)
         if not match or int(match.group(1)) == os.getpid() or process_alive(int(match.group(1))):
             continue
         try:
             if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
+                shutil.rmtree(entry.path)
             else:
                 os.unlink(entry.path)
+            removed.append(Path(entry.path))
         except OSError as exc:
-            log.warning("%s: cannot remove a killed writer's leftover: %s", entry.path, exc.strerror or exc)
+            log.warning("%s: cannot remove a killed process's leftover: %s", entry.path, exc.strerror or exc)
+    return removed

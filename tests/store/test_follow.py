@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -153,6 +155,7 @@ def test_sigkill_at_several_points_then_resume_equals_a_clean_ingest(tmp_path, k
 
     # Each follower is killed while the writer appends: once it has committed a batch of its own, at
     # once, a little later, or later still (between batches, or in the middle of one).
+    killed = []
     for delay in (0.0, 0.3, 0.8):
         follower = _follow(db, log, output=subprocess.DEVNULL)
         committed = _batches(db)
@@ -166,9 +169,13 @@ def test_sigkill_at_several_points_then_resume_equals_a_clean_ingest(tmp_path, k
         follower.send_signal(signal.SIGKILL)
         follower.wait()
         write_some()
+        killed.append(follower.pid)
     drained = _follow(db, log, "--idle-exit", "1.5")
     out, _ = drained.communicate(timeout=300)
     assert drained.returncode == 0, out
+    # What the killed followers left in the temporary folder (a lake writer's spill folder, always; a batch's
+    # copied lines, when killed inside one) went with the next follower's first batch.
+    assert [p for pid in killed for p in Path(tempfile.gettempdir()).glob(f"specdec-*-{pid}-*")] == []
     ingest(Store(clean), [str(log)])
     assert rows(db) == rows(clean), "nothing lost, nothing twice"
     judged = "SELECT request_id, source_request_id, contaminated FROM hit_sources ORDER BY 1"
@@ -177,6 +184,51 @@ def test_sigkill_at_several_points_then_resume_equals_a_clean_ingest(tmp_path, k
     assert query(db, "SELECT count(*) FROM quarantine") == [(0,)]
     # Every line was read by exactly one committed batch: none read again after a kill.
     assert query(db, "SELECT sum(n_read)::BIGINT, sum(n_duplicates)::BIGINT FROM ingests") == [(n, 0)]
+
+
+_LEAVE_SCRATCH = """
+import os, signal, sys
+from specdec_core import scratch
+print(scratch.make("follow"), scratch.make("spill"), flush=True)
+if sys.argv[1] == "killed":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.stdin.read()
+"""
+
+
+def test_a_killed_processs_scratch_folders_go_with_the_next_follower_and_lake_writer(tmp_path, monkeypatch):
+    """Copied log lines and spill files of a follower killed with SIGKILL (no cleanup runs) do not stay in /tmp
+    for good; a live process's are left alone."""
+    # A temporary folder of the test's own: the other test processes' followers and lake writers sweep /tmp too.
+    scratch_root = tmp_path / "tmp"
+    scratch_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch_root))
+    env = {**os.environ, "TMPDIR": str(scratch_root)}
+
+    def start(how: str) -> tuple[subprocess.Popen, list[Path]]:
+        proc = subprocess.Popen([sys.executable, "-c", _LEAVE_SCRATCH, how], cwd=ROOT, text=True, env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        return proc, [Path(p) for p in proc.stdout.readline().split()]
+
+    live, (live_follow, live_spill) = start("live")
+    killed, (dead_follow, dead_spill) = start("killed")  # after the live one, whose make() would sweep them
+    assert killed.wait(timeout=60) == -signal.SIGKILL
+    try:
+        assert dead_follow.parent == scratch_root and dead_follow.is_dir() and dead_spill.is_dir(), \
+            "the kill left them, as a real one does"
+        log = tmp_path / "app.jsonl"
+        append(log, line(1))
+        assert Follower(Store(tmp_path / "s.duckdb"), [str(log)]).poll() is not None
+        assert not dead_follow.exists(), "the next follower's batch removed the dead one's copied lines"
+        assert dead_spill.is_dir(), "a follower on a file store has no spill folder: that kind is the lake's"
+        assert live_follow.is_dir() and live_spill.is_dir()
+        ingest(Store(f"ducklake:{tmp_path / 'lake.sqlite'}"), [str(log)])
+        assert not dead_spill.exists(), "the next lake writer removed the dead one's spill folder"
+        assert live_follow.is_dir() and live_spill.is_dir()
+    finally:
+        live.communicate(timeout=60)
+        for p in (live_follow, live_spill):
+            p.rmdir()
 
 
 def test_follow_prints_a_status_line_per_batch(tmp_path):
