@@ -125,6 +125,23 @@ def test_ingesting_the_same_file_twice_adds_nothing(store, tmp_path):
         assert con.execute("SELECT count(*) FROM quarantine").fetchall()[0][0] == 1
 
 
+def test_a_write_puts_back_a_table_or_a_column_an_older_store_lacks(store, tmp_path):
+    """Every write brings a store up to this version's tables and columns (the common case, a store that has
+    them all, is found by one statement that binds them: store/ddl.py)."""
+    ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec("x1")]))])
+    columns = "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database()"
+    with store.read() as con:
+        current = set(con.execute(columns).fetchall())
+    for older in ("ALTER TABLE requests DROP COLUMN experiment", "DROP TABLE purges"):
+        with store.write() as con:
+            con.execute(older)
+        with store.read() as con:
+            assert set(con.execute(columns).fetchall()) < current, older
+        ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("x2")]))])
+        with store.read() as con:
+            assert set(con.execute(columns).fetchall()) == current, older
+
+
 def test_a_request_id_loaded_before_with_other_content_is_a_conflict(store, tmp_path):
     ingest(store, [str(write_jsonl(tmp_path / "a.jsonl", [rec("same", output_text="A")]))])
     result = ingest(store, [str(write_jsonl(tmp_path / "b.jsonl", [rec("same", output_text="B")]))])
