@@ -112,10 +112,11 @@ MINUTE_MERGE = {"requests": "sum", "contaminated": "sum", "first_sight": "sum", 
 
 # Each summary's rows over the requests `where` picks (a condition over `requests r`): all of them (TRUE) for a
 # full build, those a batch touched for an update (derived/incremental.py). `hit_sources` names the verdicts read:
-# the stored ones, or an update's just judged (a relation with hit_sources' columns).
-def minute_sql(where: str = "TRUE", *, hit_sources: str = "hit_sources") -> str:
+# the stored ones, or an update's just judged (a relation with hit_sources' columns); `rows`, where the requests
+# are read from: `requests`, or a relation with its columns (an update's copy of its batch's rows).
+def minute_sql(where: str = "TRUE", *, hit_sources: str = "hit_sources", rows: str = "requests") -> str:
     return f"""SELECT {MINUTE_DIMENSIONS}, {MINUTE_MEASURES}
-FROM requests r LEFT JOIN {hit_sources} h USING (request_id) WHERE {where} GROUP BY ALL"""
+FROM {rows} r LEFT JOIN {hit_sources} h USING (request_id) WHERE {where} GROUP BY ALL"""
 
 
 def pairs_sql(where: str = "TRUE") -> str:
@@ -127,16 +128,16 @@ def pairs_sql(where: str = "TRUE") -> str:
 FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where} GROUP BY 1, 2, 3"""
 
 
-def lengths_sql(where: str = "TRUE") -> str:
+def lengths_sql(where: str = "TRUE", *, rows: str = "requests") -> str:
     return f"""SELECT {deployment_label('r')} AS deployment, r.target_model, {draft_label()} AS draft_model,
        r.max_tokens, r.output_tokens AS value, count(*) AS n
-FROM requests r WHERE {where} GROUP BY ALL"""
+FROM {rows} r WHERE {where} GROUP BY ALL"""
 
 
-def latency_sql(where: str = "TRUE") -> str:
+def latency_sql(where: str = "TRUE", *, rows: str = "requests") -> str:
     return f"""SELECT {deployment_label('r')} AS deployment, r.target_model, {draft_label()} AS draft_model,
        r.cache_hit, r.latency_ms AS value, count(*) AS n
-FROM requests r WHERE r.latency_ms IS NOT NULL AND {where} GROUP BY ALL"""
+FROM {rows} r WHERE r.latency_ms IS NOT NULL AND {where} GROUP BY ALL"""
 
 
 def contaminated_sql(where: str = "TRUE", *, hit_sources: str = "hit_sources") -> str:
@@ -152,7 +153,7 @@ FROM requests r JOIN {hit_sources} h USING (request_id) WHERE h.contaminated AND
 BOTH_TOKENS = "r.draft_tokens IS NOT NULL AND r.accepted_tokens IS NOT NULL"
 
 
-def audience_sql(where: str = "TRUE") -> str:
+def audience_sql(where: str = "TRUE", *, rows: str = "requests") -> str:
     return f"""SELECT {deployment_label('r')} AS deployment, r.target_model, {draft_label()} AS draft_model,
        coalesce(r.consumer, '') AS consumer, coalesce(r.experiment, '') AS experiment,
        count(*) AS requests, count(*) FILTER (WHERE r.output_tokens > r.max_tokens) AS violations,
@@ -162,7 +163,7 @@ def audience_sql(where: str = "TRUE") -> str:
        sum(r.latency_ms) AS latency_sum,
        sum(r.draft_tokens) FILTER (WHERE {BOTH_TOKENS})::HUGEINT AS draft_tokens,
        sum(r.accepted_tokens) FILTER (WHERE {BOTH_TOKENS})::HUGEINT AS accepted_tokens
-FROM requests r WHERE {where} GROUP BY ALL"""
+FROM {rows} r WHERE {where} GROUP BY ALL"""
 
 
 AUDIENCE_KEYS = ("deployment", "target_model", "draft_model", "consumer", "experiment")
@@ -189,11 +190,11 @@ LEFT JOIN (SELECT request_id, experiment FROM requests WHERE request_id IN ({sou
 WHERE h.contaminated AND {where}"""
 
 
-def violations_sql(where: str = "TRUE") -> str:
+def violations_sql(where: str = "TRUE", *, rows: str = "requests") -> str:
     """Each request of `where` whose output overran its max_tokens, as summary_violations holds it."""
     return f"""SELECT r.request_id, r.ts, {deployment_label('r')} AS deployment, r.target_model,
        {draft_label()} AS draft_model, coalesce(r.consumer, '') AS consumer
-FROM requests r WHERE r.output_tokens > r.max_tokens AND {where}"""
+FROM {rows} r WHERE r.output_tokens > r.max_tokens AND {where}"""
 
 
 VIOLATIONS_BUILD_SQL = f"CREATE OR REPLACE TABLE summary_violations AS {violations_sql()} ORDER BY r.ts, r.request_id"
@@ -206,7 +207,7 @@ def shared_keys_sql(where: str = "TRUE") -> str:
 WHERE key_id IN (SELECT key_id FROM summary_keys WHERE {where} GROUP BY key_id HAVING count(*) > 1)"""
 
 
-def outputs_sql(where: str = "TRUE") -> str:
+def outputs_sql(where: str = "TRUE", *, rows: str = "requests") -> str:
     """Each output text per identity and labels, by 64 bits of the text's MD5 (stable across DuckDB versions, as
     stored values must be; taken once per group, not per request): the identical-outputs red flag without
     hashing every output text of the log. A batch appends its own rows, so one (text, identity, labels) may
@@ -214,7 +215,7 @@ def outputs_sql(where: str = "TRUE") -> str:
     return f"""SELECT md5_number_lower(output_text) AS out_hash, * EXCLUDE (output_text) FROM (
     SELECT r.output_text, r.fingerprint, {deployment_label('r')} AS deployment, r.target_model,
            {draft_label()} AS draft_model, count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits
-    FROM requests r WHERE {where} GROUP BY ALL)"""
+    FROM {rows} r WHERE {where} GROUP BY ALL)"""
 
 
 def key_hash(deployment: str, text: str) -> str:
@@ -222,7 +223,7 @@ def key_hash(deployment: str, text: str) -> str:
     return f"hash({deployment}, {text})"
 
 
-def request_keys_sql(where: str = "TRUE") -> str:
+def request_keys_sql(where: str = "TRUE", *, rows: str = "requests") -> str:
     """The rows of the requests `where` picks that have a cache key, as summary_request_keys holds them: labels as
     the filters read them (Filters.where applies to this table as to `requests r`), the key and identity (each
     with its deployment) as DuckDB's 64-bit hash, as the time-range counts used to hash them from the text at
@@ -232,7 +233,7 @@ def request_keys_sql(where: str = "TRUE") -> str:
        {draft_label()} AS draft_model, r.cache_hit,
        {key_hash(deployment_label("r"), "r.cache_key")} AS key_hash,
        {key_hash(deployment_label("r"), "r.fingerprint")} AS identity_hash
-FROM requests r WHERE r.cache_key IS NOT NULL AND {where}"""
+FROM {rows} r WHERE r.cache_key IS NOT NULL AND {where}"""
 
 
 def output_identity_columns(alias: str = "i") -> str:
@@ -242,13 +243,13 @@ def output_identity_columns(alias: str = "i") -> str:
                      else f"{alias}.{f.name}" for f in contract.FIELDS if f.identity)
 
 
-def request_outputs_sql(where: str = "TRUE") -> str:
+def request_outputs_sql(where: str = "TRUE", *, rows: str = "requests") -> str:
     """Every request of `where` as summary_request_outputs holds it: labels as the filters read them, the output
     text and the identity fields that decide it as DuckDB's 64-bit hashes (the same hash as the row answer's). The
     identity's hash is taken once per identity, not per request (1M requests: 0.21 s against 0.30 s)."""
     return f"""SELECT r.ts, {deployment_label('r')} AS deployment, r.target_model,
        {draft_label()} AS draft_model, r.cache_hit, hash(r.output_text) AS out_hash, i.out_identity
-FROM requests r JOIN (SELECT i.fingerprint, hash(({output_identity_columns()})) AS out_identity FROM identities i) i
+FROM {rows} r JOIN (SELECT i.fingerprint, hash(({output_identity_columns()})) AS out_identity FROM identities i) i
      USING (fingerprint) WHERE {where}"""
 
 

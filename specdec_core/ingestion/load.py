@@ -19,7 +19,7 @@ import pyarrow as pa
 from specdec_core import formats
 from specdec_core.contract import fields as contract
 from specdec_core.derived.hit_sources import judge_hits
-from specdec_core.derived.incremental import update_derived
+from specdec_core.derived.incremental import BATCH_COPY_ROWS, update_derived
 from specdec_core.derived.migrate import migrate_connection
 from specdec_core.derived.summaries import build_summaries
 from specdec_core.derived.verdicts import record_first_verdicts
@@ -395,7 +395,8 @@ def ingest(
             record_first_verdicts(con, ingest_id)
         else:
             if accepted or backfilled:  # only what the batch may have changed: its cost follows the batch
-                update_derived(con, ingest_id, rel.backfilled)  # with the first verdicts among what it judged
+                update_derived(con, ingest_id, rel.backfilled,  # with the first verdicts among what it judged
+                               copy_rows=store.lake is not None and accepted <= BATCH_COPY_ROWS)
             say(_BATCH_STEPS[3])
         duplicates = read - accepted - quarantined - skipped
         con.execute(f"INSERT INTO ingests VALUES ({int(ingest_id)}, now(), {sql_list(shown, 'VARCHAR')}, "
