@@ -21,6 +21,7 @@ import duckdb
 from specdec_core.extras import require
 from specdec_core.formats.files import SUPPORTED_SUFFIXES, LogReadError, is_json_document
 from specdec_core.settings_file import default_config_path, tomllib
+from specdec_core.store.sql import literal
 
 SCHEME = "s3://"
 _LOGS_KEYS = ("s3_endpoint", "s3_region", "s3_url_style", "s3_use_ssl")
@@ -77,10 +78,6 @@ def logs_settings(config: Path | None = None) -> S3Settings:
     return S3Settings(endpoint=endpoint, region=table.get("s3_region"), url_style=style, use_ssl=use_ssl)
 
 
-def _quote(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
 def _httpfs_file() -> Path:
     module = require("lake", "duckdb_extension_httpfs")
     found = Path(module.__file__).parent / "extensions" / f"v{duckdb.__version__}" / "httpfs.duckdb_extension"
@@ -96,15 +93,15 @@ def connect(settings: S3Settings | None = None) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
                                               "autoload_known_extensions": False})
     try:
-        con.execute(f"LOAD {_quote(str(_httpfs_file()))}")
-        parts = ["TYPE s3", f"KEY_ID {_quote(os.environ.get('AWS_ACCESS_KEY_ID', ''))}",
-                 f"SECRET {_quote(os.environ.get('AWS_SECRET_ACCESS_KEY', ''))}"]
+        con.execute(f"LOAD {literal(str(_httpfs_file()))}")
+        parts = ["TYPE s3", f"KEY_ID {literal(os.environ.get('AWS_ACCESS_KEY_ID', ''))}",
+                 f"SECRET {literal(os.environ.get('AWS_SECRET_ACCESS_KEY', ''))}"]
         if os.environ.get("AWS_SESSION_TOKEN"):
-            parts.append(f"SESSION_TOKEN {_quote(os.environ['AWS_SESSION_TOKEN'])}")
+            parts.append(f"SESSION_TOKEN {literal(os.environ['AWS_SESSION_TOKEN'])}")
         for option, value in (("ENDPOINT", settings.endpoint), ("REGION", settings.region),
                               ("URL_STYLE", settings.url_style)):
             if value is not None:
-                parts.append(f"{option} {_quote(str(value))}")
+                parts.append(f"{option} {literal(str(value))}")
         if settings.use_ssl is not None:
             parts.append(f"USE_SSL {'true' if settings.use_ssl else 'false'}")
         # CREATE SECRET takes no parameters: the credentials are quoted into the statement, never logged.
