@@ -45,10 +45,14 @@ def remove_dead_processes_entries(folder: Path, pattern: re.Pattern[str]) -> lis
             continue
         try:
             if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
+                shutil.rmtree(entry.path, ignore_errors=True)  # all it can, then said below if anything is left
             else:
                 os.unlink(entry.path)
-            removed.append(Path(entry.path))
         except OSError as exc:
             log.warning("%s: cannot remove a killed process's leftover: %s", entry.path, exc.strerror or exc)
+            continue
+        if os.path.lexists(entry.path):
+            log.warning("%s: cannot remove all of a killed process's leftover folder", entry.path)
+        else:
+            removed.append(Path(entry.path))
     return removed
