@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dashboard_data import TINY
+from helpers import free_port
 from playwright.sync_api import Page, expect
 
 from specdec_core.demo.models import registry_dict
@@ -26,12 +27,6 @@ CHROMIUM = "/usr/bin/chromium"
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # The ports this process has served dashboards on, each used again once it is free. Chromium keeps a page's

@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf.json_format import MessageToDict
-from helpers import run_cli
+from helpers import free_port, run_cli
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http import Compression
@@ -32,7 +32,6 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from servers import free_port
 
 from specdec_core.store.connection import Store
 
