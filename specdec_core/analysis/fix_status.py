@@ -131,10 +131,12 @@ def fix_status(store: Store, filters: Filters = NO_FILTERS,
 
 def fix_stats(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
     """What `specdec stats --json` adds: `key_scheme_changes` (each with its own hits_after_fix) and, per
-    deployment whose key changed, `hits_after_fix` since its latest change."""
+    deployment whose key changed, `hits_after_fix` since its latest change: each as the Overview shows it for
+    `filters` (the changes within its time range; each fix found in the whole log, as fix_status does)."""
     changes = key_scheme_changes(store, filters)
+    whole = changes if filters.start is None and filters.end is None else None
     return {"key_scheme_changes": [c.to_json() for c in scheme_change_hits(store, filters, changes)],
-            "hits_after_fix": {s.deployment: s.hits_after_fix for s in fix_status(store, filters, changes)}}
+            "hits_after_fix": {s.deployment: s.hits_after_fix for s in fix_status(store, filters, whole)}}
 
 
 def _rfc3339(ts: datetime) -> str:

@@ -35,7 +35,8 @@ def _gaps_sql(where: str) -> str:
         f"count(r.{name}) = 0 AND count(*) FILTER (WHERE list_contains(r.unknown_fields, '{name}')) = 0 "
         f"AS \"never:{name}\""
         for name in summary.gap_fields())
-    return f"SELECT count(*) FILTER (WHERE r.cache_hit) AS hits,\n{counts}\nFROM requests r WHERE {where}"
+    return (f"SELECT count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,\n{counts}\n"
+            f"FROM requests r WHERE {where}")
 
 
 def _gaps_minute_sql(source: str) -> str:
@@ -44,7 +45,7 @@ def _gaps_minute_sql(source: str) -> str:
         f"coalesce(sum(c.unknown_{name}) FILTER (WHERE c.cache_hit), 0) AS \"unknown:{name}\", "
         f"coalesce(sum(c.set_{name}), 0) = 0 AND coalesce(sum(c.unknown_{name}), 0) = 0 AS \"never:{name}\""
         for name in summary.gap_fields())
-    return f"SELECT {HITS} AS hits,\n{counts}\nFROM {source} c"
+    return f"SELECT coalesce(sum(c.requests), 0) AS requests, {HITS} AS hits,\n{counts}\nFROM {source} c"
 
 
 # Fields whose null is a real value the contract defines (no draft, no seed, no stop): never set is no gap.
@@ -52,10 +53,13 @@ _NULL_IS_A_VALUE = frozenset({"draft_model", "num_speculative_tokens", "seed", "
 
 
 def logging_gaps(store: Store, filters: Filters = NO_FILTERS) -> list[LoggingGap]:
-    """Identity fields unknown on some hits, then required ones never set, in the contract's order."""
+    """Identity fields unknown on some hits, then required ones never set, in the contract's order; none for a
+    selection without requests (every field is "never set" there, which says nothing of the log)."""
     # A field a program added to the contract after the summary's columns were chosen is counted over the rows.
     minute = _gaps_minute_sql if set(summary.gap_fields()) <= set(summary.GAP_FIELDS) else None
     row = df(store, _gaps_sql, filters, minute=minute).iloc[0]
+    if not int(row["requests"]):
+        return []
     hits = int(row["hits"])
     gaps = []
     for name in contract.IDENTITY_FIELDS:

@@ -181,6 +181,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if store is None:
         return 1
     from specdec_core.analysis import fix_stats, fix_status, headline, logging_gaps, red_flags
+    from specdec_core.analysis.status import fmt_time
 
     if store.lake is not None:
         # Its numbers come from the summaries, which a lost or overwritten file of the requests leaves readable:
@@ -197,7 +198,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(json.dumps({**dataclasses.asdict(h),
                           "red_flags": [{"id": f.id, "flagged": f.flagged, "evidence": f.evidence} for f in flags],
                           "logging_gaps": [{**dataclasses.asdict(g), "sentence": g.sentence} for g in gaps],
-                          **fix_stats(store)},
+                          **fix_stats(store, chosen)},
                          default=str))
         return 0
 
@@ -212,13 +213,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("key collisions", h.key_collisions),
         ("unique keys / identities", f"{h.unique_keys} / {h.unique_identities}"),
         ("quarantined records", h.quarantined),
-        ("time range", f"{h.first_ts} .. {h.last_ts}"),
+        ("time range", "no requests" if h.first_ts is None else f"{fmt_time(h.first_ts)} .. {fmt_time(h.last_ts)}"),
     ]
     for name, value in rows:
         print(f"{name:<26}{value}")
     for gap in gaps:
         print(f"{'logging gap':<26}{gap.sentence}")
-    for status in fix_status(store):
+    for status in fix_status(store, chosen):
         print(f"{'key fix':<26}{status.sentence}")
     return 0
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from helpers import rec, run_cli, write_jsonl
+from helpers import DROP, rec, run_cli, write_jsonl
 
-from specdec_core.analysis import Filters, headline
+from specdec_core.analysis import Filters, headline, logging_gaps
 from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
@@ -34,3 +34,23 @@ def test_a_bad_time_is_one_line_naming_it(tmp_path):
     done = run_cli("stats", "--db", str(tmp_path / "none.duckdb"), "--start", "yesterday")
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "'yesterday' is not an ISO 8601 time" in done.stderr
+
+
+def test_a_selection_without_requests_has_no_logging_gaps_and_no_time_range(tmp_path):
+    """Every field is "never set" among no requests: that says nothing of the log, the dashboard's Overview and
+    stats alike (both read logging_gaps)."""
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "log.jsonl", [
+        rec("a1", ts="2026-03-01T10:00:00Z"),
+        rec("a2", ts="2026-03-01T10:05:00Z", cache_hit=True, temperature=DROP, __unknown__=["temperature"]),
+    ]))])
+    assert [g.field for g in logging_gaps(store)] == ["temperature"]
+    for chosen in (Filters(deployments=("staging",)), Filters(start=datetime(2026, 3, 2, tzinfo=timezone.utc))):
+        assert logging_gaps(store, chosen) == []
+    whole = run_cli("stats", "--db", str(store.path)).stdout.splitlines()
+    assert "time range                2026-03-01 10:00:00 UTC .. 2026-03-01 10:05:00 UTC" in whole
+    assert [line.split(None, 2)[2] for line in whole if line.startswith("logging gap")] == [
+        "temperature unknown on 1 of 1 hits: contamination through it cannot be seen here; log it"]
+    none = run_cli("stats", "--db", str(store.path), "--deployment", "staging").stdout.splitlines()
+    assert "time range                no requests" in none
+    assert not [line for line in none if line.startswith("logging gap")]

@@ -93,6 +93,23 @@ def test_stats_json_has_key_scheme_changes_and_hits_after_fix(db):
     assert any("2 hits from old-scheme keys after the fix: rollout incomplete" in f for f in fixes)
 
 
+def test_stats_says_the_fix_figures_and_time_range_of_its_selection_as_the_overview_does(db):
+    late = Filters(start=T0 + timedelta(minutes=21, seconds=30))
+    shown = json.loads(run_cli("stats", "--db", str(db), "--json", "--start", late.start.isoformat()).stdout)
+    assert shown["hits_after_fix"] == {s.deployment: s.hits_after_fix for s in analysis.fix_status(Store(db), late)}
+    assert shown["hits_after_fix"] == {"edge": 0, "prod": 1}
+    edge = json.loads(run_cli("stats", "--db", str(db), "--json", "--deployment", "edge").stdout)
+    assert edge["hits_after_fix"] == {"edge": 0}
+    assert [c["deployment"] for c in edge["key_scheme_changes"]] == ["edge"]
+    plain = run_cli("stats", "--db", str(db), "--deployment", "edge").stdout.splitlines()
+    assert [line for line in plain if line.startswith("key fix")] == [
+        "key fix                   edge: fix deployed at 2026-03-01 10:10:00 UTC; 0 hits from old-scheme keys since."]
+    assert "time range                2026-03-01 10:00:00 UTC .. " in "\n".join(plain)
+    nothing = run_cli("stats", "--db", str(db), "--deployment", "staging").stdout.splitlines()
+    assert "time range                no requests" in nothing
+    assert not [line for line in nothing if line.startswith("key fix")]
+
+
 def test_purges_table_is_added_to_older_stores_and_kept_by_migrate_and_in_a_lake(db, tmp_path):
     old = tmp_path / "old.duckdb"
     old.write_bytes(db.read_bytes())
