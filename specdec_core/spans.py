@@ -46,7 +46,7 @@ def span_attributes(record: dict[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         if field in AS_LIST:
-            value = list(value)
+            value = [value] if isinstance(value, str) else list(value)  # a string is a list of one
         elif field in AS_ONE_ELEMENT_LIST:
             value = [value]
         elif field in AS_JSON_TEXT:

@@ -31,7 +31,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "top_p": ("a number in (0, 1]", "DOUBLE"),
     "bool": ("a boolean", "BOOLEAN"),
     "ts": ("an RFC 3339 string or integer epoch milliseconds, in the years 1 to 9999", "TIMESTAMPTZ"),
-    "str_list": ("a list of strings", "VARCHAR[]"),
+    "str_list": ("a list of strings or a string", "VARCHAR[]"),
     "object": ("a JSON object", "JSON"),
 }
 

@@ -89,9 +89,10 @@ class DecodeRequest:
         if not is_number(self.top_p) or not (0 < self.top_p <= 1):
             raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
         if self.stop is not None:
-            if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
-                raise ValueError(f"stop: expected a list of strings, got {self.stop!r}")
-            object.__setattr__(self, "stop", tuple(self.stop))
+            stop = (self.stop,) if isinstance(self.stop, str) else self.stop  # a string is a list of one
+            if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+                raise ValueError(f"stop: expected a list of strings or a string, got {self.stop!r}")
+            object.__setattr__(self, "stop", tuple(stop))
         if _tables().extra_identity:
             object.__setattr__(self, "extra", checked_extra(self.extra, _tables().extra_identity))
 
@@ -124,13 +125,13 @@ class DecodeRequest:
             if name not in record:
                 raise ValueError(f"{name}: required field is missing")
         stop = record.get("stop")
-        if stop is not None and (isinstance(stop, str) or not isinstance(stop, (list, tuple))):
-            raise ValueError(f"stop: expected a list of strings or null, got {type(stop).__name__}")
+        if stop is not None and not isinstance(stop, (str, list, tuple)):
+            raise ValueError(f"stop: expected a list of strings, a string or null, got {type(stop).__name__}")
         values = {name: record.get(name) for name in tables.dataclass_input}
         for name in tables.dataclass_input:
             if values[name] is None and contract.BY_NAME[name].default is not None:
                 values[name] = contract.BY_NAME[name].default
-        values["stop"] = None if stop is None else tuple(stop)
+        values["stop"] = None if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
         return cls(**values, extra={k: v for k, v in record.items() if k not in tables.dataclass_input})
 
     def to_record(self) -> dict[str, Any]:

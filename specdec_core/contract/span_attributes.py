@@ -29,7 +29,7 @@ SPAN_TIMED_FIELDS: frozenset[str] = frozenset({"ts", "latency_ms"})
 
 # How a field's value is spelt as an attribute when it is not the value itself (OpenTelemetry
 # attributes hold scalars and lists of scalars, never objects).
-AS_LIST = frozenset({"stop"})  # a list of strings
+AS_LIST = frozenset({"stop"})  # a list of strings (a string is a list of one)
 AS_ONE_ELEMENT_LIST = frozenset({"finish_reason"})  # the conventions log the reasons of every choice
 AS_JSON_TEXT = frozenset({"cached_fingerprint"})  # an object, as canonical JSON text
 

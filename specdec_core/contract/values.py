@@ -57,9 +57,10 @@ def checked_extra(extra: Mapping[str, Any], fields: tuple[Field, ...]) -> dict[s
             if not is_number(value):
                 raise ValueError(f"{f.name}: expected {f.expected}, got {value!r}")
         elif f.kind == "str_list":
-            if isinstance(value, str) or not all(isinstance(s, str) for s in value):
+            listed = (value,) if isinstance(value, str) else value  # a string is a list of one
+            if not isinstance(listed, (list, tuple)) or not all(isinstance(s, str) for s in listed):
                 raise ValueError(f"{f.name}: expected {f.expected}, got {value!r}")
-            out[f.name] = tuple(value)
+            out[f.name] = tuple(listed)
         elif f.kind in ("str", "nonempty_str") and not isinstance(value, str):
             raise ValueError(f"{f.name}: expected {f.expected}, got {value!r}")
     return out

@@ -61,9 +61,11 @@ def _value_sql(name: str, kind: str) -> str:
     if kind == "str_list":
         array = (f"CASE WHEN {t} = 'ARRAY' THEN {s} WHEN {t} = 'VARCHAR' AND json_type({text_json}) = 'ARRAY' "
                  f"THEN {s} ELSE '[]' END")
+        # A string is a list of one (log-schema.md), unless it is the JSON text of a list (as above).
         return (f"CASE WHEN ({t} = 'ARRAY' OR ({t} = 'VARCHAR' AND json_type({text_json}) = 'ARRAY')) "
-                f"AND len(list_filter(json_type({array}, '$[*]'), lambda x: x <> 'VARCHAR')) = 0 "
-                f"THEN json_extract_string({array}, '$[*]') END")
+                f"THEN CASE WHEN len(list_filter(json_type({array}, '$[*]'), lambda x: x <> 'VARCHAR')) = 0 "
+                f"THEN json_extract_string({array}, '$[*]') END "
+                f"WHEN {t} = 'VARCHAR' THEN [{s}] END")
     if kind.startswith("int"):
         return integral
     if kind in ("num", "num>=0", "top_p"):

@@ -63,6 +63,15 @@ def test_fingerprint_of_a_sampled_request_keeps_non_ascii_and_sorts_stop():
     assert fingerprint(req) == hashlib.sha256(literal.encode("utf-8")).hexdigest()
 
 
+def test_a_stop_string_is_a_list_of_one():
+    """log-schema.md: `stop` is a list of strings, a string, or null (a string is a list of one)."""
+    record = {"prompt": "p", "target_model": "t", "tokenizer_version": "v", "max_tokens": 4, "temperature": 0.5}
+    one = fingerprint({**record, "stop": "###"})
+    assert one == fingerprint({**record, "stop": ["###"]}) == fingerprint(DecodeRequest(**record, stop="###"))
+    assert one != fingerprint({**record, "stop": ["#"]}) and one != fingerprint(record)
+    assert DecodeRequest.from_record({**record, "stop": "###"}).stop == ("###",)
+
+
 def test_identity_of_a_record_with_only_the_prompt_hash_equals_that_of_the_prompt():
     with_prompt = {
         "prompt": "Hello",
@@ -100,7 +109,7 @@ GOOD = {"prompt": "p", "target_model": "t", "tokenizer_version": "v", "max_token
         ("top_k", {"top_k": -1}),
         ("seed", {"seed": 1.5}),
         ("num_speculative_tokens", {"num_speculative_tokens": "4"}),
-        ("stop", {"stop": "###"}),
+        ("stop", {"stop": 5}),
         ("stop", {"stop": ["ok", 3]}),
         ("prompt", {"prompt": None}),
         ("prompt", {"prompt": 42}),

@@ -57,3 +57,9 @@ def test_a_field_added_to_the_contract_travels_through_a_span() -> None:
     out = round_trip(rec("r-8", lora_adapter="support-v2"), contract="extended")
     assert "specdec.lora_adapter" in out["attributes"]
     assert out["read"]["lora_adapter"] == "support-v2"
+
+
+def test_a_stop_string_is_written_as_a_list_of_one() -> None:
+    """A string is a list of one (log-schema.md): its span holds ["END"], not the string's characters."""
+    assert span_attributes(rec("r-9", stop="END"))["gen_ai.request.stop_sequences"] == ["END"]
+    assert round_trip(rec("r-9", stop="END", temperature=0.7))["read"]["stop"] == ["END"]

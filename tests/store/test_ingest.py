@@ -36,15 +36,19 @@ def test_valid_records_are_accepted_with_fingerprints_equal_to_the_library(store
         rec("e", draft_model=None, num_speculative_tokens=None, stop=[], latency_ms=-3.5),  # a skewed clock
         # A seed past 64 bits is kept exactly; RFC 3339 allows a lower-case t and z.
         rec("f", temperature=0.5, seed=-(2**63) - 1, ts="2026-03-01t10:00:00.250z"),
+        # A string is a list of one (log-schema.md): g and h are one identity.
+        rec("g", temperature=0.3, stop="END"),
+        rec("h", temperature=0.3, stop=["END", "END"]),
     ]
     result = ingest(store, [str(write_jsonl(tmp_path / "ok.jsonl", records))])
-    assert (result.read, result.accepted, result.duplicates, result.quarantined) == (6, 6, 0, 0)
+    assert (result.read, result.accepted, result.duplicates, result.quarantined) == (8, 8, 0, 0)
     with store.read() as con:
         stored = dict(con.execute("SELECT request_id, fingerprint FROM requests").fetchall())
         kept = dict(con.execute("SELECT fingerprint, identity::VARCHAR FROM identities").fetchall())
         assert con.execute("SELECT seed::VARCHAR, strftime(ts, '%H:%M:%S.%g') FROM requests "
                            "WHERE request_id = 'f'").fetchall() == [(str(-(2**63) - 1), "10:00:00.250")]
     assert stored == {r["request_id"]: fingerprint(r) for r in records}
+    assert stored["g"] == stored["h"] != stored["a"]
     # The stored identity is the canonical text itself: its SHA-256 is the fingerprint beside it.
     assert set(kept) == set(stored.values())
     assert {fp: canonical_json(identity(r)) for r in records for fp in [fingerprint(r)]} == kept
@@ -59,7 +63,7 @@ BAD_LINES = [
     (json.dumps(rec("m2", prompt=DROP)), "one of prompt or prompt_hash"),
     (json.dumps(rec("w1", max_tokens="64")), "max_tokens: expected an integer >= 1"),
     (json.dumps(rec("w2", cache_hit="yes")), "cache_hit: expected a boolean"),
-    (json.dumps(rec("w3", stop="END")), "stop: expected a list of strings"),
+    (json.dumps(rec("w3", stop=5)), "stop: expected a list of strings or a string, got 5"),
     (json.dumps(rec("w4", stop=["a", 1])), "stop: expected a list of strings"),
     (json.dumps(rec("w5", ts="yesterday")), "ts: expected an RFC 3339 string"),
     (json.dumps({**rec("w6"), "request_id": 7}), "request_id: expected a non-empty string"),
@@ -173,16 +177,18 @@ def test_gzip_folder_and_glob_paths_are_read(store, tmp_path):
 
 
 def test_csv_records_equal_their_jsonl_twins_and_a_missing_column_quarantines_each_row(store, tmp_path):
-    records = [rec("c1", stop=["b", "a"], temperature=0.5, seed=9), rec("c2", cache_hit=True)]
+    records = [rec("c1", stop=["b", "a"], temperature=0.5, seed=9), rec("c2", cache_hit=True),
+               rec("c3", temperature=0.5, stop="END"), rec("c4", temperature=0.5, stop=["END"])]
     result = ingest(store, [str(write_csv(tmp_path / "log.csv", records))])
-    assert result.accepted == 2
+    assert result.accepted == 4
     with store.read() as con:
         stored = dict(con.execute("SELECT request_id, fingerprint FROM requests").fetchall())
     assert stored == {r["request_id"]: fingerprint(r) for r in records}
+    assert stored["c3"] == stored["c4"]
 
     broken = Store(tmp_path / "broken.duckdb")
     result = ingest(broken, [str(write_csv(tmp_path / "nocol.csv", records, drop_column="max_tokens"))])
-    assert (result.read, result.accepted, result.quarantined) == (2, 0, 2)
+    assert (result.read, result.accepted, result.quarantined) == (4, 0, 4)
     assert {reason for _, reason in quarantine_rows(broken)} == {"missing required field: max_tokens"}
 
 
