@@ -33,6 +33,7 @@ from specdec_core.analysis.status import (
     fmt_time,
     key_scheme_changes,
 )
+from specdec_core.derived import summaries
 from specdec_core.remediation.log import PurgeRecord, purge_log
 from specdec_core.remediation.plan import PlanCounts, plan_counts, purge_plan
 from specdec_core.remediation.report_charts import bars_svg, heatmap_svg, paired_bars_svg
@@ -125,10 +126,11 @@ def _purge_words(p: PurgeRecord) -> str:
     return f"{verb} {what} on {p.target}: {p.planned:,} planned, {p.deleted:,} deleted, {p.missing:,} missing"
 
 
-# Over the summaries every read may use (a read of a store whose summaries are older asks for a migrate).
+# Over the summaries every read may use (a read of a store whose summaries are older asks for a migrate), or
+# the rows where there are none (a store that holds no request yet).
 _LEFT_OUT_SQL = """
 SELECT deployment, field, count(*) AS hits FROM (
-    SELECT deployment, unnest(string_split(differing_fields, ';')) AS field FROM summary_contaminated
+    SELECT deployment, unnest(string_split(differing_fields, ';')) AS field FROM {contaminated}
     WHERE coalesce(differing_fields, '') <> '')
 GROUP BY ALL ORDER BY deployment, hits DESC, field
 """
@@ -141,7 +143,8 @@ SELECT (SELECT count(*) FROM requests WHERE cache_hit AND cached_fingerprint IS 
 
 def _left_out(store: Store) -> dict[str, dict[str, int]]:
     with store.read() as con:
-        rows = con.execute(_LEFT_OUT_SQL).fetchall()
+        contaminated = "summary_contaminated" if summaries.ready(con) else f"({summaries.contaminated_sql()})"
+        rows = con.execute(_LEFT_OUT_SQL.format(contaminated=contaminated)).fetchall()
     out: dict[str, dict[str, int]] = {}
     for deployment, field, hits in rows:
         out.setdefault(deployment, {})[field] = int(hits)
@@ -191,6 +194,13 @@ def _when(ts: datetime | None) -> str:
     return "-" if ts is None else fmt_time(ts.astimezone(timezone.utc) if ts.tzinfo else ts)
 
 
+def title(r: IncidentReport) -> str:
+    """What happened, as far as the store shows: no claim of contamination it did not find."""
+    if r.headline.contaminated_hits:
+        return "Incident report: speculative-decoding cache served other requests' outputs"
+    return "Incident report: no cache hit served another request's output in these logs"
+
+
 def summary_lines(r: IncidentReport) -> list[str]:
     h = r.headline
     affected = [c for c in r.consumers if c.affected]
@@ -236,17 +246,26 @@ def checklist(r: IncidentReport) -> list[tuple[str, str, str]]:
                       "no change of key scheme in the logs"))
     namespaces = [p for p in r.purges if p.kind == "namespace" and not p.dry_run]
     if not namespaces:
-        items.append(("Old namespace purged", "left", "no purge recorded" if not r.purges else
-                      "no namespace purge recorded"))
+        items.append(("Old namespace purged", "left" if r.changes or r.headline.contaminated_hits else "unknown",
+                      "no purge recorded" if not r.purges else "no namespace purge recorded"))
     else:
-        items.append(("Old namespace purged", "done", "; ".join(f"{p.namespace} on {p.target} at {_when(p.ts)}: "
-                                                                f"{_n(p.deleted)} deleted" for p in namespaces)))
+        done = "; ".join(f"{p.namespace} on {p.target} at {_when(p.ts)}: {_n(p.deleted)} deleted" for p in namespaces)
+        # Each old key scheme the logs show is purged once a namespace purge held all of its keys.
+        left = [c for c in r.changes if not any(_holds(p.namespace or "", c.old_prefix) for p in namespaces)]
+        items.append(("Old namespace purged", "left" if left else "done", done + "".join(
+            f"; not yet {c.old_prefix}:... ({c.deployment or '(none)'})" for c in left)))
     items.append(("Guard on read", "done" if r.guard["hits_with_fingerprint"] and not r.guard["guard_mismatches"]
                   else "left", f"{_n(r.guard['hits_with_fingerprint'])} hits logged the cached entry's fingerprint; "
                   f"{_n(r.guard['guard_mismatches'])} guard mismatches seen"))
     items.append(("Regression test", "unknown", "the logs can't show it: check the key function with "
                   "`specdec audit-key MODULE:FUNCTION --example REQUEST.json` in CI"))
     return items
+
+
+def _holds(namespace: str, old_prefix: str) -> bool:
+    """Whether a purge of `namespace` removed every key of the scheme `old_prefix` (its keys `old_prefix:...`):
+    the namespace starts them, or names the scheme whole after a key template's own prefix."""
+    return bool(namespace) and (f"{old_prefix}:".startswith(namespace) or namespace.endswith((old_prefix, f"{old_prefix}:")))
 
 
 def _purge_rows(r: IncidentReport) -> list[str]:
@@ -292,7 +311,7 @@ _APPENDIX_COLUMNS = ["request_id", "ts", "kind", "cache_key", "source_request_id
 
 
 def render_markdown(r: IncidentReport) -> str:
-    out = ["# Incident report: speculative-decoding cache served other requests' outputs",
+    out = [f"# {title(r)}",
            "", f"Drafted {_when(r.drafted_at)} from `{r.store}` by `specdec incident-report`.", "", "## Summary", ""]
     out += [f"- {line}" for line in summary_lines(r)]
     out += ["", "## Timeline", ""]
@@ -372,7 +391,7 @@ def render_html(r: IncidentReport) -> str:
                ("length violations", _n(h.length_violations), "bad"),
                ("consumers affected", f"{len(affected)} of {len(r.consumers)}", "bad" if affected else "ok"),
                ("arms cross-fed", _n(len({c.arm for c in r.experiments.cross_feeding if c.arm})), "")]
-    parts = ["<h1>Incident report: speculative-decoding cache served other requests' outputs</h1>",
+    parts = [f"<h1>{_e(title(r))}</h1>",
              f"<p>Drafted {_e(_when(r.drafted_at))} from <code>{_e(r.store)}</code> by "
              "<code>specdec incident-report</code>.</p>", "<h2>Summary</h2>",
              '<div class="figures">' + "".join(f'<div class="figure"><b class="{cls}">{_e(v)}</b>{_e(k)}</div>'

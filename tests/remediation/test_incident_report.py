@@ -138,6 +138,19 @@ def test_a_store_without_contamination_says_so(tmp_path):
     ingest(Store(path), [str(write_jsonl(tmp_path / "clean.jsonl", [rec("a"), rec("b", cache_key="k-2")]))])
     text = render_markdown(incident_report(Store(path)))
     assert "0 contaminated hits" in text and "No contaminated hit: no key left a field out." in text
+    assert text.startswith("# Incident report: no cache hit served another request's output in these logs\n")
+    assert "| Old namespace purged | unknown | no purge recorded |" in text
+
+
+@pytest.mark.parametrize("lines", [[], ['{"request_id": "q1"}', "not json"]], ids=["empty", "all quarantined"])
+def test_a_store_without_requests_gets_a_report_not_a_traceback(tmp_path, lines):
+    path = tmp_path / "none.duckdb"
+    (tmp_path / "log.jsonl").write_text("".join(f"{line}\n" for line in lines))
+    assert ingest(Store(path), [str(tmp_path / "log.jsonl")]).accepted == 0
+    for suffix in ("md", "html"):
+        done = run_cli("incident-report", "--db", str(path), "--out", str(tmp_path / f"r.{suffix}"))
+        assert done.returncode == 0, done.stderr
+        assert "0 contaminated hits" in (tmp_path / f"r.{suffix}").read_text()
 
 
 def test_purges_the_plan_and_the_fix_come_from_what_cache_and_stats_say(db, tmp_path):
@@ -155,4 +168,12 @@ def test_purges_the_plan_and_the_fix_come_from_what_cache_and_stats_say(db, tmp_
     text = render_markdown(report)
     assert "no purge recorded" not in text
     assert "| Old namespace purged | done | edge-v1: on redis://purger@cache:6379/0 at 2026-03-01 12:00:00 UTC" in text
+    # A namespace purge that held none of the old scheme's keys leaves the item open, naming the scheme.
+    other = tmp_path / "other.duckdb"
+    other.write_bytes(db.read_bytes())
+    record_purge(Store(other), PurgeRecord(ts=at, kind="namespace", target="redis://purger@cache:6379/0", plan=None,
+                                           namespace="edge-v1:prompt:p0", planned=1, deleted=1, missing=0,
+                                           dry_run=False))
+    assert ("| Old namespace purged | left | edge-v1:prompt:p0 on redis://purger@cache:6379/0 at 2026-03-01 "
+            "12:00:00 UTC: 1 deleted; not yet edge-v1:prompt:... (edge) |") in render_markdown(incident_report(Store(other)))
     assert report.timeline()[-1].what.startswith("purged the namespace edge-v1: on redis://purger@cache:6379/0")
