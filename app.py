@@ -17,14 +17,20 @@ import ui
 from specdec_core import analysis
 from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.config import ConfigError, PathRefused
+from specdec_core.formats import FORMATS
+from specdec_core.formats.files import JSON_DOCUMENT_SUFFIXES, SUPPORTED_SUFFIXES
 from specdec_core.ingestion import ingest
 from specdec_core.replay import jobs as replay_jobs
 from specdec_core.store import LogReadError, Store, StoreError
 
 LAST_INGEST_KEY = "last_ingest"
-UPLOAD_TYPES = ["jsonl", "gz", "csv", "parquet"]
-LOG_FORMATS = {"auto": "auto (decided per file)", "contract": "the log contract", "otel": "OpenTelemetry GenAI spans",
-               "litellm": "LiteLLM payloads"}
+# What `specdec ingest` reads, by the last part of each name (.jsonl.gz and .csv.gz as "gz").
+UPLOAD_TYPES = sorted({suffix.rsplit(".", 1)[-1] for suffix in SUPPORTED_SUFFIXES + JSON_DOCUMENT_SUFFIXES})
+# As `specdec ingest --format`: every format it reads, in its order.
+FORMAT_NAMES = {"contract": "the log contract", "otel": "OpenTelemetry GenAI spans",
+                "openinference": "OpenInference spans (Arize Phoenix)", "litellm": "LiteLLM payloads",
+                "langfuse": "Langfuse observations"}
+LOG_FORMATS = {"auto": "auto (decided per file)", **{name: FORMAT_NAMES.get(name, name) for name in FORMATS}}
 # The filters' query parameters: a view pasted into a ticket opens with the same selection.
 URL_KEYS = ("start", "end", "deployment", "target_model", "draft_model", "db", "notes")
 NOTES_KEY = "annotations_text"

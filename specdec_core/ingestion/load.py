@@ -322,7 +322,7 @@ def ingest(
     """Validate and load log files; all of them become visible at once, or none on error.
 
     `limits`: what one record may cost (default: `IngestLimits.from_env()`).
-    `log_format`: "auto" (decided per file from its first record), "contract", "otel" or "litellm";
+    `log_format`: "auto" (decided per file from its first record) or one of formats.FORMATS;
     `mapping` (formats.load_mapping) reads every file through a mapping file instead.
     `parts`: files that hold a part of another file (a followed log's new lines): resolved path ->
     (that file's name, the number of its lines before this part), which the rows record instead.

@@ -12,6 +12,7 @@ from dashboard_data import build_db
 from helpers import rec
 
 from specdec_core import analysis
+from specdec_core.ingestion import ingest
 from specdec_core.replay import jobs
 from specdec_core.store.connection import Store
 
@@ -224,7 +225,25 @@ def test_an_empty_upload_says_the_file_was_empty(monkeypatch, tmp_path):
 def test_the_load_box_offers_the_log_formats(monkeypatch, tmp_path):
     at = open_app(monkeypatch, tmp_path / "x.duckdb")
     assert at.sidebar.selectbox(key="load_format").options == [
-        "auto (decided per file)", "the log contract", "OpenTelemetry GenAI spans", "LiteLLM payloads"]
+        "auto (decided per file)", "the log contract", "OpenTelemetry GenAI spans",
+        "OpenInference spans (Arize Phoenix)", "LiteLLM payloads", "Langfuse observations"]
+    [uploads] = [u for u in at.sidebar.get("file_uploader") if u.key == "uploads"]
+    assert set(uploads.proto.type) >= {".jsonl", ".ndjson", ".json", ".gz", ".csv", ".parquet"}
+
+
+def test_a_phoenix_export_uploaded_as_openinference_is_loaded(monkeypatch, tmp_path):
+    """Every format `specdec ingest --format` reads is offered, and an upload of it loads as the CLI loads it."""
+    at = open_app(monkeypatch, tmp_path / "uploaded.duckdb")
+    at.sidebar.selectbox(key="load_format").set_value("openinference").run()
+    [uploader] = [u for u in at.sidebar.get("file_uploader") if u.key == "uploads"]
+    fixture = ROOT / "tests" / "fixtures" / "formats" / "phoenix_spans.json"
+    uploader.set_value(("phoenix_spans.json", fixture.read_bytes(), "application/json"))
+    at.run()
+    [b for b in at.sidebar.button if b.label == "Load uploads"][0].click().run()
+    cli = Store(tmp_path / "cli.duckdb")
+    expected = ingest(cli, [str(fixture)], log_format="openinference")
+    assert expected.accepted > 0
+    assert analysis.headline(Store(tmp_path / "uploaded.duckdb")).requests == expected.accepted
 
 
 def test_live_shows_the_newest_request_and_its_lag(monkeypatch, incident_db):
