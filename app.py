@@ -22,6 +22,7 @@ from specdec_core.formats.files import JSON_DOCUMENT_SUFFIXES, SUPPORTED_SUFFIXE
 from specdec_core.ingestion import ingest
 from specdec_core.replay import jobs as replay_jobs
 from specdec_core.store import LogReadError, Store, StoreError
+from ui import links as url_links
 
 LAST_INGEST_KEY = "last_ingest"
 # What `specdec ingest` reads, by the last part of each name (.jsonl.gz and .csv.gz as "gz").
@@ -265,17 +266,19 @@ def filters_from_url(options: analysis.FilterOptions) -> None:
     if current == written or (not current and written is None):
         return
     st.session_state[URL_WRITTEN_KEY] = current
-    span = (options.span_start, options.span_end)
+    span, said, times = (options.span_start, options.span_end), url_links.unmet_names(current, options), {}
     if span[0] is not None:
-        try:
-            low = _url_time(current.get("start"), span[0])
-            high = _url_time(current.get("end"), span[1])
-            st.session_state["f_time"] = (max(low, span[0]), min(high, span[1]))
-        except ValueError:
-            pass
-    for url_key, key in (("deployment", "deployments"), ("target_model", "target_models"),
-                         ("draft_model", "draft_models")):
+        for name, default in (("start", span[0]), ("end", span[1])):
+            try:
+                times[name] = _url_time(current.get(name), default)
+            except ValueError:
+                said += url_links.unparsable(name, current.get(name))
+        if len(times) == 2:  # what the link asked that the store lacks is said above the page (ui/links.py)
+            said += url_links.unmet_time((times["start"], times["end"]), span)
+            st.session_state["f_time"] = (max(times["start"], span[0]), min(times["end"], span[1]))
+    for url_key, key, _ in url_links.NAMED:
         st.session_state[f"f_{key}"] = [v for v in current.get(url_key, ()) if v in getattr(options, key)]
+    url_links.note_unmet(said)
     st.session_state[NOTES_KEY] = current["notes"][0] if "notes" in current else ""
 
 
@@ -461,6 +464,7 @@ except ValueError as exc:
 st.session_state[ui.PRELOAD_KEY] = model_preload(ui.store().name) if preload else None
 
 partial_load_warning()
+url_links.warn_unmet(st.session_state.get(ui.FILTERS_KEY))
 ui.freeze_what_is_loaded()
 
 with ui.entrypoint():

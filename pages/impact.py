@@ -14,6 +14,7 @@ from specdec_core.analysis import impact as hurt
 from specdec_core.remediation import report
 
 CONSUMER_PARAM = "consumer"  # the consumer whose requests are listed: part of the page's address
+MISSING_KEY = "_impact_link_consumer_missing"  # a link's consumer not listed, and the one shown instead
 SHOWN_ROWS = 1000  # a consumer's affected requests listed on the page; the CSV holds them all
 REPORT_KEY = "impact_report_drafted"
 
@@ -63,7 +64,15 @@ names = [c.value for c in affected]
 if names:
     wanted = st.query_params.get(CONSUMER_PARAM)
     index = names.index(wanted) if wanted in names else 0
+    if wanted is not None and wanted not in names:  # a link's consumer: said while its stand-in stays chosen
+        st.session_state[MISSING_KEY] = (wanted, names[0])
     chosen = st.selectbox("Consumer", names, index=index, format_func=lambda v: v or "(none)", key="impact_consumer")
+    missing = st.session_state.get(MISSING_KEY)
+    if missing and missing[1] == chosen:
+        st.warning(f"This link names the consumer {ui.code_span(missing[0])}, who received no wrong output in "
+                   f"this selection: showing {ui.code_span(chosen or '(none)')} instead.")
+    else:
+        st.session_state.pop(MISSING_KEY, None)
     if st.query_params.get(CONSUMER_PARAM) != chosen:
         st.query_params[CONSUMER_PARAM] = chosen
     rows = ui.cached(hurt.affected_requests, chosen, filters=filters, limit=SHOWN_ROWS)

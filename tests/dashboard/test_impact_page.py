@@ -96,6 +96,20 @@ def test_a_consumers_requests_download_as_csv_and_its_choice_is_in_the_address(m
     assert linked.selectbox(key="impact_consumer").value == "initech"
     rows = next(d.value for d in linked.dataframe if "kind" in d.value.columns)
     assert list(rows.request_id) == ["m3"]
+    assert not linked.warning
+
+
+def test_a_link_to_a_consumer_not_listed_says_whose_requests_it_shows_instead(monkeypatch, db):
+    """A customer-notice link reused under other filters, or with a typo: never another consumer's list in silence."""
+    at = _open(monkeypatch, db, consumer="nope")
+    assert at.selectbox(key="impact_consumer").value == "globex"
+    [warning] = [w.value for w in at.warning]
+    assert warning == ("This link names the consumer `nope`, who received no wrong output in this selection: "
+                       "showing `globex` instead.")
+    at.run()
+    assert [w.value for w in at.warning] == [warning], "said while its stand-in stays chosen"
+    at.selectbox(key="impact_consumer").set_value("initech").run()
+    assert not at.warning, "the visitor's own choice needs no warning"
 
 
 def test_the_incident_report_is_offered_once_drafted(monkeypatch, db):
