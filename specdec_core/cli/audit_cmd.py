@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from specdec_core.cli.common import UsageError
+from specdec_core.contract import fields as contract
 from specdec_core.keys.audit import (
     KeyAuditError,
     audit_key_function,
@@ -22,14 +23,16 @@ def register(subparsers: Any) -> None:
         "audit-key",
         help="check a cache-key function for ignored request fields and instability",
         description="Call MODULE:FUNCTION (one dict of request parameters -> key) on the example and on "
-        "semantic variants of it. Exit 0: covered and stable; 1: something was found; 2: usage. "
+        "semantic variants of it. Exit 0: covered and stable (the log contract's identity fields the example "
+        "lacks are named: their changes were not tried); 1: something was found; 2: usage. "
         "It imports MODULE and runs FUNCTION with your permissions, as `python -m` would import it (the current "
         "directory comes first on the import path): audit only code you trust. The dashboard audits only "
         "functions listed in specdec.toml's [dashboard] audit_functions.",
     )
     parser.add_argument("target", metavar="MODULE:FUNCTION", help="the key function, importable from here")
     parser.add_argument("--example", required=True, metavar="FILE.json", help="one request as a JSON object")
-    parser.add_argument("--ignore", default="", metavar="a,b", help="fields that cannot change the output")
+    parser.add_argument("--ignore", default="", metavar="a,b",
+                        help="fields that cannot change the output (or that your requests never carry)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.set_defaults(func=run)
 
@@ -58,14 +61,16 @@ def run(args: argparse.Namespace) -> int:
     if not isinstance(example, dict):
         raise UsageError(f"example {args.example} must be one JSON object, got {type(example).__name__}")
     ignore = [name.strip() for name in args.ignore.split(",") if name.strip()]
-    if unknown := unknown_ignore_names(example, ignore):
+    # An identity field the requests never carry may be ignored though the example lacks it (audit.untried).
+    if unknown := {k: v for k, v in unknown_ignore_names(example, ignore).items() if k not in contract.IDENTITY_FIELDS}:
         named = ", ".join(
             f"{name!r}" + (f" (did you mean {close!r}?)" if close else "") for name, close in unknown.items()
         )
         fields = ", ".join(sorted(example))
         raise UsageError(f"--ignore names no field of the example: {named}; its fields: {fields}")
     try:
-        audit = audit_key_function(key_fn, example, ignore=ignore, importable=args.target)
+        audit = audit_key_function(key_fn, example, ignore=ignore, importable=args.target,
+                                   expected=contract.IDENTITY_FIELDS)
     except KeyAuditError as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(audit.to_dict(), ensure_ascii=False) if args.json else audit)

@@ -62,6 +62,8 @@ class KeyAudit:
     `unstable`: kinds of instability found, among `INSTABILITY_KINDS`.
     `skipped`: kind -> why that check could not run (it neither passed nor failed).
     `unchecked`: field -> why no change of it could be tried (the key function rejected all).
+    `untried`: fields a request holds (`expected`) that the example holds nowhere: whether they change the key
+    is not known (said, not a finding: a request of another shape may name them otherwise).
     `details`: one sentence per finding, missing fields first.
     """
 
@@ -71,6 +73,7 @@ class KeyAudit:
     unchecked: dict[str, str] = field(default_factory=dict)
     details: list[str] = field(default_factory=list)
     checked_fields: list[str] = field(default_factory=list)
+    untried: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -85,17 +88,23 @@ class KeyAudit:
             "unchecked": dict(self.unchecked),
             "details": list(self.details),
             "checked_fields": list(self.checked_fields),
+            "untried": list(self.untried),
         }
 
     def __str__(self) -> str:
         problems = len(self.missing) + len(self.unstable)
         if self.ok:
             stable = [k for k in INSTABILITY_KINDS if k not in self.skipped]
-            head = f"key audit: ok ({len(self.checked_fields)} fields change the key"
+            n = len(self.checked_fields)
+            tried = " of those tried" if self.untried else ""
+            head = f"key audit: ok ({n} field{'' if n == 1 else 's'}{tried} change{'s' if n == 1 else ''} the key"
             head += f"; stable under {', '.join(stable)})" if stable else ")"
         else:
             head = f"key audit: {problems} problem(s)"
         lines = [head, *(f"  - {d}" for d in self.details)]
+        if self.untried:
+            lines.append(f"  not tried: {', '.join(self.untried)}: not in the example, so whether they change the "
+                         "key is not known; add them to it, or --ignore those your requests never carry")
         if self.missing:
             lines.append(
                 "  fix: include every missing field in the key; if a field truly cannot change the "
@@ -154,6 +163,7 @@ def audit_key_function(
     importable: str | None = None,
     check_process: bool = True,
     process_timeout: float = 60.0,
+    expected: Iterable[str] = (),
 ) -> KeyAudit:
     """Audit `key_fn` (one dict of request parameters -> a hashable key: str, bytes, int, a tuple)
     around `example`.
@@ -167,7 +177,9 @@ def audit_key_function(
     shared or distinct objects), `repeat` (another key on a second call, or the argument
     modified), `process` (another key in fresh interpreters, whose seeds tell randomness from
     PYTHONHASHSEED; needs key_fn defined at module level, or `importable="module:function"`,
-    and a key with a stable text; see process_check.canonical_key_text).
+    and a key with a stable text; see process_check.canonical_key_text). `expected`: fields a request
+    holds (the CLI passes the contract's identity fields): each one the example holds at no depth, and
+    `ignore` does not name, is `untried`: no change of it was tried.
 
     Raises KeyAuditError when key_fn fails on the example itself or returns no key.
     """
@@ -212,6 +224,9 @@ def audit_key_function(
         elif any(not is_ignored(c.path, ignore) for c in changes(example[name], name)):
             unchecked[name] = "key_fn rejected every change tried; give an example where it can vary"
 
+    held = _names_at_any_depth(example)
+    untried = [name for name in expected if name not in held and not is_ignored(name, ignore)]
+
     if not has_reorderable(example):
         skipped["reorder"] = "no object in the example has two or more keys"
     elif finding := _check_same_request(
@@ -240,7 +255,17 @@ def audit_key_function(
         unchecked=unchecked,
         details=[missing[k] for k in sorted(missing)] + [unstable[k] for k in sorted(unstable)],
         checked_fields=sorted(checked),
+        untried=sorted(untried),
     )
+
+
+def _names_at_any_depth(value: Any) -> set[str]:
+    """Every key of every object in `value` (a request may nest its parameters: `{"params": {...}}`)."""
+    if isinstance(value, Mapping):
+        return {str(k) for k in value}.union(*(_names_at_any_depth(v) for v in value.values()))
+    if isinstance(value, (list, tuple)):
+        return set().union(*(_names_at_any_depth(v) for v in value))
+    return set()
 
 
 def _try_change(key_fn: KeyFn, example: dict[str, Any], name: str, change: Change, base: Any) -> bool | None:

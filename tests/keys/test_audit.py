@@ -316,6 +316,25 @@ def test_cli_text_output_names_the_finding(cli_dir):
     assert "missing max_tokens" in done.stdout
 
 
+def test_cli_names_the_identity_fields_the_example_lacks_as_not_tried(cli_dir):
+    """An example that holds only a prompt can't show a prompt-only key narrow: the audit says which of the log
+    contract's identity fields it never varied, instead of a bare ok."""
+    (cli_dir / "prompt_only.json").write_text(json.dumps({"prompt": "hi"}))
+    done = _specdec(cli_dir, "mykeys:narrow", "--example", "prompt_only.json")
+    assert done.returncode == 0, done.stderr
+    head, *rest = done.stdout.splitlines()
+    assert head.startswith("key audit: ok (1 field of those tried changes the key")
+    assert any(line.startswith("  not tried: draft_model, max_tokens,") and "temperature" in line for line in rest)
+    # Fields the requests never carry may be ignored though the example lacks them; others still may not.
+    done = _specdec(cli_dir, "mykeys:narrow", "--example", "prompt_only.json", "--json", "--ignore", "top_k,seed")
+    untried = json.loads(done.stdout)["untried"]
+    assert "temperature" in untried and "top_k" not in untried and "seed" not in untried
+    assert _specdec(cli_dir, "mykeys:narrow", "--example", "prompt_only.json", "--ignore", "tempreature").returncode == 2
+    # A fuller example leaves fewer untried: its nested options.sampling holds top_k and top_p.
+    assert json.loads(_specdec(cli_dir, "mykeys:good", "--example", "example.json", "--json").stdout)["untried"] == [
+        "draft_model", "num_speculative_tokens", "target_model", "tokenizer_version"]
+    assert audit_key_function(correct_key, {"prompt": "hi"}, check_process=False).untried == []  # the library's default
+
 @pytest.mark.parametrize(
     ("target", "example", "reason"),
     [
