@@ -133,6 +133,15 @@ def require_data() -> None:
 
 
 def empty_state(db: Store) -> None:
+    from specdec_core import analysis
+
+    refused = cached(analysis.headline).quarantined if db.exists else 0
+    if refused:  # loaded, but every record broke the contract: not the same as nothing loaded yet
+        reasons = cached(analysis.quarantined_records).reason.str.split(":").str[0].value_counts().head(3)
+        st.warning(f"All {refused:,} record{'s' if refused != 1 else ''} loaded into {code_span(db.path)} broke the log "
+                   "contract and were quarantined: there is no request to show. The commonest reasons: "
+                   + ", ".join(f"{code_span(reason)} ({n:,})" for reason, n in reasons.items())
+                   + ". The sidebar's **Load logs** lists them; `specdec stats` counts them.")
     st.info(
         f"No requests in {code_span(db.path)} yet. Load logs from the sidebar (a path, or upload "
         "`.jsonl`, `.jsonl.gz`, `.csv` or `.parquet` files), or from a shell:\n\n"

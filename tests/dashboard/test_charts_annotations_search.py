@@ -289,3 +289,16 @@ def test_hit_rate_over_time_is_smoothed_by_default_and_axes_say_buckets_in_words
     assert (ui.bucket_words("5 minutes"), ui.bucket_words("1 hour")) == ("5-minute buckets", "1-hour buckets")
     assert (ui.plural(1, "contaminated hit"), ui.plural(2, "contaminated hit")) == (
         "1 contaminated hit", "2 contaminated hits")
+
+
+def test_a_store_whose_every_record_was_quarantined_says_so_not_that_nothing_was_loaded(monkeypatch, tmp_path):
+    db = tmp_path / "refused.duckdb"
+    log = tmp_path / "refused.jsonl"
+    log.write_text('{"request_id": "b1", "ts": "2026-03-01T10:00:00Z"}\n{"request_id": "b2", "ts": "soon"}\nnot json\n')
+    assert ingest(Store(db), [str(log)]).quarantined == 3
+    at = open_app(monkeypatch, db)
+    [said] = [w for w in texts(at, "warning") if w.startswith("All 3 records loaded into")]
+    assert "were quarantined: there is no request to show" in said and "`bad JSON` (1)" in said
+    assert any(i.startswith("No requests in") for i in texts(at, "info")), "the way to load logs stays"
+    empty = open_app(monkeypatch, tmp_path / "new.duckdb")
+    assert not [w for w in texts(empty, "warning") if w.startswith("All ")]
