@@ -6,7 +6,7 @@ import csv
 import io
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pandas as pd
 
@@ -246,9 +246,14 @@ def report_csv(frame: pd.DataFrame, *, raw: bool = False) -> bytes:
     return buf.getvalue().encode("utf-8")
 
 
-def write_report(store: Store, out: str | Path, filters: Filters = NO_FILTERS,
+def write_report(store: Store, out: str | Path | BinaryIO, filters: Filters = NO_FILTERS,
                  kinds: Iterable[str] = KINDS, *, raw: bool = False, external_url: str | None = None) -> int:
-    """Write the mismatch report CSV (formulas neutralised unless `raw`); return the number of rows."""
+    """Write the mismatch report CSV (formulas neutralised unless `raw`) to a file, or into a binary stream
+    (`sys.stdout.buffer`); return the number of rows."""
     frame = mismatch_report(store, filters, kinds, external_url=external_url)
-    Path(out).write_bytes(report_csv(frame, raw=raw))
+    if isinstance(out, (str, Path)):
+        Path(out).write_bytes(report_csv(frame, raw=raw))
+    else:
+        out.write(report_csv(frame, raw=raw))
+        out.flush()
     return len(frame)

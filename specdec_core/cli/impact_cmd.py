@@ -58,6 +58,9 @@ def cmd_incident_report(args: argparse.Namespace) -> int:
     except ReportError as exc:
         print(f"specdec incident-report: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        print(f"specdec incident-report: --out {args.out}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     print(f"wrote the incident report to {written}")
     return 0
 

@@ -145,17 +145,24 @@ def cmd_report(args: argparse.Namespace) -> int:
     store = existing_store(args, "report")
     if store is None:
         return 1
-    if _same_file(args.out, store.path):
+    to_stdout = args.out == "-"
+    if not to_stdout and _same_file(args.out, store.path):
         raise UsageError(f"--out {args.out} is the database itself; write the report to another file")
     from specdec_core.analysis.report import configured_external_url, write_report
 
     kinds = args.kind or list(REPORT_KINDS)
     try:
-        rows = write_report(store, args.out, kinds=kinds, raw=args.raw, external_url=configured_external_url())
-    except (StoreError, OSError, ConfigError) as exc:
+        rows = write_report(store, sys.stdout.buffer if to_stdout else args.out, kinds=kinds, raw=args.raw,
+                            external_url=configured_external_url())
+    except OSError as exc:
+        print(f"specdec report: --out {args.out}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except (StoreError, ConfigError) as exc:
         print(f"specdec report: {exc}", file=sys.stderr)
         return 1
-    print(f"wrote {rows} rows to {args.out}")
+    # Beside the CSV on standard output, the count goes to standard error.
+    print(f"wrote {rows} rows to {'standard output' if to_stdout else args.out}",
+          file=sys.stderr if to_stdout else sys.stdout)
     return 0
 
 
@@ -260,7 +267,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("report", help="write the mismatch report CSV",
                               description="One row per (flagged request, kind).")
     add_db(p)
-    p.add_argument("--out", required=True, metavar="FILE.csv")
+    p.add_argument("--out", required=True, metavar="FILE.csv", help="the CSV file to write; - for standard output")
     p.add_argument("--kind", action="append", choices=REPORT_KINDS, help="only this kind (repeatable)")
     p.add_argument("--raw", action="store_true",
                    help="write log text exactly as logged; by default a text cell starting with = + - @ tab or "

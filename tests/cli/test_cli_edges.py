@@ -127,3 +127,18 @@ sys.exit(d.cmd_dashboard(types.SimpleNamespace(db=None, host="127.0.0.1", port="
     assert proc.wait(timeout=15) == 137, proc.stderr.read()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_report_to_standard_output_and_an_unwritable_out_in_one_line(loaded_db, tmp_path):
+    from helpers import run_cli
+
+    piped = run_cli("report", "--db", str(loaded_db), "--out", "-")
+    assert piped.returncode == 0, piped.stderr
+    header, *rows = piped.stdout.splitlines()
+    assert header.startswith("request_id,ts,kind,")
+    assert piped.stderr.strip() == f"wrote {len(rows)} rows to standard output"
+    assert not Path("-").exists() and not (tmp_path / "-").exists()
+    for command, out in (("report", "r.csv"), ("incident-report", "r.md")):
+        done = run_cli(command, "--db", str(loaded_db), "--out", str(tmp_path / "no-such-folder" / out))
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(f"specdec {command}: --out {tmp_path / 'no-such-folder' / out}: cannot write: ")
