@@ -14,6 +14,12 @@ def _cell(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f}"
 
 
+def _name(value: str) -> str:
+    """A logged name as one table cell: '(none)' for none, a line break or other control character as a space (a
+    consumer named 'a\nb' split its row in two)."""
+    return "".join(" " if ch < " " or ch == "\x7f" else ch for ch in value) if value else "(none)"
+
+
 def cmd_impact(args: argparse.Namespace) -> int:
     from specdec_core.analysis.impact import experiment_impact, impact, rfc3339
 
@@ -27,11 +33,11 @@ def cmd_impact(args: argparse.Namespace) -> int:
             return 0
         print(f"{'arm':<20}{'served from':<20}{'hits':>8}")
         for c in result.cross_feeding:
-            print(f"{c.arm or '(none)':<20}{c.served_from or '(none)':<20}{c.hits:>8,}")
+            print(f"{_name(c.arm):<20}{_name(c.served_from):<20}{c.hits:>8,}")
         print()
         print(f"{'arm':<20}{'requests all/clean':>20}{'output tokens':>20}{'latency ms':>22}{'acceptance':>18}")
         for a in result.arms:
-            print(f"{a.arm or '(none)':<20}{f'{a.requests.all:,} / {a.requests.clean:,}':>20}"
+            print(f"{_name(a.arm):<20}{f'{a.requests.all:,} / {a.requests.clean:,}':>20}"
                   f"{_cell(a.mean_output_tokens.all) + ' / ' + _cell(a.mean_output_tokens.clean):>20}"
                   f"{_cell(a.mean_latency_ms.all) + ' / ' + _cell(a.mean_latency_ms.clean):>22}"
                   f"{_cell(a.acceptance_rate.all, 3) + ' / ' + _cell(a.acceptance_rate.clean, 3):>18}")
@@ -43,7 +49,7 @@ def cmd_impact(args: argparse.Namespace) -> int:
     print(f"{args.by:<24}{'requests':>10}{'contaminated':>14}{'violations':>12}  first .. last")
     for r in rows:
         span = f"{rfc3339(r.first)} .. {rfc3339(r.last)}" if r.first else "-"
-        print(f"{r.value or '(none)':<24}{r.requests:>10,}{r.contaminated_hits:>14,}{r.length_violations:>12,}  {span}")
+        print(f"{_name(r.value):<24}{r.requests:>10,}{r.contaminated_hits:>14,}{r.length_violations:>12,}  {span}")
     return 0
 
 

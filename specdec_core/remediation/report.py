@@ -277,7 +277,10 @@ def _purge_rows(r: IncidentReport) -> list[str]:
 # --- Markdown ------------------------------------------------------------------------------------------------
 
 def _md_cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """A table cell: no pipe or line break ends it, and no HTML in log text renders (as entities, they show as
+    text wherever the Markdown is read)."""
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+            .replace("\r", " ").replace("\n", " "))
 
 
 def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:

@@ -177,3 +177,16 @@ def test_purges_the_plan_and_the_fix_come_from_what_cache_and_stats_say(db, tmp_
     assert ("| Old namespace purged | left | edge-v1:prompt:p0 on redis://purger@cache:6379/0 at 2026-03-01 "
             "12:00:00 UTC: 1 deleted; not yet edge-v1:prompt:... (edge) |") in render_markdown(incident_report(Store(other)))
     assert report.timeline()[-1].what.startswith("purged the namespace edge-v1: on redis://purger@cache:6379/0")
+
+
+def test_log_text_in_the_markdown_and_the_impact_table_stays_text(tmp_path):
+    """A consumer named with HTML or a line break: the Markdown shows it as text wherever it is read, and the
+    terminal table keeps one row per consumer."""
+    hostile = "<img src=x onerror=alert(1)>\nrow"
+    path = tmp_path / "hostile.duckdb"
+    ingest(Store(path), [str(write_jsonl(tmp_path / "h.jsonl", [
+        rec("m1", consumer=hostile), rec("h1", cache_hit=True, consumer=hostile, max_tokens=2, output_tokens=9)]))])
+    text = render_markdown(incident_report(Store(path)))
+    assert "<img" not in text and "&lt;img src=x onerror=alert(1)&gt; row" in text
+    table = run_cli("impact", "--db", str(path)).stdout.splitlines()
+    assert len(table) == 2 and table[1].startswith("<img src=x onerror=alert(1)> row")
