@@ -188,6 +188,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if store is None:
         return 1
     from specdec_core.analysis import fix_stats, fix_status, headline, logging_gaps, red_flags
+    from specdec_core.analysis.impact import rfc3339
     from specdec_core.analysis.status import fmt_time
 
     if store.lake is not None:
@@ -206,7 +207,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
                           "red_flags": [{"id": f.id, "flagged": f.flagged, "evidence": f.evidence} for f in flags],
                           "logging_gaps": [{**dataclasses.asdict(g), "sentence": g.sentence} for g in gaps],
                           **fix_stats(store, chosen)},
-                         default=str))
+                         default=lambda v: rfc3339(v) if isinstance(v, datetime) else str(v)))  # as impact writes times
         return 0
 
     def pct(v: float | None) -> str:

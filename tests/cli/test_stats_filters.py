@@ -27,6 +27,8 @@ def test_stats_filters_give_the_numbers_the_dashboard_shows_for_them(tmp_path):
                      end=datetime(2026, 3, 1, 10, 30, tzinfo=timezone.utc), deployments=("prod",))
     assert shown["requests"] == headline(store, chosen).requests == 1
     assert shown["contaminated_hits"] == 1 and shown["length_violations"] == 1
+    # Times as every other --json of the CLI writes them (impact, cache plan, the key scheme changes).
+    assert (shown["first_ts"], shown["last_ts"]) == ("2026-03-01T10:05:00.000Z", "2026-03-01T10:05:00.000Z")
     assert json.loads(run_cli("stats", "--db", str(store.path), "--json").stdout)["requests"] == 4
 
 
