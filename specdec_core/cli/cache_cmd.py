@@ -9,7 +9,7 @@ import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from specdec_core.cli.common import UsageError, add_db, existing_store
+from specdec_core.cli.common import UsageError, add_db, existing_store, warn_unmatched
 from specdec_core.contract.names import DEFAULT_KEY_TEMPLATE
 
 # The remediation (and the analysis under its plan: pandas) is imported by the command that runs, not by
@@ -50,6 +50,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     store = existing_store(args, "cache plan")
     if store is None:
         return 1
+    warn_unmatched("cache plan", store, filters)
     try:
         entries = purge_plan(store, filters, args.key_template)
     except PlanError as exc:

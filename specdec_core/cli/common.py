@@ -40,3 +40,25 @@ def show_batch(batch: Any, as_json: bool, metrics: Any) -> None:
     print(line, flush=True)
     if metrics is not None:
         metrics.collector.figures()
+
+
+def warn_unmatched(command: str, store: Store, filters: Any) -> None:
+    """On standard error, each filter value the store does not hold and a range that ends before it starts: the
+    answer is then empty for that reason, not because nothing happened (a misspelt deployment read as "nothing
+    to purge"). The answer itself stays as asked."""
+    if filters.start is not None and filters.end is not None and filters.start > filters.end:
+        print(f"specdec {command}: the time range starts after it ends: no request can be in it", file=sys.stderr)
+    named = (("deployment", filters.deployments, "deployments"), ("target model", filters.target_models,
+             "target_models"), ("draft model", filters.draft_models, "draft_models"))
+    if not any(asked for _, asked, _ in named):
+        return
+    from specdec_core.analysis import filter_options
+
+    options = filter_options(store)
+    for what, asked, key in named:
+        held = getattr(options, key)
+        for value in asked:
+            if value not in held:
+                known = ", ".join(held[:12]) + (", ..." if len(held) > 12 else "")
+                print(f"specdec {command}: no {what} {value!r} in this store (it holds: {known or 'none'})",
+                      file=sys.stderr)

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from specdec_core import formats
-from specdec_core.cli.common import UsageError, add_db, existing_store, show_batch
+from specdec_core.cli.common import UsageError, add_db, existing_store, show_batch, warn_unmatched
 from specdec_core.config import ConfigError
 from specdec_core.contract.names import REPORT_KINDS
 from specdec_core.formats import object_store
@@ -199,6 +199,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if damaged:
             raise StoreError(damaged_message(damaged, str(store)))
     chosen = stats_filters(args)
+    warn_unmatched("stats", store, chosen)
     h = headline(store, chosen)
     gaps = logging_gaps(store, chosen)
     if args.json:

@@ -56,3 +56,17 @@ def test_a_selection_without_requests_has_no_logging_gaps_and_no_time_range(tmp_
     none = run_cli("stats", "--db", str(store.path), "--deployment", "staging").stdout.splitlines()
     assert "time range                no requests" in none
     assert not [line for line in none if line.startswith("logging gap")]
+
+
+def test_a_filter_the_store_cannot_match_is_said_on_standard_error(tmp_path):
+    """A misspelt deployment gives an empty answer: said, so it does not read as nothing having happened."""
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "log.jsonl", [rec("a1", ts="2026-03-01T10:00:00Z")]))])
+    done = run_cli("stats", "--db", str(store.path), "--json", "--deployment", "prdo", "--deployment", "prod")
+    assert done.returncode == 0 and json.loads(done.stdout)["requests"] == 1
+    assert done.stderr == "specdec stats: no deployment 'prdo' in this store (it holds: prod)\n"
+    plan = run_cli("cache", "plan", "--db", str(store.path), "--out", str(tmp_path / "plan.jsonl"),
+                   "--since", "2026-03-01T11:00:00Z", "--until", "2026-03-01T10:00:00Z")
+    assert plan.returncode == 0
+    assert plan.stderr == "specdec cache plan: the time range starts after it ends: no request can be in it\n"
+    assert run_cli("stats", "--db", str(store.path), "--deployment", "prod").stderr == ""
