@@ -13,24 +13,24 @@ from typing import Any
 
 import streamlit as st
 
+from specdec_core.analysis.overview import NAMED_FILTERS, values_not_held
 from ui.format import code_span, fmt_ts
 
 # The link's unmet parts, and the filters the page chose in their stead (shown while those stay chosen).
 UNMET_KEY = "_link_unmet"
 UNMET_FILTERS_KEY = "_link_unmet_filters"
-NAMED = (("deployment", "deployments", "deployment"), ("target_model", "target_models", "target model"),
-         ("draft_model", "draft_models", "draft model"))
+# Each named filter: its query parameter (singular, as the URL repeats it), its options' key, what a value is.
+NAMED = tuple((key[:-1], key, what) for key, what in NAMED_FILTERS)
 
 
 def unmet_names(current: dict[str, tuple[str, ...]], options: Any) -> list[str]:
     """Each named filter of the link (`current`: its query parameters) with values the store does not hold."""
+    asked = {key: current.get(url_key, ()) for url_key, key, _ in NAMED}
     said = []
-    for url_key, key, what in NAMED:
-        asked = current.get(url_key, ())
-        missing = [v for v in asked if v not in getattr(options, key)]
-        if missing:
-            instead = "the link's others" if len(missing) < len(asked) else f"every {what}"
-            said.append(f"{what} {', '.join(code_span(v) for v in missing)}: not in this store; showing {instead}")
+    for key, missing in values_not_held(options, asked).items():
+        what = dict(NAMED_FILTERS)[key]
+        instead = "the link's others" if len(missing) < len(asked[key]) else f"every {what}"
+        said.append(f"{what} {', '.join(code_span(v) for v in missing)}: not in this store; showing {instead}")
     return said
 
 

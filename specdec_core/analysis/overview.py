@@ -34,6 +34,17 @@ class FilterOptions:
     outside_span: int
 
 
+# The filters that name values, each with what one value is called.
+NAMED_FILTERS = (("deployments", "deployment"), ("target_models", "target model"), ("draft_models", "draft model"))
+
+
+def values_not_held(options: FilterOptions, asked: dict[str, tuple[str, ...]]) -> dict[str, list[str]]:
+    """Per named filter (`deployments`, ...), the values `asked` names that the store does not hold: a filter
+    of those selects nothing for that reason (the CLI and the dashboard's links say so)."""
+    return {key: missing for key, _ in NAMED_FILTERS
+            if (missing := [v for v in asked.get(key, ()) if v not in getattr(options, key)])}
+
+
 def filter_options(store: Store, span_limits: tuple[datetime, datetime] | None = None) -> FilterOptions:
     """What the filters can choose from, and the span a time control should cover: the bulk of the requests,
     within `span_limits` (a face's own bounds on what it can show; default: what a datetime can hold)."""

@@ -48,17 +48,16 @@ def warn_unmatched(command: str, store: Store, filters: Any) -> None:
     to purge"). The answer itself stays as asked."""
     if filters.start is not None and filters.end is not None and filters.start > filters.end:
         print(f"specdec {command}: the time range starts after it ends: no request can be in it", file=sys.stderr)
-    named = (("deployment", filters.deployments, "deployments"), ("target model", filters.target_models,
-             "target_models"), ("draft model", filters.draft_models, "draft_models"))
-    if not any(asked for _, asked, _ in named):
-        return
-    from specdec_core.analysis import filter_options
+    from specdec_core.analysis.overview import NAMED_FILTERS, filter_options, values_not_held
 
+    asked = {key: getattr(filters, key) for key, _ in NAMED_FILTERS}
+    if not any(asked.values()):
+        return
     options = filter_options(store)
-    for what, asked, key in named:
+    for key, missing in values_not_held(options, asked).items():
         held = getattr(options, key)
-        for value in asked:
-            if value not in held:
-                known = ", ".join(held[:12]) + (", ..." if len(held) > 12 else "")
-                print(f"specdec {command}: no {what} {value!r} in this store (it holds: {known or 'none'})",
-                      file=sys.stderr)
+        known = ", ".join(held[:12]) + (", ..." if len(held) > 12 else "")
+        what = dict(NAMED_FILTERS)[key]
+        for value in missing:
+            print(f"specdec {command}: no {what} {value!r} in this store (it holds: {known or 'none'})",
+                  file=sys.stderr)
