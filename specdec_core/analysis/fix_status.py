@@ -4,11 +4,18 @@ of an old scheme (an incomplete rollout, or an old entry read under an old assum
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from specdec_core.analysis.query import NO_FILTERS, Filters, execute
-from specdec_core.analysis.status import KeySchemeChange, fmt_time, key_scheme_changes, key_shape, plural
+from specdec_core.analysis.status import (
+    KeySchemeChange,
+    fmt_time,
+    key_scheme_changes,
+    key_shape,
+    plural,
+    rfc3339_ms,
+)
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
@@ -72,7 +79,7 @@ class SchemeChangeHits:
     def to_json(self) -> dict[str, Any]:
         c = self.change
         return {"deployment": c.deployment, "old_prefix": c.old_prefix, "new_prefix": c.new_prefix,
-                "last_old_key": _rfc3339(c.old_last), "first_new_key": _rfc3339(c.ts),
+                "last_old_key": rfc3339_ms(c.old_last), "first_new_key": rfc3339_ms(c.ts),
                 "hits_after_fix": self.hits_after_fix, "sentence": c.sentence}
 
 
@@ -138,7 +145,3 @@ def fix_stats(store: Store, filters: Filters = NO_FILTERS) -> dict[str, Any]:
     return {"key_scheme_changes": [c.to_json() for c in scheme_change_hits(store, filters, changes)],
             "hits_after_fix": {s.deployment: s.hits_after_fix for s in fix_status(store, filters, whole)}}
 
-
-def _rfc3339(ts: datetime) -> str:
-    moment = ts if ts.tzinfo is not None else ts.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

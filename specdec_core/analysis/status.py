@@ -4,7 +4,7 @@ log's own bounds, and the deployments whose cache key changed scheme (the fix, a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from itertools import pairwise
 
 import pandas as pd
@@ -22,6 +22,13 @@ CLEAN_GAPS = 10
 SCHEME_MIN_REQUESTS = 10
 # Old-shape keys may trail the new shape by this much (in-flight requests) and still count as stopped.
 SCHEME_OVERLAP = timedelta(minutes=5)
+
+
+def rfc3339_ms(ts: datetime) -> str:
+    """UTC with milliseconds (`2026-03-01T10:02:00.000Z`), as the key scheme changes and the purge plan write
+    times; a time without a zone is UTC."""
+    moment = ts if ts.tzinfo is not None else ts.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def fmt_time(ts: datetime) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from specdec_core.analysis.query import NO_FILTERS, Filters, df
+from specdec_core.analysis.status import rfc3339_ms
 from specdec_core.contract.names import DEFAULT_KEY_TEMPLATE
 from specdec_core.derived.summaries import key_hash
 from specdec_core.store.connection import Store
@@ -60,11 +61,7 @@ class PlanCounts:
 
 
 def rfc3339(ts: datetime | None) -> str | None:
-    if ts is None:
-        return None
-    moment = ts if ts.tzinfo is not None else ts.replace(tzinfo=timezone.utc)
-    text = moment.astimezone(timezone.utc).isoformat(timespec="milliseconds")
-    return text.replace("+00:00", "Z")
+    return None if ts is None else rfc3339_ms(ts)
 
 
 def check_key_template(template: str) -> str:
