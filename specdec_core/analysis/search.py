@@ -128,5 +128,8 @@ def search_requests(store: Store, text: str, *, fields: tuple[str, ...] = SEARCH
             sql = matching_requests_with_excerpts_sql(CHOSEN_ROWS, fields, mode, case_sensitive, "$matches::BIGINT")
             return con.execute(sql, {"text": text, "limit": limit, "locate": locate,
                                      **chosen, "matches": chosen["matches"] or 0}).df()
-    except duckdb.InvalidInputException as exc:
+    except (duckdb.InvalidInputException, duckdb.BinderException) as exc:
+        # A pattern RE2 refuses: as the text searched, or inside $locate (an unclosed \Q quotes its ")").
+        if isinstance(exc, duckdb.BinderException) and "Pattern failed to parse" not in str(exc):
+            raise
         raise SearchError(f"not a valid regular expression ({exc}); or search for the text as it is") from exc

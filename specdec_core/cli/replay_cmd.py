@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from specdec_core.decoding.engine_client import EngineError, escape_controls
 from specdec_core.decoding.registry import RegistryError
 
+from .common import UsageError
 from .store_cmds import existing_store
 
 if TYPE_CHECKING:  # the replay (and the analysis under it) is imported by `specdec replay`, not by every start
@@ -45,6 +46,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from specdec_core.analysis import suspicious_requests
     from specdec_core.replay.run import ReplayError, replay, replay_many
 
+    if args.suspicious is not None and args.suspicious < 1:  # 0 found nothing and said the log was clean
+        raise UsageError(f"--suspicious {args.suspicious}: expected a number of requests >= 1")
     store = existing_store(args, "replay")
     if store is None:
         return 1

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from helpers import rec, write_jsonl
 
 from specdec_core import analysis
 from specdec_core.analysis.query import Filters
-from specdec_core.analysis.search import EXCERPT_CHARS
+from specdec_core.analysis.search import EXCERPT_CHARS, SearchError
 from specdec_core.ingestion.load import ingest
 from specdec_core.store.connection import Store
 
@@ -64,3 +65,13 @@ def test_many_matches_list_the_first_in_time_order_ties_by_id_and_count_them_all
     assert list(found.request_id) == [rid for _, rid in expected[:cut]]
     assert set(found.matches) == {len(expected)} and len(expected) > cut
     assert analysis.search_requests(store, "no such text").empty
+
+
+def test_a_regex_re2_takes_alone_but_not_inside_the_excerpt_is_one_error_not_a_traceback(tmp_path):
+    """`a\\Q` matches (an unclosed \\Q quotes to the end) but swallows the excerpt pattern's ")": the page showed
+    DuckDB's BinderException; it says the expression can't be used, as for "(", and a sound one still runs."""
+    store = store_of(tmp_path, [rec("a1", output_text="a plain answer")])
+    for bad in (r"a\Q", "("):
+        with pytest.raises(SearchError, match="not a valid regular expression"):
+            analysis.search_requests(store, bad, mode="regex")
+    assert len(analysis.search_requests(store, r"pl\w+n", mode="regex")) == 1

@@ -57,6 +57,9 @@ def test_follow_idle_exit_of_nan_is_refused_in_one_line(capsys, tmp_path, loaded
     (["report", "--out", "{db}"], "specdec report: --out {db} is the database itself"),
     (["ingest", "--metrics", "127.0.0.1:1", "{log}"], "specdec ingest: --metrics serves a follower's figures"),
     (["ingest", "--max-fields", "0", "{log}"], "specdec ingest: --max-fields: expected a number >= 1, got 0"),
+    # 0 said the log held no contaminated hit, and a negative count ended in DuckDB's traceback.
+    (["replay", "--suspicious", "0"], "specdec replay: --suspicious 0: expected a number of requests >= 1"),
+    (["replay", "--suspicious", "-3"], "specdec replay: --suspicious -3: expected a number of requests >= 1"),
 ])
 def test_a_usage_error_is_one_line_naming_the_command_and_exit_2(capsys, tmp_path, loaded_db, argv, says):
     before = loaded_db.read_bytes()
