@@ -315,7 +315,12 @@ class Registry:
         except tomllib.TOMLDecodeError as e:
             reason = " ".join(str(e).split())
             raise RegistryError(f"registry file {path} is not valid TOML: {reason}") from None
-        return cls.from_dict(data, base_dir=path.resolve().parent, source=path)
+        try:
+            return cls.from_dict(data, base_dir=path.resolve().parent, source=path)
+        except RegistryError as exc:  # a table's error ("[engines.x]: ...") names the file it is in, too
+            if str(exc).startswith(str(path)):
+                raise
+            raise RegistryError(f"{path}: {exc}") from None
 
     @classmethod
     def load(cls, path: Path | str | None = None) -> Registry:

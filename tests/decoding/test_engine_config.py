@@ -69,6 +69,7 @@ def test_bad_engine_entries_are_one_clear_line(tmp_path, text, expected):
         Registry.from_toml(write(tmp_path, text))
     message = str(err.value)
     assert expected in message and "\n" not in message
+    assert message.startswith(f"{tmp_path}"), "the one line names the file the table is in"
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000/v1", "http://[::1]:8000/v1", "https://engine.example/v1",
