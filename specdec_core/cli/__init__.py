@@ -43,7 +43,7 @@ COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(COMMANDS.values()))
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's default prints usage; keep it to one line
-        self.exit(2, f"specdec: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}\n")  # the command named, as its other errors do
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -39,6 +39,7 @@ def one_line_usage_error(capsys, argv: list[str]) -> str:
 def test_replay_of_an_empty_request_id_is_a_usage_error_not_every_suspicious_request(capsys, loaded_db):
     err = one_line_usage_error(capsys, ["replay", "--db", str(loaded_db), "--request-id", ""])
     assert "--request-id" in err and "empty" in err
+    assert err.startswith("specdec replay: error: "), "named by its command, as the command's other errors are"
 
 
 @pytest.mark.parametrize("every", ["inf", "nan", "0"])
