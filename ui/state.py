@@ -17,7 +17,7 @@ from streamlit import runtime
 
 from specdec_core.analysis import NO_FILTERS, Filters
 from specdec_core.store import Store, StoreError, resolve_db
-from ui.format import code_span, md_escape
+from ui.format import code_span, md_escape, plural
 
 DB_KEY = "db_path"
 DB_ACCEPTED_KEY = "db_path_accepted"
@@ -137,14 +137,14 @@ def empty_state(db: Store) -> None:
 
     refused = cached(analysis.headline).quarantined if db.exists else 0
     if refused:  # loaded, but every record broke the contract: not the same as nothing loaded yet
-        reasons = cached(analysis.quarantined_records).reason.str.split(":").str[0].value_counts().head(3)
-        st.warning(f"All {refused:,} record{'s' if refused != 1 else ''} loaded into {code_span(db.path)} broke the log "
+        reasons = cached(analysis.quarantine_reasons).head(3)
+        st.warning(f"All {plural(refused, 'record')} loaded into {code_span(db.path)} broke the log "
                    "contract and were quarantined: there is no request to show. The commonest reasons: "
-                   + ", ".join(f"{code_span(reason)} ({n:,})" for reason, n in reasons.items())
+                   + ", ".join(f"{code_span(r.reason)} ({r.records:,})" for r in reasons.itertuples())
                    + ". The sidebar's **Load logs** lists them; `specdec stats` counts them.")
     st.info(
         f"No requests in {code_span(db.path)} yet. Load logs from the sidebar (a path, or upload "
-        "`.jsonl`, `.jsonl.gz`, `.csv` or `.parquet` files), or from a shell:\n\n"
+        "JSON Lines, CSV, Parquet or a Phoenix export), or from a shell:\n\n"
         f"    specdec ingest PATH --db {db.path}\n\n"
         "`make run` loads the demo logs in `data/demo/` and opens this dashboard on them."
     )
