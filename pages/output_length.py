@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -27,7 +28,7 @@ figure.add_trace(go.Box(
 xs, ys = [], []
 for i, limit in enumerate(boxes.max_tokens):
     xs += [i - 0.45, i + 0.45, None]
-    ys += [limit, limit, None]
+    ys += [None, None, None] if pd.isna(limit) else [limit, limit, None]  # unknown (LiteLLM's hits): no line
 figure.add_trace(go.Scatter(name="max_tokens (the limit)", x=xs, y=ys, mode="lines",
                             line={"color": "#222222", "width": 2, "dash": "dash"}, hoverinfo="skip"))
 if violations is not None and not violations.empty:
@@ -41,7 +42,7 @@ if violations is not None and not violations.empty:
         hovertemplate="%{customdata[0]}: %{y} tokens<extra></extra>",
     ))
 figure.update_layout(xaxis={"title": "max_tokens", "tickmode": "array", "tickvals": list(range(len(boxes))),
-                            "ticktext": [str(m) for m in boxes.max_tokens]},
+                            "ticktext": ["unknown" if pd.isna(m) else str(m) for m in boxes.max_tokens]},
                      yaxis_title="output tokens")
 event = st.plotly_chart(ui.readable_layout(figure), key="output_length_by_max_tokens", config=ui.CHART_CONFIG, on_select="rerun",
                         selection_mode="points")

@@ -15,6 +15,7 @@ from specdec_core.analysis.query import (
     draft_label,
     over_time,
 )
+from specdec_core.derived.aliases import resolved_keys, resolved_request_keys, resolved_rows
 from specdec_core.derived.summaries import NO_DRAFT, histogram_quantiles
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
@@ -79,7 +80,7 @@ SELECT {deployment_label()} AS deployment, count(*) AS requests,
        -- Hits on an identity the deployment had never seen: only a shared key (or an entry older than
        -- the log) can serve those.
        count(*) FILTER (WHERE h.first_sight) AS first_sight_hits
-FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NOT NULL AND {where}
+FROM {resolved_rows()} r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NOT NULL AND {where}
 GROUP BY ALL ORDER BY deployment
 """
 
@@ -92,7 +93,7 @@ SELECT c.deployment, sum(c.requests)::BIGINT AS requests,
        sum(c.hits) / sum(c.requests) AS hit_rate,
        1 - count(DISTINCT c.fp_id) / sum(c.requests) AS max_correct_hit_rate,
        sum(c.hits)::BIGINT AS hits, sum(c.first_sight)::BIGINT AS first_sight_hits
-FROM summary_keys c WHERE {dims}
+FROM {resolved_keys()} c WHERE {dims}
 GROUP BY ALL ORDER BY deployment
 """
 
@@ -117,7 +118,7 @@ WITH c AS (
 ), d AS (
     -- By the stored 64-bit hashes, as the headline's range counts (overview.key_counts_range_sql).
     SELECT r.deployment, count(DISTINCT r.key_hash) AS unique_keys, count(DISTINCT r.identity_hash) AS unique_identities
-    FROM summary_request_keys r WHERE {where} GROUP BY 1
+    FROM {resolved_request_keys()} r WHERE {where} GROUP BY 1
 )
 SELECT deployment, k.requests, d.unique_keys, d.unique_identities,
        d.unique_keys / d.unique_identities AS keys_per_identity, k.hits / k.requests AS hit_rate,

@@ -9,6 +9,7 @@ from specdec_core.analysis.query import (
     Filters,
     df,
 )
+from specdec_core.derived.aliases import resolved_keys, resolved_request_keys, resolved_rows
 from specdec_core.derived.summaries import key_hash
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
@@ -19,7 +20,7 @@ def key_collisions_sql(where: str) -> str:
 SELECT {deployment_label()} AS deployment, r.cache_key, count(DISTINCT r.fingerprint) AS identities,
        count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
        min(r.ts) AS first_seen, max(r.ts) AS last_seen
-FROM requests r WHERE r.cache_key IS NOT NULL AND {where}
+FROM {resolved_rows()} r WHERE r.cache_key IS NOT NULL AND {where}
 GROUP BY ALL HAVING count(DISTINCT r.fingerprint) > 1
 ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT $limit
 """
@@ -28,11 +29,12 @@ ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT $limit
 def key_collisions_whole_sql(dims: str) -> str:
     return f"""
 WITH shared AS (
-    SELECT c.key_id, count(*) AS identities, sum(c.requests)::BIGINT AS requests, sum(c.hits)::BIGINT AS hits,
+    SELECT c.key_id, count(DISTINCT c.fp_id) AS identities, sum(c.requests)::BIGINT AS requests,
+           sum(c.hits)::BIGINT AS hits,
            min(c.first_seen) AS first_seen, max(c.last_seen) AS last_seen,
            any_value(c.deployment) AS deployment, any_value(c.cache_key) AS cache_key
-    FROM summary_shared_keys c WHERE {dims}
-    GROUP BY c.key_id HAVING count(*) > 1
+    FROM {resolved_keys('summary_shared_keys')} c WHERE {dims}
+    GROUP BY c.key_id HAVING count(DISTINCT c.fp_id) > 1
 )
 SELECT deployment, cache_key, identities, requests, hits, first_seen, last_seen FROM shared
 ORDER BY identities DESC, requests DESC, deployment, cache_key LIMIT $limit
@@ -48,7 +50,7 @@ WITH shared AS (
 ), g AS (
     SELECT r.key_hash, count(DISTINCT r.identity_hash) AS identities, count(*) AS requests,
            count(*) FILTER (WHERE r.cache_hit) AS hits, min(r.ts) AS first_seen, max(r.ts) AS last_seen
-    FROM summary_request_keys r SEMI JOIN shared s USING (key_hash) WHERE {where}
+    FROM {resolved_request_keys()} r SEMI JOIN shared s USING (key_hash) WHERE {where}
     GROUP BY 1 HAVING count(DISTINCT r.identity_hash) > 1
 )
 SELECT s.deployment, s.cache_key, g.identities, g.requests, g.hits, g.first_seen, g.last_seen

@@ -37,7 +37,9 @@ GROUP BY ALL ORDER BY r.max_tokens
 
 def _lengths_from_histogram(con: Any, source: str, params: dict[str, Any]) -> pd.DataFrame:
     s = histogram_quantiles(con, source, params, {"q1": 0.25, "median": 0.5, "q3": 0.75}, count_above_key=True)
-    return pd.DataFrame({"max_tokens": s["key"], "requests": s["total"], "min": s["min"], "q1": s["q1"],
+    # A null max_tokens (unknown on a LiteLLM hit) as the rows give it: <NA> of an integer column.
+    keys = pd.array(s["key"], dtype="Int64") if None in s["key"] else s["key"]
+    return pd.DataFrame({"max_tokens": keys, "requests": s["total"], "min": s["min"], "q1": s["q1"],
                          "median": s["median"], "q3": s["q3"], "max": s["max"], "violations": s["above_key"]})
 
 

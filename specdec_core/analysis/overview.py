@@ -15,6 +15,7 @@ from specdec_core.analysis.query import (
     row,
 )
 from specdec_core.derived import summaries as summary
+from specdec_core.derived.aliases import resolved_keys, resolved_request_keys, resolved_rows
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
@@ -130,7 +131,7 @@ FROM {source} c
 def key_counts_sql(where: str) -> str:
     return f"""
 WITH p AS MATERIALIZED (
-    SELECT {deployment_label()} AS deployment, r.cache_key, r.fingerprint FROM requests r
+    SELECT {deployment_label()} AS deployment, r.cache_key, r.fingerprint FROM {resolved_rows()} r
     WHERE r.cache_key IS NOT NULL AND {where} GROUP BY ALL
 )
 SELECT (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, cache_key)) AS unique_keys,
@@ -142,17 +143,18 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY deployment, cache_key)) A
 # but for a hash collision among the range's keys. The text path above stays the reference the tests hold it to.
 def key_counts_range_sql(source: str, where: str) -> str:
     return f"""
-WITH p AS MATERIALIZED (SELECT r.key_hash, r.identity_hash FROM summary_request_keys r WHERE {where} GROUP BY ALL)
+WITH p AS MATERIALIZED (SELECT r.key_hash, r.identity_hash FROM {resolved_request_keys()} r WHERE {where} GROUP BY ALL)
 SELECT (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY key_hash)) AS unique_keys,
        (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY identity_hash)) AS unique_identities,
        (SELECT count(*) FROM (SELECT 1 FROM p GROUP BY key_hash HAVING count(*) > 1)) AS key_collisions
 """
 def key_counts_whole_sql(dims: str) -> str:
     return f"""
-WITH k AS (SELECT deployment, key_id, fp_id FROM summary_keys c WHERE {dims})
+WITH k AS (SELECT deployment, key_id, fp_id FROM {resolved_keys()} c WHERE {dims})
 SELECT (SELECT count(DISTINCT key_id) FROM k) AS unique_keys,
        (SELECT count(DISTINCT (deployment, fp_id)) FROM k) AS unique_identities,
-       (SELECT count(*) FROM (SELECT 1 FROM summary_shared_keys c WHERE {dims} GROUP BY key_id HAVING count(*) > 1))
+       (SELECT count(*) FROM (SELECT 1 FROM {resolved_keys('summary_shared_keys')} c WHERE {dims} GROUP BY key_id
+                              HAVING count(DISTINCT fp_id) > 1))
            AS key_collisions
 """
 

@@ -22,6 +22,7 @@ from specdec_core.analysis.query import (
 )
 from specdec_core.analysis.status import plural
 from specdec_core.derived import summaries as summary
+from specdec_core.derived.aliases import identity_columns, stands_for
 from specdec_core.derived.summaries import output_identity_columns
 from specdec_core.store.connection import Store
 
@@ -48,13 +49,20 @@ RED_FLAG_IDS: tuple[str, ...] = ("identical_outputs", "replay_disagrees", "biase
 def shared_outputs_sql(pairs: str) -> str:
     """Outputs returned for more than one identity, over `pairs`: (out_hash, fingerprint, hits), the requests
     folded to their (output, identity) pairs first, so only those meet the identities table. Outputs are
-    grouped by a hash of the text: a heuristic count."""
+    grouped by a hash of the text: a heuristic count. A partial identity (a hit whose log left fields unknown)
+    that another identity of the same output stands for is not another identity of it (derived/aliases.py)."""
     return f"""
-WITH f AS ({pairs}), o AS (
+WITH f AS ({pairs}), g AS (
+    SELECT f.out_hash, f.fingerprint, f.hits, {identity_columns()} FROM f JOIN identities i USING (fingerprint)
+), stood_for AS (
+    SELECT a.out_hash, a.fingerprint FROM (SELECT * FROM g WHERE len(unknown) > 0) a
+    SEMI JOIN g b ON a.out_hash = b.out_hash AND {stands_for('a', 'b')}
+), o AS (
     -- Greedy speculative decoding is lossless: identities that differ only in their draft share outputs
     -- legitimately, so the draft fields count only for sampled requests.
-    SELECT f.out_hash, count(DISTINCT ({output_identity_columns()})) AS identities, sum(f.hits) AS hits
-    FROM f JOIN identities i USING (fingerprint) GROUP BY 1
+    SELECT g.out_hash, count(DISTINCT ({output_identity_columns('g')})) FILTER (WHERE s.fingerprint IS NULL)
+           AS identities, sum(g.hits) AS hits
+    FROM g LEFT JOIN stood_for s USING (out_hash, fingerprint) GROUP BY 1
 )
 SELECT count(*) FILTER (WHERE identities > 1) AS shared_outputs,
        coalesce(sum(hits) FILTER (WHERE identities > 1), 0)::BIGINT AS hits_with_shared_output,
@@ -78,7 +86,8 @@ def shared_outputs_whole_sql(dims: str) -> str:
 def shared_outputs_range_sql(source: str, where: str) -> str:
     """A time range: over summary_request_outputs, the output and its deciding identity fields as stored
     64-bit hashes (the rows' answer counts the fields themselves: exact but for a hash collision among the
-    range's identities). The minute relation `source` is not needed."""
+    range's identities). The minute relation `source` is not needed. Not for a store with partial identities:
+    a hash can't say which identity stands for one (_identical_outputs asks the rows instead)."""
     return f"""
 WITH o AS (
     SELECT r.out_hash, count(DISTINCT r.out_identity) AS identities, count(*) FILTER (WHERE r.cache_hit) AS hits
@@ -177,9 +186,15 @@ JOIN requests r USING (request_id) WHERE {where}
 FIRST_SIGHT_HIT_SHARE = 0.05
 
 
+def _holds_partial_identities(store: Store) -> bool:
+    """Whether any request's log left identity fields unknown (LiteLLM's hits): stops at the first."""
+    with store.read() as con:
+        return bool(con.execute("SELECT EXISTS (SELECT 1 FROM identities WHERE unknown IS NOT NULL)").fetchall()[0][0])
+
+
 def _identical_outputs(store: Store, filters: Filters, head: HeadlineCounts) -> RedFlag:
     shared = one(store, shared_outputs_rows_sql, filters, whole=shared_outputs_whole_sql,
-                 ranged=shared_outputs_range_sql)
+                 ranged=None if _holds_partial_identities(store) else shared_outputs_range_sql)
     trend = hit_rate_trend(store, filters)
     rising = (trend["second_half"] or 0) > (trend["first_half"] or 0)
     shared_share = shared["hits_with_shared_output"] / shared["hits"] if shared["hits"] else 0.0

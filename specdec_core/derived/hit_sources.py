@@ -18,6 +18,7 @@ from __future__ import annotations
 import duckdb
 
 from specdec_core.contract import fields as contract
+from specdec_core.derived.aliases import field_differs
 from specdec_core.derived.summaries import folded_sql
 from specdec_core.store.sql import deployment_partition
 
@@ -63,11 +64,7 @@ link_rows AS (SELECT * FROM r WHERE request_id IN (SELECT source_link FROM r WHE
 
 
 def _difference(f: contract.Field) -> str:
-    # A field left out of either identity (greedy), or unknown in either, is not compared.
-    guard = "NOT (a.greedy OR b.greedy) AND " if f.sampling_only else ""
-    known = (f"NOT coalesce(list_contains(a.unknown, '{f.name}'), false) "
-             f"AND NOT coalesce(list_contains(b.unknown, '{f.name}'), false) AND ")
-    return f"           CASE WHEN {guard}{known}a.{f.name} IS DISTINCT FROM b.{f.name} THEN '{f.name}' END"
+    return f"           CASE WHEN {field_differs(f)} THEN '{f.name}' END"
 
 
 def hit_sources_sql(rows: str = ALL_ROWS) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from specdec_core.derived import summaries
+from specdec_core.derived import aliases, summaries
 from specdec_core.derived.hit_sources import (
     FOLD_LAST_MISS_SQL,
     LAST_MISS_FOLDED,
@@ -426,6 +426,9 @@ def _update_keys(con: duckdb.DuckDBPyConnection, batch: Batch, rejudge: str, jud
         JOIN {key_ids} k ON k.deployment = p.deployment AND k.cache_key = p.cache_key
         JOIN {fp_ids} f USING (fingerprint)
     """)
+    grown = _temp(con, "grown_keys", f"SELECT k.key_id FROM {key_ids} k SEMI JOIN {new_pairs} p "
+                                     "ON p.deployment = k.deployment AND p.cache_key = k.cache_key")
+    aliases.update_aliases(con, grown)
     con.execute(f"DELETE FROM summary_shared_keys WHERE key_id IN (SELECT key_id FROM {key_ids})")
     con.execute("INSERT INTO summary_shared_keys BY NAME "
                 + shared_keys_sql(f"key_id IN (SELECT key_id FROM {key_ids})"))

@@ -8,7 +8,8 @@ thousands of rows instead of millions.
   the rows of the (at most two) minutes a time range cuts through come from
   `requests`, aggregated the same way (`named_minute_source`).
 - `summary_keys`: one row per (deployment, cache_key, fingerprint); distinct counts
-  and key collisions without a time range (`summary_shared_keys`: the keys' rows that collide).
+  and key collisions without a time range (`summary_shared_keys`: the keys' rows that may collide;
+  `identity_aliases`: the partial identities that count as another of their key's, derived/aliases.py).
 - `summary_lengths`, `summary_latency`: exact histograms (a count per distinct value)
   of output tokens and latency; quantiles without a time range come from these.
 - `summary_contaminated`: the contaminated hits with the columns the report shows.
@@ -48,6 +49,7 @@ import duckdb
 import numpy as np
 
 from specdec_core.contract import fields as contract
+from specdec_core.derived import aliases
 from specdec_core.derived.verdicts import build_first_verdict_counts
 from specdec_core.store.schema import (
     HASH_NAME_SQL,
@@ -201,7 +203,8 @@ VIOLATIONS_BUILD_SQL = f"CREATE OR REPLACE TABLE summary_violations AS {violatio
 
 
 def shared_keys_sql(where: str = "TRUE") -> str:
-    """The pairs of keys that more than one identity used (`where` over summary_keys). A filter only removes
+    """The pairs of keys that more than one fingerprint used (`where` over summary_keys): those more than one
+    identity used, and those whose only other fingerprints are aliases (derived/aliases.py). A filter only removes
     pairs, so a key shared under any filter is among these: collisions are counted over this small table."""
     return f"""SELECT * FROM summary_keys
 WHERE key_id IN (SELECT key_id FROM summary_keys WHERE {where} GROUP BY key_id HAVING count(*) > 1)"""
@@ -283,6 +286,7 @@ SELECT pairs.*, keys.key_id, fps.fp_id
 FROM pairs JOIN keys USING (deployment, cache_key) JOIN fps USING (fingerprint);
 
 CREATE OR REPLACE TABLE summary_shared_keys AS {shared_keys_sql()};
+{aliases.BUILD_SQL};
 CREATE OR REPLACE TABLE summary_lengths AS {lengths_sql()};
 CREATE OR REPLACE TABLE summary_latency AS {latency_sql()};
 CREATE OR REPLACE TABLE summary_contaminated AS {contaminated_sql()} ORDER BY r.ts, r.request_id;
@@ -302,7 +306,7 @@ CREATE OR REPLACE TABLE summary_request_outputs AS {request_outputs_sql()} ORDER
 # of the store again (a full rebuild of a 20M-row lake outgrew its writer's 1 GB).
 # 13: the stored partitions (store.sql.deployment_partition), NUL for no deployment then and each name as it is,
 # rewritten whole: a filter naming NUL would reach a lake's catalog query.
-UPGRADES = {"12": VIOLATIONS_BUILD_SQL,
+UPGRADES = {"12": VIOLATIONS_BUILD_SQL, "14": aliases.BUILD_SQL,
             "13": "; ".join(f"UPDATE {table} SET dep = {partition_of('CASE WHEN dep <> chr(0) THEN dep END')}"
                             for table in ("identity_first_seen", "key_last_miss"))}
 
@@ -467,20 +471,26 @@ def histogram_quantiles(con: duckdb.DuckDBPyConnection, source: str, params: lis
     keys, values, counts = arrays["key"], arrays["value"], arrays["n"]
     columns = ["key", "total", "min", "max", "mean", *quantiles, *(["above_key"] if count_above_key else [])]
     rows: list[list[Any]] = []
-    edges = [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1), len(keys)]
+    # A null key (max_tokens a log left unknown) is a group of its own, last: a masked entry compares as masked,
+    # and its rows went into the group before them.
+    null = np.ma.getmaskarray(keys)
+    filled = np.ma.getdata(keys)
+    changed = ((filled[1:] != filled[:-1]) & ~null[1:] & ~null[:-1]) | (null[1:] != null[:-1])
+    edges = [0, *(np.flatnonzero(changed) + 1), len(keys)]
     for start, end in zip(edges[:-1], edges[1:], strict=True):
         if start == end:
             continue
         v, n = values[start:end], counts[start:end]
         upto = np.cumsum(n)
         total = int(upto[-1])
-        row = [keys[start], total, v[0], v[-1], float(np.dot(v.astype(np.float64), n)) / total]
+        key = None if null[start] else filled[start]
+        row = [key, total, v[0], v[-1], float(np.dot(v.astype(np.float64), n)) / total]
         for q in quantiles.values():
             pos = q * (total - 1)
             low = float(v[np.searchsorted(upto, math.floor(pos), side="right")])
             high = float(v[np.searchsorted(upto, math.ceil(pos), side="right")])
             row.append(low + (pos - math.floor(pos)) * (high - low))
         if count_above_key:
-            row.append(int(n[v > keys[start]].sum()))
+            row.append(0 if key is None else int(n[v > key].sum()))
         rows.append(row)
     return {name: [row[i] for row in rows] for i, name in enumerate(columns)}

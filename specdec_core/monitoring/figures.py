@@ -22,6 +22,7 @@ from typing import Any
 import duckdb
 
 from specdec_core.derived import summaries as summary
+from specdec_core.derived.aliases import resolved_keys, resolved_rows
 from specdec_core.derived.verdicts import first_verdict_counts_sql
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label, has_table, literal
@@ -169,15 +170,16 @@ GROUP BY ALL"""
 KEYS_SUMMARY_SQL = """WITH k AS (
     SELECT """ + _KEY.format(c="deployment", h="h", p="p") + """, count(DISTINCT key_id) AS keys,
            count(DISTINCT fp_id) AS identities
-    FROM summary_keys GROUP BY 1, 2
+    FROM """ + resolved_keys() + """ GROUP BY 1, 2
 ), c AS (
     SELECT h, p, count(*) AS collisions FROM (
-        SELECT """ + _KEY.format(c="deployment", h="h", p="p") + """, key_id FROM summary_shared_keys
-        GROUP BY ALL HAVING count(*) > 1) GROUP BY 1, 2
+        SELECT """ + _KEY.format(c="deployment", h="h", p="p") + """, key_id
+        FROM """ + resolved_keys("summary_shared_keys") + """ GROUP BY ALL HAVING count(DISTINCT fp_id) > 1)
+    GROUP BY 1, 2
 )
 SELECT h, p, keys, identities, coalesce(collisions, 0) AS collisions FROM k LEFT JOIN c USING (h, p)"""
 KEYS_ROWS_SQL = f"""WITH p AS (
-    SELECT {deployment_label()} AS deployment, r.cache_key, r.fingerprint FROM requests r
+    SELECT {deployment_label()} AS deployment, r.cache_key, r.fingerprint FROM {resolved_rows()} r
     WHERE r.cache_key IS NOT NULL GROUP BY ALL
 ), per_key AS (SELECT deployment, cache_key, count(*) AS n FROM p GROUP BY ALL),
 k AS (

@@ -21,6 +21,7 @@ import pandas as pd
 from specdec_core.analysis.query import NO_FILTERS, Filters, df
 from specdec_core.analysis.status import rfc3339_ms
 from specdec_core.contract.names import DEFAULT_KEY_TEMPLATE
+from specdec_core.derived.aliases import resolved_keys, resolved_request_keys, resolved_rows
 from specdec_core.derived.summaries import key_hash
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
@@ -90,7 +91,7 @@ WITH k AS (
            count(*) FILTER (WHERE h.contaminated) AS contaminated_hits,
            min(r.ts) FILTER (WHERE h.contaminated) AS first_contaminated,
            min(r.ts) AS first_seen, max(r.ts) AS last_seen
-    FROM requests r LEFT JOIN hit_sources h USING (request_id)
+    FROM {resolved_rows()} r LEFT JOIN hit_sources h USING (request_id)
     WHERE r.cache_key IS NOT NULL AND {where}
     GROUP BY ALL
 )
@@ -108,14 +109,14 @@ WITH hits AS (
     SELECT c.deployment, c.cache_key, count(*) AS contaminated_hits, min(c.ts) AS first_contaminated
     FROM summary_contaminated c WHERE {dims} AND c.cache_key IS NOT NULL GROUP BY ALL
 ), shared AS (
-    SELECT c.deployment, c.cache_key FROM summary_shared_keys c WHERE {dims} AND c.cache_key IS NOT NULL
-    GROUP BY ALL HAVING count(DISTINCT c.fingerprint) > 1
+    SELECT c.deployment, c.cache_key FROM {resolved_keys('summary_shared_keys')} c
+    WHERE {dims} AND c.cache_key IS NOT NULL GROUP BY ALL HAVING count(DISTINCT c.fingerprint) > 1
 ), listed AS (
     SELECT deployment, cache_key FROM hits UNION SELECT deployment, cache_key FROM shared
 ), k AS (
     SELECT c.deployment, c.cache_key, count(DISTINCT c.fingerprint) AS identities,
            min(c.first_seen) AS first_seen, max(c.last_seen) AS last_seen
-    FROM summary_keys c SEMI JOIN listed USING (deployment, cache_key) WHERE {dims} GROUP BY ALL
+    FROM {resolved_keys()} c SEMI JOIN listed USING (deployment, cache_key) WHERE {dims} GROUP BY ALL
 )
 SELECT k.deployment, k.cache_key, k.identities, coalesce(hits.contaminated_hits, 0) AS contaminated_hits,
        hits.first_contaminated, k.first_seen, k.last_seen
@@ -133,7 +134,7 @@ def plan_ranged_sql(where: str) -> str:
 WITH used AS (
     SELECT c.deployment, c.key_hash, count(DISTINCT c.identity_hash) AS identities,
            min(c.ts) AS first_seen, max(c.ts) AS last_seen
-    FROM summary_request_keys c WHERE {where} GROUP BY ALL
+    FROM {resolved_request_keys()} c WHERE {where} GROUP BY ALL
 ), hits AS (
     SELECT c.deployment, c.cache_key, count(*) AS contaminated_hits, min(c.ts) AS first_contaminated
     FROM summary_contaminated c WHERE {where} AND c.cache_key IS NOT NULL GROUP BY ALL

@@ -153,6 +153,12 @@ CREATE TABLE IF NOT EXISTS hit_sources (
     first_sight BOOLEAN,  -- a hit on an identity its deployment had not seen before in the log
     source_ts TIMESTAMPTZ
 );
+-- The partial identities (fields the log left unknown) that count as another identity of their key
+-- (derived/aliases.py): made here too, as the counts over the rows read it before any hit was judged.
+CREATE TABLE IF NOT EXISTS identity_aliases (
+    deployment VARCHAR, cache_key VARCHAR, key_id BIGINT, fp_id BIGINT, fingerprint VARCHAR, alias VARCHAR,
+    alias_fp_id BIGINT, key_hash UBIGINT, identity_hash UBIGINT, alias_hash UBIGINT
+);
 """
 
 
@@ -210,7 +216,8 @@ def is_specdec_store(con: duckdb.DuckDBPyConnection, tables: dict[str, set[str]]
 # 11: summary_audience and summary_impact_hits (consumer and experiment).
 # 12: summary_minute's logging-gap counts (unknown_<field>, set_<field>).
 # 13: summary_violations. 14: chr(1), not NUL, the stored partition (dep) of requests that log no deployment.
-SUMMARY_VERSION = "14"
+# 15: identity_aliases (derived/aliases.py).
+SUMMARY_VERSION = "15"
 
 # A store's rows of summary_request_keys hold hashes that the DuckDB which wrote them computed, and DuckDB does not
 # promise its hash() stays the same across versions. The version stored names that hash too, as the connection

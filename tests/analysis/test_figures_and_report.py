@@ -9,7 +9,7 @@ import random
 from datetime import datetime, timezone
 
 import pytest
-from helpers import DROP, rec, run_cli, write_csv, write_jsonl
+from helpers import DROP, instant, rec, run_cli, write_csv, write_jsonl
 
 from specdec_core import analysis
 from specdec_core import contract as metrics_contract
@@ -278,3 +278,26 @@ def test_identical_outputs_stays_quiet_for_greedy_requests_that_differ_only_in_t
     store = Store(tmp_path / "greedy.duckdb")
     ingest(store, [str(write_jsonl(tmp_path / "greedy.jsonl", records))])
     assert {f.id: f for f in analysis.red_flags(store)}["identical_outputs"].numbers["shared_outputs"] == 0
+
+
+def test_a_hit_that_logs_no_sampling_parameters_counts_as_another_identity_only_where_a_known_field_differs(
+        tmp_path):
+    """LiteLLM logs no sampling parameters on a hit. A clean one is its miss's identity: no shared output, one
+    identity, no collision, the hit rate within what a correct key reaches. One whose draft differs is another."""
+    unknown = {**SAMPLED, "temperature": DROP, "seed": DROP, "top_p": DROP, "max_tokens": DROP,
+               "__unknown__": ["max_tokens", "seed", "temperature", "top_p"]}
+    records = [rec("m", ts=at(0), cache_key="K", **SAMPLED, output_text="answer"),
+               rec("h1", ts=at(1), cache_key="K", cache_hit=True, output_text="answer", **unknown)]
+    store = Store(tmp_path / "clean.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "clean.jsonl", records))])
+    head, flags = analysis.headline(store), {f.id: f for f in analysis.red_flags(store)}
+    assert (head.unique_identities, head.key_collisions) == (1, 0)
+    assert flags["identical_outputs"].numbers["shared_outputs"] == 0
+    assert flags["hit_rate_too_good"].flagged is False and flags["few_keys"].flagged is False
+    later = [rec("h2", ts=at(2), cache_key="K", cache_hit=True, output_text="answer", draft_model="other", **unknown)]
+    ingest(store, [str(write_jsonl(tmp_path / "later.jsonl", later))])
+    head, flags = analysis.headline(store), {f.id: f for f in analysis.red_flags(store)}
+    assert (head.unique_identities, head.key_collisions, head.contaminated_hits) == (2, 1, 1)
+    assert flags["identical_outputs"].numbers["shared_outputs"] == 1 and flags["identical_outputs"].flagged
+    window = Filters(start=instant(at(0)), end=instant(at(1)))
+    assert {f.id: f for f in analysis.red_flags(store, window)}["identical_outputs"].numbers["shared_outputs"] == 0

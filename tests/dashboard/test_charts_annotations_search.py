@@ -39,6 +39,24 @@ def test_output_length_draws_the_limit_as_a_line_and_violations_as_points(monkey
     assert round(points["x"][0]) == 0, "r4's point sits on its own max_tokens (2), the first box"
 
 
+def test_output_length_keeps_hits_of_unknown_max_tokens_in_a_box_of_their_own(monkeypatch, tmp_path):
+    """LiteLLM logs no max_tokens on a hit: those hits are one box, "unknown", without a limit line; before, the
+    summaries' histogram put them in the box of the largest max_tokens."""
+    db = tmp_path / "unknown.duckdb"
+    ingest(Store(db), [str(ROOT / "tests" / "fixtures" / "formats" / "litellm_payloads.jsonl")], log_format="litellm")
+    at = open_app(monkeypatch, db, "output_length")
+    spec = figure(at, "output_length_by_max_tokens")
+    ticks = spec["layout"]["xaxis"]["ticktext"]
+    assert ticks[-1] == "unknown" and "unknown" not in ticks[:-1]
+    boxes = {t["name"]: t for t in spec["data"]}["output tokens"]
+    by_tick = dict(zip(ticks, boxes["median"], strict=True))
+    with Store(db).read() as con:
+        (unknown_median,) = con.execute("SELECT median(output_tokens) FROM requests WHERE max_tokens IS NULL").fetchone()
+    assert by_tick["unknown"] == unknown_median
+    limits = {t["name"]: t for t in spec["data"]}["max_tokens (the limit)"]["y"]
+    assert limits[-3:] == [None, None, None] and any(y is not None for y in limits)
+
+
 def test_hit_rate_over_time_is_split_by_deployment_and_smoothed(monkeypatch, incident_db):
     at = open_app(monkeypatch, incident_db, "cache")
     spec = figure(at, "hit_rate_over_time")

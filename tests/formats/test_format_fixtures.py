@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -12,7 +13,9 @@ from pathlib import Path
 import pytest
 from helpers import run_cli
 
-from specdec_core import analysis
+from specdec_core import analysis, remediation
+from specdec_core.derived import summaries
+from specdec_core.monitoring.figures import read_figures
 from specdec_core.store import Store
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "formats"
@@ -223,3 +226,33 @@ def test_a_line_nested_past_what_python_reads_is_quarantined_and_the_rest_loads(
     with Store(db).read() as con:
         assert con.execute("SELECT source_line, reason FROM quarantine WHERE source_line = 2").fetchall() == [
             (2, "bad JSON: nested too deeply to read")]
+
+
+def test_a_clean_litellm_hit_is_its_sources_identity_not_another_one(loaded):
+    """The hits log no sampling parameters: counted by their partial fingerprints, every clean hit was one more
+    identity and every key with a hit a collision. The identities are the misses' and the contaminated hits'."""
+    truth = TRUTH["litellm_payloads.jsonl"]
+    _, db = loaded("litellm_payloads.jsonl", "--format", "litellm")
+    wrong = {c["request_id"] for c in truth["contaminated"]}
+    with Store(db).read() as con:
+        rows = con.execute("SELECT deployment, cache_key, fingerprint, request_id, cache_hit FROM requests "
+                           "WHERE cache_key IS NOT NULL").fetchall()
+    per_key: dict[tuple[str, str], set[str]] = {}
+    for dep, key, fp, request_id, hit in rows:
+        ids = per_key.setdefault((dep or "", key), set())
+        if not hit or request_id in wrong:
+            ids.add(fp)
+    counted = {(dep, fp) for (dep, _), fps in per_key.items() for fp in fps}
+    stats = json.loads(run_cli("stats", "--json", "--db", str(db)).stdout)
+    assert (stats["unique_identities"], stats["key_collisions"]) == (
+        len(counted), sum(len(fps) > 1 for fps in per_key.values()))
+    assert stats["unique_identities"] < len({(dep or "", fp) for dep, _, fp, _, _ in rows})
+    plan = {(e.deployment, e.cache_key): e.identities for e in remediation.purge_plan(Store(db))}
+    assert plan == {k: len(fps) for k, fps in per_key.items() if len(fps) > 1 or k in plan}
+    # The metrics count them alike (specdec_identities, specdec_key_collisions), from the summaries and the rows.
+    for rows_only in (False, True):
+        with summaries.from_rows() if rows_only else contextlib.nullcontext():
+            keys = {dep: (ids, collisions) for dep, _, ids, collisions in read_figures(Store(db)).keys}
+        assert keys == {dep: (sum(d == dep for d, _ in counted),
+                              sum(len(fps) > 1 for (d, _), fps in per_key.items() if d == dep)) for dep in keys}
+        assert sum(ids for ids, _ in keys.values()) == len(counted)

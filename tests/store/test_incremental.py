@@ -39,6 +39,7 @@ _TABLES = {
     "summary_impact_hits": "SELECT * FROM summary_impact_hits",
     "summary_violations": "SELECT * FROM summary_violations",
     "identity_first_seen": "SELECT * FROM identity_first_seen",
+    "identity_aliases": "SELECT * EXCLUDE (key_id, fp_id, alias_fp_id) FROM identity_aliases",
     # Appended per batch: one latest miss per key once folded.
     "key_last_miss": last_miss_sql("SELECT * FROM key_last_miss"),
     "summary_request_keys": "SELECT * FROM summary_request_keys",
@@ -59,9 +60,12 @@ def _linked_rows(rng: random.Random, n: int) -> list[dict]:
         rows.append(rec(f"lm{i}", ts=spell_ts(miss_at, rng), cache_key=DROP, __unknown__=["cache_key"],
                         draft_model=rng.choice(["d1", "d2"])))
         for j in range(rng.randrange(0, 3)):
+            # Some log no sampling parameters (LiteLLM's hits): partial identities, some another's alias.
+            unknown = rng.choice([[], ["seed", "temperature", "top_p"], ["temperature"]])
             rows.append(rec(f"lh{i}-{j}", ts=spell_ts(miss_at + rng.randrange(0, 5_000, 250), rng),
                             cache_key=f"L{i % 4}", cache_hit=True, __source_request_id__=f"lm{i}",
-                            draft_model=rng.choice(["d1", "d2"])))
+                            draft_model=rng.choice(["d1", "d2"]), **{f: DROP for f in unknown},
+                            **({"__unknown__": unknown} if unknown else {})))
     return rows
 
 
@@ -76,6 +80,10 @@ def _derived(con: duckdb.DuckDBPyConnection) -> dict[str, pd.DataFrame]:
             (True,)]
         assert con.execute(f"SELECT count(*) FROM (SELECT {of} FROM summary_keys GROUP BY ALL "
                            f"HAVING count(DISTINCT {ids}) > 1)").fetchall() == [(0,)]
+    # An alias's number is its identity's number in the key.
+    assert con.execute("SELECT count(*) FROM identity_aliases a ANTI JOIN summary_keys c "
+                       "ON c.key_id = a.key_id AND c.fp_id = a.alias_fp_id AND c.fingerprint = a.alias").fetchall() == [
+        (0,)]
     return out
 
 

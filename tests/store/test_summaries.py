@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -13,7 +14,8 @@ from helpers import DROP, contents, rec, write_jsonl
 
 from specdec_core import analysis
 from specdec_core.analysis import Filters, impact, report
-from specdec_core.analysis.red_flags import hit_rate_trend
+from specdec_core.analysis.query import one
+from specdec_core.analysis.red_flags import hit_rate_trend, shared_outputs_range_sql, shared_outputs_rows_sql
 from specdec_core.demo.synthetic import make_synthetic_log
 from specdec_core.derived import migrate
 from specdec_core.derived import summaries as summary
@@ -56,10 +58,18 @@ def store(tmp_path_factory):
             experiment="arm-src"),
         rec("x12", ts="2026-11-20T08:07:30Z", deployment="edge-v", cache_key="KV", max_tokens=8, output_tokens=12,
             cache_hit=True),
+        # LiteLLM's hits log no sampling parameters: a clean one is its source's identity, not another one; one
+        # that names another draft is. x16 knows more than x14, and is still the miss's identity.
+        rec("x13", ts="2026-11-20T08:08:00Z", deployment="edge-w", cache_key="KW", temperature=0.7, seed=4),
+        *(rec(f"x{n}", ts=ts, deployment="edge-w", cache_key="KW", cache_hit=True, temperature=DROP, seed=DROP,
+              top_p=DROP, max_tokens=DROP, __unknown__=["max_tokens", "seed", "temperature", "top_p"], **more)
+          for n, ts, more in ((14, "2026-11-20T08:08:30Z", {}), (15, "2026-11-20T08:09:00Z", {"draft_model": "d-9"}))),
+        rec("x16", ts="2026-11-20T08:25:00Z", deployment="edge-w", cache_key="KW", cache_hit=True, temperature=DROP,
+            seed=4, __unknown__=["temperature"]),
     ])
     s = Store(tmp / "summary.duckdb")
     result = ingest(s, [str(log), str(extra)])
-    assert result.quarantined == 0 and result.accepted == 4012
+    assert result.quarantined == 0 and result.accepted == 4016
     return s
 
 
@@ -176,6 +186,23 @@ def test_every_question_answers_the_same_from_summaries_and_rows(store, question
     assert checked > 0  # the filters select something
 
 
+def test_shared_outputs_by_their_hashes_answer_as_the_rows_where_no_identity_is_partial(store):
+    """A store that holds partial identities asks the rows for a time range's shared outputs (a hash can't say which
+    identity stands for a partial one): the hashes' answer is checked here on the deployments that hold none."""
+    picked = [d for d in analysis.filter_options(store).deployments if d.startswith("edge-") and d not in
+              ("edge-y", "edge-w", "edge-z")]
+    checked = 0
+    for name, f in _filters(store).items():
+        if f.start is None and f.end is None:
+            continue
+        f = dataclasses.replace(f, deployments=tuple(picked))
+        with summary.from_rows():
+            expected = one(store, shared_outputs_rows_sql, f)
+        assert one(store, shared_outputs_rows_sql, f, ranged=shared_outputs_range_sql) == expected, name
+        checked += expected["shared_outputs"]
+    assert checked > 0
+
+
 def test_filter_options_come_from_the_summary_alike(store):
     with summary.from_rows():
         expected = analysis.filter_options(store)
@@ -217,7 +244,7 @@ def test_key_hashes_another_duckdb_wrote_are_rebuilt_before_they_are_counted(sto
     with copy.read() as con:
         assert con.execute("SELECT count(*) FROM summary_request_keys k JOIN requests r "
                            "ON r.ts = k.ts AND k.key_hash = hash(coalesce(r.deployment, ''), r.cache_key) AND "
-                           "k.identity_hash = hash(coalesce(r.deployment, ''), r.fingerprint)").fetchall()[0][0] == 4009
+                           "k.identity_hash = hash(coalesce(r.deployment, ''), r.fingerprint)").fetchall()[0][0] == 4013
 
 
 def test_a_store_from_an_older_version_is_brought_up_to_date_by_migrate(store, tmp_path):

@@ -1,0 +1,99 @@
+"""When a request whose log leaves identity fields unknown is another identity of its cache key, and when not.
+
+LiteLLM logs no sampling parameters on a cache hit: the hit's identity is *partial*, its fingerprint taken over
+the fields it knows. Counted as it is, every clean hit of a key would be one more identity of that key, and every
+key with a hit a collision. The contract's rule ("Unknown is not null: an unknown field is never compared") decides
+it as the judging of hits does: a partial identity that agrees, on every field it knows, with an identity of the
+same key that knows at least those fields is that identity as far as the log can tell, not another one.
+
+`identity_aliases` holds one row per (deployment, cache_key, fingerprint) of summary_keys whose identity is such a
+partial one: `alias` is the identity of the key it counts as (of several, the one that knows most, then the least
+fingerprint; it knows every field the partial one knows, so no alias has an alias of its own). Every count of
+identities and collisions reads a key's fingerprints through it (`resolved_*`): its rows, the whole-log summaries
+and the per-request hashes alike. A key's aliases depend on the set of its fingerprints alone: a batch that adds a
+fingerprint to a key works that key's out again (derived/incremental.py), and the result equals a full build.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from specdec_core.contract import fields as contract
+from specdec_core.store.sql import deployment_label
+
+TABLE = "identity_aliases"
+
+
+def field_differs(f: contract.Field, a: str = "a", b: str = "b") -> str:
+    """SQL: whether identities `a` and `b` (rows of `identities`) differ in `f`. A field left out of either
+    identity (greedy, for a sampling-only field) or unknown in either is not compared."""
+    guard = f"NOT ({a}.greedy OR {b}.greedy) AND " if f.sampling_only else ""
+    known = (f"NOT coalesce(list_contains({a}.unknown, '{f.name}'), false) "
+             f"AND NOT coalesce(list_contains({b}.unknown, '{f.name}'), false) AND ")
+    return f"{guard}{known}{a}.{f.name} IS DISTINCT FROM {b}.{f.name}"
+
+
+def stands_for(a: str, b: str) -> str:
+    """SQL: whether identity `b` stands for the partial identity `a` (rows of `identities`, `unknown` coalesced to
+    []): `b` knows every field `a` knows and more, and no field known to both differs."""
+    agree = " AND ".join(f"NOT ({field_differs(f, a, b)})" for f in contract.FIELDS if f.identity)
+    return f"len({b}.unknown) < len({a}.unknown) AND list_has_all({a}.unknown, {b}.unknown) AND {agree}"
+
+
+def identity_columns(alias: str = "i") -> str:
+    """The columns of `identities` the rule reads, `unknown` as a list ([] where every field is known)."""
+    fields = ", ".join(f"{alias}.{f.name}" for f in contract.FIELDS if f.identity)
+    return f"{alias}.greedy, coalesce({alias}.unknown, []) AS unknown, {fields}"
+
+
+def aliases_sql(keys: str = "TRUE") -> str:
+    """The aliases of the keys `keys` picks (a condition over summary_keys `c`)."""
+    return f"""
+WITH k AS (SELECT c.deployment, c.cache_key, c.key_id, c.fp_id, c.fingerprint FROM summary_keys c WHERE {keys}),
+i AS (SELECT i.fingerprint, {identity_columns()} FROM identities i WHERE i.fingerprint IN (SELECT fingerprint FROM k)),
+fields AS (SELECT * FROM k JOIN i USING (fingerprint)),
+partial AS (SELECT * FROM fields WHERE len(unknown) > 0),
+candidates AS (SELECT * FROM fields WHERE key_id IN (SELECT key_id FROM partial)),
+found AS (
+    SELECT a.deployment, a.cache_key, a.key_id, a.fp_id, a.fingerprint,
+           arg_min(struct_pack(fingerprint := b.fingerprint, fp_id := b.fp_id), (len(b.unknown), b.fingerprint)) AS m
+    FROM partial a JOIN candidates b ON a.key_id = b.key_id AND {stands_for('a', 'b')}
+    GROUP BY ALL
+)
+SELECT deployment, cache_key, key_id, fp_id, fingerprint, m.fingerprint AS alias, m.fp_id AS alias_fp_id,
+       hash(deployment, cache_key) AS key_hash, hash(deployment, fingerprint) AS identity_hash,
+       hash(deployment, m.fingerprint) AS alias_hash
+FROM found"""
+
+
+BUILD_SQL = f"CREATE OR REPLACE TABLE {TABLE} AS {aliases_sql()}"
+
+
+def update_aliases(con: duckdb.DuckDBPyConnection, key_ids: str) -> None:
+    """Work out again the aliases of the keys whose ids the relation `key_ids` lists (those that gained a
+    fingerprint)."""
+    con.execute(f"DELETE FROM {TABLE} WHERE key_id IN (SELECT key_id FROM {key_ids})")
+    con.execute(f"INSERT INTO {TABLE} BY NAME {aliases_sql(f'c.key_id IN (SELECT key_id FROM {key_ids})')}")
+
+
+# The identity a request counts as, where its row has a cache key: its own fingerprint, or its alias.
+def resolved_rows(where: str = "TRUE") -> str:
+    """`requests r` (filtered by `where`) with `fingerprint` read through the aliases: a relation `r`."""
+    return (f"(SELECT r.* REPLACE (coalesce(a.alias, r.fingerprint) AS fingerprint) FROM requests r "
+            f"LEFT JOIN {TABLE} a ON a.deployment = {deployment_label('r')} AND a.cache_key = r.cache_key "
+            f"AND a.fingerprint = r.fingerprint WHERE {where})")
+
+
+def resolved_keys(table: str = "summary_keys") -> str:
+    """summary_keys (or summary_shared_keys) with `fingerprint` and `fp_id` read through the aliases. A key's
+    rows keep their counts; an alias makes two of them one identity."""
+    return (f"(SELECT c.* REPLACE (coalesce(a.alias, c.fingerprint) AS fingerprint, "
+            f"coalesce(a.alias_fp_id, c.fp_id) AS fp_id) FROM {table} c "
+            f"LEFT JOIN {TABLE} a ON a.key_id = c.key_id AND a.fp_id = c.fp_id)")
+
+
+def resolved_request_keys() -> str:
+    """summary_request_keys with `identity_hash` read through the aliases."""
+    return (f"(SELECT r.* REPLACE (coalesce(a.alias_hash, r.identity_hash) AS identity_hash) "
+            f"FROM summary_request_keys r LEFT JOIN {TABLE} a "
+            f"ON a.key_hash = r.key_hash AND a.identity_hash = r.identity_hash)")
