@@ -55,8 +55,9 @@ def shared_outputs_sql(pairs: str) -> str:
 WITH f AS ({pairs}), g AS (
     SELECT f.out_hash, f.fingerprint, f.hits, {identity_columns()} FROM f JOIN identities i USING (fingerprint)
 ), stood_for AS (
-    SELECT a.out_hash, a.fingerprint FROM (SELECT * FROM g WHERE len(unknown) > 0) a
-    SEMI JOIN g b ON a.out_hash = b.out_hash AND {stands_for('a', 'b')}
+    -- An inner join: as a semi join on these conditions, DuckDB compared every pair of rows.
+    SELECT DISTINCT a.out_hash, a.fingerprint FROM (SELECT * FROM g WHERE unknown_bits <> 0) a
+    JOIN g b ON a.out_hash = b.out_hash WHERE {stands_for('a', 'b')}
 ), o AS (
     -- Greedy speculative decoding is lossless: identities that differ only in their draft share outputs
     -- legitimately, so the draft fields count only for sampled requests.
@@ -187,9 +188,10 @@ FIRST_SIGHT_HIT_SHARE = 0.05
 
 
 def _holds_partial_identities(store: Store) -> bool:
-    """Whether any request's log left identity fields unknown (LiteLLM's hits): stops at the first."""
+    """Whether one identity of the store may stand for another: its logs left different sets of identity fields
+    unknown (LiteLLM's hits and misses). Not where every request lacks the same ones (OpenInference's top_k)."""
     with store.read() as con:
-        return bool(con.execute("SELECT EXISTS (SELECT 1 FROM identities WHERE unknown IS NOT NULL)").fetchall()[0][0])
+        return con.execute("SELECT count(DISTINCT coalesce(unknown, [])) FROM identities").fetchall()[0][0] > 1
 
 
 def _identical_outputs(store: Store, filters: Filters, head: HeadlineCounts) -> RedFlag:

@@ -33,17 +33,30 @@ def field_differs(f: contract.Field, a: str = "a", b: str = "b") -> str:
     return f"{guard}{known}{a}.{f.name} IS DISTINCT FROM {b}.{f.name}"
 
 
-def stands_for(a: str, b: str) -> str:
-    """SQL: whether identity `b` stands for the partial identity `a` (rows of `identities`, `unknown` coalesced to
-    []): `b` knows every field `a` knows and more, and no field known to both differs."""
-    agree = " AND ".join(f"NOT ({field_differs(f, a, b)})" for f in contract.FIELDS if f.identity)
-    return f"len({b}.unknown) < len({a}.unknown) AND list_has_all({a}.unknown, {b}.unknown) AND {agree}"
+def _bits() -> list[tuple[contract.Field, int]]:
+    return [(f, 1 << n) for n, f in enumerate(f for f in contract.FIELDS if f.identity)]
 
 
 def identity_columns(alias: str = "i") -> str:
-    """The columns of `identities` the rule reads, `unknown` as a list ([] where every field is known)."""
-    fields = ", ".join(f"{alias}.{f.name}" for f in contract.FIELDS if f.identity)
-    return f"{alias}.greedy, coalesce({alias}.unknown, []) AS unknown, {fields}"
+    """The columns of `identities` the rule reads, the unknown fields as the bits of an integer (`unknown_bits`, 0
+    where every field is known): a pair's test is then integer arithmetic, not a list lookup per field (a million
+    LiteLLM requests' outputs: 0.8 s with lists)."""
+    bits = " + ".join(f"CASE WHEN list_contains({alias}.unknown, '{f.name}') THEN {bit} ELSE 0 END" for f, bit in _bits())
+    fields = ", ".join(f"{alias}.{f.name}" for f, _ in _bits())
+    return f"{alias}.greedy, ({bits})::BIGINT AS unknown_bits, {fields}"
+
+
+def stands_for(a: str, b: str) -> str:
+    """SQL: whether identity `b` stands for the partial identity `a` (relations with identity_columns()): `b` knows
+    every field `a` knows and more, and no field known to both differs (field_differs' rule)."""
+    differs = []
+    for f, bit in _bits():
+        guard = f"NOT ({a}.greedy OR {b}.greedy) AND " if f.sampling_only else ""
+        differs.append(f"NOT ({guard}(({a}.unknown_bits | {b}.unknown_bits) & {bit}) = 0 "
+                       f"AND {a}.{f.name} IS DISTINCT FROM {b}.{f.name})")
+    # Equal masks compare with `<>`, not `<`: a comparison of the two sides' sizes became a range join's condition.
+    return (f"({a}.unknown_bits & {b}.unknown_bits) = {b}.unknown_bits AND {a}.unknown_bits <> {b}.unknown_bits AND "
+            + " AND ".join(differs))
 
 
 def aliases_sql(keys: str = "TRUE") -> str:
@@ -52,11 +65,11 @@ def aliases_sql(keys: str = "TRUE") -> str:
 WITH k AS (SELECT c.deployment, c.cache_key, c.key_id, c.fp_id, c.fingerprint FROM summary_keys c WHERE {keys}),
 i AS (SELECT i.fingerprint, {identity_columns()} FROM identities i WHERE i.fingerprint IN (SELECT fingerprint FROM k)),
 fields AS (SELECT * FROM k JOIN i USING (fingerprint)),
-partial AS (SELECT * FROM fields WHERE len(unknown) > 0),
+partial AS (SELECT * FROM fields WHERE unknown_bits <> 0),
 candidates AS (SELECT * FROM fields WHERE key_id IN (SELECT key_id FROM partial)),
 found AS (
     SELECT a.deployment, a.cache_key, a.key_id, a.fp_id, a.fingerprint,
-           arg_min(struct_pack(fingerprint := b.fingerprint, fp_id := b.fp_id), (len(b.unknown), b.fingerprint)) AS m
+           arg_min(struct_pack(fingerprint := b.fingerprint, fp_id := b.fp_id), (bit_count(b.unknown_bits), b.fingerprint)) AS m
     FROM partial a JOIN candidates b ON a.key_id = b.key_id AND {stands_for('a', 'b')}
     GROUP BY ALL
 )
