@@ -148,10 +148,14 @@ def hit_rate_trend(store: Store, filters: Filters) -> dict[str, Any]:
                            params | {"trend_mid": mid, "trend_minute": minute}))
 
 
+# A temperature the log left unknown (LiteLLM's hits) is said so: concatenated, its NULL made the arm's name None.
+_TEMPERATURE = "coalesce('T=' || temperature, 'T unknown')"
+
+
 def experiment_bias_sql(where: str) -> str:
     return f"""
 -- Grouped by the arm's columns, labelled after: one string per arm, not per request.
-SELECT target_model || ' / ' || draft || ' / T=' || temperature AS arm, requests, contaminated FROM (
+SELECT target_model || ' / ' || draft || ' / ' || {_TEMPERATURE} AS arm, requests, contaminated FROM (
     SELECT r.target_model, {draft_label()} AS draft, r.temperature, count(*) AS requests,
            count(h.request_id) AS contaminated
     FROM requests r LEFT JOIN (SELECT request_id FROM hit_sources WHERE contaminated) h USING (request_id)
@@ -164,7 +168,7 @@ ORDER BY contaminated DESC, arm LIMIT 5
 def experiment_bias_minute_sql(source: str) -> str:
     """The same arms from the minute summary, whose rows are per target, draft and temperature already."""
     return f"""
-SELECT target_model || ' / ' || draft_model || ' / T=' || temperature AS arm, requests, contaminated FROM (
+SELECT target_model || ' / ' || draft_model || ' / ' || {_TEMPERATURE} AS arm, requests, contaminated FROM (
     SELECT c.target_model, c.draft_model, c.temperature, sum(c.requests)::BIGINT AS requests,
            sum(c.contaminated)::BIGINT AS contaminated
     FROM {source} c GROUP BY ALL HAVING sum(c.contaminated) > 0

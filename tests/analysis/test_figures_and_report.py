@@ -299,5 +299,7 @@ def test_a_hit_that_logs_no_sampling_parameters_counts_as_another_identity_only_
     head, flags = analysis.headline(store), {f.id: f for f in analysis.red_flags(store)}
     assert (head.unique_identities, head.key_collisions, head.contaminated_hits) == (2, 1, 1)
     assert flags["identical_outputs"].numbers["shared_outputs"] == 1 and flags["identical_outputs"].flagged
+    # The arm of a temperature the log left unknown is named so (its NULL made the whole name None).
+    assert "llama-8b / other / T unknown: 1 of 1" in flags["biased_experiments"].evidence
     window = Filters(start=instant(at(0)), end=instant(at(1)))
     assert {f.id: f for f in analysis.red_flags(store, window)}["identical_outputs"].numbers["shared_outputs"] == 0
