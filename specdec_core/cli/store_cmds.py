@@ -9,7 +9,7 @@ import math
 import os
 import sys
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 from specdec_core import formats
@@ -175,6 +175,15 @@ def utc_time(text: str) -> datetime:
     return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
 
 
+def utc_end(text: str) -> datetime:
+    """--end: a time as utc_time reads it; a date alone is through the end of that day (its last microsecond, the
+    end being inclusive), not its first instant: `--start 2026-11-20 --end 2026-11-20` is that day."""
+    ts = utc_time(text)
+    if len(text.strip()) == 10:  # YYYY-MM-DD: fromisoformat takes no other 10-character form
+        ts += timedelta(days=1, microseconds=-1)
+    return ts
+
+
 def stats_filters(args: argparse.Namespace) -> Filters:
     """The dashboard's filters, from the command line: the same numbers for the same selection."""
     from specdec_core.analysis import Filters
@@ -281,7 +290,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     # The dashboard's sidebar filters, as its URL names them.
     p.add_argument("--start", type=utc_time, metavar="TIME", help="from this time (ISO 8601; UTC unless it says)")
-    p.add_argument("--end", type=utc_time, metavar="TIME", help="up to this time")
+    p.add_argument("--end", type=utc_end, metavar="TIME", help="up to this time; a date alone: through that day")
     p.add_argument("--deployment", action="append", metavar="NAME", help="only this deployment (repeatable)")
     p.add_argument("--target-model", action="append", metavar="NAME", help="only this target model (repeatable)")
     p.add_argument("--draft-model", action="append", metavar="NAME",

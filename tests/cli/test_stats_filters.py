@@ -32,6 +32,24 @@ def test_stats_filters_give_the_numbers_the_dashboard_shows_for_them(tmp_path):
     assert json.loads(run_cli("stats", "--db", str(store.path), "--json").stdout)["requests"] == 4
 
 
+def test_an_end_given_as_a_date_alone_runs_through_that_day(tmp_path):
+    """`--start 2026-03-01 --end 2026-03-01` is that day, not its first instant; a time keeps its own instant."""
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "log.jsonl", [
+        rec("a1", ts="2026-03-01T00:00:00Z"), rec("a2", ts="2026-03-01T23:59:59.999999Z"),
+        rec("a3", ts="2026-03-02T00:00:00Z"),
+    ]))])
+
+    def requests(*bounds: str) -> int:
+        done = run_cli("stats", "--db", str(store.path), "--json", *bounds)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["requests"]
+
+    assert requests("--start", "2026-03-01", "--end", "2026-03-01") == 2
+    assert requests("--end", "2026-03-01T00:00:00Z") == 1
+    assert requests("--start", "2026-03-02", "--end", "2026-03-02") == 1
+
+
 def test_a_bad_time_is_one_line_naming_it(tmp_path):
     done = run_cli("stats", "--db", str(tmp_path / "none.duckdb"), "--start", "yesterday")
     assert done.returncode == 2 and done.stderr.count("\n") == 1
