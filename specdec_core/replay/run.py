@@ -129,6 +129,13 @@ def _request_from(record: dict[str, Any], prompt: str | None) -> DecodeRequest:
     return DecodeRequest.from_record(fields)
 
 
+def _unknown_identity(record: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The identity fields the record's log left unknown (LiteLLM's hits: the sampling parameters and max_tokens),
+    and those of them a replay can't do without (required, or the prompt)."""
+    unknown = [f for f in record.get("unknown_fields") or () if f in contract.BY_NAME and contract.BY_NAME[f].identity]
+    return unknown, [f for f in unknown if contract.BY_NAME[f].required or f == "prompt"]
+
+
 def _unavailable(decoder: Decoder, req: DecodeRequest) -> dict[str, str]:
     registry = decoder.registry
     if registry.engine_of(req.target_model) is not None:
@@ -166,6 +173,15 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Decoder, *, pro
     decoder = routed(decoder)
     request_id = record["request_id"]
     production = record["output_text"]
+    unknown, needed = _unknown_identity(record)
+    if needed:
+        source = record.get("source_request_id")
+        return ReplayResult(
+            request_id, "unavailable",
+            f"can't replay: the log leaves {', '.join(needed)} unknown for request {request_id} (as LiteLLM does "
+            "on a cache hit), so its full identity is not in the log"
+            + (f"; replay its source {source} to see the output that was cached" if source else ""),
+            {"unknown_fields": ", ".join(unknown)}, production_text=production)
     req = _request_from(record, prompt)
     if req.prompt is None:
         return ReplayResult(
@@ -207,6 +223,8 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Decoder, *, pro
                    if record["output_tokens"] > req.max_tokens else {})
     if engine is not None:  # what the server said about itself and the identity it could not take
         length_note["engine"] = engine
+    if unknown:  # optional fields (OpenInference's top_k): replayed as a request that did not send them
+        length_note["unknown_fields"] = f"{', '.join(unknown)} unknown in the log: replayed as not sent"
     if diff.identical:
         evidence = {"output_tokens": replay_length(result), **harmless_contamination(record, req), **length_note}
         return ReplayResult(request_id, "match", match_message(evidence), evidence, **common)
@@ -217,6 +235,8 @@ def replay_record(store: Store, record: dict[str, Any], decoder: Decoder, *, pro
     greedy = greedy_explains(decoder, req, prod_ids, near_tie_margin) if req.is_greedy and scores else None
     # The source comes first: a near-tie in production's prefix is no alibi when production is its output.
     source = _source_of(store, record)
+    if source is not None and _unknown_identity(source)[1]:
+        source = None  # a source whose own identity the log left unknown can't be replayed either
     source_evidence: dict[str, Any] = {}
     if source is not None:
         source_req = _request_from(source, prompt if source.get("prompt") is None else None)

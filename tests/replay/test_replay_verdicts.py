@@ -320,3 +320,25 @@ def test_a_replay_jobs_progress_counts_to_where_decoding_stops(decoder):
     req = DecodeRequest(**dict(A, max_tokens=10**18))
     ProgressDecoder(decoder, job).generate(req)
     assert job.max_tokens == 512 - len(decoder.prompt_ids(req))  # not "of at most 1,000,000,000,000,000,000"
+
+
+def test_a_request_whose_log_leaves_its_identity_unknown_is_unavailable_not_a_traceback(tmp_path, decoder):
+    """A LiteLLM hit logs no temperature or max_tokens: its full identity is not in the log, so it is not replayed
+    (a batch goes on); a field a replay can do without (OpenInference's top_k) is replayed as not sent, and said."""
+    out = decoder.generate(DecodeRequest(**A)).text
+    log = write_jsonl(tmp_path / "partial.jsonl", [
+        rec("m", **A, cache_key="K", output_text=out),
+        rec("h", **dict(A, draft_model="tiny-draft-b", temperature=DROP, max_tokens=DROP), cache_key="K",
+            cache_hit=True, output_text=out, ts="2026-03-01T10:00:01Z", __unknown__=["max_tokens", "temperature"]),
+        rec("o", **A, top_k=DROP, cache_key="K2", output_text=out, ts="2026-03-01T10:00:02Z", __unknown__=["top_k"]),
+    ])
+    store = Store(tmp_path / "partial.duckdb")
+    assert ingest(store, [str(log)]).accepted == 3
+    results = {r.request_id: r for r in replay_many(store, ["h", "o"], decoder)}
+    hit = results["h"]
+    assert hit.classification == "unavailable" and hit.replay_text is None
+    assert "leaves max_tokens, temperature unknown" in hit.message and "replay its source m" in hit.message
+    assert results["o"].classification == "match", results["o"].message
+    assert results["o"].evidence["unknown_fields"] == "top_k unknown in the log: replayed as not sent"
+    done = run_cli("replay", "--db", str(store.path), "--request-id", "h", env=bare_env())
+    assert done.returncode == 0 and "Traceback" not in done.stderr and "unavailable" in done.stdout
