@@ -62,14 +62,18 @@ st.caption("With a correct key an identity's first request misses: it can only h
            "older than the log). Those hits are the evidence that the hit rate is too good.")
 ratios = ui.cached(analysis.key_ratio_by_deployment, filters=filters)
 labels = [ui.plot_label(ui.deployment_label(d)) for d in ratios.deployment]
-repeat_hits = ratios.hits - ratios.first_sight_hits
-figure = go.Figure([
+repeat_hits = ratios.hits - ratios.first_sight_hits - ratios.partial_hits
+bars = [
     # Two lines: in one, a phone cut the legend off at "(impossible with a correc".
     go.Bar(name="hits on an identity never served before<br>(impossible with a correct key)", y=labels,
            x=ratios.first_sight_hits, orientation="h", marker_color=ui.ALARM),
     go.Bar(name="hits on an identity served before", y=labels, x=repeat_hits, orientation="h",
            marker_color=ui.GOOD),
-])
+]
+if ratios.partial_hits.any():  # LiteLLM's hits: their identity is not whole in the log, so neither can be said
+    bars.append(go.Bar(name="hits whose log left identity fields unknown<br>(can't be told)", y=labels,
+                       x=ratios.partial_hits, orientation="h", marker_color=ui.PALETTE[6]))
+figure = go.Figure(bars)
 figure.update_layout(barmode="stack", xaxis_title="cache hits", yaxis_title="deployment",
                      height=140 + 50 * max(len(ratios), 1))
 # Top to bottom by name, as every other page lists deployments: plotly draws the first category lowest.

@@ -218,6 +218,7 @@ STORE_TABLES = {
     "key_last_miss": last_miss_sql("SELECT * FROM key_last_miss") + " ORDER BY ALL",
     "summary_minute": "SELECT * FROM summary_minute ORDER BY ALL",
     "summary_keys": "SELECT * EXCLUDE (key_id, fp_id) FROM summary_keys ORDER BY ALL",
+    "identity_aliases": "SELECT * EXCLUDE (key_id, fp_id, alias_fp_id) FROM identity_aliases ORDER BY ALL",
     "summary_contaminated": "SELECT * FROM summary_contaminated ORDER BY ALL",
     "summary_lengths": "SELECT * FROM summary_lengths ORDER BY ALL",
     "summary_violations": "SELECT * FROM summary_violations ORDER BY ALL",

@@ -16,7 +16,7 @@ from specdec_core.analysis.query import (
     over_time,
 )
 from specdec_core.derived.aliases import resolved_keys, resolved_request_keys, resolved_rows
-from specdec_core.derived.summaries import NO_DRAFT, histogram_quantiles
+from specdec_core.derived.summaries import NO_DRAFT, PARTIAL_HIT, histogram_quantiles
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label
 
@@ -79,7 +79,9 @@ SELECT {deployment_label()} AS deployment, count(*) AS requests,
        count(*) FILTER (WHERE r.cache_hit) AS hits,
        -- Hits on an identity the deployment had never seen: only a shared key (or an entry older than
        -- the log) can serve those.
-       count(*) FILTER (WHERE h.first_sight) AS first_sight_hits
+       count(*) FILTER (WHERE h.first_sight) AS first_sight_hits,
+       -- Hits whose log left identity fields unknown: whether they are first sights can't be told.
+       count(*) FILTER (WHERE {PARTIAL_HIT}) AS partial_hits
 FROM {resolved_rows()} r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NOT NULL AND {where}
 GROUP BY ALL ORDER BY deployment
 """
@@ -92,7 +94,8 @@ SELECT c.deployment, sum(c.requests)::BIGINT AS requests,
        count(DISTINCT c.key_id) / count(DISTINCT c.fp_id) AS keys_per_identity,
        sum(c.hits) / sum(c.requests) AS hit_rate,
        1 - count(DISTINCT c.fp_id) / sum(c.requests) AS max_correct_hit_rate,
-       sum(c.hits)::BIGINT AS hits, sum(c.first_sight)::BIGINT AS first_sight_hits
+       sum(c.hits)::BIGINT AS hits, sum(c.first_sight)::BIGINT AS first_sight_hits,
+       sum(c.partial_hits)::BIGINT AS partial_hits
 FROM {resolved_keys()} c WHERE {dims}
 GROUP BY ALL ORDER BY deployment
 """
@@ -105,15 +108,18 @@ def key_ratio_by_deployment_range_sql(source: str, where: str) -> str:
     return f"""
 WITH c AS (
     SELECT c.deployment, sum(c.requests)::BIGINT AS requests, {HITS}::BIGINT AS hits,
-           coalesce(sum(c.first_sight), 0)::BIGINT AS first_sight_hits
+           coalesce(sum(c.first_sight), 0)::BIGINT AS first_sight_hits,
+           coalesce(sum(c.partial_hits), 0)::BIGINT AS partial_hits
     FROM {source} c GROUP BY 1
 ), u AS (
     SELECT {deployment_label()} AS deployment, count(*) AS requests,
-           count(*) FILTER (WHERE r.cache_hit) AS hits, count(*) FILTER (WHERE h.first_sight) AS first_sight_hits
+           count(*) FILTER (WHERE r.cache_hit) AS hits, count(*) FILTER (WHERE h.first_sight) AS first_sight_hits,
+           count(*) FILTER (WHERE {PARTIAL_HIT}) AS partial_hits
     FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE r.cache_key IS NULL AND {where} GROUP BY 1
 ), k AS (
     SELECT c.deployment, c.requests - coalesce(u.requests, 0) AS requests, c.hits - coalesce(u.hits, 0) AS hits,
-           c.first_sight_hits - coalesce(u.first_sight_hits, 0) AS first_sight_hits
+           c.first_sight_hits - coalesce(u.first_sight_hits, 0) AS first_sight_hits,
+           c.partial_hits - coalesce(u.partial_hits, 0) AS partial_hits
     FROM c LEFT JOIN u USING (deployment)
 ), d AS (
     -- By the stored 64-bit hashes, as the headline's range counts (overview.key_counts_range_sql).
@@ -122,7 +128,7 @@ WITH c AS (
 )
 SELECT deployment, k.requests, d.unique_keys, d.unique_identities,
        d.unique_keys / d.unique_identities AS keys_per_identity, k.hits / k.requests AS hit_rate,
-       1 - d.unique_identities / k.requests AS max_correct_hit_rate, k.hits, k.first_sight_hits
+       1 - d.unique_identities / k.requests AS max_correct_hit_rate, k.hits, k.first_sight_hits, k.partial_hits
 FROM k JOIN d USING (deployment) ORDER BY deployment
 """
 

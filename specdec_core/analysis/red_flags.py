@@ -258,7 +258,9 @@ def _hit_rate_too_good(ratios: pd.DataFrame, filters: Filters) -> RedFlag:
     share; the evidence names, per deployment, only what holds. With a start of its own a time range's
     ceiling leaves out the identities asked for before it, so there only the never-served hits (judged over
     the whole log) count."""
-    first_sight_share = ratios["first_sight_hits"] / ratios["hits"].where(ratios["hits"] > 0)
+    # A hit whose log left identity fields unknown can't be told a first sight or not: it counts on neither side.
+    ratios = ratios.assign(judged=ratios["hits"] - ratios["partial_hits"])
+    first_sight_share = ratios["first_sight_hits"] / ratios["judged"].where(ratios["judged"] > 0)
     above = (ratios["hit_rate"] > ratios["max_correct_hit_rate"] + 1e-9) & (filters.start is None)
     never_served = first_sight_share > FIRST_SIGHT_HIT_SHARE
     too_good = ratios.assign(above=above, never_served=never_served)[above | never_served]
@@ -268,8 +270,8 @@ def _hit_rate_too_good(ratios: pd.DataFrame, filters: Filters) -> RedFlag:
         if d.above:
             why.append(f"hit rate {d.hit_rate:.0%}, above the {d.max_correct_hit_rate:.0%} a correct key could reach")
         if d.never_served:
-            why.append(f"{d.first_sight_hits:,} of {d.hits:,} hits ({d.first_sight_hits / d.hits:.0%}) were for an "
-                       "identity this deployment had never served before")
+            why.append(f"{d.first_sight_hits:,} of {d.judged:,} hits ({d.first_sight_hits / d.judged:.0%}) were for "
+                       f"an identity this deployment had never served before{_partial_note(d)}")
         evidence.append(f"{d.deployment or '(none)'}: {'; '.join(why)}")
     if too_good.empty:
         evidence = [_within_bounds(d, filters) for d in ratios.itertuples() if d.hits]
@@ -283,11 +285,21 @@ def _hit_rate_too_good(ratios: pd.DataFrame, filters: Filters) -> RedFlag:
     )
 
 
+def _partial_note(d: Any) -> str:
+    return (f" ({plural(d.partial_hits, 'hit')} more left identity fields unknown: whether "
+            f"{'it was a first sight' if d.partial_hits == 1 else 'they were first sights'} can't be told)"
+            if d.partial_hits else "")
+
+
 def _within_bounds(d: Any, filters: Filters) -> str:
     """Why a deployment's hit rate is not too good: its own numbers against each bound that was judged."""
-    text = (f"{d.deployment or '(none)'}: {d.first_sight_hits:,} of {d.hits:,} hits "
-            f"({d.first_sight_hits / d.hits:.0%}) on identities never served before, within the "
-            f"{FIRST_SIGHT_HIT_SHARE:.0%} that entries older than the log explain")
+    if d.judged:
+        text = (f"{d.deployment or '(none)'}: {d.first_sight_hits:,} of {d.judged:,} hits "
+                f"({d.first_sight_hits / d.judged:.0%}) on identities never served before, within the "
+                f"{FIRST_SIGHT_HIT_SHARE:.0%} that entries older than the log explain{_partial_note(d)}")
+    else:
+        text = (f"{d.deployment or '(none)'}: whether its {plural(d.hits, 'hit')} served identities never served "
+                "before can't be told: the log left identity fields unknown on each")
     if filters.start is None:
         text += f"; hit rate {d.hit_rate:.0%}, within the {d.max_correct_hit_rate:.0%} a correct key could reach"
     return text

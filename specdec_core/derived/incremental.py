@@ -41,6 +41,7 @@ from specdec_core.derived.summaries import (
     AUDIENCE_MERGE,
     COMPACT_OUTPUTS_SQL,
     MINUTE_MERGE,
+    PARTIAL_HIT,
     audience_sql,
     contaminated_sql,
     draft_label,
@@ -358,11 +359,11 @@ def _update_keys(con: duckdb.DuckDBPyConnection, batch: Batch, rejudge: str, jud
     pair_delta = _temp(con, "pair_delta", f"""
         WITH added AS (
             SELECT r.request_id, r.ts, {deployment_label('r')} AS deployment, r.cache_key, r.fingerprint,
-                   r.target_model, {draft_label()} AS draft_model, r.cache_hit
+                   r.target_model, {draft_label()} AS draft_model, r.cache_hit, {PARTIAL_HIT} AS partial_hit
             FROM {batch.requests} r WHERE {batch.where} AND r.cache_key IS NOT NULL
             UNION ALL
             SELECT r.request_id, r.ts, {deployment_label('r')}, r.cache_key, r.fingerprint, r.target_model,
-                   {draft_label()}, r.cache_hit
+                   {draft_label()}, r.cache_hit, {PARTIAL_HIT}
             FROM requests r WHERE r.request_id IN (SELECT request_id FROM {batch.backfilled})
         ), sights AS (
             SELECT j.request_id, coalesce(j.first_sight::INT, 0) - coalesce(o.first_sight::INT, 0) AS gained
@@ -370,13 +371,15 @@ def _update_keys(con: duckdb.DuckDBPyConnection, batch: Batch, rejudge: str, jud
         ), rows AS (
             SELECT a.*, true AS added, coalesce(s.gained, 0) AS gained FROM added a LEFT JOIN sights s USING (request_id)
             UNION ALL
-            SELECT j.request_id, j.ts, j.deployment, j.cache_key, j.fingerprint, NULL, NULL, true, false, s.gained
+            SELECT j.request_id, j.ts, j.deployment, j.cache_key, j.fingerprint, NULL, NULL, true, false, false,
+                   s.gained
             FROM {rejudge} j JOIN sights s USING (request_id)
             WHERE j.stored AND j.cache_key IS NOT NULL AND s.gained <> 0
         )
         SELECT deployment, cache_key, fingerprint, any_value(target_model) AS target_model,
                any_value(draft_model) AS draft_model, count(*) FILTER (WHERE added)::BIGINT AS requests,
                count(*) FILTER (WHERE added AND cache_hit)::BIGINT AS hits, coalesce(sum(gained), 0)::BIGINT AS first_sight,
+               count(*) FILTER (WHERE added AND partial_hit)::BIGINT AS partial_hits,
                min(ts) FILTER (WHERE added) AS first_seen, max(ts) FILTER (WHERE added) AS last_seen
         FROM rows GROUP BY 1, 2, 3
     """)
@@ -389,7 +392,7 @@ def _update_keys(con: duckdb.DuckDBPyConnection, batch: Batch, rejudge: str, jud
     # A pair is one (key_id, fp_id): the update matches stored rows on two integers, not on three texts.
     con.execute(f"""
         UPDATE summary_keys s SET requests = s.requests + d.requests, hits = s.hits + d.hits,
-               first_sight = s.first_sight + d.first_sight,
+               first_sight = s.first_sight + d.first_sight, partial_hits = s.partial_hits + d.partial_hits,
                first_seen = least(s.first_seen, coalesce(d.first_seen, s.first_seen)),
                last_seen = greatest(s.last_seen, coalesce(d.last_seen, s.last_seen))
         FROM (SELECT d.*, n.key_id, n.fp_id FROM {pair_delta} d JOIN {near_keys} n USING (deployment, cache_key, fingerprint)) d

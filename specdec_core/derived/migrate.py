@@ -12,7 +12,8 @@ import tempfile
 import duckdb
 
 from specdec_core.derived.hit_sources import judge_hits
-from specdec_core.derived.summaries import build_summaries, upgrade_summaries
+from specdec_core.derived.summaries import build_summaries
+from specdec_core.derived.upgrades import upgrade_summaries
 from specdec_core.derived.verdicts import record_first_verdicts
 from specdec_core.store.connection import Store, StoreError, derived_current
 from specdec_core.store.convert import export_tables, load_tables, written_by_newer_duckdb

@@ -52,14 +52,12 @@ from specdec_core.contract import fields as contract
 from specdec_core.derived import aliases
 from specdec_core.derived.verdicts import build_first_verdict_counts
 from specdec_core.store.schema import (
-    HASH_NAME_SQL,
     READ_EDGES,
     READ_SUMMARIES,
-    SUMMARY_VERSION,
     VERSION_SQL,
     current_version_sql,
 )
-from specdec_core.store.sql import deployment_label, named_params, partition_of
+from specdec_core.store.sql import deployment_label, named_params
 
 NO_DRAFT = "none"
 MINUTE = timedelta(minutes=1)
@@ -85,6 +83,10 @@ GAP_FIELDS = gap_fields()
 GAP_MEASURES = ",\n".join(f"count(*) FILTER (WHERE list_contains(r.unknown_fields, '{f}')) AS unknown_{f}, "
                           f"count(r.{f}) AS set_{f}" for f in GAP_FIELDS)
 
+# A hit whose log left identity fields unknown: whether it is a first sight can't be told (hit_sources' first_sight
+# is NULL for it, derived/hit_sources.py), so the first-sight evidence counts it apart.
+PARTIAL_HIT = "r.cache_hit AND len(coalesce(r.unknown_fields, [])) > 0"
+
 # The minute summary's columns as aggregates over `requests r LEFT JOIN hit_sources h`.
 MINUTE_DIMENSIONS = f"""
 time_bucket(INTERVAL 1 minute, r.ts) AS minute, {deployment_label('r')} AS deployment, r.target_model,
@@ -102,12 +104,15 @@ sum(r.draft_tokens) FILTER (WHERE {_SPECULATIVE}) AS draft_tokens,
 sum(r.accepted_tokens) FILTER (WHERE {_SPECULATIVE}) AS accepted_tokens,
 sum(r.draft_tokens / nullif(r.num_speculative_tokens, 0)) FILTER (WHERE {_SPECULATIVE}) AS steps,
 sum(r.draft_tokens) AS logged_draft_tokens, sum(r.accepted_tokens) AS logged_accepted_tokens,
-{GAP_MEASURES}"""
+{GAP_MEASURES},
+count(*) FILTER (WHERE {PARTIAL_HIT}) AS partial_hits"""
+# A column is added last (version 15 added partial_hits), where a store's ALTER puts it: a time range's cut minutes
+# are read beside the stored ones by UNION ALL, column by column.
 
 # How two rows of one minute and dimensions combine into one (derived/incremental.py adds a batch's rows to a
 # minute's this way): every measure above, by the aggregate that merges it.
-MINUTE_MERGE = {"requests": "sum", "contaminated": "sum", "first_sight": "sum", "violations": "sum",
-                "first_ts": "min", "last_ts": "max", "first_contaminated": "min", "last_contaminated": "max",
+MINUTE_MERGE = {"requests": "sum", "contaminated": "sum", "first_sight": "sum", "partial_hits": "sum",
+                "violations": "sum", "first_ts": "min", "last_ts": "max", "first_contaminated": "min", "last_contaminated": "max",
                 "decoded_requests": "sum", "draft_tokens": "sum", "accepted_tokens": "sum", "steps": "sum",
                 "logged_draft_tokens": "sum", "logged_accepted_tokens": "sum",
                 **{f"{what}_{f}": "sum" for f in GAP_FIELDS for what in ("unknown", "set")}}
@@ -125,7 +130,7 @@ def pairs_sql(where: str = "TRUE") -> str:
     return f"""SELECT {deployment_label('r')} AS deployment, r.cache_key, r.fingerprint,
        any_value(r.target_model) AS target_model, any_value({draft_label()}) AS draft_model,
        count(*) AS requests, count(*) FILTER (WHERE r.cache_hit) AS hits,
-       count(*) FILTER (WHERE h.first_sight) AS first_sight,
+       count(*) FILTER (WHERE h.first_sight) AS first_sight, count(*) FILTER (WHERE {PARTIAL_HIT}) AS partial_hits,
        min(r.ts) AS first_seen, max(r.ts) AS last_seen
 FROM requests r LEFT JOIN hit_sources h USING (request_id) WHERE {where} GROUP BY 1, 2, 3"""
 
@@ -282,7 +287,7 @@ WITH pairs AS ({pairs_sql()}), keys AS (
 ), fps AS (
     SELECT fingerprint, row_number() OVER () AS fp_id FROM (SELECT DISTINCT fingerprint FROM pairs)
 )
-SELECT pairs.*, keys.key_id, fps.fp_id
+SELECT pairs.* EXCLUDE (partial_hits), keys.key_id, fps.fp_id, pairs.partial_hits  -- added last, as in MINUTE_MEASURES
 FROM pairs JOIN keys USING (deployment, cache_key) JOIN fps USING (fingerprint);
 
 CREATE OR REPLACE TABLE summary_shared_keys AS {shared_keys_sql()};
@@ -300,36 +305,6 @@ CREATE OR REPLACE TABLE summary_request_outputs AS {request_outputs_sql()} ORDER
 {OUTPUTS_COMPACTED_SQL};
 {VERSION_SQL};
 """
-
-
-# From a stored summary version, what makes the next: a table added is built alone, not every verdict and summary
-# of the store again (a full rebuild of a 20M-row lake outgrew its writer's 1 GB).
-# 13: the stored partitions (store.sql.deployment_partition), NUL for no deployment then and each name as it is,
-# rewritten whole: a filter naming NUL would reach a lake's catalog query.
-UPGRADES = {"12": VIOLATIONS_BUILD_SQL, "14": aliases.BUILD_SQL,
-            "13": "; ".join(f"UPDATE {table} SET dep = {partition_of('CASE WHEN dep <> chr(0) THEN dep END')}"
-                            for table in ("identity_first_seen", "key_last_miss"))}
-
-
-def upgrade_summaries(con: duckdb.DuckDBPyConnection) -> bool:
-    """Bring summaries of an older version up to this one by UPGRADES' steps, within a write. False where there is
-    no such path (a version before the first step, or hashes another DuckDB computed): they are rebuilt whole."""
-    rows = con.execute(f"SELECT value, {HASH_NAME_SQL} FROM meta WHERE key = 'summary_version'").fetchall()
-    if not rows:
-        return False
-    major, _, hashed = str(rows[0][0]).partition(".")
-    if hashed != rows[0][1] or major == SUMMARY_VERSION:
-        return False
-    steps = []
-    while major != SUMMARY_VERSION:
-        if major not in UPGRADES:
-            return False
-        steps.append(UPGRADES[major])
-        major = str(int(major) + 1)
-    for step in steps:
-        con.execute(step)
-    con.execute(VERSION_SQL)
-    return True
 
 
 def build_summaries(con: duckdb.DuckDBPyConnection) -> None:

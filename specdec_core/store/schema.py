@@ -216,7 +216,8 @@ def is_specdec_store(con: duckdb.DuckDBPyConnection, tables: dict[str, set[str]]
 # 11: summary_audience and summary_impact_hits (consumer and experiment).
 # 12: summary_minute's logging-gap counts (unknown_<field>, set_<field>).
 # 13: summary_violations. 14: chr(1), not NUL, the stored partition (dep) of requests that log no deployment.
-# 15: identity_aliases (derived/aliases.py).
+# 15: identity_aliases (derived/aliases.py); partial_hits in summary_minute and summary_keys
+# (derived/upgrades.py).
 SUMMARY_VERSION = "15"
 
 # A store's rows of summary_request_keys hold hashes that the DuckDB which wrote them computed, and DuckDB does not

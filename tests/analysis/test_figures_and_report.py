@@ -294,6 +294,10 @@ def test_a_hit_that_logs_no_sampling_parameters_counts_as_another_identity_only_
     assert (head.unique_identities, head.key_collisions) == (1, 0)
     assert flags["identical_outputs"].numbers["shared_outputs"] == 0
     assert flags["hit_rate_too_good"].flagged is False and flags["few_keys"].flagged is False
+    # Whether the hit was its identity's first sight can't be told: not counted as served before either.
+    assert analysis.key_ratio_by_deployment(store).partial_hits.tolist() == [1]
+    assert "whether its 1 hit served identities never served before can't be told" in (
+        flags["hit_rate_too_good"].evidence)
     later = [rec("h2", ts=at(2), cache_key="K", cache_hit=True, output_text="answer", draft_model="other", **unknown)]
     ingest(store, [str(write_jsonl(tmp_path / "later.jsonl", later))])
     head, flags = analysis.headline(store), {f.id: f for f in analysis.red_flags(store)}

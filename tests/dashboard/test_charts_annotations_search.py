@@ -57,6 +57,17 @@ def test_output_length_keeps_hits_of_unknown_max_tokens_in_a_box_of_their_own(mo
     assert limits[-3:] == [None, None, None] and any(y is not None for y in limits)
 
 
+def test_hits_whose_first_sight_cant_be_told_are_a_bar_of_their_own(monkeypatch, tmp_path):
+    """LiteLLM's hits log no sampling parameters: they were drawn as hits on an identity served before."""
+    db = tmp_path / "litellm.duckdb"
+    ingest(Store(db), [str(ROOT / "tests" / "fixtures" / "formats" / "litellm_payloads.jsonl")], log_format="litellm")
+    bars = {t["name"].split("<br>")[0]: dict(zip(t["y"], t["x"], strict=True))
+            for t in figure(open_app(monkeypatch, db, "cache"), "first_sight_hits")["data"]}
+    hits = dict(zip(*analysis.key_ratio_by_deployment(Store(db))[["deployment", "hits"]].T.values, strict=True))
+    assert bars["hits whose log left identity fields unknown"] == hits and sum(hits.values()) == 17
+    assert set(bars["hits on an identity served before"].values()) == {0}
+
+
 def test_hit_rate_over_time_is_split_by_deployment_and_smoothed(monkeypatch, incident_db):
     at = open_app(monkeypatch, incident_db, "cache")
     spec = figure(at, "hit_rate_over_time")

@@ -297,6 +297,22 @@ def test_the_partitions_version_13_wrote_with_nul_are_rewritten(store, tmp_path)
     assert contents(str(old.path)) == contents(str(store.path))
 
 
+def test_version_14_gets_its_partial_hits_and_aliases_alone(store, tmp_path):
+    """Version 14 had no identity_aliases and no partial_hits: migrate adds them, judges no hit again (a hand's
+    change to a verdict stays), and the store then holds what this version builds."""
+    old = _copy(store, tmp_path / "v14.duckdb")
+    _tamper(old, "UPDATE meta SET value = '14.' || split_part(value, '.', 2) WHERE key = 'summary_version'",
+            "DROP TABLE identity_aliases",
+            *(f"ALTER TABLE {t} DROP COLUMN partial_hits" for t in ("summary_minute", "summary_keys", "summary_shared_keys")),
+            "UPDATE hit_sources SET differing_fields = 'marked' WHERE request_id = 'x2'")
+    assert migrate(old)[-1] == f"brought the summaries up to version {SUMMARY_VERSION}"
+    migrated, fresh = contents(str(old.path)), contents(str(store.path))
+    assert ("x2", "marked") in {(r[0], r[4]) for r in migrated.pop("hit_sources")}
+    fresh.pop("hit_sources")
+    assert migrated == fresh
+    assert len(fresh["identity_aliases"]) == 3  # x13 stands for x14 and x16, x8 (knowing seed) for x7
+
+
 def test_a_later_ingest_rebuilds_the_summaries(tmp_path):
     s = Store(tmp_path / "two.duckdb")
     ingest(s, [str(write_jsonl(tmp_path / "a.jsonl", [rec("m1", ts="2026-03-01T10:00:00Z", cache_key="K")]))])
