@@ -46,7 +46,9 @@ figure.update_layout(xaxis={"title": "max_tokens", "tickmode": "array", "tickval
                      yaxis_title="output tokens")
 event = st.plotly_chart(ui.readable_layout(figure), key="output_length_by_max_tokens", config=ui.CHART_CONFIG, on_select="rerun",
                         selection_mode="points")
-ui.table(boxes)
+# A column of one type (Arrow's): as text where one max_tokens is unknown.
+ui.table(boxes.assign(max_tokens=["unknown" if pd.isna(m) else str(m) for m in boxes.max_tokens])
+         if boxes.max_tokens.isna().any() else boxes)
 
 st.subheader("Length violations")
 if not count:

@@ -87,6 +87,20 @@ def _display(value: Any, name: str, time: bool) -> str:
     return str(value)
 
 
+def unknown_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with each cell its row's `unknown_fields` names reading "unknown" (a LiteLLM hit's temperature):
+    left empty it read as a value never sent (Streamlit draws a missing cell as "None"). The list itself goes."""
+    if "unknown_fields" not in frame.columns:
+        return frame
+    shown = frame.drop(columns="unknown_fields")
+    for name in shown.columns:
+        marked = [name in list(u) for u in frame["unknown_fields"]]
+        if any(marked):  # as text, the values as a styled table writes them: one type, as Arrow wants a column
+            shown[name] = ["unknown" if m else _display(v, name, False)
+                           for m, v in zip(marked, shown[name], strict=True)]
+    return shown
+
+
 def table(frame: pd.DataFrame, *, highlight: Sequence[str] = (), column_config: dict[str, Any] | None = None,
           **kwargs: Any) -> Any:
     """st.dataframe with the shared headers and formats (`column_config` overrides a column's), without the

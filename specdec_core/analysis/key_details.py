@@ -25,6 +25,10 @@ def key_prompts(store: Store, deployment: str, cache_key: str, filters: Filters 
 
 
 def differing_identity_columns(identities: pd.DataFrame) -> list[str]:
-    """The identity fields (columns of `key_collision_identities`) whose values differ between the rows."""
+    """The identity fields (columns of `key_collision_identities`) whose values differ between the rows: a value
+    the row's log left unknown (`unknown_fields`) is never compared."""
     names = [f.name for f in contract.FIELDS if f.identity and f.name in identities.columns]
-    return [n for n in names if identities[n].astype(str).nunique(dropna=False) > 1]
+    unknown = identities["unknown_fields"] if "unknown_fields" in identities else pd.Series([[]] * len(identities))
+    known = [[n not in list(u) for u in unknown] for n in names]
+    return [n for n, rows in zip(names, known, strict=True)
+            if identities[n][rows].astype(str).nunique(dropna=False) > 1]

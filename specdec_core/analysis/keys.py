@@ -66,17 +66,20 @@ def key_collisions(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_
 
 
 def key_collision_identities_sql(where: str) -> str:
+    """Each identity behind one key, a request whose log left fields unknown counted as the identity that stands
+    for it (derived/aliases.py); the fields are the identity's as stored (canonical), `unknown_fields` those its
+    log left unknown (a partial identity no other stands for: a hit that differs in a field both know)."""
     return f"""
-SELECT r.fingerprint, arg_min(r.request_id, (r.ts, r.request_id)) AS first_request_id, count(*) AS requests,
-       count(*) FILTER (WHERE r.cache_hit) AS hits,
-       min(r.ts) AS first_seen, max(r.ts) AS last_seen, any_value(r.target_model) AS target_model,
-       any_value(coalesce(nullif(r.draft_model, 'none'), 'none')) AS draft_model,
-       any_value(r.temperature) AS temperature, any_value(r.max_tokens) AS max_tokens,
-       any_value(r.seed)::VARCHAR AS seed, any_value(r.tokenizer_version) AS tokenizer_version,
-       any_value(i.identity)::VARCHAR AS identity
-FROM requests r JOIN identities i USING (fingerprint)
-WHERE {where} AND {deployment_label()} = $deployment AND r.cache_key = $cache_key
-GROUP BY r.fingerprint ORDER BY first_seen
+WITH g AS (
+    SELECT r.fingerprint, arg_min(r.request_id, (r.ts, r.request_id)) AS first_request_id, count(*) AS requests,
+           count(*) FILTER (WHERE r.cache_hit) AS hits, min(r.ts) AS first_seen, max(r.ts) AS last_seen
+    FROM {resolved_rows()} r
+    WHERE {where} AND {deployment_label()} = $deployment AND r.cache_key = $cache_key GROUP BY 1
+)
+SELECT g.*, i.target_model, coalesce(i.draft_model, 'none') AS draft_model, i.temperature, i.max_tokens,
+       i.seed::VARCHAR AS seed, i.tokenizer_version, i.identity::VARCHAR AS identity,
+       coalesce(i.unknown, []) AS unknown_fields
+FROM g JOIN identities i USING (fingerprint) ORDER BY first_seen, fingerprint
 """
 
 

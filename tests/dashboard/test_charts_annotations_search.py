@@ -39,11 +39,18 @@ def test_output_length_draws_the_limit_as_a_line_and_violations_as_points(monkey
     assert round(points["x"][0]) == 0, "r4's point sits on its own max_tokens (2), the first box"
 
 
-def test_output_length_keeps_hits_of_unknown_max_tokens_in_a_box_of_their_own(monkeypatch, tmp_path):
+@pytest.fixture(scope="module")
+def litellm_db(tmp_path_factory):
+    """LiteLLM's payloads (tests/fixtures/formats): every hit logs no sampling parameters and no max_tokens."""
+    db = tmp_path_factory.mktemp("litellm") / "litellm.duckdb"
+    ingest(Store(db), [str(ROOT / "tests" / "fixtures" / "formats" / "litellm_payloads.jsonl")], log_format="litellm")
+    return db
+
+
+def test_output_length_keeps_hits_of_unknown_max_tokens_in_a_box_of_their_own(monkeypatch, litellm_db):
     """LiteLLM logs no max_tokens on a hit: those hits are one box, "unknown", without a limit line; before, the
     summaries' histogram put them in the box of the largest max_tokens."""
-    db = tmp_path / "unknown.duckdb"
-    ingest(Store(db), [str(ROOT / "tests" / "fixtures" / "formats" / "litellm_payloads.jsonl")], log_format="litellm")
+    db = litellm_db
     at = open_app(monkeypatch, db, "output_length")
     spec = figure(at, "output_length_by_max_tokens")
     ticks = spec["layout"]["xaxis"]["ticktext"]
@@ -55,17 +62,28 @@ def test_output_length_keeps_hits_of_unknown_max_tokens_in_a_box_of_their_own(mo
     assert by_tick["unknown"] == unknown_median
     limits = {t["name"]: t for t in spec["data"]}["max_tokens (the limit)"]["y"]
     assert limits[-3:] == [None, None, None] and any(y is not None for y in limits)
+    assert list(at.dataframe[0].value.max_tokens)[-1] == "unknown"
 
 
-def test_hits_whose_first_sight_cant_be_told_are_a_bar_of_their_own(monkeypatch, tmp_path):
+def test_hits_whose_first_sight_cant_be_told_are_a_bar_of_their_own(monkeypatch, litellm_db):
     """LiteLLM's hits log no sampling parameters: they were drawn as hits on an identity served before."""
-    db = tmp_path / "litellm.duckdb"
-    ingest(Store(db), [str(ROOT / "tests" / "fixtures" / "formats" / "litellm_payloads.jsonl")], log_format="litellm")
+    db = litellm_db
     bars = {t["name"].split("<br>")[0]: dict(zip(t["y"], t["x"], strict=True))
             for t in figure(open_app(monkeypatch, db, "cache"), "first_sight_hits")["data"]}
     hits = dict(zip(*analysis.key_ratio_by_deployment(Store(db))[["deployment", "hits"]].T.values, strict=True))
     assert bars["hits whose log left identity fields unknown"] == hits and sum(hits.values()) == 17
     assert set(bars["hits on an identity served before"].values()) == {0}
+
+
+def test_the_identities_behind_a_key_say_unknown_where_the_log_did_not_say(monkeypatch, litellm_db):
+    """A hit that differs from its key's miss in a field both know is another identity; its temperature and
+    max_tokens were not logged, and read "unknown", never compared (an empty cell read as a value not sent)."""
+    at = open_app(monkeypatch, litellm_db, "keys")
+    collisions, identities = (d.value for d in at.dataframe[:2])
+    assert len(identities) == collisions.identities.iloc[0] == 4
+    assert sorted(identities.temperature.astype(str)) == ["0", "unknown", "unknown", "unknown"]
+    assert "temperature" not in identities.columns[:3] and "unknown_fields" not in identities.columns
+    assert any("differ between them" in t and "`draft_model`" in t and "temperature" not in t for t in texts(at, "markdown"))
 
 
 def test_hit_rate_over_time_is_split_by_deployment_and_smoothed(monkeypatch, incident_db):

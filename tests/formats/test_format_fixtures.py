@@ -256,3 +256,16 @@ def test_a_clean_litellm_hit_is_its_sources_identity_not_another_one(loaded):
         assert keys == {dep: (sum(d == dep for d, _ in counted),
                               sum(len(fps) > 1 for (d, _), fps in per_key.items() if d == dep)) for dep in keys}
         assert sum(ids for ids, _ in keys.values()) == len(counted)
+
+
+def test_a_keys_identities_are_listed_as_counted_and_unknown_fields_are_never_compared(loaded):
+    """The Keys page's table behind one key: a clean LiteLLM hit is its miss's row, not one of its own, and the hits'
+    temperature and max_tokens (unknown) are never the fields that differ."""
+    _, db = loaded("litellm_payloads.jsonl", "--format", "litellm")
+    collisions = analysis.key_collisions(Store(db))
+    assert len(collisions) == 4
+    for key in collisions.itertuples():
+        rows = analysis.key_collision_identities(Store(db), key.deployment, key.cache_key)
+        assert len(rows) == key.identities and rows.requests.sum() == key.requests
+        differing = analysis.differing_identity_columns(rows)
+        assert differing and not {"temperature", "max_tokens", "seed"} & set(differing), (key.cache_key, differing)
