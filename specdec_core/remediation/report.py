@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from specdec_core.analysis.fix_status import SchemeChangeHits, scheme_change_hits
+from specdec_core.analysis.gaps import LoggingGap, logging_gaps
 from specdec_core.analysis.impact import (
     ExperimentImpact,
     Impact,
@@ -82,6 +83,7 @@ class IncidentReport:
     purges: tuple[PurgeRecord, ...]
     fixes: tuple[SchemeChangeHits, ...]
     plan: PlanCounts
+    gaps: tuple[LoggingGap, ...]  # identity fields the logs leave unknown or never set, as `specdec stats` says
     guard: dict[str, int]
     mismatch_counts: dict[str, int]
     mismatches: pd.DataFrame  # the report's first APPENDIX_ROWS rows
@@ -169,7 +171,7 @@ def incident_report(store: Store, external_url: str | None = None) -> IncidentRe
         left_out=_left_out(store), consumers=impact(store, "consumer"), deployments=impact(store, "deployment"),
         experiments=experiment_impact(store), over_time=wrong_outputs_over_time(store), replays=replays,
         purges=tuple(purge_log(store)), fixes=tuple(scheme_change_hits(store, changes=list(changes))),
-        plan=plan_counts(purge_plan(store)),
+        plan=plan_counts(purge_plan(store)), gaps=tuple(logging_gaps(store)),
         guard=_guard(store), mismatch_counts=report_counts(store),
         mismatches=mismatch_report(store, limit=APPENDIX_ROWS),
         external_url=external_url,
@@ -211,6 +213,11 @@ def summary_lines(r: IncidentReport) -> list[str]:
     if r.first_contaminated:
         lines.append(f"Contaminated hits from {_when(r.first_contaminated)} to {_when(r.last_contaminated)}, "
                      f"in {', '.join(d.value or '(none)' for d in r.deployments if d.contaminated_hits)}.")
+    unseen = [g for g in r.gaps if g.unknown_hits]
+    if unseen:  # LiteLLM's hits: contamination through those fields is not in these counts
+        lines.append("A floor, not a count: the logs leave identity fields unknown on cache hits, and contamination "
+                     "through them cannot be seen: " + "; ".join(f"`{g.field}` on {_n(g.unknown_hits)} of "
+                                                                   f"{_n(g.hits)} hits" for g in unseen) + ".")
     lines.append(f"{len(affected)} of {len(r.consumers)} consumers received wrong outputs; "
                  f"{len(arms)} experiment arms received contaminated hits.")
     if r.fixes:

@@ -269,3 +269,16 @@ def test_a_keys_identities_are_listed_as_counted_and_unknown_fields_are_never_co
         assert len(rows) == key.identities and rows.requests.sum() == key.requests
         differing = analysis.differing_identity_columns(rows)
         assert differing and not {"temperature", "max_tokens", "seed"} & set(differing), (key.cache_key, differing)
+
+
+def test_the_incident_report_says_its_counts_are_a_floor_where_hits_leave_fields_unknown(loaded, tmp_path):
+    """Contamination through a field a hit did not log can't be seen: the postmortem says so, as stats does."""
+    truth = TRUTH["litellm_payloads.jsonl"]
+    _, db = loaded("litellm_payloads.jsonl", "--format", "litellm")
+    done = run_cli("incident-report", "--db", str(db), "--out", str(tmp_path / "incident.md"))
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "incident.md").read_text()
+    [line] = [line for line in text.splitlines() if line.startswith("- A floor, not a count")]
+    hits = truth["unknown_on_hits"]["hits"]
+    for field, n in truth["unknown_on_hits"]["fields"].items():
+        assert f"`{field}` on {n} of {hits} hits" in line
