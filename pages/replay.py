@@ -33,7 +33,7 @@ MEANING = {
 
 
 def show_record(record: analysis.RequestRecord) -> None:
-    logged = [(f, record.fields.get(f)) for f in contract.FIELD_NAMES if f not in ui.SHOWN_APART]
+    logged = [(f, record.shown(f)) for f in contract.FIELD_NAMES if f not in ui.SHOWN_APART]
     logged += [("source_request_id", record.source_request_id), ("differing_fields", record.differing_fields)]
     left, right = st.columns(2)
     with left:

@@ -48,12 +48,12 @@ if detail.contaminated:
 fields = [f for f in contract.FIELD_NAMES if f not in ui.SHOWN_APART]
 if source is not None:
     rows = pd.DataFrame({"field": fields,
-                         "this request": [ui.value_text(record.fields.get(f)) for f in fields],
-                         f"source {source.request_id}": [ui.value_text(source.fields.get(f)) for f in fields]})
+                         "this request": [ui.value_text(record.shown(f)) for f in fields],
+                         f"source {source.request_id}": [ui.value_text(source.shown(f)) for f in fields]})
     st.markdown("**This request and its source, side by side** (the identity fields that differ highlighted)")
     ui.side_by_side(rows, marked=[n for n, f in enumerate(fields) if f in detail.differing], key="request_fields")
 else:
-    rows = pd.DataFrame({"field": fields, "value": [ui.value_text(record.fields.get(f)) for f in fields]})
+    rows = pd.DataFrame({"field": fields, "value": [ui.value_text(record.shown(f)) for f in fields]})
     st.markdown("**Logged request**")
     ui.side_by_side(rows, marked=[], key="request_fields")
 

@@ -16,6 +16,7 @@ class LengthCheck:
 
     output_tokens: int | None
     max_tokens: int | None
+    max_tokens_unknown: bool = False  # the log marks it unknown (a LiteLLM hit), not absent
 
     @property
     def known(self) -> bool:
@@ -27,6 +28,9 @@ class LengthCheck:
 
     @property
     def sentence(self) -> str:
+        if self.max_tokens_unknown:
+            return ("Not checked: the log leaves this request's max_tokens unknown (LiteLLM logs no sampling "
+                    "parameters on a cache hit).")
         if not self.known:
             return "Not checked: the log has no output_tokens or no max_tokens for this request."
         if self.fits:
@@ -56,7 +60,8 @@ def request_detail(store: Store, request_id: str) -> RequestDetail | None:
     if record.contaminated and record.source_request_id:
         source = request_record(store, record.source_request_id)
     differing = stored_differences(record) if source is not None else ()
-    length = LengthCheck(record.fields.get("output_tokens"), record.fields.get("max_tokens"))
+    length = LengthCheck(record.fields.get("output_tokens"), record.fields.get("max_tokens"),
+                         "max_tokens" in record.unknown_fields)
     return RequestDetail(record=record, source=source, differing=differing, length=length)
 
 

@@ -43,6 +43,15 @@ class RequestRecord:
     def output_text(self) -> str:
         return self.fields["output_text"]
 
+    @property
+    def unknown_fields(self) -> tuple[str, ...]:
+        """The fields the log marks unknown for this request (not null: a LiteLLM hit's temperature)."""
+        return tuple(self.stored.get("unknown_fields") or ())
+
+    def shown(self, name: str) -> Any:
+        """A field as a page shows it: its value, or "unknown" where the log marks it so."""
+        return "unknown" if name in self.unknown_fields else self.fields.get(name)
+
     def as_log_record(self) -> dict[str, Any]:
         """The flat record replay reads: the contract's fields, the store's columns and the hit's source."""
         return {**self.fields, **self.stored, "source_request_id": self.source_request_id,

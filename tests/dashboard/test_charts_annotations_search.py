@@ -86,6 +86,20 @@ def test_the_identities_behind_a_key_say_unknown_where_the_log_did_not_say(monke
     assert any("differ between them" in t and "`draft_model`" in t and "temperature" not in t for t in texts(at, "markdown"))
 
 
+def test_a_hits_page_says_which_fields_its_log_left_unknown(monkeypatch, litellm_db):
+    """Beside its source, a LiteLLM hit's temperature and max_tokens read "unknown", not empty (a value not sent),
+    and its length check says why it can't be made."""
+    with Store(litellm_db).read() as con:
+        hit, source = con.execute("SELECT request_id, source_request_id FROM hit_sources WHERE contaminated "
+                                  "ORDER BY request_id LIMIT 1").fetchone()
+    at = open_app(monkeypatch, litellm_db, "request", request_id=hit)
+    table = at.dataframe[0].value.set_index("field")
+    assert table.loc["temperature", "this request"] == table.loc["max_tokens", "this request"] == "unknown"
+    assert table.loc["max_tokens", f"source {source}"] not in ("", "unknown")
+    assert table.loc["draft_model", "this request"] != "unknown"
+    assert any("leaves this request's max_tokens unknown" in markdown_unescape(i.value) for i in at.info)
+
+
 def test_hit_rate_over_time_is_split_by_deployment_and_smoothed(monkeypatch, incident_db):
     at = open_app(monkeypatch, incident_db, "cache")
     spec = figure(at, "hit_rate_over_time")
