@@ -62,11 +62,17 @@ def stands_for(a: str, b: str) -> str:
 def aliases_sql(keys: str = "TRUE") -> str:
     """The aliases of the keys `keys` picks (a condition over summary_keys `c`)."""
     return f"""
-WITH k AS (SELECT c.deployment, c.cache_key, c.key_id, c.fp_id, c.fingerprint FROM summary_keys c WHERE {keys}),
+-- Only the keys that hold a partial identity are read whole: most stores have none (a 1M-row store's 168,815 pairs
+-- joined with their identities first took 0.1-0.16 s of each full build for nothing).
+WITH partial_keys AS (
+    SELECT DISTINCT c.key_id FROM summary_keys c
+    WHERE {keys} AND c.fingerprint IN (SELECT fingerprint FROM identities WHERE unknown IS NOT NULL)
+),
+k AS (SELECT c.deployment, c.cache_key, c.key_id, c.fp_id, c.fingerprint FROM summary_keys c
+      WHERE {keys} AND c.key_id IN (SELECT key_id FROM partial_keys)),
 i AS (SELECT i.fingerprint, {identity_columns()} FROM identities i WHERE i.fingerprint IN (SELECT fingerprint FROM k)),
-fields AS (SELECT * FROM k JOIN i USING (fingerprint)),
-partial AS (SELECT * FROM fields WHERE unknown_bits <> 0),
-candidates AS (SELECT * FROM fields WHERE key_id IN (SELECT key_id FROM partial)),
+candidates AS (SELECT * FROM k JOIN i USING (fingerprint)),
+partial AS (SELECT * FROM candidates WHERE unknown_bits <> 0),
 found AS (
     SELECT a.deployment, a.cache_key, a.key_id, a.fp_id, a.fingerprint,
            arg_min(struct_pack(fingerprint := b.fingerprint, fp_id := b.fp_id), (bit_count(b.unknown_bits), b.fingerprint)) AS m
