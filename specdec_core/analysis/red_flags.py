@@ -22,7 +22,7 @@ from specdec_core.analysis.query import (
 )
 from specdec_core.analysis.status import plural
 from specdec_core.derived import summaries as summary
-from specdec_core.derived.aliases import identity_columns, stands_for
+from specdec_core.derived.aliases import PROMPT_BIT, identity_columns, stands_for
 from specdec_core.derived.summaries import output_identity_columns
 from specdec_core.store.connection import Store
 
@@ -55,9 +55,15 @@ def shared_outputs_sql(pairs: str) -> str:
 WITH f AS ({pairs}), g AS (
     SELECT f.out_hash, f.fingerprint, f.hits, {identity_columns()} FROM f JOIN identities i USING (fingerprint)
 ), stood_for AS (
-    -- An inner join: as a semi join on these conditions, DuckDB compared every pair of rows.
-    SELECT DISTINCT a.out_hash, a.fingerprint FROM (SELECT * FROM g WHERE unknown_bits <> 0) a
-    JOIN g b ON a.out_hash = b.out_hash WHERE {stands_for('a', 'b')}
+    -- An inner join: as a semi join on these conditions, DuckDB compared every pair of rows. One that stands for a
+    -- partial identity knows its prompt and target where it does, equal: joined on those too, an output many
+    -- identities share ("", "Yes") is not compared pair by pair.
+    SELECT a.out_hash, a.fingerprint FROM (SELECT * FROM g WHERE unknown_bits <> 0 AND unknown_bits & {PROMPT_BIT} = 0) a
+    JOIN g b ON a.out_hash = b.out_hash AND a.target_model = b.target_model AND a.prompt = b.prompt
+    WHERE {stands_for('a', 'b')}
+    UNION
+    SELECT a.out_hash, a.fingerprint FROM (SELECT * FROM g WHERE unknown_bits & {PROMPT_BIT} <> 0) a
+    JOIN g b ON a.out_hash = b.out_hash AND a.target_model = b.target_model WHERE {stands_for('a', 'b')}
 ), o AS (
     -- Greedy speculative decoding is lossless: identities that differ only in their draft share outputs
     -- legitimately, so the draft fields count only for sampled requests.

@@ -179,7 +179,7 @@ def utc_end(text: str) -> datetime:
     """--end: a time as utc_time reads it; a date alone is through the end of that day (its last microsecond, the
     end being inclusive), not its first instant: `--start 2026-11-20 --end 2026-11-20` is that day."""
     ts = utc_time(text)
-    if len(text.strip()) == 10:  # YYYY-MM-DD: fromisoformat takes no other 10-character form
+    if not any(c in text.strip() for c in "T: "):  # a date alone, in any form fromisoformat reads (20261120 too)
         ts += timedelta(days=1, microseconds=-1)
     return ts
 

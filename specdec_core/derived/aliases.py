@@ -37,11 +37,18 @@ def _bits() -> list[tuple[contract.Field, int]]:
     return [(f, 1 << n) for n, f in enumerate(f for f in contract.FIELDS if f.identity)]
 
 
+PROMPT_BIT = dict((f.name, bit) for f, bit in _bits())["prompt"]
+
+
 def identity_columns(alias: str = "i") -> str:
     """The columns of `identities` the rule reads, the unknown fields as the bits of an integer (`unknown_bits`, 0
     where every field is known): a pair's test is then integer arithmetic, not a list lookup per field (a million
     LiteLLM requests' outputs: 0.8 s with lists)."""
-    bits = " + ".join(f"CASE WHEN list_contains({alias}.unknown, '{f.name}') THEN {bit} ELSE 0 END" for f, bit in _bits())
+    # A greedy identity leaves its sampling-only fields out whether the log knew them or not: unknown there says
+    # nothing (and which of two such logs' lists the identity row kept would decide the rule).
+    bits = " + ".join(f"CASE WHEN list_contains({alias}.unknown, '{f.name}')"
+                      + (f" AND NOT {alias}.greedy" if f.sampling_only else "") + f" THEN {bit} ELSE 0 END"
+                      for f, bit in _bits())
     fields = ", ".join(f"{alias}.{f.name}" for f, _ in _bits())
     return f"{alias}.greedy, ({bits})::BIGINT AS unknown_bits, {fields}"
 
@@ -76,7 +83,10 @@ partial AS (SELECT * FROM candidates WHERE unknown_bits <> 0),
 found AS (
     SELECT a.deployment, a.cache_key, a.key_id, a.fp_id, a.fingerprint,
            arg_min(struct_pack(fingerprint := b.fingerprint, fp_id := b.fp_id), (bit_count(b.unknown_bits), b.fingerprint)) AS m
-    FROM partial a JOIN candidates b ON a.key_id = b.key_id AND {stands_for('a', 'b')}
+    -- One that stands for a partial identity knows its target, equal: a join on it too (a key's identities mostly
+    -- share their prompt, a key of the prompt alone all of them).
+    FROM partial a JOIN candidates b ON a.key_id = b.key_id AND a.target_model = b.target_model
+    WHERE {stands_for('a', 'b')}
     GROUP BY ALL
 )
 SELECT deployment, cache_key, key_id, fp_id, fingerprint, m.fingerprint AS alias, m.fp_id AS alias_fp_id,

@@ -307,3 +307,17 @@ def test_a_hit_that_logs_no_sampling_parameters_counts_as_another_identity_only_
     assert "llama-8b / other / T unknown: 1 of 1" in flags["biased_experiments"].evidence
     window = Filters(start=instant(at(0)), end=instant(at(1)))
     assert {f.id: f for f in analysis.red_flags(store, window)}["identical_outputs"].numbers["shared_outputs"] == 0
+
+
+def test_whether_a_hit_is_another_identity_does_not_hang_on_which_greedy_log_came_first(tmp_path):
+    """A greedy identity leaves its seed out: one miss that logged the seed unknown and one that logged it share the
+    identity, and the hit both stand for is not another identity, whichever file was read first."""
+    m1 = rec("m1", ts=at(0), cache_key="K", seed=DROP, __unknown__=["seed"])
+    m2 = rec("m2", ts=at(1), cache_key="K", seed=7)
+    h = rec("h", ts=at(2), cache_key="K", cache_hit=True, seed=7, temperature=DROP, __unknown__=["temperature"])
+    for name, batches in (("unknown-first", ([m1], [m2, h])), ("known-first", ([m2], [m1, h]))):
+        store = Store(tmp_path / f"{name}.duckdb")
+        for n, batch in enumerate(batches):
+            ingest(store, [str(write_jsonl(tmp_path / f"{name}-{n}.jsonl", batch))])
+        head = analysis.headline(store)
+        assert (head.unique_identities, head.key_collisions) == (1, 0), name

@@ -48,6 +48,7 @@ def test_an_end_given_as_a_date_alone_runs_through_that_day(tmp_path):
     assert requests("--start", "2026-03-01", "--end", "2026-03-01") == 2
     assert requests("--end", "2026-03-01T00:00:00Z") == 1
     assert requests("--start", "2026-03-02", "--end", "2026-03-02") == 1
+    assert requests("--start", "20260301", "--end", "20260301") == 2  # the basic form too
 
 
 def test_a_bad_time_is_one_line_naming_it(tmp_path):
