@@ -24,13 +24,15 @@ from specdec_core.store.sql import deployment_label
 TABLE = "identity_aliases"
 
 
-def field_differs(f: contract.Field, a: str = "a", b: str = "b") -> str:
-    """SQL: whether identities `a` and `b` (rows of `identities`) differ in `f`. A field left out of either
-    identity (greedy, for a sampling-only field) or unknown in either is not compared."""
+def field_differs(f: contract.Field, a: str = "a", b: str = "b", bit: int | None = None) -> str:
+    """SQL: whether identities `a` and `b` differ in `f`. A field left out of either identity (greedy, for a
+    sampling-only field) or unknown in either is not compared. Rows of `identities` (their `unknown` lists); with
+    `bit`, relations with identity_columns() (their `unknown_bits`)."""
     guard = f"NOT ({a}.greedy OR {b}.greedy) AND " if f.sampling_only else ""
     known = (f"NOT coalesce(list_contains({a}.unknown, '{f.name}'), false) "
-             f"AND NOT coalesce(list_contains({b}.unknown, '{f.name}'), false) AND ")
-    return f"{guard}{known}{a}.{f.name} IS DISTINCT FROM {b}.{f.name}"
+             f"AND NOT coalesce(list_contains({b}.unknown, '{f.name}'), false)" if bit is None
+             else f"(({a}.unknown_bits | {b}.unknown_bits) & {bit}) = 0")
+    return f"{guard}{known} AND {a}.{f.name} IS DISTINCT FROM {b}.{f.name}"
 
 
 def _bits() -> list[tuple[contract.Field, int]]:
@@ -56,14 +58,10 @@ def identity_columns(alias: str = "i") -> str:
 def stands_for(a: str, b: str) -> str:
     """SQL: whether identity `b` stands for the partial identity `a` (relations with identity_columns()): `b` knows
     every field `a` knows and more, and no field known to both differs (field_differs' rule)."""
-    differs = []
-    for f, bit in _bits():
-        guard = f"NOT ({a}.greedy OR {b}.greedy) AND " if f.sampling_only else ""
-        differs.append(f"NOT ({guard}(({a}.unknown_bits | {b}.unknown_bits) & {bit}) = 0 "
-                       f"AND {a}.{f.name} IS DISTINCT FROM {b}.{f.name})")
+    agree = " AND ".join(f"NOT ({field_differs(f, a, b, bit)})" for f, bit in _bits())
     # Equal masks compare with `<>`, not `<`: a comparison of the two sides' sizes became a range join's condition.
     return (f"({a}.unknown_bits & {b}.unknown_bits) = {b}.unknown_bits AND {a}.unknown_bits <> {b}.unknown_bits AND "
-            + " AND ".join(differs))
+            + agree)
 
 
 def aliases_sql(keys: str = "TRUE") -> str:
@@ -82,7 +80,8 @@ candidates AS (SELECT * FROM k JOIN i USING (fingerprint)),
 partial AS (SELECT * FROM candidates WHERE unknown_bits <> 0),
 found AS (
     SELECT a.deployment, a.cache_key, a.key_id, a.fp_id, a.fingerprint,
-           arg_min(struct_pack(fingerprint := b.fingerprint, fp_id := b.fp_id), (bit_count(b.unknown_bits), b.fingerprint)) AS m
+           arg_min(struct_pack(fingerprint := b.fingerprint, fp_id := b.fp_id),
+                   (bit_count(b.unknown_bits), b.fingerprint)) AS m
     -- One that stands for a partial identity knows its target, equal: a join on it too (a key's identities mostly
     -- share their prompt, a key of the prompt alone all of them).
     FROM partial a JOIN candidates b ON a.key_id = b.key_id AND a.target_model = b.target_model
