@@ -19,13 +19,13 @@ import duckdb
 
 from specdec_core.contract import fields as contract
 from specdec_core.derived.aliases import field_differs
-from specdec_core.derived.summaries import folded_sql
+from specdec_core.derived.summaries import folded_sql, partial
 from specdec_core.store.sql import deployment_partition
 
 # What the judging reads of a request.
 ROW_SQL = f"""SELECT request_id, ts, {deployment_partition(None)} AS dep, cache_key, cache_hit,
            fingerprint, cached_identity_fingerprint, source_file, source_line, source_link,
-           len(coalesce(unknown_fields, [])) > 0 AS partial
+           {partial(None)} AS partial
     FROM requests"""
 
 # Every hit, judged against every request: the full rebuild.

@@ -85,7 +85,13 @@ GAP_MEASURES = ",\n".join(f"count(*) FILTER (WHERE list_contains(r.unknown_field
 
 # A hit whose log left identity fields unknown: whether it is a first sight can't be told (hit_sources' first_sight
 # is NULL for it, derived/hit_sources.py), so the first-sight evidence counts it apart.
-PARTIAL_HIT = "r.cache_hit AND len(coalesce(r.unknown_fields, [])) > 0"
+def partial(alias: str | None = "r") -> str:
+    """SQL: whether a request's log left fields unknown (`alias` None: the bare column): the judging gives such a
+    hit no first-sight verdict (derived/hit_sources.py), and the summaries count it apart."""
+    return f"len(coalesce({alias + '.' if alias else ''}unknown_fields, [])) > 0"
+
+
+PARTIAL_HIT = f"r.cache_hit AND {partial()}"
 
 # The minute summary's columns as aggregates over `requests r LEFT JOIN hit_sources h`.
 MINUTE_DIMENSIONS = f"""

@@ -132,7 +132,7 @@ def _request_from(record: dict[str, Any], prompt: str | None) -> DecodeRequest:
 def _unknown_identity(record: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The identity fields the record's log left unknown (LiteLLM's hits: the sampling parameters and max_tokens),
     and those of them a replay can't do without (required, or the prompt)."""
-    unknown = [f for f in record.get("unknown_fields") or () if f in contract.BY_NAME and contract.BY_NAME[f].identity]
+    unknown = [f for f in record.get("unknown_fields") or () if f in contract.IDENTITY_FIELDS]
     return unknown, [f for f in unknown if contract.BY_NAME[f].required or f == "prompt"]
 
 
