@@ -9,7 +9,7 @@ import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from specdec_core.cli.common import UsageError, add_db, existing_store, warn_unmatched
+from specdec_core.cli.common import UsageError, add_db, cannot_write, existing_store, warn_unmatched
 from specdec_core.contract.names import DEFAULT_KEY_TEMPLATE
 
 # The remediation (and the analysis under its plan: pandas) is imported by the command that runs, not by
@@ -58,7 +58,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         write_plan(entries, args.out)
     except OSError as exc:
-        return _fail("plan", f"--out {args.out}: cannot write: {exc.strerror or exc}", 1)
+        return _fail("plan", cannot_write("--out", args.out, exc), 1)
     counts = plan_counts(entries)
     if args.json:
         print(json.dumps(counts.to_json()))

@@ -42,6 +42,11 @@ def show_batch(batch: Any, as_json: bool, metrics: Any) -> None:
         metrics.collector.figures()
 
 
+def cannot_write(flag: str, path: object, exc: OSError) -> str:
+    """The one line a command says when its output file can't be written: the option, the path and why."""
+    return f"{flag} {path}: cannot write: {exc.strerror or exc}"
+
+
 def warn_unmatched(command: str, store: Store, filters: Any) -> None:
     """On standard error, each filter value the store does not hold and a range that ends before it starts: the
     answer is then empty for that reason, not because nothing happened (a misspelt deployment read as "nothing

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from specdec_core.cli.common import cannot_write
 from specdec_core.cli.store_cmds import add_db, existing_store
 from specdec_core.contract.names import IMPACT_DIMENSIONS
 
@@ -65,7 +66,7 @@ def cmd_incident_report(args: argparse.Namespace) -> int:
         print(f"specdec incident-report: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"specdec incident-report: --out {args.out}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        print(f"specdec incident-report: {cannot_write('--out', args.out, exc)}", file=sys.stderr)
         return 1
     print(f"wrote the incident report to {written}")
     return 0

@@ -13,7 +13,14 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 from specdec_core import formats
-from specdec_core.cli.common import UsageError, add_db, existing_store, show_batch, warn_unmatched
+from specdec_core.cli.common import (
+    UsageError,
+    add_db,
+    cannot_write,
+    existing_store,
+    show_batch,
+    warn_unmatched,
+)
 from specdec_core.config import ConfigError
 from specdec_core.contract.names import REPORT_KINDS
 from specdec_core.formats import object_store
@@ -155,7 +162,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         rows = write_report(store, sys.stdout.buffer if to_stdout else args.out, kinds=kinds, raw=args.raw,
                             external_url=configured_external_url())
     except OSError as exc:
-        print(f"specdec report: --out {args.out}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        print(f"specdec report: {cannot_write('--out', args.out, exc)}", file=sys.stderr)
         return 1
     except (StoreError, ConfigError) as exc:
         print(f"specdec report: {exc}", file=sys.stderr)
