@@ -42,12 +42,14 @@ if total == 0:
     st.success("Nothing to report for these kinds in this selection.")
 else:
     preview = ui.cached(report.mismatch_report, filters=filters, kinds=tuple(kinds), limit=PREVIEW_ROWS,
-                        external_url=external_url)
+                        external_url=external_url, unknown=True)
     shown = "" if total <= PREVIEW_ROWS else f" (the first {PREVIEW_ROWS:,} shown; the CSV has all)"
     st.caption(f"{ui.plural(total, 'row')}{shown}.")
     # The CSV writes times as ISO text; on screen they read as every other table's.
     times = [c for c in ("ts", "source_ts") if c in preview.columns]
-    ui.table(preview.assign(**{c: pd.to_datetime(preview[c], utc=True, format="ISO8601") for c in times}))
+    # A field the log left unknown reads "unknown" (the CSV leaves it empty, as for a value never logged).
+    ui.table(ui.unknown_cells(preview.assign(**{c: pd.to_datetime(preview[c], utc=True, format="ISO8601")
+                                                for c in times})))
 
 st.subheader("Replays")
 replays = ui.cached(stored.replays_for_export, filters=filters)

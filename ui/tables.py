@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -93,8 +94,10 @@ def unknown_cells(frame: pd.DataFrame) -> pd.DataFrame:
     if "unknown_fields" not in frame.columns:
         return frame
     shown = frame.drop(columns="unknown_fields")
+    # A row whose log left nothing unknown holds NULL (read as pandas' NA), not an empty list.
+    listed = [list(u) if isinstance(u, list | tuple | np.ndarray) else [] for u in frame["unknown_fields"]]
     for name in shown.columns:
-        marked = [name in list(u) for u in frame["unknown_fields"]]
+        marked = [name in u for u in listed]
         if any(marked):  # as text, the values as a styled table writes them: one type, as Arrow wants a column
             shown[name] = ["unknown" if m else _display(v, name, False)
                            for m, v in zip(marked, shown[name], strict=True)]

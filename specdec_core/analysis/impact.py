@@ -327,7 +327,7 @@ SELECT r.request_id, r.ts, CASE WHEN c.request_id IS NOT NULL THEN 'contaminated
            AS source_request_id,
        coalesce(c.source_experiment, s.experiment, '') AS served_from,
        coalesce(c.differing_fields, h.differing_fields) AS differing_fields, r.target_model, r.draft_model,
-       r.max_tokens, r.output_tokens, left(r.output_text, 200) AS output_preview
+       r.max_tokens, r.output_tokens, left(r.output_text, 200) AS output_preview, r.unknown_fields
 FROM r LEFT JOIN c USING (request_id) LEFT JOIN h USING (request_id) LEFT JOIN s ON s.request_id = h.source_request_id
 WHERE c.request_id IS NOT NULL OR {VIOLATION}
 ORDER BY r.ts, r.request_id
@@ -341,7 +341,7 @@ SELECT r.request_id, r.ts, CASE WHEN h.contaminated THEN 'contaminated_hit' ELSE
        coalesce(r.consumer, '') AS consumer, coalesce(r.experiment, '') AS experiment,
        {deployment_label()} AS deployment, r.cache_key, h.source_request_id,
        coalesce(s.experiment, '') AS served_from, h.differing_fields, r.target_model, r.draft_model,
-       r.max_tokens, r.output_tokens, left(r.output_text, 200) AS output_preview
+       r.max_tokens, r.output_tokens, left(r.output_text, 200) AS output_preview, r.unknown_fields
 FROM requests r LEFT JOIN hit_sources h USING (request_id) LEFT JOIN requests s ON s.request_id = h.source_request_id
 WHERE {where} AND coalesce(r.consumer, '') = $consumer AND (h.contaminated OR {VIOLATION})
 ORDER BY r.ts, r.request_id
@@ -368,7 +368,8 @@ def affected_requests(store: Store, consumer: str, filters: Filters = NO_FILTERS
                       limit: int | None = None) -> pd.DataFrame:
     """The requests for which `consumer` ('' for none logged) received a contaminated hit or an over-long output:
     what a customer notice lists. A row that is both is listed once, as a contaminated hit. `limit`: the first
-    that many (a page shows those; the CSV holds them all)."""
+    that many (a page shows those; the CSV holds them all). `unknown_fields` comes last: the fields each row's
+    log left unknown (a LiteLLM hit's max_tokens), which the page says are unknown and the CSV leaves empty."""
     params = {"consumer": consumer}
     with store.read() as con:
         if limit is None:
@@ -404,6 +405,6 @@ def affected_count(store: Store, consumer: str, filters: Filters = NO_FILTERS) -
 
 def affected_csv(store: Store, consumer: str, filters: Filters = NO_FILTERS) -> str:
     """The CSV a customer notice attaches: `affected_requests` with `ts` in RFC 3339, as the mismatch report."""
-    frame = affected_requests(store, consumer, filters)
+    frame = affected_requests(store, consumer, filters).drop(columns="unknown_fields")
     frame["ts"] = [rfc3339(pd.Timestamp(t).to_pydatetime()) for t in frame["ts"]]
     return frame.to_csv(index=False)

@@ -32,7 +32,7 @@ _RFC3339 = ("CASE WHEN microsecond(r.ts) % 1000 = 0 THEN strftime(r.ts, '%Y-%m-%
 _COMMON = (f"r.request_id, {_RFC3339} AS ts, {{kind}} AS kind, r.cache_key, {{source}} AS source_request_id, "
            "{differing} AS differing_fields, r.target_model, r.draft_model, r.temperature, r.max_tokens, "
            "r.tokenizer_version, r.deployment, r.output_tokens, {classification} AS classification, "
-           "{detail} AS detail, {replay} AS replay_id, r.ts AS sort_ts")
+           "{detail} AS detail, {replay} AS replay_id, r.ts AS sort_ts, r.unknown_fields")
 # The latest replay of each request; replayed_at ties broken by id, so a report reads the same twice.
 _LATEST_REPLAY = ("(SELECT DISTINCT ON (request_id) * FROM replays "
                   "ORDER BY request_id, replayed_at DESC, replay_id DESC)")
@@ -130,16 +130,21 @@ def replay_page_url(external_url: str, replay_id: str) -> str:
 
 
 def mismatch_report(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable[str] = KINDS,
-                    limit: int | None = None, external_url: str | None = None) -> pd.DataFrame:
+                    limit: int | None = None, external_url: str | None = None, unknown: bool = False
+                    ) -> pd.DataFrame:
     """Every flagged (request, kind) in time order, as the report's rows (the first `limit` of them).
+
+    `unknown`: with each row's `unknown_fields` last (the fields its log left unknown, which a table on screen
+    says are unknown; the CSV leaves them empty).
 
     `replay_link` is the replay's page under `external_url` (`[dashboard] external_url`, see
     `configured_external_url`); without one it is empty: a relative link means nothing in a spreadsheet.
     """
     kinds = list(kinds)
     parts, params = _parts(filters, kinds)
+    columns = [*COLUMNS, *(["unknown_fields"] if unknown else [])]
     if not parts:
-        return pd.DataFrame(columns=list(COLUMNS))
+        return pd.DataFrame(columns=columns)
     with store.read() as con:
         if limit is not None and summary.ready(con):
             # The first rows' requests first, from narrow columns; only those are joined with their verdicts,
@@ -152,7 +157,7 @@ def mismatch_report(store: Store, filters: Filters = NO_FILTERS, kinds: Iterable
         frame = execute(con, sql, params | {"limit": limit}).df()
     frame["replay_link"] = [replay_page_url(external_url, r) if external_url and isinstance(r, str) else None
                             for r in frame.replay_id]
-    return frame[list(COLUMNS)]
+    return frame[columns]
 
 
 def configured_external_url() -> str | None:

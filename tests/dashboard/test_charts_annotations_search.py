@@ -12,6 +12,7 @@ from dashboard_data import build_db
 from helpers import rec
 
 from specdec_core import analysis
+from specdec_core.analysis import impact
 from specdec_core.ingestion import ingest
 from specdec_core.replay import jobs
 from specdec_core.store.connection import Store
@@ -363,3 +364,26 @@ def test_a_store_whose_every_record_was_quarantined_says_so_not_that_nothing_was
     assert any(i.startswith("No requests in") for i in texts(at, "info")), "the way to load logs stays"
     empty = open_app(monkeypatch, tmp_path / "new.duckdb")
     assert not [w for w in texts(empty, "warning") if w.startswith("All ")]
+
+
+def test_the_export_preview_and_a_consumers_requests_say_unknown_where_the_log_did_not_say(monkeypatch, litellm_db):
+    """The mismatch report's preview and the Impact page's affected requests: a LiteLLM hit's temperature and
+    max_tokens read "unknown" (Streamlit drew the empty cell as "None", a value not sent); the CSVs leave them
+    empty, as before, and hold no column the contract doesn't list."""
+    store = Store(litellm_db)
+    with store.read() as con:
+        unknown = {r for (r,) in con.execute("SELECT request_id FROM requests WHERE list_contains(unknown_fields, "
+                                             "'max_tokens')").fetchall()}
+    preview = open_app(monkeypatch, litellm_db, "export").dataframe[0].value
+    hits = preview[preview.request_id.isin(unknown)]
+    assert len(hits) and set(hits.max_tokens) == set(hits.temperature) == {"unknown"}
+    assert "unknown" not in set(preview[~preview.request_id.isin(unknown)].max_tokens)
+    assert "unknown_fields" not in preview.columns
+    csv = analysis.report_csv(analysis.mismatch_report(store)).decode()
+    assert "unknown" not in csv and "unknown_fields" not in csv.splitlines()[0]
+    at = open_app(monkeypatch, litellm_db, "impact")
+    [rows] = [d.value for d in at.dataframe if "output_preview" in d.value.columns]
+    assert set(rows[rows.request_id.isin(unknown)].max_tokens) == {"unknown"}
+    assert "unknown" not in set(rows[~rows.request_id.isin(unknown)].max_tokens)
+    assert "unknown_fields" not in rows.columns
+    assert "unknown_fields" not in impact.affected_csv(store, at.selectbox(key="impact_consumer").value)
