@@ -47,9 +47,8 @@ else:
     st.caption(f"{ui.plural(total, 'row')}{shown}.")
     # The CSV writes times as ISO text; on screen they read as every other table's.
     times = [c for c in ("ts", "source_ts") if c in preview.columns]
-    # A field the log left unknown reads "unknown" (the CSV leaves it empty, as for a value never logged).
-    ui.table(ui.unknown_cells(preview.assign(**{c: pd.to_datetime(preview[c], utc=True, format="ISO8601")
-                                                for c in times})))
+    # A field the log left unknown reads "unknown" (ui.table; the CSV leaves it empty, as for a value never logged).
+    ui.table(preview.assign(**{c: pd.to_datetime(preview[c], utc=True, format="ISO8601") for c in times}))
 
 st.subheader("Replays")
 replays = ui.cached(stored.replays_for_export, filters=filters)

@@ -86,7 +86,7 @@ if names:
                        data=lambda: hurt.affected_csv(store, chosen, filters),
                        file_name="affected-requests.csv", mime="text/csv",
                        key="impact_download")
-    ui.request_table(ui.unknown_cells(rows), key="impact_rows")
+    ui.request_table(rows, key="impact_rows")
 
 st.subheader("Cross-feeding between experiment arms")
 if not arms.cross_feeding:

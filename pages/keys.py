@@ -48,7 +48,6 @@ else:
     st.code(f"deployment: {ui.deployment_label(chosen.deployment)}\ncache_key:  {chosen.cache_key}", language=None)
     identities = ui.cached(analysis.key_collision_identities, chosen.deployment, chosen.cache_key, filters=filters)
     differing = analysis.differing_identity_columns(identities)
-    identities = ui.unknown_cells(identities)
     if differing:
         st.markdown("Identity fields that differ between them (highlighted): "
                     + ", ".join(ui.code_span(f) for f in differing))

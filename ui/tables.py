@@ -107,7 +107,9 @@ def unknown_cells(frame: pd.DataFrame) -> pd.DataFrame:
 def table(frame: pd.DataFrame, *, highlight: Sequence[str] = (), column_config: dict[str, Any] | None = None,
           **kwargs: Any) -> Any:
     """st.dataframe with the shared headers and formats (`column_config` overrides a column's), without the
-    index; the `highlight` columns' cells on a highlighted background."""
+    index; the `highlight` columns' cells on a highlighted background; a frame's `unknown_fields` as its cells
+    reading "unknown" (unknown_cells)."""
+    frame = unknown_cells(frame)
     config = {**columns_for(frame), **(column_config or {})}
     data: Any = frame
     if highlight:
