@@ -40,7 +40,7 @@ point = ui.time_chart(figure, "mismatch_rate_over_time", bucket=bucket)
 ui.show_point_rows(figure, point, bucket, contaminated_only=True, key="mismatch_point_rows")
 
 st.subheader("Contaminated hits")
-hits = ui.cached(analysis.contaminated_hits, filters=filters)
+hits = ui.cached(analysis.contaminated_hits, filters=filters, unknown=True)
 needle = st.text_input("Filter rows", placeholder="deployment, differing field or model, e.g. max_tokens",
                        key="mismatch_filter").strip().lower()
 if needle:
@@ -52,7 +52,8 @@ selected: list[str] = st.session_state.setdefault(SELECTED_KEY, [])
 FIRST = ["request_id", "ts", "deployment", "differing_fields", "source_request_id", "target_model", "draft_model"]
 COLUMNS = FIRST + [f for f in contract.IDENTITY_FIELDS if f in hits.columns and f not in FIRST] + \
     [c for c in ("output_tokens", "cache_key", "source_ts", "output_preview") if c in hits.columns]
-table = hits[COLUMNS].copy()
+# A field the hit's log left unknown (LiteLLM's sampling parameters) reads "unknown", as in every ui.table.
+table = ui.unknown_cells(hits[COLUMNS + ["unknown_fields"]])
 table.insert(0, "replay", table.request_id.isin(selected))
 table.insert(1, "open", [ui.request_url(r) for r in table.request_id])
 # The editor's own state is per position; it is keyed by the rows it shows, so a new filter starts it anew

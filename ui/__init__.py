@@ -83,6 +83,7 @@ from ui.tables import (
     request_table,
     side_by_side,
     table,
+    unknown_cells,
 )
 
 __all__ = [
@@ -94,5 +95,5 @@ __all__ = [
     "SHOWN_APART", "fmt_ts", "value_text", "has_data", "md_escape", "operator_stores", "page_header", "page_link", "panel_spacing",
     "plot_label", "point_deployment", "point_time", "readable_layout", "replay_url", "request_table", "request_url",
     "require_data", "short_digest", "show_point_rows", "shown_panels", "store", "time_chart", "TIME_FORMAT", "columns_for", "header",
-    "table", "TIME_FORMAT_D3", "view_params", "LINKED_ONLY", "request_link_column", "side_by_side",
+    "table", "unknown_cells", "TIME_FORMAT_D3", "view_params", "LINKED_ONLY", "request_link_column", "side_by_side",
 ]

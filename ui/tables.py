@@ -68,7 +68,8 @@ def columns_for(frame: pd.DataFrame) -> dict[str, Any]:
             config[name] = st.column_config.DatetimeColumn(f"{header(name)} (UTC)", format=TIME_FORMAT)
         elif is_percent(name):
             config[name] = st.column_config.NumberColumn(header(name), format="percent")
-        elif name == "temperature":
+        elif name == "temperature" and pd.api.types.is_numeric_dtype(frame[name]):
+            # As text (unknown_cells: "unknown" beside numbers), a number column would draw "unknown" empty.
             config[name] = st.column_config.NumberColumn(header(name), format="%g")
         else:
             config[name] = header(name)

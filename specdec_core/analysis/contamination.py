@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from specdec_core.analysis.query import (
+    CHOSEN_ROWS,
     HITS,
     NO_FILTERS,
     Filters,
@@ -37,13 +40,32 @@ SELECT * FROM summary_contaminated c WHERE {where} ORDER BY ts, request_id LIMIT
 """
 
 
-def contaminated_hits(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000) -> pd.DataFrame:
-    """Hits that served another identity's output, with the request that put it in the cache."""
+def contaminated_hits(store: Store, filters: Filters = NO_FILTERS, limit: int = 10_000, unknown: bool = False
+                      ) -> pd.DataFrame:
+    """Hits that served another identity's output, with the request that put it in the cache. `unknown`: with
+    each hit's `unknown_fields` last (what its log left unknown, which a table says is unknown)."""
     with store.read() as con:
         if summary.ready(con):  # the same rows, joined and labelled at ingest; every filter applies
             where, params = filters.named_where("c")
-            return execute(con, contaminated_hits_summary_sql(where), params | {"limit": limit}).df()
-        return ask(con, contaminated_hits_sql, filters, {"limit": limit}).df()
+            hits = execute(con, contaminated_hits_summary_sql(where), params | {"limit": limit}).df()
+        else:
+            hits = ask(con, contaminated_hits_sql, filters, {"limit": limit}).df()
+        if unknown:
+            hits["unknown_fields"] = _unknown_fields(con, hits)
+        return hits
+
+
+def _unknown_fields(con: Any, hits: pd.DataFrame) -> list[Any]:
+    """Each row's unknown fields (None where its log left none unknown). Only a store holding a partial identity
+    is read for them, and then only the rows' time span."""
+    if hits.empty or not execute(con, "SELECT count(*) FROM (SELECT 1 FROM identities WHERE unknown IS NOT NULL "
+                                      "LIMIT 1)", {}).fetchall()[0][0]:
+        return [None] * len(hits)
+    params = {"ids": list(hits.request_id), "first": hits.ts.min().to_pydatetime(),
+              "last": hits.ts.max().to_pydatetime()}
+    found = dict(execute(con, f"SELECT r.request_id, r.unknown_fields FROM requests r WHERE {CHOSEN_ROWS} "
+                              "AND r.unknown_fields IS NOT NULL", params).fetchall())
+    return [found.get(r) for r in hits.request_id]
 
 
 def mismatch_rate_over_time_sql(where: str) -> str:

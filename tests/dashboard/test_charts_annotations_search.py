@@ -387,3 +387,17 @@ def test_the_export_preview_and_a_consumers_requests_say_unknown_where_the_log_d
     assert "unknown" not in set(rows[~rows.request_id.isin(unknown)].max_tokens)
     assert "unknown_fields" not in rows.columns
     assert "unknown_fields" not in impact.affected_csv(store, at.selectbox(key="impact_consumer").value)
+
+
+def test_the_mismatches_table_says_unknown_where_the_log_did_not_say(monkeypatch, litellm_db):
+    """The contaminated hits' table (an editor, for the replay ticks): a LiteLLM hit's sampling parameters and
+    max_tokens read "unknown", not NaN or None, and the column of text is not configured as numbers (the
+    browser would draw "unknown" empty)."""
+    at = open_app(monkeypatch, litellm_db, "mismatches")
+    [table] = [d for d in at.dataframe if "replay" in d.value.columns]
+    frame = table.value
+    assert len(frame) == 8
+    assert "type_config" not in json.loads(table.proto.columns)["temperature"], "text, not a number column"
+    assert set(frame.temperature) == set(frame.max_tokens) == {"unknown"}
+    assert "unknown_fields" not in frame.columns
+    assert set(frame.draft_model) != {"unknown"}
