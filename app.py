@@ -16,6 +16,7 @@ import streamlit as st
 import ui
 from specdec_core import analysis
 from specdec_core.analysis import NO_FILTERS, Filters
+from specdec_core.analysis.query import selection_time
 from specdec_core.config import ConfigError, PathRefused
 from specdec_core.formats import FORMATS
 from specdec_core.formats.files import JSON_DOCUMENT_SUFFIXES, SUPPORTED_SUFFIXES
@@ -270,7 +271,7 @@ def filters_from_url(options: analysis.FilterOptions) -> None:
     if span[0] is not None:
         for name, default in (("start", span[0]), ("end", span[1])):
             try:
-                times[name] = _url_time(current.get(name), default)
+                times[name] = _url_time(current.get(name), default, end=name == "end")
             except ValueError:
                 said += url_links.unparsable(name, current.get(name))
         if len(times) == 2:  # what the link asked that the store lacks is said above the page (ui/links.py)
@@ -282,11 +283,9 @@ def filters_from_url(options: analysis.FilterOptions) -> None:
     st.session_state[NOTES_KEY] = current["notes"][0] if "notes" in current else ""
 
 
-def _url_time(values: tuple | None, default):
-    if not values:
-        return default
-    ts = datetime.fromisoformat(values[0].replace("Z", "+00:00"))
-    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+def _url_time(values: tuple | None, default, end: bool):
+    """A link's start= or end=, read as `specdec stats --start/--end` reads it (an end date alone: that whole day)."""
+    return selection_time(values[0], end=end) if values else default
 
 
 def filters_to_url(chosen: Filters) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pandas as pd
@@ -14,6 +14,16 @@ import pandas as pd
 from specdec_core.derived import summaries as summary
 from specdec_core.store.connection import Store
 from specdec_core.store.sql import deployment_label, named_params
+
+
+def selection_time(text: str, *, end: bool = False) -> datetime:
+    """A selection's start or end as a person writes it (`--start`/`--end`, a link's `start=`/`end=`): ISO 8601,
+    UTC unless it says. An end given as a date alone is through that day (its last microsecond: the end is
+    inclusive), not its first instant, so a start and an end of the same date are that day. Raises ValueError."""
+    ts = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    if end and not any(c in text.strip() for c in "T: "):  # a date alone, in any form fromisoformat reads
+        ts += timedelta(days=1, microseconds=-1)
+    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)

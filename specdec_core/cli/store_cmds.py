@@ -9,7 +9,7 @@ import math
 import os
 import sys
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from specdec_core import formats
@@ -173,22 +173,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def utc_time(text: str) -> datetime:
-    """An ISO 8601 time for --start/--end; one without a zone is UTC, as every time the tool shows."""
+def utc_time(text: str, end: bool = False) -> datetime:
+    """--start: an ISO 8601 time; one without a zone is UTC, as every time the tool shows (analysis.selection_time)."""
+    from specdec_core.analysis.query import selection_time
+
     try:
-        ts = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        return selection_time(text, end=end)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time, e.g. 2026-11-20T10:50:00Z") from None
-    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
 
 
 def utc_end(text: str) -> datetime:
-    """--end: a time as utc_time reads it; a date alone is through the end of that day (its last microsecond, the
-    end being inclusive), not its first instant: `--start 2026-11-20 --end 2026-11-20` is that day."""
-    ts = utc_time(text)
-    if not any(c in text.strip() for c in "T: "):  # a date alone, in any form fromisoformat reads (20261120 too)
-        ts += timedelta(days=1, microseconds=-1)
-    return ts
+    """--end: a time as utc_time reads it; a date alone is through the end of that day, not its first instant:
+    `--start 2026-11-20 --end 2026-11-20` is that day."""
+    return utc_time(text, end=True)
 
 
 def stats_filters(args: argparse.Namespace) -> Filters:

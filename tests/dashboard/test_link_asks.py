@@ -39,3 +39,13 @@ def test_a_time_the_logs_do_not_reach_or_no_time_at_all_is_said(monkeypatch, inc
 def test_a_link_the_store_honours_says_nothing(monkeypatch, incident_db):
     at = open_app(monkeypatch, incident_db, deployment="staging", start="2026-03-01T10:00:00Z")
     assert metrics_of(at.main)["Requests"] == "2" and not _said(at)
+
+
+def test_a_links_end_date_alone_is_that_whole_day_as_for_specdec_stats(monkeypatch, incident_db):
+    """`end=2026-03-01` reads as `specdec stats --end 2026-03-01` does: through that day. It read as the day's
+    first instant, which lies before every request of this store: the link said so and showed the whole log."""
+    for query in ({"end": "2026-03-01"}, {"start": "2026-03-01", "end": "2026-03-01"}, {"end": "20260301"}):
+        at = open_app(monkeypatch, incident_db, deployment="staging", **query)
+        assert metrics_of(at.main)["Requests"] == "2" and not _said(at), (query, _said(at))
+    at = open_app(monkeypatch, incident_db, deployment="staging", end="2026-02-28")
+    assert any("no request of this store is in it" in said for said in _said(at)), _said(at)
