@@ -23,7 +23,13 @@ import duckdb
 from specdec_core import interrupts
 from specdec_core.store import lake as lakes
 from specdec_core.store import views
-from specdec_core.store.convert import SIDE_VERSION, ConversionError, convert_into, written_by_newer_duckdb
+from specdec_core.store.convert import (
+    SIDE_VERSION,
+    ConversionError,
+    convert_into,
+    no_database_said,
+    written_by_newer_duckdb,
+)
 from specdec_core.store.ddl import ensure_schema
 from specdec_core.store.errors import ForeignDatabaseError, StoreError
 from specdec_core.store.lake_files import damage_message
@@ -83,6 +89,9 @@ def _snapshot(path: Path, version: tuple[int, int]) -> views.View:
             if written_by_newer_duckdb(path):
                 raise StoreError(f"{path}: written by DuckDB {SIDE_VERSION} (an older specdec); convert it "
                                  f"with `specdec migrate --db {path}`") from None
+            said = no_database_said(path)
+            if said:
+                raise StoreError(said) from None
             raise StoreError(f"{path}: cannot open for reading: {exc}") from exc
 
     return views.take(key, version, open_view)
@@ -388,6 +397,9 @@ def translate(exc: BaseException, store: Store, *, opening: Path | None = None) 
             return _instead(ForeignDatabaseError(f"{store}: {exc}"))
         return None
     if opening is not None:
+        said = no_database_said(Path(store.path)) if isinstance(exc, duckdb.Error) else None
+        if said:
+            return _instead(StoreError(said))
         if isinstance(exc, (OSError, duckdb.Error)):
             words = _own_words(exc, opening, store.path)
             return _instead(StoreError(f"{store.path}: cannot open for writing: {words}"), cause=exc)

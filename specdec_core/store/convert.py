@@ -56,6 +56,19 @@ def storage_number(path: Path) -> int | None:
     return struct.unpack("<Q", header[12:20])[0]
 
 
+def no_database_said(path: Path) -> str | None:
+    """What to say of a file given as a store that holds no DuckDB database at all (a log passed as --db, most
+    often); None where it is one, is empty (a new store) or can't be read."""
+    try:
+        empty = os.path.getsize(path) == 0
+    except OSError:
+        return None
+    if empty or storage_number(path) is not None:
+        return None
+    return (f"{path}: not a specdec store (no DuckDB database); a log is loaded into one with "
+            f"`specdec ingest {path} --db STORE.duckdb`")
+
+
 def written_by_newer_duckdb(path: Path) -> bool:
     """Whether the DuckDB file at `path` has the storage version DuckDB 2.0 writes."""
     number = storage_number(path)

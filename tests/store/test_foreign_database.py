@@ -118,3 +118,18 @@ def test_a_served_store_replaced_by_a_foreign_database_answers_one_line_not_a_tr
     assert err.value.code == 500 and body.count("\n") == 1 and "not a specdec" in body and str(db) in body, body
     said = capfd.readouterr().err
     assert "Traceback" not in said and said.count("\n") == 1 and "a scrape failed" in said, said
+
+
+@pytest.mark.parametrize("command", ["stats", "report", "ingest", "migrate"])
+def test_a_log_given_as_the_store_is_named_as_one_in_one_line_and_left_as_it_was(tmp_path, capsys, command):
+    """`--db requests.jsonl` (a log where the store goes): reading said DuckDB's "Cannot launch in-memory database
+    in read-only mode!", writing "not a valid DuckDB database file!"; both now say what to do with a log."""
+    log = write_jsonl(tmp_path / "requests.jsonl", [rec("a"), rec("b")])
+    before = digest(log)
+    argv = {"stats": ["stats"], "report": ["report", "--out", str(tmp_path / "r.csv")],
+            "ingest": ["ingest", str(log)], "migrate": ["migrate"]}[command] + ["--db", str(log)]
+    code = cli_main(argv)
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"{log}: not a specdec store (no DuckDB database)" in err and f"`specdec ingest {log} --db" in err, err
+    assert digest(log) == before and not (tmp_path / "r.csv").exists()
