@@ -115,8 +115,9 @@ def test_a_file_that_is_not_a_database_says_so_once(monkeypatch, tmp_path):
     bad.write_text("not a database")
     at = open_app(monkeypatch, bad)
     [error] = texts(at, "error")
-    # The store's own words (DuckDB's, or the lake's probe of the file)
-    assert re.search(r"not a valid DuckDB database file|file is not a database", markdown_unescape(error))
+    # The store's own words: no DuckDB database, and what to do if it is a log (or the lake's probe of the file)
+    assert re.search(r"notes\.duckdb: not a specdec store \(no DuckDB database\); a log is loaded into one with|"
+                     r"file is not a database", markdown_unescape(error))
     assert error.endswith("Choose another database file in the sidebar.")
     assert bad.read_text() == "not a database"
 
