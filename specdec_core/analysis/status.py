@@ -61,6 +61,7 @@ class ContaminationStatus:
     logs_begin: datetime  # the deployment's first request in the selection
     logs_end: datetime  # and its last
     range_starts_at_filter: bool  # the selection has a start of its own: it, not the log, begins there
+    fixed_at: datetime | None = None  # a fix of its key (fix_status) holding since then, if it has one
 
     @property
     def usual_gap(self) -> timedelta:
@@ -80,8 +81,19 @@ class ContaminationStatus:
         return self.logs_end - self.last_contaminated
 
     @property
-    def over(self) -> bool:
+    def fixed_after_last(self) -> bool:
+        """A key fix that holds (no hit from an old-scheme key since) began after the last contaminated hit."""
+        return self.fixed_at is not None and self.fixed_at >= self.last_contaminated
+
+    @property
+    def clean_long_enough(self) -> bool:
         return self.clean_for >= max(CLEAN_AT_LEAST, CLEAN_GAPS * self.usual_gap)
+
+    @property
+    def over(self) -> bool:
+        """A long clean stretch after the last hit, or a holding fix after it: the page that says the fix holds
+        does not also say the contamination goes on."""
+        return self.clean_long_enough or self.fixed_after_last
 
     @property
     def sentence(self) -> str:
@@ -92,10 +104,15 @@ class ContaminationStatus:
                      f"{fmt_time(self.first_contaminated)})")
         else:
             since = f"since {fmt_time(self.first_contaminated)}"
-        if self.over:
+        if self.clean_long_enough:
             end = f"none since {fmt_time(self.last_contaminated)}: {fmt_span(self.clean_for)} clean"
-        elif self.clean_for < timedelta(seconds=1):
+        elif self.fixed_after_last:
+            end = (f"none since {fmt_time(self.last_contaminated)}: {fmt_span(self.clean_for)} clean, and the key "
+                   f"fix deployed at {fmt_time(self.fixed_at)} holds")
+        elif self.clean_for == timedelta(0):
             end = f"still going: the newest request ({fmt_time(self.last_contaminated)}) is one"
+        elif self.clean_for < timedelta(seconds=1):  # a clean request came after it, in the same second
+            end = f"still going: the last at {fmt_time(self.last_contaminated)}, under a second before the newest request"
         else:
             end = (f"still going: the last at {fmt_time(self.last_contaminated)}, "
                    f"{fmt_span(self.clean_for)} before the newest request")
@@ -116,10 +133,14 @@ SELECT c.deployment, min(c.first_ts) AS logs_begin, max(c.last_ts) AS logs_end F
 
 
 def contamination_status(store: Store, filters: Filters = NO_FILTERS) -> list[ContaminationStatus]:
-    """Per deployment with contaminated hits, ordered by its first: since when, and whether it is over."""
+    """Per deployment with contaminated hits, ordered by its first: since when, and whether it is over (a holding
+    key fix, as the same selection's fix_status says, counts)."""
+    from specdec_core.analysis.fix_status import fix_status  # it reads this module's key schemes
+
     window = contamination_window(store, filters)
     if window.empty:
         return []
+    fixed = {f.deployment: f.fixed_at for f in fix_status(store, filters) if f.holding}
     spans = df(store, logged_span_sql, filters, minute=logged_span_minute_sql).set_index("deployment")
     out = []
     for w in window.itertuples():
@@ -130,7 +151,7 @@ def contamination_status(store: Store, filters: Filters = NO_FILTERS) -> list[Co
             last_contaminated=pd.Timestamp(w.last_contaminated).to_pydatetime(),
             logs_begin=pd.Timestamp(span.logs_begin).to_pydatetime(),
             logs_end=pd.Timestamp(span.logs_end).to_pydatetime(),
-            range_starts_at_filter=filters.start is not None,
+            range_starts_at_filter=filters.start is not None, fixed_at=fixed.get(w.deployment),
         ))
     return sorted(out, key=lambda s: (s.first_contaminated, s.deployment))
 

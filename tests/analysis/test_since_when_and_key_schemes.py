@@ -107,3 +107,32 @@ def test_hit_rate_evidence_names_only_what_makes_the_flag_true(demo):
     zoomed = evidence(hour)
     assert zoomed.startswith("edge-a: ") and "edge-b: " in zoomed and "core" not in zoomed
     assert "ceiling" in analysis.CEILING_MEANING
+
+
+def test_a_holding_key_fix_after_the_last_hit_ends_the_contamination_in_a_range_too(demo):
+    """Two hours of the demo ending six minutes after the last contaminated hits: too short a clean stretch for
+    the hits' own rhythm, but each deployment's key fix came after its last hit and holds. The status strip and
+    the window said "contaminated now" / "still going" under the fix section's "0 hits from old-scheme keys"."""
+    two_hours = Filters(start=datetime(2026, 11, 20, 10, tzinfo=timezone.utc),
+                        end=datetime(2026, 11, 20, 12, tzinfo=timezone.utc))
+    fixes = {f.deployment: f for f in analysis.fix_status(demo, two_hours)}
+    status = {s.deployment: s for s in analysis.contamination_status(demo, two_hours)}
+    for deployment in ("edge-a", "edge-b"):
+        s, fix = status[deployment], fixes[deployment]
+        assert fix.holding and not s.clean_long_enough and s.over, deployment
+        assert s.sentence.endswith(f"6 min clean, and the key fix deployed at "
+                                   f"{fix.fixed_at:%Y-%m-%d %H:%M:%S} UTC holds."), s.sentence
+    states = {s.deployment: s.headline for s in analysis.deployment_states(demo, two_hours)}
+    assert states["edge-a"] == states["edge-b"] == "clean"
+
+
+def test_a_clean_request_in_the_same_second_is_the_newest_not_the_last_hit(tmp_path):
+    """The last contaminated hit 0.4 s before a clean request: not "the newest request (...) is one"."""
+    store = store_of(tmp_path, incident(first_hit_after=3600, hits=20, gap=30, tail=0.4))
+    (status,) = analysis.contamination_status(store)
+    assert not status.over and status.sentence.endswith(
+        "still going: the last at 2026-03-01 11:09:30 UTC, under a second before the newest request.")
+    (tmp_path / "same").mkdir()
+    store = store_of(tmp_path / "same", incident(first_hit_after=3600, hits=20, gap=30, tail=0)[:-1])
+    (status,) = analysis.contamination_status(store)
+    assert status.sentence.endswith("still going: the newest request (2026-03-01 11:09:30 UTC) is one.")
