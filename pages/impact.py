@@ -29,7 +29,9 @@ fed_arms = sorted({c.arm for c in arms.cross_feeding if c.arm})
 
 st.subheader("Blast radius")
 cells = st.columns(4)
-cells[0].metric("Consumers affected", f"{len(affected):,} of {len(consumers):,}")
+hit, named, unnamed = hurt.named_affected(consumers)
+cells[0].metric("Consumers affected", f"{hit:,} of {named:,}" if named else "none named",
+                help="Consumers the log names; requests that name none are the table's (none) row.")
 cells[1].metric("Contaminated hits received", ui.fmt_int(sum(c.contaminated_hits for c in consumers)))
 cells[2].metric("Length violations received", ui.fmt_int(sum(c.length_violations for c in consumers)))
 cells[3].metric("Experiment arms cross-fed", f"{len(fed_arms):,} of {len([a for a in arms.arms if a.arm]):,}")

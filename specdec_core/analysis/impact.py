@@ -164,6 +164,15 @@ def _by_ranged_sql(row_col: str, col: str, where: str, hits_where: str) -> str:
 FROM requests r WHERE {where} GROUP BY ALL""", hits_where)
 
 
+def named_affected(rows: tuple[Impact, ...]) -> tuple[int, int, Impact | None]:
+    """(how many named consumers or arms received wrong outputs, how many are named, the figures of the requests
+    that name none when they received any): a log that names no consumer has no "1 of 1 consumers", and consumers
+    are counted as experiment arms are, the unnamed apart."""
+    named = [r for r in rows if r.value]
+    unnamed = next((r for r in rows if not r.value and r.affected), None)
+    return sum(r.affected for r in named), len(named), unnamed
+
+
 def impact(store: Store, by: str = "consumer", filters: Filters = NO_FILTERS) -> tuple[Impact, ...]:
     """Per value of `by` (consumer, experiment or deployment): its requests, the contaminated hits and length
     violations it received and the first and last of them; the most affected first."""

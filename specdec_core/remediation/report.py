@@ -23,6 +23,7 @@ from specdec_core.analysis.impact import (
     Impact,
     experiment_impact,
     impact,
+    named_affected,
     wrong_outputs_over_time,
 )
 from specdec_core.analysis.overview import Headline, headline
@@ -205,7 +206,6 @@ def title(r: IncidentReport) -> str:
 
 def summary_lines(r: IncidentReport) -> list[str]:
     h = r.headline
-    affected = [c for c in r.consumers if c.affected]
     arms = [a for a in r.experiments.arms if a.arm and a.contaminated_hits]
     lines = [f"{_n(h.contaminated_hits)} contaminated hits ({_pct(h.contaminated_rate)} of {_n(h.hits)} hits) and "
              f"{_n(h.length_violations)} length violations among {_n(h.requests)} requests "
@@ -218,8 +218,12 @@ def summary_lines(r: IncidentReport) -> list[str]:
         lines.append("A floor, not a count: the logs leave identity fields unknown on cache hits, and contamination "
                      "through them cannot be seen: " + "; ".join(f"`{g.field}` on {_n(g.unknown_hits)} of "
                                                                    f"{_n(g.hits)} hits" for g in unseen) + ".")
-    lines.append(f"{len(affected)} of {len(r.consumers)} consumers received wrong outputs; "
-                 f"{len(arms)} experiment arms received contaminated hits.")
+    hit, named, unnamed = named_affected(r.consumers)
+    who = f"{hit} of {named} named consumers received wrong outputs" if named else "The log names no consumer"
+    if unnamed is not None:
+        who += (f"{', and' if named else ':'} requests naming none received {_n(unnamed.contaminated_hits)} "
+                f"contaminated hits and {_n(unnamed.length_violations)} over-long outputs")
+    lines.append(f"{who}; {len(arms)} named experiment arms received contaminated hits.")
     if r.fixes:
         lines.append("Key fixed: " + "; ".join(f"{f.change.deployment} from {_when(f.change.ts)} "
                                                f"({_n(f.hits_after_fix)} old-scheme hits after)" for f in r.fixes) + ".")
@@ -396,10 +400,11 @@ def _md_inline(text: str) -> str:
 
 def render_html(r: IncidentReport) -> str:
     h = r.headline
-    affected = [c for c in r.consumers if c.affected]
+    hit, named, unnamed = named_affected(r.consumers)
     figures = [("requests", _n(h.requests), ""), ("contaminated hits", _n(h.contaminated_hits), "bad"),
                ("length violations", _n(h.length_violations), "bad"),
-               ("consumers affected", f"{len(affected)} of {len(r.consumers)}", "bad" if affected else "ok"),
+               ("consumers affected", f"{hit} of {named}" if named else "none named",
+                "bad" if hit or unnamed else "ok"),
                ("arms cross-fed", _n(len({c.arm for c in r.experiments.cross_feeding if c.arm})), "")]
     parts = [f"<h1>{_e(title(r))}</h1>",
              f"<p>Drafted {_e(_when(r.drafted_at))} from <code>{_e(r.store)}</code> by "

@@ -401,3 +401,18 @@ def test_the_mismatches_table_says_unknown_where_the_log_did_not_say(monkeypatch
     assert set(frame.temperature) == set(frame.max_tokens) == {"unknown"}
     assert "unknown_fields" not in frame.columns
     assert set(frame.draft_model) != {"unknown"}
+
+
+def test_a_log_that_names_no_consumer_is_not_one_consumer_of_one(monkeypatch, litellm_db):
+    """LiteLLM's fixture names no consumer: the Impact page said "Consumers affected: 1 of 1" above "This log
+    names no consumer", and the incident report "1 of 1 consumers received wrong outputs; 0 experiment arms",
+    counting the unnamed as a consumer but not as an arm. Named ones are counted; the unnamed requests apart."""
+    from specdec_core.remediation import report as incident
+
+    metrics = metrics_of(open_app(monkeypatch, litellm_db, "impact").main)
+    assert metrics["Consumers affected"] == "none named"
+    drafted = incident.incident_report(Store(litellm_db))
+    [said] = [line for line in incident.summary_lines(drafted) if "consumer" in line]
+    assert said.startswith("The log names no consumer: requests naming none received 8 contaminated hits and ")
+    assert said.endswith("; 0 named experiment arms received contaminated hits.")
+    assert '<b class="bad">none named</b>consumers affected' in incident.render_html(drafted), "wrong outputs went out"
