@@ -3,7 +3,7 @@ log's own bounds, and the deployments whose cache key changed scheme (the fix, a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from itertools import pairwise
 
@@ -214,7 +214,22 @@ FROM keys GROUP BY ALL ORDER BY deployment, first_ts
 
 
 def key_scheme_changes(store: Store, filters: Filters = NO_FILTERS) -> list[KeySchemeChange]:
-    """Each deployment's key-scheme changes: a new shape whose keys begin as the previous shape's stop."""
+    """Each deployment's key-scheme changes: a new shape whose keys begin as the previous shape's stop.
+
+    In a time range: those its own requests show, and those of the whole log that begin inside it. A change
+    near the range's end has too few requests of the new shape inside it to count as a scheme, yet its fix
+    is the one fix_status finds in the whole log and reports for the range."""
+    changes = _scheme_changes(store, filters)
+    if filters.start is None and filters.end is None:
+        return changes
+    seen = {(c.deployment, c.new_prefix) for c in changes}
+    changes += [c for c in _scheme_changes(store, replace(filters, start=None, end=None))
+                if (c.deployment, c.new_prefix) not in seen and (filters.start is None or c.ts >= filters.start)
+                and (filters.end is None or c.ts <= filters.end)]
+    return sorted(changes, key=lambda c: (c.ts, c.deployment))
+
+
+def _scheme_changes(store: Store, filters: Filters) -> list[KeySchemeChange]:
     shapes = df(store, key_shapes_sql, filters, whole=key_shapes_whole_sql)
     shapes = shapes[shapes.requests >= SCHEME_MIN_REQUESTS]
     changes = []

@@ -136,3 +136,20 @@ def test_a_clean_request_in_the_same_second_is_the_newest_not_the_last_hit(tmp_p
     store = store_of(tmp_path / "same", incident(first_hit_after=3600, hits=20, gap=30, tail=0)[:-1])
     (status,) = analysis.contamination_status(store)
     assert status.sentence.endswith("still going: the newest request (2026-03-01 11:09:30 UTC) is one.")
+
+
+def test_a_change_near_a_ranges_end_is_listed_beside_the_fix_it_reports(demo):
+    """Two hours ending at 12:00: edge-b's new keys began at 11:54:15, nine requests before the range ends
+    (a shape counts from ten), so the range's own requests showed only edge-a's change while fix_status, which
+    finds the fix in the whole log, reported both (`stats --json`: key_scheme_changes edge-a only, hits_after_fix
+    both). The whole log's changes that begin inside the range are listed too; one that begins after it is not."""
+    two_hours = Filters(start=datetime(2026, 11, 20, 10, tzinfo=timezone.utc),
+                        end=datetime(2026, 11, 20, 12, tzinfo=timezone.utc))
+    changes = analysis.key_scheme_changes(demo, two_hours)
+    assert [c.deployment for c in changes] == ["edge-b", "edge-a"] == [f.deployment for f in
+                                                                      analysis.fix_status(demo, two_hours)]
+    assert changes == analysis.key_scheme_changes(demo)
+    stats = analysis.fix_stats(demo, two_hours)
+    assert [c["deployment"] for c in stats["key_scheme_changes"]] == list(stats["hits_after_fix"]) == ["edge-b", "edge-a"]
+    before = Filters(start=two_hours.start, end=datetime(2026, 11, 20, 11, 54, 30, tzinfo=timezone.utc))
+    assert [c.deployment for c in analysis.key_scheme_changes(demo, before)] == ["edge-b"]
