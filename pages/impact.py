@@ -84,7 +84,8 @@ if names:
                "what a customer notice lists (the CSV holds them all).")
     store = ui.store()
     # Written when clicked, not on every run: a busy consumer's list is hundreds of thousands of rows.
-    st.download_button(f"Download {chosen or 'unnamed'}'s affected requests (CSV)",
+    st.download_button(f"Download {chosen}'s affected requests (CSV)" if chosen
+                       else "Download the affected requests that name no consumer (CSV)",
                        data=lambda: hurt.affected_csv(store, chosen, filters),
                        file_name="affected-requests.csv", mime="text/csv",
                        key="impact_download")
