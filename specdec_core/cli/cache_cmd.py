@@ -20,11 +20,13 @@ if TYPE_CHECKING:
 
 
 def _instant(text: str, flag: str) -> datetime:
+    """--since/--until as `specdec stats --start/--end` read them: --until with a date alone is that whole day."""
+    from specdec_core.analysis.query import selection_time
+
     try:
-        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+        return selection_time(text.replace("z", "Z"), end=flag == "--until")
     except ValueError:
         raise ValueError(f"{flag} {text!r}: expected an RFC 3339 time, e.g. 2026-03-01T10:00:00Z") from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
 
 def filters_from_args(args: argparse.Namespace) -> Filters:
@@ -222,7 +224,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="PLAN.jsonl")
     p.add_argument("--deployment", action="append", metavar="D", help="only this deployment (repeatable)")
     p.add_argument("--since", metavar="T", help="only requests at or after this time (RFC 3339)")
-    p.add_argument("--until", metavar="T", help="only requests at or before this time (RFC 3339)")
+    p.add_argument("--until", metavar="T", help="only requests at or before this time (RFC 3339; a date alone: "
+                                                "through that day)")
     p.add_argument("--key-template", default=DEFAULT_KEY_TEMPLATE, metavar="TEMPLATE",
                    help="the key in the cache for a logged key: {cache_key} and {deployment} are filled in "
                         "(default {cache_key}; e.g. 'myapp:{deployment}:{cache_key}')")

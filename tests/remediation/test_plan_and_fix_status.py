@@ -59,6 +59,15 @@ def test_plan_command_writes_the_file_and_prints_the_counts(db, tmp_path, capsys
     assert line == {"deployment": "prod", "cache_key": "svc-v1:prompt:a", "redis_key": "svc-v1:prompt:a",
                     "reason": "contaminated", "identities": 2, "contaminated_hits": 1,
                     "first_contaminated": "2026-03-01T10:02:00.000Z", "last_seen": "2026-03-01T10:03:00.000Z"}
+    # A date alone: --until is through that day, as `specdec stats --end` reads it (it was the day's first
+    # instant, before every request of it: an empty plan, exit 0, nothing said).
+    assert main(["cache", "plan", "--db", str(db), "--out", str(out)]) == 0
+    whole = out.read_text().splitlines()
+    assert main(["cache", "plan", "--db", str(db), "--out", str(out), "--until", "2026-03-01"]) == 0
+    assert out.read_text().splitlines() == whole and len(whole) > 1
+    assert main(["cache", "plan", "--db", str(db), "--out", str(out), "--until", "2026-02-28"]) == 0
+    assert out.read_text() == ""
+    capsys.readouterr()
     assert main(["cache", "plan", "--db", str(db), "--out", str(out), "--key-template", "app:{deployment}"]) == 2
     assert main(["cache", "plan", "--db", str(db), "--out", str(out), "--since", "yesterday"]) == 2
     assert len(capsys.readouterr().err.splitlines()) == 2
