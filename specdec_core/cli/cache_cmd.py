@@ -182,7 +182,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
               "were not restored", file=sys.stderr)
     if store is not None:
         record_purge(store, PurgeRecord(
-            ts=datetime.now(timezone.utc), kind="restore", target=target.masked, plan=None, namespace=None,
+            ts=datetime.now(timezone.utc), kind="restore", target=target.masked, plan=args.backup, namespace=None,
             planned=result.entries, deleted=0, missing=result.expired, dry_run=False))
     return 0
 

@@ -21,7 +21,7 @@ class PurgeRecord:
     ts: datetime
     kind: str  # "plan" | "namespace" | "restore"
     target: str  # masked URL
-    plan: str | None
+    plan: str | None  # the plan file read; a restore: its backup file
     namespace: str | None
     planned: int
     deleted: int

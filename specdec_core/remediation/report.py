@@ -123,10 +123,16 @@ class IncidentReport:
 
 
 def _purge_words(p: PurgeRecord) -> str:
-    what = {"plan": f"the plan {p.plan}", "namespace": f"the namespace {p.namespace}",
-            "restore": "a restore"}.get(p.kind, p.kind)
-    verb = "dry run of" if p.dry_run else ("restored from" if p.kind == "restore" else "purged")
-    return f"{verb} {what} on {p.target}: {p.planned:,} planned, {p.deleted:,} deleted, {p.missing:,} missing"
+    if p.kind == "restore":  # planned: the backup's entries; missing: those past their TTL, not put back
+        expired = f" ({p.missing:,} had outlived their TTL)" if p.missing else ""
+        return (f"restored {p.planned - p.missing:,} keys from the backup {p.plan or '(not recorded)'} on "
+                f"{p.target}{expired}: the purged entries it held are in the cache again")
+    what = {"plan": f"the plan {p.plan}", "namespace": f"the namespace {p.namespace}"}.get(p.kind, p.kind)
+    if p.dry_run:
+        return f"dry run of {what} on {p.target}: {p.planned:,} planned; nothing deleted"
+    said = f"purged {what} on {p.target}: {p.planned:,} planned, {p.deleted:,} deleted, {p.missing:,} missing"
+    left = p.planned - p.deleted - p.missing  # every planned key is deleted or missing once a purge ends
+    return said + (f"; interrupted with {left:,} keys left: run it again" if left > 0 else "")
 
 
 # Over the summaries every read may use (a read of a store whose summaries are older asks for a migrate), or
@@ -255,10 +261,15 @@ def checklist(r: IncidentReport) -> list[tuple[str, str, str]]:
     else:
         items.append(("Key fixed", "left" if r.headline.contaminated_hits else "unknown",
                       "no change of key scheme in the logs"))
-    namespaces = [p for p in r.purges if p.kind == "namespace" and not p.dry_run]
+    # A restore puts a purge's entries back: a namespace purge before the latest restore is undone.
+    restored = max((p.ts for p in r.purges if p.kind == "restore"), default=None)
+    namespaces = [p for p in r.purges if p.kind == "namespace" and not p.dry_run
+                  and (restored is None or p.ts > restored)]
     if not namespaces:
-        items.append(("Old namespace purged", "left" if r.changes or r.headline.contaminated_hits else "unknown",
-                      "no purge recorded" if not r.purges else "no namespace purge recorded"))
+        said = ("no purge recorded" if not r.purges else f"a restore at {_when(restored)} put the purged entries back"
+                if restored is not None and any(p.kind == "namespace" and not p.dry_run for p in r.purges)
+                else "no namespace purge recorded")
+        items.append(("Old namespace purged", "left" if r.changes or r.headline.contaminated_hits else "unknown", said))
     else:
         done = "; ".join(f"{p.namespace} on {p.target} at {_when(p.ts)}: {_n(p.deleted)} deleted" for p in namespaces)
         # Each old key scheme the logs show is purged once a namespace purge held all of its keys.
@@ -280,9 +291,11 @@ def _holds(namespace: str, old_prefix: str) -> bool:
 
 
 def _purge_rows(r: IncidentReport) -> list[str]:
-    if not r.purges:
-        return ["no purge recorded"]
-    return [f"{_when(p.ts)}: {_purge_words(p)}" for p in r.purges]
+    """The purges and restores done (dry runs changed nothing: the timeline has them)."""
+    done = [p for p in r.purges if not p.dry_run]
+    if not done:
+        return ["no purge recorded" if not r.purges else "no purge recorded; only dry runs"]
+    return [f"{_when(p.ts)}: {_purge_words(p)}" for p in done]
 
 
 # --- Markdown ------------------------------------------------------------------------------------------------

@@ -190,3 +190,32 @@ def test_log_text_in_the_markdown_and_the_impact_table_stays_text(tmp_path):
     assert "<img" not in text and "&lt;img src=x onerror=alert(1)&gt; row" in text
     table = run_cli("impact", "--db", str(path)).stdout.splitlines()
     assert len(table) == 2 and table[1].startswith("<img src=x onerror=alert(1)> row")
+
+
+def test_a_restore_a_dry_run_and_an_interrupted_purge_read_as_what_they_did(db, tmp_path):
+    """A walk of the remediation commands found the report saying "restored from a restore on ...: 36 planned,
+    0 deleted, 0 missing" (no count put back, no backup named, the purge before it still "done"), a dry run
+    listed under Remediation > Done, and an interrupted purge (17 of 40 deleted) read as a finished one."""
+    copy = tmp_path / "restored.duckdb"
+    copy.write_bytes(db.read_bytes())
+    target = "redis://purger@cache:6379/0"
+
+    def record(hour: int, kind: str, **kw) -> None:
+        fields = {"plan": None, "namespace": None, "planned": 0, "deleted": 0, "missing": 0, "dry_run": False} | kw
+        record_purge(Store(copy), PurgeRecord(ts=datetime(2026, 3, 1, hour, tzinfo=timezone.utc), kind=kind,
+                                              target=target, **fields))
+
+    record(11, "plan", plan="plan.jsonl", planned=40, dry_run=True)
+    record(12, "plan", plan="plan.jsonl", planned=40, deleted=17, missing=2)
+    record(13, "namespace", namespace="edge-v1:", planned=3, deleted=3)
+    record(14, "restore", plan="backup.jsonl", planned=36, missing=1)
+    text = render_markdown(incident_report(Store(copy)))
+    done = text[text.index("### Done"):text.index("### Purge plan")]
+    assert "dry run" not in done and "dry run of the plan plan.jsonl on " + target + ": 40 planned; nothing deleted" in text
+    assert (f"purged the plan plan.jsonl on {target}: 40 planned, 17 deleted, 2 missing; interrupted with 21 keys "
+            "left: run it again") in done
+    assert (f"restored 35 keys from the backup backup.jsonl on {target} (1 had outlived their TTL): the purged "
+            "entries it held are in the cache again") in done
+    assert ("| Old namespace purged | left | a restore at 2026-03-01 14:00:00 UTC put the purged entries back |"
+            in text)
+    assert f"purged the namespace edge-v1: on {target}: 3 planned, 3 deleted, 0 missing\n" in done, "no interruption"

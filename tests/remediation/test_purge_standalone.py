@@ -288,6 +288,7 @@ def test_password_never_appears_in_output_files_or_the_store(standalone, poisone
                                                                             ("restore", 30, 0, 0)]
     assert records[0].target == f"redis://purger@127.0.0.1:{standalone.port}/0"
     assert records[0].plan == str(plan) and records[0].namespace is None and not records[0].dry_run
+    assert records[1].plan == str(tmp_path / "b.jsonl"), "a restore records the backup it read"
 
 
 def test_failures_are_one_line_with_exit_status(standalone, tmp_path, capsys):
