@@ -97,6 +97,7 @@ class BackupEntry:
     key: bytes
     payload: bytes
     expires_at_ms: int | None
+    where: str = ""  # FILE:LINE, to name a line Redis refuses
 
 
 def read_backup(path: str | os.PathLike[str]) -> list[BackupEntry]:
@@ -129,7 +130,7 @@ def _backup_entry(line: str, where: str) -> BackupEntry:
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         reason = f"no {exc.args[0]}" if isinstance(exc, KeyError) else str(exc).split("\n")[0]
         raise PurgeError(f"{where}: {reason}") from None
-    return BackupEntry(key, payload, expires)
+    return BackupEntry(key, payload, expires, where)
 
 
 def back_up(client: Any, keys: list[bytes], writer: BackupWriter) -> int:
@@ -155,10 +156,11 @@ def restore_backup(target: RedisTarget, path: str | os.PathLike[str], *, batch: 
     client = client if client is not None else connect(target)
     rx = require("redis", "redis.exceptions")
     restored = expired = 0
+    refused: list[tuple[BackupEntry, Exception]] = []  # entries whose payload Redis would not take
     try:
         for start in range(0, len(entries), batch):
             pipe = pipeline(client)
-            queued = 0
+            queued: list[BackupEntry] = []
             now_ms = int(time.time() * 1000)
             for entry in entries[start:start + batch]:
                 ttl = 0 if entry.expires_at_ms is None else entry.expires_at_ms - now_ms
@@ -166,14 +168,30 @@ def restore_backup(target: RedisTarget, path: str | os.PathLike[str], *, batch: 
                     expired += 1
                     continue
                 pipe.restore(entry.key, ttl, entry.payload, replace=True)
-                queued += 1
-            if queued:
-                pipe.execute()
-            restored += queued
+                queued.append(entry)
+            # Each command's answer: a bad payload fails its own key, not the batch's others, which Redis took.
+            for entry, answer in zip(queued, pipe.execute(raise_on_error=False) if queued else [], strict=True):
+                if not isinstance(answer, Exception):
+                    restored += 1
+                elif _refused_payload(answer):
+                    refused.append((entry, answer))
+                else:
+                    raise answer
             if progress is not None:
                 progress(min(start + batch, len(entries)), len(entries))
     except (rx.RedisError, rx.RedisClusterException, OSError) as exc:
         raise redis_failure(exc, target, secret_of(target),
                             f"{restored} keys were restored before the failure; a rerun restores them all again"
                             ) from None
+    if refused:
+        entry, answer = refused[0]
+        more = f" (and {len(refused) - 1:,} more lines)" if len(refused) > 1 else ""
+        raise PurgeError(f"{entry.where}: Redis refused the payload of key {entry.key.decode('utf-8', 'replace')!r} "
+                         f"({' '.join(str(answer).split())}){more}; the other {restored:,} keys were restored")
     return RestoreResult(entries=len(entries), restored=restored, expired=expired)
+
+
+def _refused_payload(answer: Exception) -> bool:
+    """A RESTORE's error about its own payload (an edited or cut backup line), not about the server or the user."""
+    text = str(answer)
+    return "payload" in text or "Bad data format" in text

@@ -416,3 +416,21 @@ def test_restore_leaves_out_an_entry_whose_ttl_ran_out_and_names_a_bad_line(stan
     backup.write_text(backup.read_text() + '{"v": 1, "key": "x", "payload": "not base64!"}\n')
     bad = purge_here(capsys, "--backup", str(backup), "--redis", standalone.url(), command="restore")
     assert bad.returncode == 1 and f"{backup}:3:" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_a_backup_line_redis_refuses_is_named_and_the_others_are_restored(standalone, poisoned, tmp_path, capsys):
+    """A backup whose second line's payload was edited: the restore said "DUMP payload version or checksum are
+    wrong; 0 keys were restored before the failure", naming no line, though the batch's other keys were back."""
+    keys, _ = poisoned
+    backup = tmp_path / "b.jsonl"
+    assert purge_here(capsys, "--plan", str(plan_file(tmp_path / "plan.jsonl", keys)), "--redis", standalone.url(),
+                      "--backup", str(backup)).returncode == 0
+    lines = backup.read_text().splitlines()
+    broken = json.loads(lines[1]) | {"payload": "AAAA"}
+    backup.write_text("\n".join([lines[0], json.dumps(broken), *lines[2:]]) + "\n")
+    done = purge_here(capsys, "--backup", str(backup), "--redis", standalone.url(), command="restore")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"specdec cache restore: {backup}:2: Redis refused the payload of key "
+                                  f"'{broken['key']}' ("), done.stderr
+    assert done.stderr.rstrip().endswith(f"the other {len(keys) - 1} keys were restored"), done.stderr
+    assert standalone.admin.exists(*keys) == len(keys) - 1 and not standalone.admin.exists(broken["key"])
