@@ -243,7 +243,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="change nothing: count the keys that would go")
     p.add_argument("--backup", metavar="FILE",
                    help="first append each existing key's DUMP payload and TTL to FILE (JSON Lines)")
-    p.add_argument("--rate", type=float, metavar="N", help="at most N deletions a second")
+    p.add_argument("--rate", type=float, metavar="N", help="at most N deletions a second (a dry run is not held)")
     p.add_argument("--db", help="record the run in this store's purges table (for the incident report)")
     p.add_argument("--json", action="store_true", help="(the default) print the result as one JSON object")
     p.set_defaults(func=cmd_purge)

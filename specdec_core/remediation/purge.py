@@ -168,7 +168,7 @@ def purge_keys(target: RedisTarget, keys: list[str], *, dry_run: bool = False,
     keys = list(dict.fromkeys(keys))  # two deployments may log one key: it is one key in the cache
     _check_rate(rate)
     client = client if client is not None else connect(target)
-    pacer = _Pacer(rate)
+    pacer = _Pacer(None if dry_run else rate)  # a dry run deletes nothing: no reason to hold it back
     size = pacer.batch_size(batch)
     chunks = ([_as_bytes(k) for k in keys[i:i + size]] for i in range(0, len(keys), size))
     return _drive(client, target, chunks, _Tally(len(keys)), dry_run=dry_run, backup=backup, pacer=pacer,
@@ -190,7 +190,7 @@ def purge_namespace(target: RedisTarget, prefix: str, *, dry_run: bool = False,
                           "e.g. specdec:prod:")
     _check_rate(rate)
     client = client if client is not None else connect(target)
-    pacer = _Pacer(rate)
+    pacer = _Pacer(None if dry_run else rate)  # a dry run deletes nothing: no reason to hold it back
     tally = _Tally(0)
     size = pacer.batch_size(batch)
 

@@ -95,6 +95,9 @@ def test_dry_run_changes_nothing_and_says_what_would_go(standalone, poisoned, tm
     assert (out["planned"], out["deleted"], out["would_delete"], out["missing"]) == (11, 0, 10, 1)
     assert snapshot(standalone.admin, keys + others) == before
     assert not (tmp_path / "backup.jsonl").exists()
+    # --rate caps deletions; a dry run deletes none, so it is not held to it (at 0.5 a second, 11 keys were 22 s).
+    done = purge_here(capsys, "--plan", str(plan), "--redis", standalone.url(), "--dry-run", "--rate", "0.5")
+    assert json.loads(done.stdout)["seconds"] < 5 and snapshot(standalone.admin, keys + others) == before
 
 
 def test_backup_then_restore_puts_back_payloads_and_remaining_ttls(standalone, poisoned, tmp_path, capsys):
