@@ -28,6 +28,20 @@ class PurgeRecord:
     missing: int
     dry_run: bool
 
+    @property
+    def words(self) -> str:
+        """The run in words, as the incident report's timeline and remediation list say it."""
+        if self.kind == "restore":  # planned: the backup's entries; missing: those past their TTL, not put back
+            expired = f" ({self.missing:,} had outlived their TTL)" if self.missing else ""
+            return (f"restored {self.planned - self.missing:,} keys from the backup {self.plan or '(not recorded)'} on "
+                    f"{self.target}{expired}: the purged entries it held are in the cache again")
+        what = {"plan": f"the plan {self.plan}", "namespace": f"the namespace {self.namespace}"}.get(self.kind, self.kind)
+        if self.dry_run:
+            return f"dry run of {what} on {self.target}: {self.planned:,} planned; nothing deleted"
+        said = f"purged {what} on {self.target}: {self.planned:,} planned, {self.deleted:,} deleted, {self.missing:,} missing"
+        left = self.planned - self.deleted - self.missing  # every planned key is deleted or missing once a purge ends
+        return said + (f"; interrupted with {left:,} keys left: run it again" if left > 0 else "")
+
 
 _NAMES = [f.name for f in fields(PurgeRecord)]
 if _NAMES != [name for name, _ in PURGE_COLUMNS]:  # the table and the record are one shape, in one order

@@ -113,26 +113,13 @@ class IncidentReport:
             events.append(Event(hits[1], "last contaminated hit", self.link("mismatches")))
         events += [Event(r.replayed_at, f"replay of {r.request_id}: {r.classification}",
                          self.link(f"replay?replay_id={r.replay_id}")) for r in self.replays]
-        events += [Event(p.ts, _purge_words(p)) for p in self.purges or ()]
+        events += [Event(p.ts, p.words) for p in self.purges or ()]
         return sorted(events, key=lambda e: e.ts)
 
     def contaminated_times(self) -> tuple[datetime, datetime] | None:
         if not self.status:
             return None
         return (min(s.first_contaminated for s in self.status), max(s.last_contaminated for s in self.status))
-
-
-def _purge_words(p: PurgeRecord) -> str:
-    if p.kind == "restore":  # planned: the backup's entries; missing: those past their TTL, not put back
-        expired = f" ({p.missing:,} had outlived their TTL)" if p.missing else ""
-        return (f"restored {p.planned - p.missing:,} keys from the backup {p.plan or '(not recorded)'} on "
-                f"{p.target}{expired}: the purged entries it held are in the cache again")
-    what = {"plan": f"the plan {p.plan}", "namespace": f"the namespace {p.namespace}"}.get(p.kind, p.kind)
-    if p.dry_run:
-        return f"dry run of {what} on {p.target}: {p.planned:,} planned; nothing deleted"
-    said = f"purged {what} on {p.target}: {p.planned:,} planned, {p.deleted:,} deleted, {p.missing:,} missing"
-    left = p.planned - p.deleted - p.missing  # every planned key is deleted or missing once a purge ends
-    return said + (f"; interrupted with {left:,} keys left: run it again" if left > 0 else "")
 
 
 # Over the summaries every read may use (a read of a store whose summaries are older asks for a migrate), or
@@ -295,7 +282,7 @@ def _purge_rows(r: IncidentReport) -> list[str]:
     done = [p for p in r.purges if not p.dry_run]
     if not done:
         return ["no purge recorded" if not r.purges else "no purge recorded; only dry runs"]
-    return [f"{_when(p.ts)}: {_purge_words(p)}" for p in done]
+    return [f"{_when(p.ts)}: {p.words}" for p in done]
 
 
 # --- Markdown ------------------------------------------------------------------------------------------------
