@@ -348,7 +348,7 @@ class Store:
                 _configure(con)
                 con.execute(f"SET memory_limit = '{WRITER_MEMORY_LIMIT}'")
                 con.execute(f"SET temp_directory = {literal(str(tmp) + '.spill')}")
-                ensure_schema(con)
+                ensure_schema(con, new_file=original is None)
                 if convert:
                     convert_into(target, con, str(self.path))
                 yield con
