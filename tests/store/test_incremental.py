@@ -88,29 +88,41 @@ def _derived(con: duckdb.DuckDBPyConnection) -> dict[str, pd.DataFrame]:
 
 
 def _assert_equals_full_rebuild(db, tmp_path) -> None:
+    _assert_equal_to_a_full_rebuild([db], tmp_path)
+
+
+def _assert_equal_to_a_full_rebuild(dbs, tmp_path) -> None:
+    """Each store's derived tables equal a full rebuild of its rows; stores that hold the same rows (fed the same
+    batches, updated each in its own way) are compared with one rebuild, their rows first checked equal."""
     release_snapshots()
     rebuilt = tmp_path / "rebuilt.duckdb"
-    shutil.copyfile(db, rebuilt)
-    with duckdb.connect(str(db), read_only=True) as con:
-        updated = _derived(con)
-        # Every hit judged contaminated now was recorded when first judged so (the monitoring counter's record).
-        assert con.execute("SELECT count(*) FROM summary_contaminated WHERE request_id NOT IN "
-                           "(SELECT request_id FROM contaminated_first_verdicts)").fetchall() == [(0,)]
+    shutil.copyfile(dbs[0], rebuilt)
+    updated, rows = [], []
+    for db in dbs:
+        with duckdb.connect(str(db), read_only=True) as con:
+            updated.append(_derived(con))
+            rows.append(con.execute("SELECT * FROM requests ORDER BY request_id").fetchall())
+            # Every hit judged contaminated now was recorded when first judged so (the monitoring counter's record).
+            assert con.execute("SELECT count(*) FROM summary_contaminated WHERE request_id NOT IN "
+                               "(SELECT request_id FROM contaminated_first_verdicts)").fetchall() == [(0,)]
+    assert all(held == rows[0] for held in rows[1:]), "the stores hold the same rows"
     with duckdb.connect(str(rebuilt)) as con:
         judge_hits(con)
         build_summaries(con)
         full = _derived(con)
-    for name in _TABLES:
-        assert len(updated[name]) == len(full[name]), name
-        pd.testing.assert_frame_equal(updated[name], full[name], check_exact=False, rtol=1e-9, obj=name)
+    for db, tables in zip(dbs, updated, strict=True):
+        for name in _TABLES:
+            assert len(tables[name]) == len(full[name]), (db.name, name)
+            pd.testing.assert_frame_equal(tables[name], full[name], check_exact=False, rtol=1e-9,
+                                          obj=f"{db.name}: {name}")
 
 
 # The judging reads a window of recent rows first (incremental.JUDGE_WINDOW_SECONDS) and the whole history
 # only for the hits that window leaves unsettled: no window, windows of seconds (the log spans a minute) and
-# the default all give the rebuild.
-@pytest.mark.parametrize(("seed", "window"), [(1, 3600), (2, 3600), (3, 3600), (1, 0), (2, 1), (3, 5)])
-def test_each_batch_leaves_the_derived_tables_equal_to_a_full_rebuild(tmp_path, monkeypatch, seed, window):
-    monkeypatch.setattr(incremental, "JUDGE_WINDOW_SECONDS", window)
+# the default all give the rebuild. Each seed's batches go into a store per window, all compared with one
+# rebuild of the same rows after each batch (the rebuild knows no window).
+@pytest.mark.parametrize(("seed", "windows"), [(1, (3600, 0)), (2, (3600, 1)), (3, (3600, 5))])
+def test_each_batch_leaves_the_derived_tables_equal_to_a_full_rebuild(tmp_path, monkeypatch, seed, windows):
     rng = random.Random(seed)
     records = random_log(seed, n=300) + _linked_rows(rng, 12)
     for r in records:  # who received each output and its arm, some of them unlogged
@@ -119,21 +131,29 @@ def test_each_batch_leaves_the_derived_tables_equal_to_a_full_rebuild(tmp_path, 
     cuts = sorted(rng.sample(range(1, len(records)), 4))
     files = [write_jsonl(tmp_path / f"part{i}.jsonl", records[a:b])
              for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(records)], strict=True))]
-    db = tmp_path / "store.duckdb"
-    contaminated = []
+    dbs = {window: tmp_path / f"store-{window}.duckdb" for window in windows}
+    contaminated: dict[int, list[int]] = {window: [] for window in windows}
+
+    def ingest_with(window: int, f):
+        monkeypatch.setattr(incremental, "JUDGE_WINDOW_SECONDS", window)
+        return ingest(Store(dbs[window]), [str(f)])
+
     for f in files:
-        result = ingest(Store(db), [str(f)])
-        assert result.quarantined == 0
-        _assert_equals_full_rebuild(db, tmp_path)
-        with duckdb.connect(str(db), read_only=True) as con:
-            contaminated.append(con.execute("SELECT count(*) FROM hit_sources WHERE contaminated").fetchall()[0][0])
-            backfilled = con.execute("SELECT count(*) FROM requests WHERE request_id LIKE 'lm%' "
-                                     "AND cache_key IS NOT NULL").fetchall()[0][0]
-    assert contaminated[-1] > 20 and len(set(contaminated)) > 2  # verdicts moved from batch to batch
+        for window in windows:
+            assert ingest_with(window, f).quarantined == 0
+        _assert_equal_to_a_full_rebuild(list(dbs.values()), tmp_path)
+        for window, db in dbs.items():
+            with duckdb.connect(str(db), read_only=True) as con:
+                contaminated[window].append(
+                    con.execute("SELECT count(*) FROM hit_sources WHERE contaminated").fetchall()[0][0])
+                backfilled = con.execute("SELECT count(*) FROM requests WHERE request_id LIKE 'lm%' "
+                                         "AND cache_key IS NOT NULL").fetchall()[0][0]
     assert backfilled > 0
-    # The same file again changes nothing.
-    assert ingest(Store(db), [str(files[0])]).accepted == 0
-    _assert_equals_full_rebuild(db, tmp_path)
+    for window in windows:
+        assert contaminated[window][-1] > 20 and len(set(contaminated[window])) > 2, window  # verdicts moved
+        # The same file again changes nothing.
+        assert ingest_with(window, files[0]).accepted == 0
+    _assert_equal_to_a_full_rebuild(list(dbs.values()), tmp_path)
 
 
 def test_live_batches_into_a_busy_minute_add_their_counts_to_its_rows(tmp_path, monkeypatch):
