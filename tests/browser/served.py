@@ -25,8 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 
 
+# `--js-flags=--no-opt`: V8 runs the pages' scripts without its optimizing compiler (TurboFan), which a test's
+# few views of a page never repay: `tests/browser` (-n 2), alternated twice, 110-112 CPU-s of Chromium against
+# 116-123 (docs/benchmarks.md, session 27). The scripts and their results are the same.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update"]
+                 "--disable-component-update", "--js-flags=--no-opt"]
 
 
 # The ports this process has served dashboards on, each used again once it is free. Chromium keeps a page's
