@@ -67,11 +67,19 @@ def _columns(con: duckdb.DuckDBPyConnection) -> dict[str, set[str]]:
     return tables
 
 
+def _all_ddl() -> str:
+    """Every table this version makes, and the columns it added to older ones."""
+    return schema_sql() + "\n" + column_migrations_sql()
+
+
+_VERSION_ROW_SQL = f"INSERT INTO meta VALUES ('schema_version', {literal(str(SCHEMA_VERSION))})"
+
+
 @functools.cache
 def _current_columns() -> dict[str, frozenset[str]]:
     """Every table and column this version's DDL makes: those of an empty database that ran it."""
     with duckdb.connect() as con:
-        con.execute(schema_sql() + "\n" + column_migrations_sql())
+        con.execute(_all_ddl())
         return {table: frozenset(columns) for table, columns in _columns(con).items()}
 
 
@@ -104,8 +112,8 @@ def ensure_schema(con: duckdb.DuckDBPyConnection, new_file: bool = False) -> Non
     is a DuckDB file created empty by this write, which only needs the tables (its probes took 8 ms of the
     first ingest of 30 lines, 180 ms)."""
     if new_file:
-        create_tables(con, schema_sql() + "\n" + column_migrations_sql())
-        con.execute(f"INSERT INTO meta VALUES ('schema_version', {literal(str(SCHEMA_VERSION))})")
+        create_tables(con, _all_ddl())
+        con.execute(_VERSION_ROW_SQL)
         return
     report = _SCHEMA_CHANGES.get()
     # A file store of this version, nearly every write's: one statement binds its columns (1 ms), where listing them
@@ -118,7 +126,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection, new_file: bool = False) -> Non
     # Run only where a table or column is missing: on a store that has them all its 50 statements changed
     # nothing and took 8 ms of each write (a lake's: more).
     if any(not columns <= before.get(table, set()) for table, columns in _current_columns().items()):
-        create_tables(con, schema_sql() + "\n" + column_migrations_sql())
+        create_tables(con, _all_ddl())
     constraints = con.execute("SELECT table_name, constraint_type, unnest(constraint_column_names) "
                               "FROM duckdb_constraints() WHERE database_name = current_database() "
                               f"AND list_contains({list_literal(['requests', *UNKEYED_TABLES])}, table_name)"
@@ -137,7 +145,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection, new_file: bool = False) -> Non
         if stored in ("1", "2"):  # the old row groups too: the store into a fresh file, in today's format
             compact_after_write(con)
         con.execute("DELETE FROM meta WHERE key = 'schema_version'")
-        con.execute(f"INSERT INTO meta VALUES ('schema_version', {literal(str(SCHEMA_VERSION))})")
+        con.execute(_VERSION_ROW_SQL)
     if report is not None and before:  # a store that had tables: what this write changed in them
         after = _columns(con)
         said = [f"added table {t}" for t in sorted(set(after) - set(before))]
