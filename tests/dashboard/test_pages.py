@@ -694,3 +694,21 @@ def test_the_database_box_and_the_url_refuse_a_lake_outside_the_roots(monkeypatc
         assert at.sidebar.text_input(key=ui.DB_KEY).value == str(db)
         assert metrics_of(at.main)["Requests"] == "6"
     assert not (tmp_path / "elsewhere" / "new.sqlite").exists()
+
+
+def test_an_emptied_database_box_opens_the_started_store_and_a_folder_is_refused(monkeypatch, tmp_path):
+    # An empty box once resolved to the folder the dashboard was started in and wrote it into every link.
+    db = build_db(tmp_path, incident_records())
+    monkeypatch.setenv("SPECDEC_DB", str(db))
+    monkeypatch.chdir(tmp_path)
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.run()
+    for typed, refused in (("", False), ("   ", False), (str(tmp_path), True), (".", True)):
+        at.sidebar.text_input(key=ui.DB_KEY).set_value(typed).run()
+        assert not at.exception
+        assert at.sidebar.text_input(key=ui.DB_KEY).value == str(db), typed
+        assert metrics_of(at.main)["Requests"] == "6" and "db" not in at.query_params, typed
+        errors = texts(at, "error")
+        said = (f"Database not changed: {tmp_path} is a folder; a database is one DuckDB file "
+                "(`specdec ingest LOGS --db FILE.duckdb` makes one)")
+        assert errors == ([ui.md_escape(said)] if refused else []), errors
