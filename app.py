@@ -386,10 +386,19 @@ def annotation_widgets() -> None:
     st.session_state[ui.ANNOTATIONS_KEY] = notes
 
 
-@st.fragment(run_every=LIVE_EVERY_S)
 def live_status() -> None:
-    """While Live is on: the newest request and its lag, and a fresh view as soon as the store changes."""
-    if not st.session_state.get("live"):
+    """While Live is on: the newest request and its lag, and a fresh view as soon as the store changes.
+
+    Only then is the fragment drawn, and only a drawn fragment reruns every LIVE_EVERY_S: drawn always (and
+    returning at once), it had every open tab's server and browser redraw it every 5 s, Live or not, forever.
+    """
+    if st.session_state.get("live"):
+        live_check()
+
+
+@st.fragment(run_every=LIVE_EVERY_S)
+def live_check() -> None:
+    if not st.session_state.get("live"):  # switched off while a rerun of its own was on its way
         return
     db = ui.store()
     if not db.exists:

@@ -1,9 +1,11 @@
 """Issue #44 on the demo incident in a real headless Chromium: one history entry per view and Back restoring
-it, time charts spanning the filtered range, chart labels that don't overlap. One served dashboard for all."""
+it, time charts spanning the filtered range, chart labels that don't overlap; an idle tab that is not Live
+hears nothing from its server. One served dashboard for all."""
 
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -155,3 +157,30 @@ def test_time_charts_span_the_range_and_their_labels_never_overlap(browser, demo
             assert legends >= 6
     assert seen >= 3
     page.close()
+
+
+def test_an_idle_tab_hears_from_its_server_only_while_live_is_on(desk, demo_url):
+    """The Live check reruns every LIVE_EVERY_S (5 s) while Live is on; it was drawn, and rerun, in every tab
+    whether Live was on or not: each open dashboard cost its server and its browser a redraw every 5 s."""
+    frames: list[float] = []
+    desk.on("websocket", lambda ws: ws.on("framereceived", lambda _: frames.append(time.monotonic())))
+    desk.goto(f"{demo_url}/cache?{HOUR}")  # a page load: the listener sees its connection open
+    heading(desk, "Cache")
+    sidebar = desk.get_by_test_id("stSidebar")
+    live, label = sidebar.get_by_role("switch", name="Live"), sidebar.get_by_text("Live", exact=True)
+    label.click()  # the switch's label takes the click
+    expect(live).to_be_checked()
+    caption = sidebar.get_by_text("Live · newest request")
+    expect(caption).to_be_visible()
+    settle(desk)
+    heard, deadline = len(frames), time.monotonic() + 7
+    while len(frames) == heard and time.monotonic() < deadline:
+        desk.wait_for_timeout(100)  # the browser's events are handed over while Playwright waits
+    assert len(frames) > heard, "Live on, and no rerun of its own came"
+    label.click()
+    expect(live).not_to_be_checked()
+    expect(caption).to_have_count(0)
+    settle(desk)
+    quiet_from = len(frames)
+    desk.wait_for_timeout(6_500)  # a tick and a second and a half: none came
+    assert len(frames) == quiet_from, "an idle tab whose Live is off was sent a rerun"
