@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from specdec_core.cli.common import cannot_write
+from specdec_core.cli.common import UsageError, cannot_write
 from specdec_core.cli.store_cmds import add_db, existing_store
 from specdec_core.contract.names import IMPACT_DIMENSIONS
 
@@ -24,6 +24,9 @@ def _name(value: str) -> str:
 def cmd_impact(args: argparse.Namespace) -> int:
     from specdec_core.analysis.impact import experiment_impact, impact, rfc3339
 
+    if args.experiments and args.by is not None:  # it went unread: the arms were printed as if it was obeyed
+        raise UsageError("--by groups the table per value; --experiments is per experiment arm (its own "
+                         "figures): give one of them")
     store = existing_store(args, "impact")
     if store is None:
         return 1
@@ -43,11 +46,12 @@ def cmd_impact(args: argparse.Namespace) -> int:
                   f"{_cell(a.mean_latency_ms.all) + ' / ' + _cell(a.mean_latency_ms.clean):>22}"
                   f"{_cell(a.acceptance_rate.all, 3) + ' / ' + _cell(a.acceptance_rate.clean, 3):>18}")
         return 0
-    rows = impact(store, args.by)
+    by = args.by or "consumer"
+    rows = impact(store, by)
     if args.json:
         print(json.dumps([r.as_json() for r in rows]))
         return 0
-    print(f"{args.by:<24}{'requests':>10}{'contaminated':>14}{'violations':>12}  first .. last")
+    print(f"{by:<24}{'requests':>10}{'contaminated':>14}{'violations':>12}  first .. last")
     for r in rows:
         span = f"{rfc3339(r.first)} .. {rfc3339(r.last)}" if r.first else "-"
         print(f"{_name(r.value):<24}{r.requests:>10,}{r.contaminated_hits:>14,}{r.length_violations:>12,}  {span}")
@@ -79,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "--experiments: which arm's outputs each arm received, and each arm's "
                                           "figures with and without its contaminated hits.")
     add_db(p)
-    p.add_argument("--by", choices=IMPACT_DIMENSIONS, default="consumer", help="group by this field (default consumer)")
+    p.add_argument("--by", choices=IMPACT_DIMENSIONS, help="group by this field (default consumer)")
     p.add_argument("--experiments", action="store_true",
                    help="the cross-feeding between experiment arms and each arm's all/clean figures")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -192,6 +192,16 @@ def test_log_text_in_the_markdown_and_the_impact_table_stays_text(tmp_path):
     assert len(table) == 2 and table[1].startswith("<img src=x onerror=alert(1)> row")
 
 
+def test_impact_refuses_by_with_experiments_instead_of_ignoring_it(db):
+    # The arms came out for `--experiments --by deployment` as if the grouping had been obeyed.
+    done = run_cli("impact", "--db", str(db), "--experiments", "--by", "deployment", "--json")
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr == ("specdec impact: --by groups the table per value; --experiments is per experiment arm "
+                           "(its own figures): give one of them\n")
+    table = run_cli("impact", "--db", str(db)).stdout.splitlines()
+    assert table[0].startswith("consumer ") and len(table) > 1, table  # without --by: per consumer, as before
+
+
 def test_a_restore_a_dry_run_and_an_interrupted_purge_read_as_what_they_did(db, tmp_path):
     """A walk of the remediation commands found the report saying "restored from a restore on ...: 36 planned,
     0 deleted, 0 missing" (no count put back, no backup named, the purge before it still "done"), a dry run
