@@ -81,7 +81,14 @@ class DashboardSettings:
         if text in allowed:
             return text
         if not text.startswith(LAKE_PREFIX):
-            return str(self.confine(text))
+            # Path("") is the working folder: a blank name opened the folder the dashboard was started in.
+            # A folder is refused once it is known to lie inside a root: no word on what lies outside them.
+            confined = self.confine(text) if text else None
+            if confined is None or confined.is_dir():
+                shown = f"{text} (that is {confined})" if confined is not None and str(confined) != text else text
+                raise PathRefused(f"{shown[:300] + ' is a folder' if text else 'a blank name is no file'}; a "
+                                  f"database is one DuckDB file (`specdec ingest LOGS --db FILE.duckdb` makes one)")
+            return str(confined)
         try:
             lake = lake_location(text)
         except LocationError as exc:

@@ -51,12 +51,8 @@ def confine_db_choice() -> None:
     """
     chosen = str(st.session_state.get(DB_KEY) or "").strip()
     try:
-        # An emptied box is the store the dashboard was started with, never the folder it was started in.
-        chosen = chosen and dashboard_settings().confine_store(chosen, allowed=operator_stores())
-        if chosen and Path(chosen).is_dir():
-            raise config.PathRefused(f"{chosen[:200]} is a folder; a database is one DuckDB file (`specdec "
-                                     f"ingest LOGS --db FILE.duckdb` makes one)")
-        chosen = chosen or default_db_path()
+        # An emptied box is the store the dashboard was started with.
+        chosen = dashboard_settings().confine_store(chosen, allowed=operator_stores()) if chosen else default_db_path()
     except (config.PathRefused, config.ConfigError) as exc:
         st.session_state[DB_KEY] = st.session_state.get(DB_ACCEPTED_KEY) or default_db_path()
         st.session_state[DB_REFUSED_KEY] = f"Database not changed: {exc}"

@@ -160,6 +160,17 @@ def test_a_ducklake_store_string_is_confined_by_the_files_it_opens(roots):
     assert settings.confine_store(operator, allowed=(operator,)) == operator
 
 
+def test_a_blank_name_or_a_folder_is_no_store_and_a_folder_outside_says_only_that(roots, monkeypatch):
+    settings, inside, outside = roots
+    monkeypatch.chdir(inside)  # where Path("") resolves: the blank name opened this folder
+    for text, said in (("", "a blank name is no file;"), ("  ", "a blank name is no file;"),
+                       (str(inside), f"{inside} is a folder;"), (".", f". (that is {inside.resolve()}) is a folder;")):
+        with pytest.raises(config.PathRefused, match=re.escape(said)):
+            settings.confine_store(text)
+    with pytest.raises(config.PathRefused, match="is outside the folders this dashboard may open"):
+        settings.confine_store(str(outside))  # refused as outside first: nothing said of what it is
+
+
 def test_a_relative_or_prefixed_name_is_kept_as_the_absolute_file_it_opens(roots, monkeypatch):
     settings, inside, _ = roots
     monkeypatch.chdir(inside)
