@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
-from served import CHROMIUM, CHROMIUM_ARGS, ROOT, dashboard, new_page
+from served import CHROMIUM, CHROMIUM_ARGS, ROOT, SERVING, dashboard, new_page
 
 from specdec_core.ingestion import ingest
 from specdec_core.store import Store
@@ -14,6 +14,21 @@ from specdec_core.store import Store
 # A dashboard served beside a loaded test run can take seconds to draw the last part of a page: an
 # assertion waits up to 30 s for it (and returns as soon as it holds) instead of Playwright's 5 s.
 expect.set_options(timeout=30_000)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A browser test that failed shows the last lines each dashboard serving it logged: a flake under load
+    (CI's) is seen from the server's side too."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for url, log in list(SERVING.items()):
+            try:
+                tail = log.read_text(errors="replace")[-3000:]
+            except OSError as exc:
+                tail = f"(unreadable: {exc})"
+            report.sections.append((f"dashboard at {url}: {log.name}, its last lines", tail))
 
 
 # One per test process, not per module: its tabs share one renderer and one HTTP cache (served.new_page), which

@@ -38,6 +38,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 # and plotly's scripts again. The demo's Overview, first viewed from a new server: 2.3-2.5 CPU-s of Chromium
 # at an address seen before, 4.0-4.6 at a new one (docs/benchmarks.md).
 _PORTS: list[int] = []
+# The logs of the dashboards serving now: a failed test's report ends with their last lines (conftest.py).
+SERVING: dict[str, Path] = {}
 
 
 def _free(port: int) -> bool:
@@ -102,9 +104,11 @@ def dashboard(db: Path, log: Path, env: dict[str, str] | None = None, preload: b
             if f"Port {port} is not available" not in log.read_text() or attempt == 2:
                 raise
             _PORTS.remove(port)
+    SERVING[url] = log
     try:
         yield url
     finally:
+        SERVING.pop(url, None)
         server.terminate()
         try:
             server.wait(timeout=10)
