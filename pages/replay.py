@@ -269,8 +269,10 @@ def batch_section() -> None:
         which = suspicious
         st.caption("Replays the most suspicious requests: contaminated hits first, then length violations. Tick "
                    "rows on Mismatches to replay those instead.")
+    # Read by the button only: a count typed and the button clicked at once was a rerun racing the click (the
+    # blur commits the count), and the click could be lost, as CI saw under load. Committed, it waits for it.
     count = st.number_input("How many suspicious requests", min_value=1, max_value=1000, value=10, step=1,
-                            key="batch_count", disabled=which != suspicious)
+                            key="batch_count", disabled=which != suspicious, on_change="ignore")
     if st.button("Replay batch", disabled=running(), key="replay_batch"):
         if which == suspicious:
             ids = list(ui.cached(analysis.suspicious_requests, int(count), filters=filters).request_id)
