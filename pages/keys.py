@@ -106,11 +106,14 @@ if choice == OWN:
     st.caption("Only the functions listed in the config's `[dashboard] audit_functions` can be audited here: "
                + (", ".join(ui.md_escape(name) for name in allowed) if allowed else "none are listed")
                + ". Any other: `specdec audit-key MODULE:FUNCTION` in a shell.")
-    target = st.text_input("module:function, listed in [dashboard] audit_functions", key="audit_target")
+    target = st.text_input("module:function, listed in [dashboard] audit_functions", key="audit_target",
+                           on_change="ignore")
 else:
     target = ""
+# Both read by the button only: committing one reran the page while the click whose blur committed it was under
+# way, and that click could be lost. Committed, they wait for it (as the Replay page's batch count).
 example_text = st.text_area("Example request (JSON object)", value=json.dumps(keys.EXAMPLE_REQUEST, indent=2),
-                            height=260, key="audit_example")
+                            height=260, key="audit_example", on_change="ignore")
 if st.button("Audit", key="audit_run"):
     try:
         example = json.loads(example_text)

@@ -298,7 +298,9 @@ def request_section(job: jobs.ReplayJob | None) -> None:
         return
     prompt = None
     if record.prompt is None:
-        prompt = st.text_area("Prompt (checked against the logged hash)", key="replay_prompt") or None
+        # Read by the button only, as the batch count (a commit's rerun races the click).
+        prompt = st.text_area("Prompt (checked against the logged hash)", key="replay_prompt",
+                              on_change="ignore") or None
     # The button before the logged request, whose table runs past a laptop's screen; for the request the run
     # above is about, it is no second primary button.
     label, kind = ("Replay again", "secondary") if covers(job, request_id) else \

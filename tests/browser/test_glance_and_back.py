@@ -1,6 +1,7 @@
 """Issue #44 on the demo incident in a real headless Chromium: one history entry per view and Back restoring
 it, time charts spanning the filtered range, chart labels that don't overlap; an idle tab that is not Live
-hears nothing from its server. One served dashboard for all."""
+hears nothing from its server, nor one whose text only a button reads was committed. One served dashboard
+for all."""
 
 from __future__ import annotations
 
@@ -184,3 +185,21 @@ def test_an_idle_tab_hears_from_its_server_only_while_live_is_on(desk, demo_url)
     quiet_from = len(frames)
     desk.wait_for_timeout(6_500)  # a tick and a second and a half: none came
     assert len(frames) == quiet_from, "an idle tab whose Live is off was sent a rerun"
+
+
+def test_an_example_typed_for_the_audit_waits_for_its_button(desk, demo_url):
+    """Text only a button reads is committed without a rerun: that rerun raced the click whose blur committed
+    the text, and the click could be lost (the Replay page's batch count, CI)."""
+    frames: list[float] = []
+    desk.on("websocket", lambda ws: ws.on("framereceived", lambda _: frames.append(time.monotonic())))
+    desk.goto(f"{demo_url}/keys")
+    heading(desk, "Keys")
+    settle(desk)
+    example = desk.get_by_role("textbox", name="Example request (JSON object)")
+    example.fill('{"prompt": "cut short"')
+    example.press("Tab")
+    heard = len(frames)
+    desk.wait_for_timeout(2_000)
+    assert len(frames) == heard, "committing the example reran the page"
+    desk.get_by_role("button", name="Audit", exact=True).click()  # its rerun carries the example
+    expect(desk.get_by_text("Can't audit:")).to_be_visible()
