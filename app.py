@@ -436,7 +436,10 @@ with st.sidebar:
                                        "into it (`specdec ingest --follow`), and show how far behind it is.")
     live_status()
     with st.expander("Load logs", expanded=not ready):
-        log_path = st.text_input("Log file, folder or glob", key="load_path", placeholder="data/demo/")
+        # The path and the new file are read by the button only: typed and the button clicked at once, their
+        # commit's rerun raced the click (and the button, disabled until that rerun, took no click at all).
+        log_path = st.text_input("Log file, folder or glob", key="load_path", placeholder="data/demo/",
+                                 on_change="ignore")
         st.selectbox("Log format", list(LOG_FORMATS), format_func=LOG_FORMATS.get, key="load_format",
                      help="As `specdec ingest --format`; auto decides per file from its first record.")
         st.file_uploader("Mapping file (TOML, as `--map`), for other JSON Lines", type=["toml"], key="load_mapping")
@@ -446,9 +449,12 @@ with st.sidebar:
             # Beside the database open now (a folder the dashboard may write to), named by the time.
             st.session_state.setdefault(NEW_DB_PATH, str(Path(ui.store().path).parent / (
                 f"load-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}.duckdb")))
-            st.text_input("New database file", key=NEW_DB_PATH)
-        if st.button("Load path", disabled=not log_path.strip()):
-            load_path(log_path.strip())
+            st.text_input("New database file", key=NEW_DB_PATH, on_change="ignore")
+        if st.button("Load path"):
+            if log_path.strip():
+                load_path(log_path.strip())
+            else:
+                st.error("Nothing loaded: type a log file, folder or glob first")
         uploads = st.file_uploader("Or upload log files", type=UPLOAD_TYPES, accept_multiple_files=True,
                                    key="uploads")
         if st.button("Load uploads", disabled=not uploads):

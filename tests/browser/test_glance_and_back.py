@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -203,3 +204,32 @@ def test_an_example_typed_for_the_audit_waits_for_its_button(desk, demo_url):
     assert len(frames) == heard, "committing the example reran the page"
     desk.get_by_role("button", name="Audit", exact=True).click()  # its rerun carries the example
     expect(desk.get_by_text("Can't audit:")).to_be_visible()
+
+
+def test_a_log_path_typed_and_load_clicked_at_once_loads_on_that_click(browser, demo_url):
+    """The sidebar's load: the path and the new file typed, then Load path clicked once. The button was
+    disabled until the path's commit reran the page, so that click was taken by the rerun, not the button."""
+    page = new_page(browser)
+    frames: list[float] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda _: frames.append(time.monotonic())))
+    page.goto(f"{demo_url}/?{HOUR}")
+    heading(page, "Overview")
+    settle(page)
+    sidebar = page.get_by_test_id("stSidebar")
+    database = sidebar.get_by_role("textbox", name="Database", exact=True)
+    fresh = str(Path(database.input_value()).with_name("loaded-at-once.duckdb"))
+    sidebar.get_by_text("Load logs").click()
+    sidebar.get_by_text("Into a new database", exact=True).click()
+    new_file = sidebar.get_by_role("textbox", name="New database file")
+    expect(new_file).to_be_visible()
+    settle(page)
+    new_file.fill(fresh)
+    path = sidebar.get_by_role("textbox", name="Log file, folder or glob")
+    path.fill("data/demo/requests.jsonl.gz")
+    path.press("Tab")
+    heard = len(frames)
+    page.wait_for_timeout(2_000)
+    assert len(frames) == heard, "committing the path reran the page"
+    sidebar.get_by_role("button", name="Load path").click()
+    expect(database).to_have_value(fresh, timeout=60_000)  # loaded, and opened
+    page.close()

@@ -216,6 +216,11 @@ def test_a_path_that_cant_be_read_says_why_and_loads_nothing(monkeypatch, tmp_pa
     [error] = texts(at, "error")
     assert error.startswith("Nothing loaded:") and "nowhere" in error
     assert not metrics_of(at.sidebar)
+    # Load path takes a click with the box empty (it can't wait for the box's commit to be enabled): one line.
+    at.sidebar.text_input(key="load_path").set_value("  ").run()
+    at.sidebar.button[0].click().run()
+    assert texts(at, "error") == ["Nothing loaded: type a log file, folder or glob first"]
+    assert not metrics_of(at.sidebar)
 
 
 def test_uploading_logs_ingests_them(monkeypatch, tmp_path):
