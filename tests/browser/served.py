@@ -117,6 +117,21 @@ def dashboard(db: Path, log: Path, env: dict[str, str] | None = None, preload: b
             server.wait()
 
 
+def server_frames(page: Page) -> list[float]:
+    """When each websocket frame from its dashboard reached `page`, from now on: listen before the page loads."""
+    frames: list[float] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda _: frames.append(time.monotonic())))
+    return frames
+
+
+def assert_no_frame_for(page: Page, frames: list[float], ms: int, said: str) -> None:
+    """No frame comes in the next `ms` (a rerun would have sent one by then). Playwright hands the browser's events
+    over only while it waits: wait_for_timeout, not time.sleep."""
+    heard = len(frames)
+    page.wait_for_timeout(ms)
+    assert len(frames) == heard, said
+
+
 def metric(page: Page, label: str):
     return page.get_by_test_id("stMetric").filter(has_text=label).get_by_test_id("stMetricValue")
 

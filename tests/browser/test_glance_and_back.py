@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
-from served import heading, new_page, open_by_link, settle
+from served import assert_no_frame_for, heading, new_page, open_by_link, server_frames, settle
 
 pytestmark = pytest.mark.browser
 HOUR = "start=2026-11-20T09:00:00Z&end=2026-11-20T10:00:00Z"
@@ -164,8 +164,7 @@ def test_time_charts_span_the_range_and_their_labels_never_overlap(browser, demo
 def test_an_idle_tab_hears_from_its_server_only_while_live_is_on(desk, demo_url):
     """The Live check reruns every LIVE_EVERY_S (5 s) while Live is on; it was drawn, and rerun, in every tab
     whether Live was on or not: each open dashboard cost its server and its browser a redraw every 5 s."""
-    frames: list[float] = []
-    desk.on("websocket", lambda ws: ws.on("framereceived", lambda _: frames.append(time.monotonic())))
+    frames = server_frames(desk)
     desk.goto(f"{demo_url}/cache?{HOUR}")  # a page load: the listener sees its connection open
     heading(desk, "Cache")
     sidebar = desk.get_by_test_id("stSidebar")
@@ -183,25 +182,20 @@ def test_an_idle_tab_hears_from_its_server_only_while_live_is_on(desk, demo_url)
     expect(live).not_to_be_checked()
     expect(caption).to_have_count(0)
     settle(desk)
-    quiet_from = len(frames)
-    desk.wait_for_timeout(6_500)  # a tick and a second and a half: none came
-    assert len(frames) == quiet_from, "an idle tab whose Live is off was sent a rerun"
+    assert_no_frame_for(desk, frames, 6_500, "an idle tab whose Live is off was sent a rerun")  # a tick and 1.5 s
 
 
 def test_an_example_typed_for_the_audit_waits_for_its_button(desk, demo_url):
     """Text only a button reads is committed without a rerun: that rerun raced the click whose blur committed
     the text, and the click could be lost (the Replay page's batch count, CI)."""
-    frames: list[float] = []
-    desk.on("websocket", lambda ws: ws.on("framereceived", lambda _: frames.append(time.monotonic())))
+    frames = server_frames(desk)
     desk.goto(f"{demo_url}/keys")
     heading(desk, "Keys")
     settle(desk)
     example = desk.get_by_role("textbox", name="Example request (JSON object)")
     example.fill('{"prompt": "cut short"')
     example.press("Tab")
-    heard = len(frames)
-    desk.wait_for_timeout(2_000)
-    assert len(frames) == heard, "committing the example reran the page"
+    assert_no_frame_for(desk, frames, 2_000, "committing the example reran the page")
     desk.get_by_role("button", name="Audit", exact=True).click()  # its rerun carries the example
     expect(desk.get_by_text("Can't audit:")).to_be_visible()
 
@@ -210,8 +204,7 @@ def test_a_log_path_typed_and_load_clicked_at_once_loads_on_that_click(browser, 
     """The sidebar's load: the path and the new file typed, then Load path clicked once. The button was
     disabled until the path's commit reran the page, so that click was taken by the rerun, not the button."""
     page = new_page(browser)
-    frames: list[float] = []
-    page.on("websocket", lambda ws: ws.on("framereceived", lambda _: frames.append(time.monotonic())))
+    frames = server_frames(page)
     page.goto(f"{demo_url}/?{HOUR}")
     heading(page, "Overview")
     settle(page)
@@ -227,9 +220,7 @@ def test_a_log_path_typed_and_load_clicked_at_once_loads_on_that_click(browser, 
     path = sidebar.get_by_role("textbox", name="Log file, folder or glob")
     path.fill("data/demo/requests.jsonl.gz")
     path.press("Tab")
-    heard = len(frames)
-    page.wait_for_timeout(2_000)
-    assert len(frames) == heard, "committing the path reran the page"
+    assert_no_frame_for(page, frames, 2_000, "committing the path reran the page")
     sidebar.get_by_role("button", name="Load path").click()
     expect(database).to_have_value(fresh, timeout=60_000)  # loaded, and opened
     page.close()

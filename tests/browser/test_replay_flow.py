@@ -19,7 +19,16 @@ from dashboard_data import TINY, build_db
 from helpers import rec
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, expect
-from served import dashboard, heading, metric, new_page, registry_toml, settle
+from served import (
+    assert_no_frame_for,
+    dashboard,
+    heading,
+    metric,
+    new_page,
+    registry_toml,
+    server_frames,
+    settle,
+)
 
 from specdec_core.contract.identity import DecodeRequest
 
@@ -162,17 +171,14 @@ def test_a_long_batch_shows_its_stage_disables_the_button_and_cancels(browser, l
     with dashboard(db, tmp_path / "streamlit.log", env={"SPECDEC_CONFIG": str(config)},
                    preload=True) as url:
         page = new_page(browser)
-        frames: list[int] = []
-        page.on("websocket", lambda ws: ws.on("framereceived", lambda _: frames.append(1)))
+        frames = server_frames(page)
         page.goto(f"{url}/replay")
         heading(page, "Replay")
         settle(page)
         count = page.get_by_role("spinbutton", name="How many suspicious requests")
         count.fill(str(LONG))
         count.press("Tab")  # committed, as a click on the button commits it: no rerun to race that click
-        heard = len(frames)
-        page.wait_for_timeout(2_000)
-        assert len(frames) == heard, "committing the count reran the page"
+        assert_no_frame_for(page, frames, 2_000, "committing the count reran the page")
         button = page.get_by_role("button", name="Replay batch")
         expect(button).to_be_enabled()
         button.click()  # the click's rerun carries the count
