@@ -33,6 +33,14 @@ class PathRefused(ValueError):
     """A path outside the folders the dashboard may open; the message says how to allow it."""
 
 
+_ONE_FILE = "a database is one DuckDB file (`specdec ingest LOGS --db FILE.duckdb` makes one)"
+
+
+def _shown(text: str, resolved: Path) -> str:
+    """A typed path as a refusal names it: with the path it resolved to, where that differs."""
+    return text if str(resolved) == text else f"{text} (that is {resolved})"
+
+
 @dataclass(frozen=True)
 class DashboardSettings:
     audit_functions: tuple[str, ...]
@@ -55,8 +63,7 @@ class DashboardSettings:
         return any(path == root or path.is_relative_to(root) for root in self.roots)
 
     def _refuse(self, text: str, resolved: Path) -> PathRefused:
-        shown = f"{text} (that is {resolved})" if str(resolved) != text else text
-        return PathRefused(f"{shown} is outside the folders this dashboard may open "
+        return PathRefused(f"{_shown(text, resolved)} is outside the folders this dashboard may open "
                            f"({', '.join(str(r) for r in self.roots)}); an operator can add a folder to "
                            f"[dashboard] roots in {self._where()}, or load the files with `specdec ingest`")
 
@@ -82,12 +89,11 @@ class DashboardSettings:
             return text
         if not text.startswith(LAKE_PREFIX):
             # Path("") is the working folder: a blank name opened the folder the dashboard was started in.
-            # A folder is refused once it is known to lie inside a root: no word on what lies outside them.
-            confined = self.confine(text) if text else None
-            if confined is None or confined.is_dir():
-                shown = f"{text} (that is {confined})" if confined is not None and str(confined) != text else text
-                raise PathRefused(f"{shown[:300] + ' is a folder' if text else 'a blank name is no file'}; a "
-                                  f"database is one DuckDB file (`specdec ingest LOGS --db FILE.duckdb` makes one)")
+            if not text:
+                raise PathRefused(f"a blank name is no file; {_ONE_FILE}")
+            confined = self.confine(text)
+            if confined.is_dir():  # asked only inside a root: no word on what lies outside them
+                raise PathRefused(f"{_shown(text, confined)[:300]} is a folder; {_ONE_FILE}")
             return str(confined)
         try:
             lake = lake_location(text)
