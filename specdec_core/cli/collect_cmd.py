@@ -61,7 +61,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda _signum, _frame: collector.stop())  # stop taking exports, ingest, exit 0
     where = f"http://{options.listen.rpartition(':')[0]}:{collector.http_port}/v1/traces"
-    grpc = f", OTLP/gRPC on {options.grpc}" if options.grpc else ""
+    grpc = f", OTLP/gRPC on {options.grpc.rpartition(':')[0]}:{collector.grpc_port}" if options.grpc else ""
     print(f"specdec collect: OTLP/HTTP on {where}{grpc}; spool {collector.spool.folder}; db {store.path}",
           file=sys.stderr, flush=True)
     try:

@@ -128,6 +128,7 @@ class Collector:
         self._written_at_look = 0
         self._http: ThreadingHTTPServer | None = None
         self._grpc: Any = None
+        self.grpc_port: int | None = None  # the port bound (--grpc HOST:0 takes any free one)
 
     # -- back-pressure
 
@@ -178,7 +179,7 @@ class Collector:
             raise CollectError(f"--listen {self.options.listen}: can't listen: {exc.strerror or exc}") from None
         threading.Thread(target=self._http.serve_forever, name="otlp-http", daemon=True).start()
         if self.options.grpc:
-            self._grpc = _start_grpc(self, self.options.grpc)
+            self._grpc, self.grpc_port = _start_grpc(self, self.options.grpc)
 
     @property
     def http_port(self) -> int:
@@ -384,7 +385,8 @@ class _Handler(BaseHTTPRequestHandler):
             length -= len(got)
 
 
-def _start_grpc(collector: Collector, listen: str) -> Any:
+def _start_grpc(collector: Collector, listen: str) -> tuple[Any, int]:
+    """The gRPC server, started, and the port it bound."""
     grpc = require("collect", "grpc")
     service_pb2 = trace_service()
     trace_grpc = require("collect", "opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc")
@@ -423,10 +425,10 @@ def _start_grpc(collector: Collector, listen: str) -> Any:
         bound = server.add_insecure_port(address)
     except RuntimeError:
         bound = 0
-    if not bound and port:
+    if not bound:
         raise CollectError(f"--grpc {listen}: can't listen there")
     server.start()
-    return server
+    return server, bound
 
 
 def check_listen(options: CollectOptions, metrics: str | None = None) -> None:

@@ -8,6 +8,7 @@ import gzip
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,26 +36,33 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from specdec_core.store.connection import Store
 
+# What `specdec collect` says once it listens: the ports it bound, which port 0 leaves to the kernel.
+LISTENING = re.compile(r"^specdec collect: OTLP/HTTP on http://127\.0\.0\.1:(\d+)/v1/traces, "
+                       r"OTLP/gRPC on 127\.0\.0\.1:(\d+); ")
+
 
 class Collect:
-    """A `specdec collect` subprocess on free ports."""
+    """A `specdec collect` subprocess on ports of the kernel's choosing (HOST:0), read from what it says: ports
+    chosen here first could be taken before it bound them."""
 
     def __init__(self, db: Path, *extra: str, env: dict[str, str] | None = None) -> None:
-        self.db, self.http_port, self.grpc_port = db, free_port(), free_port()
+        self.db = db
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "specdec_core", "collect", "--db", str(db), "--listen",
-             f"127.0.0.1:{self.http_port}", "--grpc", f"127.0.0.1:{self.grpc_port}", *extra],
+            [sys.executable, "-m", "specdec_core", "collect", "--db", str(db), "--listen", "127.0.0.1:0",
+             "--grpc", "127.0.0.1:0", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
-        deadline = time.monotonic() + 60
-        while True:  # ready once it answers a request (a GET is refused with 405)
-            try:
-                urllib.request.urlopen(self.url, timeout=1)
-            except urllib.error.HTTPError:
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"specdec collect did not start: {self.proc.stderr.read()}") from None
-                time.sleep(0.05)
+        self.said: list[str] = []  # stderr read before stop(): given back with the rest
+        while not (said := LISTENING.match(self.said[-1] if self.said else "")):
+            line = self.proc.stderr.readline()
+            if not line:
+                self.proc.wait()
+                raise RuntimeError(f"specdec collect did not start: {''.join(self.said)}")
+            self.said.append(line)
+        self.http_port, self.grpc_port = int(said[1]), int(said[2])
+        try:  # bound and listening: a request is answered (a GET is refused with 405)
+            urllib.request.urlopen(self.url, timeout=30)
+        except urllib.error.HTTPError:
+            pass
 
     @property
     def url(self) -> str:
@@ -63,7 +71,7 @@ class Collect:
     def stop(self) -> tuple[int, str, str]:
         self.proc.send_signal(signal.SIGTERM)
         out, err = self.proc.communicate(timeout=120)
-        return self.proc.returncode, out, err
+        return self.proc.returncode, out, "".join(self.said) + err
 
     def kill(self) -> None:
         self.proc.kill()
