@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -143,8 +144,31 @@ class DeterministicEngine:
         )
 
 
+# The ports the tests' servers listen on come from below the range the kernel hands out as the local end of
+# outgoing connections (ip_local_port_range). A port from a bind to 0 is in that range, and any connection of
+# any process could take it before the server bound it: under load, CI saw a collector's gRPC port "already
+# in use" a moment after it was chosen. Each xdist worker draws from a slice of its own, so two workers never
+# hold the same port between choosing and binding it.
+_PORT_SLICE = 2048
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port on 127.0.0.1 that nothing is bound to, outside the kernel's range for outgoing connections."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    start = low - _PORT_SLICE * (1 + (int(worker) if worker.isdigit() else 0) % 8)
+    candidates = random.sample(range(start, start + _PORT_SLICE), _PORT_SLICE) if start >= 1024 else []
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no such range here: the kernel's choice, as before
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
