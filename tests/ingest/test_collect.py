@@ -52,17 +52,14 @@ class Collect:
              "--grpc", "127.0.0.1:0", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
         self.said: list[str] = []  # stderr read before stop(): given back with the rest
-        while not (said := LISTENING.match(self.said[-1] if self.said else "")):
-            line = self.proc.stderr.readline()
-            if not line:
-                self.proc.wait()
-                raise RuntimeError(f"specdec collect did not start: {''.join(self.said)}")
+        for line in iter(self.proc.stderr.readline, ""):  # said once both ports are bound and listening
             self.said.append(line)
-        self.http_port, self.grpc_port = int(said[1]), int(said[2])
-        try:  # bound and listening: a request is answered (a GET is refused with 405)
-            urllib.request.urlopen(self.url, timeout=30)
-        except urllib.error.HTTPError:
-            pass
+            if said := LISTENING.match(line):
+                self.http_port, self.grpc_port = int(said[1]), int(said[2])
+                break
+        else:
+            self.proc.wait()
+            raise RuntimeError(f"specdec collect did not start: {''.join(self.said)}")
 
     @property
     def url(self) -> str:
