@@ -149,7 +149,7 @@ class DeterministicEngine:
 # any process could take it before the server bound it: under load, CI saw a collector's gRPC port "already
 # in use" a moment after it was chosen. Each xdist worker draws from a slice of its own, so two workers never
 # hold the same port between choosing and binding it.
-_PORT_SLICE = 2048
+_PORT_SLICE = 2048  # at most: the ports from 1024 up to the range are shared out among the workers
 
 
 def free_port() -> int:
@@ -159,8 +159,10 @@ def free_port() -> int:
     except (OSError, ValueError, IndexError):
         low = 0
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    start = low - _PORT_SLICE * (1 + (int(worker) if worker.isdigit() else 0) % 8)
-    candidates = random.sample(range(start, start + _PORT_SLICE), _PORT_SLICE) if start >= 1024 else []
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    size = min(_PORT_SLICE, (low - 1024) // max(workers, 1))
+    start = low - size * (1 + (int(worker) if worker.isdigit() else 0))
+    candidates = random.sample(range(start, start + size), size) if size >= 64 and start >= 1024 else []
     for port in candidates:
         with socket.socket() as s:
             try:
