@@ -19,10 +19,10 @@ BYTECODE = env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(abspath $(VENV))
 install: $(STAMP)
 
 # The interpreter the environment is made from (BASE_PYTHON=... chooses another): the system's Python 3 where
-# it has one (3.10 or later, with venv's ensurepip), else the first python3 on the PATH. A distribution builds
-# its Python with profile-guided and link-time optimisation; pyenv's default build (this machine's python3) has
-# neither: pure-Python work runs 25-30% faster on Debian's, and the interpreter is a quarter of the suite's CPU
-# (docs/benchmarks.md, session 30).
+# it has one (3.10 or later, with venv's ensurepip), else, or where it fails to make one, the first python3 on
+# the PATH. A distribution builds its Python with profile-guided and link-time optimisation; pyenv's default
+# build (this machine's python3) has neither: pure-Python work runs 25-30% faster on Debian's, and the
+# interpreter is a quarter of the suite's CPU (docs/benchmarks.md, session 30).
 BASE_PYTHON ?= $(or $(shell for p in /usr/bin/python3 python3; do $$p -c 'import sys, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null && { echo $$p; break; }; done),python3)
 
 # DuckDB 2.0.1 goes beside the project, only to read stores an older specdec wrote (store/convert.py).
@@ -31,7 +31,7 @@ BASE_PYTHON ?= $(or $(shell for p in /usr/bin/python3 python3; do $$p -c 'import
 FIND_LINKS = $(sort $(PIP_FIND_LINKS) $(shell python3 -m pip config get global.find-links 2>/dev/null))
 UV_PIP = $(VENV)/bin/uv pip install -q --python $(PY) $(addprefix --find-links ,$(FIND_LINKS))
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(BASE_PYTHON) -m venv $(VENV)
+	@test -x $(PY) || $(BASE_PYTHON) -m venv $(VENV) || python3 -m venv --clear $(VENV)
 	@if $(PY) -m pip install -q uv 2>/dev/null; then pip="$(UV_PIP)"; \
 	else set -e; $(PY) -m pip install -q --upgrade pip; pip="$(PY) -m pip install -q"; fi; \
 	set -ex; \
