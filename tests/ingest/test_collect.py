@@ -52,14 +52,20 @@ class Collect:
              "--grpc", "127.0.0.1:0", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
         self.said: list[str] = []  # stderr read before stop(): given back with the rest
-        for line in iter(self.proc.stderr.readline, ""):  # said once both ports are bound and listening
-            self.said.append(line)
-            if said := LISTENING.match(line):
-                self.http_port, self.grpc_port = int(said[1]), int(said[2])
-                break
-        else:
-            self.proc.wait()
-            raise RuntimeError(f"specdec collect did not start: {''.join(self.said)}")
+        # A receiver that neither listens nor exits within 60 s is killed, which ends the read below.
+        watchdog = threading.Timer(60, self.proc.kill)
+        watchdog.start()
+        try:
+            for line in iter(self.proc.stderr.readline, ""):  # said once both ports are bound and listening
+                self.said.append(line)
+                if said := LISTENING.match(line):
+                    self.http_port, self.grpc_port = int(said[1]), int(said[2])
+                    break
+            else:
+                self.proc.wait()
+                raise RuntimeError(f"specdec collect did not start within 60 s: {''.join(self.said)}")
+        finally:
+            watchdog.cancel()
 
     @property
     def url(self) -> str:
