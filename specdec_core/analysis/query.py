@@ -19,9 +19,11 @@ from specdec_core.store.sql import deployment_label, named_params
 def selection_time(text: str, *, end: bool = False) -> datetime:
     """A selection's start or end as a person writes it (`--start`/`--end`, a link's `start=`/`end=`): ISO 8601,
     UTC unless it says. An end given as a date alone is through that day (its last microsecond: the end is
-    inclusive), not its first instant, so a start and an end of the same date are that day. Raises ValueError."""
-    ts = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    if end and not any(c in text.strip() for c in "T: "):  # a date alone, in any form fromisoformat reads
+    inclusive), not its first instant, so a start and an end of the same date are that day. RFC 3339's lowercase
+    `t` and `z` read as `T` and `Z` (Python 3.11's fromisoformat takes only the first). Raises ValueError."""
+    text = text.strip()
+    ts = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
+    if end and not any(c in text for c in "Tt: "):  # a date alone, in any form fromisoformat reads
         ts += timedelta(days=1, microseconds=-1)
     return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
 

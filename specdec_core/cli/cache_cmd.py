@@ -24,7 +24,7 @@ def _instant(text: str, flag: str) -> datetime:
     from specdec_core.analysis.query import selection_time
 
     try:
-        return selection_time(text.replace("z", "Z"), end=flag == "--until")
+        return selection_time(text, end=flag == "--until")
     except ValueError:
         raise ValueError(f"{flag} {text!r}: expected an RFC 3339 time, e.g. 2026-03-01T10:00:00Z") from None
 

@@ -49,6 +49,8 @@ def test_an_end_given_as_a_date_alone_runs_through_that_day(tmp_path):
     assert requests("--end", "2026-03-01T00:00:00Z") == 1
     assert requests("--start", "2026-03-02", "--end", "2026-03-02") == 1
     assert requests("--start", "20260301", "--end", "20260301") == 2  # the basic form too
+    # RFC 3339's lowercase separator and zone, as `specdec cache plan --since/--until` reads them.
+    assert requests("--start", "2026-03-01t23:59:59z", "--end", "2026-03-02t00:00:00z") == 2
 
 
 def test_a_bad_time_is_one_line_naming_it(tmp_path):
