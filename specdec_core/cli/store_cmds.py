@@ -83,7 +83,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     else:
         if args.format == "auto" and not args.map:
             for path, fmt in result.formats:
-                print(f"{path}: {fmt}", file=sys.stderr)
+                print(f"{path}: {fmt} (the format --format auto chose)", file=sys.stderr)
         skipped = f", skipped {result.skipped}" if result.skipped else ""
         print(f"read {result.read}, accepted {result.accepted}, duplicates {result.duplicates}, "
               f"quarantined {result.quarantined}{skipped} ({result.files} file{'s' if result.files != 1 else ''}, "

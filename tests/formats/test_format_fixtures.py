@@ -77,7 +77,7 @@ def test_auto_picks_the_format_from_the_first_record_and_says_so(name, tmp_path)
     done = run_cli("ingest", str(FIXTURES / name), "--db", str(db))
     assert done.returncode == 0, done.stderr
     fmt = "otel" if name.startswith("otel") else "litellm"
-    assert f"{name}: {fmt}" in done.stdout + done.stderr
+    assert f"{name}: {fmt} (the format --format auto chose)\n" in done.stderr
     assert json.loads(run_cli("stats", "--json", "--db", str(db)).stdout)["requests"] == \
         TRUTH[name]["counts"]["accepted"]
 
