@@ -62,8 +62,9 @@ class Collect:
                     self.http_port, self.grpc_port = int(said[1]), int(said[2])
                     break
             else:
-                self.proc.wait()
-                raise RuntimeError(f"specdec collect did not start within 60 s: {''.join(self.said)}")
+                why = ("killed: it neither listened nor exited within 60 s" if self.proc.wait() == -signal.SIGKILL
+                       else f"it exited with status {self.proc.returncode}")
+                raise RuntimeError(f"specdec collect did not start ({why}): {''.join(self.said)}")
         finally:
             watchdog.cancel()
 
