@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from specdec_core.analysis.contamination import contamination_window
-from specdec_core.analysis.query import NO_FILTERS, Filters
+from specdec_core.analysis.query import NO_FILTERS, Filters, selection_time
 from specdec_core.analysis.status import KeySchemeChange, key_scheme_changes
 from specdec_core.store.connection import Store
 
@@ -28,8 +28,7 @@ def _time(text: str) -> datetime:
     value = text.strip()
     if value.isdigit():  # epoch milliseconds, as the log contract allows
         return datetime.fromtimestamp(int(value) / 1000, tz=timezone.utc)
-    ts = datetime.fromisoformat(value.replace("Z", "+00:00").replace(" UTC", "+00:00"))
-    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+    return selection_time(value)
 
 
 def _one(ts: object, deployment: object, label: object, where: str) -> Annotation:

@@ -17,13 +17,19 @@ from specdec_core.store.sql import deployment_label, named_params
 
 
 def selection_time(text: str, *, end: bool = False) -> datetime:
-    """A selection's start or end as a person writes it (`--start`/`--end`, a link's `start=`/`end=`): ISO 8601,
-    UTC unless it says. An end given as a date alone is through that day (its last microsecond: the end is
-    inclusive), not its first instant, so a start and an end of the same date are that day. RFC 3339's lowercase
-    `t` and `z` read as `T` and `Z` (Python 3.11's fromisoformat takes only the first). Raises ValueError."""
+    """A time as a person writes it, or pastes it from the tool (`--start`/`--end`, `--since`/`--until`, a
+    link's `start=`/`end=`, an annotation): ISO 8601, UTC unless it says. RFC 3339's lowercase `t` and `z` read
+    as `T` and `Z` (Python 3.11's fromisoformat takes only the first), and a trailing ` UTC` as every time the
+    tool shows itself is written (`2026-11-20 08:00:03 UTC`, analysis.status.fmt_time). An end given as a date
+    alone is through that day (its last microsecond: the end is inclusive), not its first instant, so a start
+    and an end of the same date are that day. Raises ValueError."""
     text = text.strip()
-    ts = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
-    if end and not any(c in text for c in "Tt: "):  # a date alone, in any form fromisoformat reads
+    said_utc = text[-4:].upper() == " UTC"
+    body = text[:-4].rstrip() if said_utc else text
+    ts = datetime.fromisoformat(body[:-1] + "+00:00" if body[-1:] in ("Z", "z") else body)
+    if said_utc and ts.tzinfo is not None:
+        raise ValueError(f"{text!r} gives its zone twice")
+    if end and not any(c in body for c in "Tt: "):  # a date alone, in any form fromisoformat reads
         ts += timedelta(days=1, microseconds=-1)
     return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 
 from helpers import DROP, rec, run_cli, write_jsonl
@@ -51,6 +52,28 @@ def test_an_end_given_as_a_date_alone_runs_through_that_day(tmp_path):
     assert requests("--start", "20260301", "--end", "20260301") == 2  # the basic form too
     # RFC 3339's lowercase separator and zone, as `specdec cache plan --since/--until` reads them.
     assert requests("--start", "2026-03-01t23:59:59z", "--end", "2026-03-02t00:00:00z") == 2
+
+
+def test_the_times_the_cli_shows_can_be_given_back_to_it(tmp_path):
+    """`specdec stats` writes its time range as `2026-03-01 10:00:00 UTC`; pasted into --start or --end, or
+    `specdec cache plan --since/--until`, it selects from and through that instant."""
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "log.jsonl", [
+        rec("a1", ts="2026-03-01T10:00:00Z"), rec("a2", ts="2026-03-01T10:05:00Z"),
+        rec("a3", ts="2026-03-01T11:00:00Z"),
+    ]))])
+    whole = run_cli("stats", "--db", str(store.path)).stdout
+    [first, last] = re.search(r"time range +(.+ UTC) \.\. (.+ UTC)\n", whole).groups()
+    assert (first, last) == ("2026-03-01 10:00:00 UTC", "2026-03-01 11:00:00 UTC")
+    done = run_cli("stats", "--db", str(store.path), "--json", "--start", "2026-03-01 10:05:00 UTC", "--end", last)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["requests"] == 2
+    plan = run_cli("cache", "plan", "--db", str(store.path), "--since", first, "--until", "2026-03-01 10:05:00 utc",
+                   "--out", str(tmp_path / "plan.jsonl"))
+    assert plan.returncode == 0, plan.stderr
+    # A zone said twice is no time: which one was meant?
+    twice = run_cli("stats", "--db", str(store.path), "--start", "2026-03-01 10:05:00+02:00 UTC")
+    assert twice.returncode == 2 and "'2026-03-01 10:05:00+02:00 UTC' is not an ISO 8601 time" in twice.stderr
 
 
 def test_a_bad_time_is_one_line_naming_it(tmp_path):

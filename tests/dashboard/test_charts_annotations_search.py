@@ -182,6 +182,11 @@ def test_parse_annotations_reads_lines_json_and_says_what_it_skipped():
     found, errors = analysis.parse_annotations("ts,deployment,label\n1772359200000, edge, deploy, v2\n")
     assert [(a.ts.isoformat(), a.deployment, a.label) for a in found] == [
         ("2026-03-01T10:00:00+00:00", "edge", "deploy,v2")] and errors == []
+    # A time as the tool shows it, or as RFC 3339 allows it: read as every time selection reads it.
+    found, errors = analysis.parse_annotations("2026-03-01 10:00:00 UTC, , fix\n2026-03-01t10:00:00z, , fix\n"
+                                               "2026-03-01 10:00:00+02:00 UTC, , fix\n")
+    assert [a.ts.isoformat() for a in found] == ["2026-03-01T10:00:00+00:00"] * 2
+    assert [e.split(":")[0] for e in errors] == ["line 3"]
 
 
 def test_overview_and_keys_have_their_charts(monkeypatch, incident_db):
