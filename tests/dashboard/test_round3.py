@@ -10,7 +10,7 @@ from collections import defaultdict
 from datetime import datetime, timezone
 
 import pytest
-from apptest import _plain, markdown_unescape, open_app, stand_in_replay_module, texts, walk
+from apptest import _plain, markdown_unescape, metrics_of, open_app, stand_in_replay_module, texts, walk
 from dashboard_data import HOSTILE_DEPLOYMENTS, build_db, incident_records
 from helpers import rec, write_jsonl
 
@@ -148,6 +148,21 @@ def test_a_quick_range_sets_the_time_filter_to_the_last_part_of_the_log(monkeypa
     assert {m.label: m.value for m in at.main.metric}["Requests"] == "5"
     at.sidebar.get("button_group")[0].set_value("all").run()
     assert "start" not in at.query_params and {m.label: m.value for m in at.main.metric}["Requests"] == "16"
+
+
+def test_a_link_to_a_range_opens_the_same_requests_when_the_log_has_fractions_of_seconds(monkeypatch, tmp_path):
+    """The last hour ends at the newest request's instant, milliseconds and all: the link keeps them, so a
+    request a fraction of a second before the hour stays out of the linked view as it is out of this one."""
+    times = ["10:00:00.250", "12:45:00.500", "12:45:01.000", "13:00:00.125", "13:45:00.750"]
+    db = build_db(tmp_path, [rec(f"f{n}", ts=f"2026-03-01T{t}Z", cache_key=f"k{n}") for n, t in enumerate(times)])
+    at = open_app(monkeypatch, db)
+    at.sidebar.get("button_group")[0].set_value("1h").run()
+    assert at.query_params["start"] in ("2026-03-01T12:45:00.75Z", ["2026-03-01T12:45:00.75Z"])
+    assert metrics_of(at.main)["Requests"] == "3"
+    start = at.query_params["start"]
+    linked = open_app(monkeypatch, db, start=start if isinstance(start, str) else start[0])
+    assert linked.session_state["f_time"][0] == at.session_state["f_time"][0]
+    assert metrics_of(linked.main)["Requests"] == "3"
 
 
 # --- log text is inert (issue #51, item 10) ------------------------------------------------------------------
