@@ -288,7 +288,7 @@ def _url_time(values: tuple | None, default, end: bool):
     return selection_time(values[0], end=end) if values else default
 
 
-def _link_time(ts) -> str:
+def _link_time(ts: datetime) -> str:
     """A bound as a link writes it: RFC 3339 UTC, its fraction kept where it has one. The slider's handles step
     from the log's first request, fractions and all; a link cut to the second moved a bound by up to a second,
     and the view opened from it counted another second of requests (at 1,000 a second, a thousand)."""
