@@ -58,19 +58,21 @@ def test_the_times_the_cli_shows_can_be_given_back_to_it(tmp_path):
     """`specdec stats` writes its time range as `2026-03-01 10:00:00 UTC`; pasted into --start or --end, or
     `specdec cache plan --since/--until`, it selects from and through that instant."""
     store = Store(tmp_path / "s.duckdb")
-    ingest(store, [str(write_jsonl(tmp_path / "log.jsonl", [
-        rec("a1", ts="2026-03-01T10:00:00Z"), rec("a2", ts="2026-03-01T10:05:00Z"),
-        rec("a3", ts="2026-03-01T11:00:00Z"),
+    ingest(store, [str(write_jsonl(tmp_path / "log.jsonl", [  # a contaminated hit on each of two keys
+        rec("a1", ts="2026-03-01T10:00:00Z"), rec("a2", ts="2026-03-01T10:05:00Z", cache_hit=True, max_tokens=2),
+        rec("b1", ts="2026-03-01T10:30:00Z", cache_key="k-9"),
+        rec("b2", ts="2026-03-01T11:00:00Z", cache_key="k-9", cache_hit=True, max_tokens=2),
     ]))])
     whole = run_cli("stats", "--db", str(store.path)).stdout
     [first, last] = re.search(r"time range +(.+ UTC) \.\. (.+ UTC)\n", whole).groups()
     assert (first, last) == ("2026-03-01 10:00:00 UTC", "2026-03-01 11:00:00 UTC")
     done = run_cli("stats", "--db", str(store.path), "--json", "--start", "2026-03-01 10:05:00 UTC", "--end", last)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["requests"] == 2
+    assert json.loads(done.stdout)["requests"] == 3
     plan = run_cli("cache", "plan", "--db", str(store.path), "--since", first, "--until", "2026-03-01 10:05:00 utc",
-                   "--out", str(tmp_path / "plan.jsonl"))
+                   "--out", str(tmp_path / "plan.jsonl"), "--json")
     assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout.splitlines()[-1])["contaminated"] == 1  # a2's key; b2's comes after --until
     # A zone said twice is no time: which one was meant?
     twice = run_cli("stats", "--db", str(store.path), "--start", "2026-03-01 10:05:00+02:00 UTC")
     assert twice.returncode == 2 and "'2026-03-01 10:05:00+02:00 UTC' is not an ISO 8601 time" in twice.stderr
