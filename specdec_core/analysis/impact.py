@@ -343,8 +343,9 @@ ORDER BY r.ts, r.request_id
 """
 
 
-def _affected_sql(where: str) -> str:
-    """The affected requests `where` picks."""
+def _affected_sql(where: str, one_consumer: bool = True) -> str:
+    """The affected requests `where` picks: `$consumer`'s, or every consumer's (`one_consumer` False), by consumer."""
+    whose = "coalesce(r.consumer, '') = $consumer" if one_consumer else "TRUE"
     return f"""
 SELECT r.request_id, r.ts, CASE WHEN h.contaminated THEN 'contaminated_hit' ELSE 'length_violation' END AS kind,
        coalesce(r.consumer, '') AS consumer, coalesce(r.experiment, '') AS experiment,
@@ -352,8 +353,8 @@ SELECT r.request_id, r.ts, CASE WHEN h.contaminated THEN 'contaminated_hit' ELSE
        coalesce(s.experiment, '') AS served_from, h.differing_fields, r.target_model, r.draft_model,
        r.max_tokens, r.output_tokens, left(r.output_text, 200) AS output_preview, r.unknown_fields
 FROM requests r LEFT JOIN hit_sources h USING (request_id) LEFT JOIN requests s ON s.request_id = h.source_request_id
-WHERE {where} AND coalesce(r.consumer, '') = $consumer AND (h.contaminated OR {VIOLATION})
-ORDER BY r.ts, r.request_id
+WHERE {where} AND {whose} AND (h.contaminated OR {VIOLATION})
+ORDER BY coalesce(r.consumer, ''), r.ts, r.request_id
 """
 
 
@@ -373,12 +374,18 @@ SELECT list(request_id), min(ts), max(ts) FROM (
 """
 
 
-def affected_requests(store: Store, consumer: str, filters: Filters = NO_FILTERS,
+def affected_requests(store: Store, consumer: str | None, filters: Filters = NO_FILTERS,
                       limit: int | None = None) -> pd.DataFrame:
-    """The requests for which `consumer` ('' for none logged) received a contaminated hit or an over-long output:
-    what a customer notice lists. A row that is both is listed once, as a contaminated hit. `limit`: the first
-    that many (a page shows those; the CSV holds them all). `unknown_fields` comes last: the fields each row's
-    log left unknown (a LiteLLM hit's max_tokens), which the page says are unknown and the CSV leaves empty."""
+    """The requests for which `consumer` ('' for none logged; None: every consumer, one after the other) received a
+    contaminated hit or an over-long output: what a customer notice lists. A row that is both is listed once, as a
+    contaminated hit. `limit`: the first that many (a page shows those; the CSV holds them all). `unknown_fields`
+    comes last: the fields each row's log left unknown (a LiteLLM hit's max_tokens), which the page says are
+    unknown and the CSV leaves empty."""
+    if consumer is None:
+        if limit is not None:
+            raise ValueError("a limit is for one consumer's page of rows")
+        with store.read() as con:
+            return ask(con, lambda where: _affected_sql(where, one_consumer=False), filters, {}).df()
     params = {"consumer": consumer}
     with store.read() as con:
         if limit is None:
@@ -412,8 +419,17 @@ def affected_count(store: Store, consumer: str, filters: Filters = NO_FILTERS) -
         return int(cursor.fetchall()[0][0])
 
 
-def affected_csv(store: Store, consumer: str, filters: Filters = NO_FILTERS) -> str:
-    """The CSV a customer notice attaches: `affected_requests` with `ts` in RFC 3339, as the mismatch report."""
+def affected_csv(store: Store, consumer: str | None, filters: Filters = NO_FILTERS, *, raw: bool = False) -> bytes:
+    """The CSV a customer notice attaches: `affected_requests` (None: every consumer's) with `ts` in RFC 3339,
+    written as the mismatch report is: its log text (an output's first characters, a consumer's name) can't run as
+    a spreadsheet formula unless `raw`, and a carriage return in it can't split a row."""
+    from specdec_core.analysis.report import report_csv
+
+    return report_csv(affected_rows(store, consumer, filters), raw=raw)
+
+
+def affected_rows(store: Store, consumer: str | None, filters: Filters = NO_FILTERS) -> pd.DataFrame:
+    """`affected_csv`'s rows: `affected_requests` with `ts` in RFC 3339 and no `unknown_fields`."""
     frame = affected_requests(store, consumer, filters).drop(columns="unknown_fields")
     frame["ts"] = [rfc3339(pd.Timestamp(t).to_pydatetime()) for t in frame["ts"]]
-    return frame.to_csv(index=False)
+    return frame

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -40,6 +41,21 @@ def show_batch(batch: Any, as_json: bool, metrics: Any) -> None:
     print(line, flush=True)
     if metrics is not None:
         metrics.collector.figures()
+
+
+# --raw of the commands that write log text into a CSV (report_csv).
+RAW_HELP = ("write log text exactly as logged; by default a text cell starting with = + - @ tab or CR gets a "
+            "leading ' so a spreadsheet shows it instead of running it as a formula")
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file (an --out that would overwrite the store itself)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def cannot_write(flag: str, path: object, exc: OSError) -> str:

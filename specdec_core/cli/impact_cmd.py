@@ -6,9 +6,10 @@ import argparse
 import json
 import sys
 
-from specdec_core.cli.common import UsageError, cannot_write
+from specdec_core.cli.common import RAW_HELP, UsageError, cannot_write, same_file
 from specdec_core.cli.store_cmds import add_db, existing_store
 from specdec_core.contract.names import IMPACT_DIMENSIONS
+from specdec_core.store import Store
 
 
 def _cell(value: float | None, digits: int = 1) -> str:
@@ -27,9 +28,18 @@ def cmd_impact(args: argparse.Namespace) -> int:
     if args.experiments and args.by is not None:  # it went unread: the arms were printed as if it was obeyed
         raise UsageError("--by groups the table per value; --experiments is per experiment arm (its own "
                          "figures): give one of them")
+    if args.out is None and (args.consumer is not None or args.raw):
+        raise UsageError(f"{'--consumer' if args.consumer is not None else '--raw'} is for the affected requests' "
+                         "CSV: give --out FILE.csv too")
+    if args.out is not None and (args.experiments or args.by not in (None, "consumer")):
+        raise UsageError("--out writes the affected requests, consumer by consumer (--consumer NAME: one); "
+                         f"{'--experiments' if args.experiments else '--by ' + args.by} prints a table: "
+                         "give one of them")
     store = existing_store(args, "impact")
     if store is None:
         return 1
+    if args.out is not None:
+        return _write_affected(store, args)
     if args.experiments:
         result = experiment_impact(store)
         if args.json:
@@ -55,6 +65,37 @@ def cmd_impact(args: argparse.Namespace) -> int:
     for r in rows:
         span = f"{rfc3339(r.first)} .. {rfc3339(r.last)}" if r.first else "-"
         print(f"{_name(r.value):<24}{r.requests:>10,}{r.contaminated_hits:>14,}{r.length_violations:>12,}  {span}")
+    return 0
+
+
+def _write_affected(store: Store, args: argparse.Namespace) -> int:
+    """`--out`: the affected requests as the Impact page's CSV, every consumer's or `--consumer`'s."""
+    from specdec_core.analysis.impact import affected_rows, impact
+    from specdec_core.analysis.report import report_csv
+
+    to_stdout = args.out == "-"
+    if not to_stdout and same_file(args.out, store.path):
+        raise UsageError(f"--out {args.out} is the database itself; write the CSV to another file")
+    rows = affected_rows(store, args.consumer)
+    data = report_csv(rows, raw=args.raw)
+    try:
+        if to_stdout:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        else:
+            with open(args.out, "wb") as fh:
+                fh.write(data)
+    except OSError as exc:
+        print(f"specdec impact: {cannot_write('--out', args.out, exc)}", file=sys.stderr)
+        return 1
+    whose = "every consumer" if args.consumer is None else _name(args.consumer)
+    print(f"wrote {len(rows):,} affected requests ({whose}) to {'standard output' if to_stdout else args.out}",
+          file=sys.stderr if to_stdout else sys.stdout)  # beside the CSV on standard output, on standard error
+    held = {r.value for r in impact(store, "consumer")}
+    if args.consumer is not None and args.consumer not in held:  # the CSV is empty for that reason
+        known = ", ".join(_name(v) for v in sorted(held)[:12]) + (", ..." if len(held) > 12 else "")
+        print(f"specdec impact: no consumer {args.consumer!r} in this store (it holds: {known or 'none'})",
+              file=sys.stderr)
     return 0
 
 
@@ -87,6 +128,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--experiments", action="store_true",
                    help="the cross-feeding between experiment arms and each arm's all/clean figures")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--out", metavar="FILE.csv",
+                   help="write the affected requests instead (what a customer notice lists: each request a consumer "
+                        "received another's output or an over-long one for), as the Impact page downloads them, "
+                        "consumer by consumer; - for standard output")
+    p.add_argument("--consumer", metavar="NAME", help="with --out: only this consumer's ('' for none logged)")
+    p.add_argument("--raw", action="store_true", help=RAW_HELP)
     p.set_defaults(func=cmd_impact)
 
     r = subparsers.add_parser("incident-report", help="draft the incident's postmortem (Markdown or HTML)",

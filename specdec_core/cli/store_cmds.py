@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 from dataclasses import replace
 from datetime import datetime
@@ -14,10 +13,12 @@ from typing import TYPE_CHECKING
 
 from specdec_core import formats
 from specdec_core.cli.common import (
+    RAW_HELP,
     UsageError,
     add_db,
     cannot_write,
     existing_store,
+    same_file,
     show_batch,
     warn_unmatched,
 )
@@ -139,21 +140,12 @@ def _follow(store: Store, args: argparse.Namespace, limits: IngestLimits, mappin
     return 0
 
 
-def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     store = existing_store(args, "report")
     if store is None:
         return 1
     to_stdout = args.out == "-"
-    if not to_stdout and _same_file(args.out, store.path):
+    if not to_stdout and same_file(args.out, store.path):
         raise UsageError(f"--out {args.out} is the database itself; write the report to another file")
     from specdec_core.analysis.report import configured_external_url, write_report
 
@@ -285,9 +277,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_db(p)
     p.add_argument("--out", required=True, metavar="FILE.csv", help="the CSV file to write; - for standard output")
     p.add_argument("--kind", action="append", choices=REPORT_KINDS, help="only this kind (repeatable)")
-    p.add_argument("--raw", action="store_true",
-                   help="write log text exactly as logged; by default a text cell starting with = + - @ tab or "
-                        "CR gets a leading ' so a spreadsheet shows it instead of running it as a formula")
+    p.add_argument("--raw", action="store_true", help=RAW_HELP)
     p.set_defaults(func=cmd_report)
 
     p = subparsers.add_parser("stats", help="the headline numbers in the terminal")

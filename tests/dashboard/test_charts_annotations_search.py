@@ -391,7 +391,7 @@ def test_the_export_preview_and_a_consumers_requests_say_unknown_where_the_log_d
     assert set(rows[rows.request_id.isin(unknown)].max_tokens) == {"unknown"}
     assert "unknown" not in set(rows[~rows.request_id.isin(unknown)].max_tokens)
     assert "unknown_fields" not in rows.columns
-    assert "unknown_fields" not in impact.affected_csv(store, at.selectbox(key="impact_consumer").value)
+    assert b"unknown_fields" not in impact.affected_csv(store, at.selectbox(key="impact_consumer").value)
 
 
 def test_the_mismatches_table_says_unknown_where_the_log_did_not_say(monkeypatch, litellm_db):
