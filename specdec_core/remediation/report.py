@@ -8,7 +8,6 @@ stylesheet from the network.
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,6 +38,21 @@ from specdec_core.derived import summaries
 from specdec_core.remediation.log import PurgeRecord, purge_log
 from specdec_core.remediation.plan import PlanCounts, plan_counts, purge_plan
 from specdec_core.remediation.report_charts import bars_svg, heatmap_svg, paired_bars_svg
+from specdec_core.remediation.report_markup import (
+    HTML,
+    MARKDOWN,
+    PLAIN,
+    Inline,
+    Markup,
+    esc,
+    escaped,
+    h_link,
+    h_table,
+    md_code,
+    md_link,
+    md_table,
+    md_text,
+)
 from specdec_core.replay.stored import replay_history
 from specdec_core.store.connection import Store
 
@@ -197,7 +211,12 @@ def title(r: IncidentReport) -> str:
     return "Incident report: no cache hit served another request's output in these logs"
 
 
-def summary_lines(r: IncidentReport) -> list[str]:
+def _hits(n: int) -> str:
+    return f"{_n(n)} hit" if n == 1 else f"{_n(n)} hits"
+
+
+def summary_lines(r: IncidentReport, fmt: Inline = PLAIN) -> list[str]:
+    """The summary's sentences, each value quoted by `fmt` (the markup the report is written in)."""
     h = r.headline
     arms = [a for a in r.experiments.arms if a.arm and a.contaminated_hits]
     lines = [f"{_n(h.contaminated_hits)} contaminated hits ({_pct(h.contaminated_rate)} of {_n(h.hits)} hits) and "
@@ -205,11 +224,11 @@ def summary_lines(r: IncidentReport) -> list[str]:
              f"({_when(h.first_ts)} to {_when(h.last_ts)})."]
     if r.first_contaminated:
         lines.append(f"Contaminated hits from {_when(r.first_contaminated)} to {_when(r.last_contaminated)}, "
-                     f"in {', '.join(d.value or '(none)' for d in r.deployments if d.contaminated_hits)}.")
+                     f"in {', '.join(fmt.text(d.value or '(none)') for d in r.deployments if d.contaminated_hits)}.")
     unseen = [g for g in r.gaps if g.unknown_hits]
     if unseen:  # LiteLLM's hits: contamination through those fields is not in these counts
         lines.append("A floor, not a count: the logs leave identity fields unknown on cache hits, and contamination "
-                     "through them cannot be seen: " + "; ".join(f"`{g.field}` on {_n(g.unknown_hits)} of "
+                     "through them cannot be seen: " + "; ".join(f"{fmt.code(g.field)} on {_n(g.unknown_hits)} of "
                                                                    f"{_n(g.hits)} hits" for g in unseen) + ".")
     hit, named, unnamed = named_affected(r.consumers)
     who = f"{hit} of {named} named consumers received wrong outputs" if named else "The log names no consumer"
@@ -218,31 +237,32 @@ def summary_lines(r: IncidentReport) -> list[str]:
                 f"contaminated hits and {_n(unnamed.length_violations)} over-long outputs")
     lines.append(f"{who}; {len(arms)} named experiment arms received contaminated hits.")
     if r.fixes:
-        lines.append("Key fixed: " + "; ".join(f"{f.change.deployment} from {_when(f.change.ts)} "
+        lines.append("Key fixed: " + "; ".join(f"{fmt.text(f.change.deployment)} from {_when(f.change.ts)} "
                                                f"({_n(f.hits_after_fix)} old-scheme hits after)" for f in r.fixes) + ".")
     return lines
 
 
-def root_cause_lines(r: IncidentReport) -> list[str]:
+def root_cause_lines(r: IncidentReport, fmt: Inline = PLAIN) -> list[str]:
     lines = []
     for c in r.changes:
         fields = r.left_out.get(c.deployment, {})
-        named = ", ".join(f"`{f}` ({_n(n)} hits)" for f, n in fields.items()) or "none seen"
-        lines.append(f"{c.deployment}: the key scheme `{c.old_prefix}` left out identity fields: {named}.")
+        named = ", ".join(f"{fmt.code(f)} ({_hits(n)})" for f, n in fields.items()) or "none seen"
+        lines.append(f"{fmt.text(c.deployment)}: the key scheme {fmt.code(c.old_prefix)} left out identity fields: "
+                     f"{named}.")
     for deployment, fields in r.left_out.items():
         if deployment not in {c.deployment for c in r.changes}:
-            named = ", ".join(f"`{f}` ({_n(n)} hits)" for f, n in fields.items())
-            lines.append(f"{deployment or '(none)'}: its key left out identity fields: {named}; "
+            named = ", ".join(f"{fmt.code(f)} ({_hits(n)})" for f, n in fields.items())
+            lines.append(f"{fmt.text(deployment or '(none)')}: its key left out identity fields: {named}; "
                          "no change of key scheme seen yet.")
     return lines
 
 
-def checklist(r: IncidentReport) -> list[tuple[str, str, str]]:
-    """The seed's checklist: (item, done / left / unknown, what the store says)."""
+def checklist(r: IncidentReport, fmt: Inline = PLAIN) -> list[tuple[str, str, str]]:
+    """The seed's checklist: (item, done / left / unknown, what the store says, its values quoted by `fmt`)."""
     items = []
     if r.fixes:
         after = sum(f.hits_after_fix for f in r.fixes)
-        since = "; ".join(f"{f.change.deployment} since {_when(f.change.ts)}" for f in r.fixes)
+        since = "; ".join(f"{fmt.text(f.change.deployment)} since {_when(f.change.ts)}" for f in r.fixes)
         items.append(("Key fixed", "done" if after == 0 else "left",
                       f"{since}; {_n(after)} hits after the fix on old-scheme keys"))
     else:
@@ -258,16 +278,17 @@ def checklist(r: IncidentReport) -> list[tuple[str, str, str]]:
                 else "no namespace purge recorded")
         items.append(("Old namespace purged", "left" if r.changes or r.headline.contaminated_hits else "unknown", said))
     else:
-        done = "; ".join(f"{p.namespace} on {p.target} at {_when(p.ts)}: {_n(p.deleted)} deleted" for p in namespaces)
+        done = "; ".join(f"{fmt.text(p.namespace)} on {fmt.text(p.target)} at {_when(p.ts)}: {_n(p.deleted)} deleted"
+                         for p in namespaces)
         # Each old key scheme the logs show is purged once a namespace purge held all of its keys.
         left = [c for c in r.changes if not any(_holds(p.namespace or "", c.old_prefix) for p in namespaces)]
         items.append(("Old namespace purged", "left" if left else "done", done + "".join(
-            f"; not yet {c.old_prefix}:... ({c.deployment or '(none)'})" for c in left)))
+            f"; not yet {fmt.text(c.old_prefix + ':...')} ({fmt.text(c.deployment or '(none)')})" for c in left)))
     items.append(("Guard on read", "done" if r.guard["hits_with_fingerprint"] and not r.guard["guard_mismatches"]
                   else "left", f"{_n(r.guard['hits_with_fingerprint'])} hits logged the cached entry's fingerprint; "
                   f"{_n(r.guard['guard_mismatches'])} guard mismatches seen"))
     items.append(("Regression test", "unknown", "the logs can't show it: check the key function with "
-                  "`specdec audit-key MODULE:FUNCTION --example REQUEST.json` in CI"))
+                  f"{fmt.code('specdec audit-key MODULE:FUNCTION --example REQUEST.json')} in CI"))
     return items
 
 
@@ -286,23 +307,6 @@ def _purge_rows(r: IncidentReport) -> list[str]:
 
 
 # --- Markdown ------------------------------------------------------------------------------------------------
-
-def _md_cell(text: Any) -> str:
-    """A table cell: no pipe or line break ends it, and no HTML in log text renders (as entities, they show as
-    text wherever the Markdown is read)."""
-    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
-            .replace("\r", " ").replace("\n", " "))
-
-
-def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
-    return out
-
-
-def _md_link(text: str, url: str | None) -> str:
-    return f"[{text}]({url})" if url else text
-
 
 def _consumer_rows(rows: tuple[Impact, ...]) -> list[list[Any]]:
     return [[i.value or "(none)", _n(i.requests), _n(i.contaminated_hits), _n(i.length_violations),
@@ -326,36 +330,37 @@ _APPENDIX_COLUMNS = ["request_id", "ts", "kind", "cache_key", "source_request_id
 
 def render_markdown(r: IncidentReport) -> str:
     out = [f"# {title(r)}",
-           "", f"Drafted {_when(r.drafted_at)} from `{r.store}` by `specdec incident-report`.", "", "## Summary", ""]
-    out += [f"- {line}" for line in summary_lines(r)]
+           "", f"Drafted {_when(r.drafted_at)} from {md_code(r.store)} by `specdec incident-report`.", "", "## Summary", ""]
+    out += [f"- {line}" for line in summary_lines(r, MARKDOWN)]
     out += ["", "## Timeline", ""]
-    out += _md_table(["time (UTC)", "event"], [[_when(e.ts), _md_link(e.what, e.link)] for e in r.timeline()])
+    out += md_table(["time (UTC)", "event"], [[_when(e.ts), md_link(e.what, e.link)] for e in r.timeline()])
     out += ["", "## Root cause", ""]
-    out += [f"- {line}" for line in root_cause_lines(r)] or ["- No contaminated hit: no key left a field out."]
+    out += [f"- {line}" for line in root_cause_lines(r, MARKDOWN)] or ["- No contaminated hit: no key left a field out."]
     proving = [p for p in r.replays if p.classification in PROVING]
     out += ["", f"Replays that prove it ({len(proving)} of {len(r.replays)} stored replays):", ""]
-    out += [f"- {_md_link(p.request_id, r.link(f'replay?replay_id={p.replay_id}'))} ({p.deployment}, replayed "
+    out += [f"- {md_link(p.request_id, r.link(f'replay?replay_id={p.replay_id}'))} ({md_text(p.deployment)}, replayed "
             f"{_when(p.replayed_at)}): {p.classification}" for p in proving] or ["- no replay stored yet"]
     out += ["", "## Blast radius", "", "### Consumers", ""]
-    out += _md_table(_IMPACT_HEADER, _consumer_rows(r.consumers))
+    out += md_table(_IMPACT_HEADER, _consumer_rows(r.consumers))
     out += ["", "### Deployments", ""]
-    out += _md_table(["deployment", *_IMPACT_HEADER[1:]], _consumer_rows(r.deployments))
+    out += md_table(["deployment", *_IMPACT_HEADER[1:]], _consumer_rows(r.deployments))
     out += ["", "### Experiment arms: who was served whose outputs", ""]
-    out += _md_table(["arm", "served from", "contaminated hits"],
+    out += md_table(["arm", "served from", "contaminated hits"],
                      [[c.arm or "(none)", c.served_from or "(none)", _n(c.hits)] for c in r.experiments.cross_feeding])
     out += ["", "### Experiment arms: all rows / clean rows", ""]
-    out += _md_table(_ARM_HEADER, _arm_rows(r))
+    out += md_table(_ARM_HEADER, _arm_rows(r))
     out += ["", "## Remediation", "", "### Done", ""]
-    out += [f"- {line}" for line in _purge_rows(r)]
+    out += [f"- {md_text(line)}" for line in _purge_rows(r)]
     out += ["", "### Purge plan", "",
             f"`specdec cache plan` lists {_n(r.plan.keys)} keys: {_n(r.plan.contaminated)} served a contaminated "
             f"hit, {_n(r.plan.collision)} are shared by several identities.", "", "### Checklist", ""]
-    out += _md_table(["item", "status", "what the store says"], [list(c) for c in checklist(r)])
+    out += md_table(["item", "status", "what the store says"],
+                    [[a, b, Markup(c)] for a, b, c in checklist(r, MARKDOWN)])
     out += ["", "## Appendix: mismatch report", ""]
     out += [f"- {k}: {_n(r.mismatch_counts.get(k, 0))}" for k in KINDS]
     shown, total = r.mismatches, sum(r.mismatch_counts.values())
     out += ["", f"The first {len(shown):,} of {total:,} rows (`specdec report` writes them all):", ""]
-    out += _md_table(_APPENDIX_COLUMNS, [[row[c] if pd.notna(row[c]) else "" for c in _APPENDIX_COLUMNS]
+    out += md_table(_APPENDIX_COLUMNS, [[row[c] if pd.notna(row[c]) else "" for c in _APPENDIX_COLUMNS]
                                          for _, row in shown.iterrows()])
     return "\n".join(out) + "\n"
 
@@ -374,30 +379,6 @@ text-align:left;overflow-wrap:anywhere}td:first-child{white-space:nowrap}th{back
 """
 
 
-def _e(text: Any) -> str:
-    return html.escape(str(text))
-
-
-def _h_table(header: list[str], rows: list[list[Any]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _h_link(text: str, url: str | None) -> str:
-    return f'<a href="{_e(url)}">{_e(text)}</a>' if url else _e(text)
-
-
-def _escaped(rows: list[list[Any]]) -> list[list[str]]:
-    return [[_e(c) for c in row] for row in rows]
-
-
-def _md_inline(text: str) -> str:
-    """`code` spans of the shared sentences as <code>, the rest escaped."""
-    parts = _e(text).split("`")
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
-
-
 def render_html(r: IncidentReport) -> str:
     h = r.headline
     hit, named, unnamed = named_affected(r.consumers)
@@ -406,12 +387,12 @@ def render_html(r: IncidentReport) -> str:
                ("consumers affected", f"{hit} of {named}" if named else "none named",
                 "bad" if hit or unnamed else "ok"),
                ("arms cross-fed", _n(len({c.arm for c in r.experiments.cross_feeding if c.arm})), "")]
-    parts = [f"<h1>{_e(title(r))}</h1>",
-             f"<p>Drafted {_e(_when(r.drafted_at))} from <code>{_e(r.store)}</code> by "
+    parts = [f"<h1>{esc(title(r))}</h1>",
+             f"<p>Drafted {esc(_when(r.drafted_at))} from <code>{esc(r.store)}</code> by "
              "<code>specdec incident-report</code>.</p>", "<h2>Summary</h2>",
-             '<div class="figures">' + "".join(f'<div class="figure"><b class="{cls}">{_e(v)}</b>{_e(k)}</div>'
+             '<div class="figures">' + "".join(f'<div class="figure"><b class="{cls}">{esc(v)}</b>{esc(k)}</div>'
                                               for k, v, cls in figures) + "</div>",
-             "<ul>" + "".join(f"<li>{_md_inline(line)}</li>" for line in summary_lines(r)) + "</ul>"]
+             "<ul>" + "".join(f"<li>{line}</li>" for line in summary_lines(r, HTML)) + "</ul>"]
     per_consumer = r.over_time.groupby(["bucket", "consumer"], as_index=False)["wrong"].sum()
     arms = [a for a in r.experiments.arms]
     span = (h.first_ts, h.last_ts)
@@ -419,36 +400,36 @@ def render_html(r: IncidentReport) -> str:
                  + heatmap_svg(r.experiments.cross_feeding, "Cross-feeding: requested by arm x served from arm")
                  + "</div>")
     parts += ["<h2>Timeline</h2>",
-              _h_table(["time (UTC)", "event"], [[_e(_when(e.ts)), _h_link(e.what, e.link)] for e in r.timeline()])]
-    parts += ["<h2>Root cause</h2>", "<ul>" + "".join(f"<li>{_md_inline(line)}</li>" for line in root_cause_lines(r))
+              h_table(["time (UTC)", "event"], [[esc(_when(e.ts)), h_link(e.what, e.link)] for e in r.timeline()])]
+    parts += ["<h2>Root cause</h2>", "<ul>" + "".join(f"<li>{line}</li>" for line in root_cause_lines(r, HTML))
               + "</ul>"]
     proving = [p for p in r.replays if p.classification in PROVING]
     parts.append(f"<p>Replays that prove it ({len(proving)} of {len(r.replays)} stored replays):</p><ul>"
-                 + ("".join(f"<li>{_h_link(p.request_id, r.link(f'replay?replay_id={p.replay_id}'))} "
-                            f"({_e(p.deployment)}, replayed {_e(_when(p.replayed_at))}): {_e(p.classification)}</li>"
+                 + ("".join(f"<li>{h_link(p.request_id, r.link(f'replay?replay_id={p.replay_id}'))} "
+                            f"({esc(p.deployment)}, replayed {esc(_when(p.replayed_at))}): {esc(p.classification)}</li>"
                             for p in proving) or "<li>no replay stored yet</li>") + "</ul>")
-    parts += ["<h2>Blast radius</h2>", "<h3>Consumers</h3>", _h_table(_IMPACT_HEADER, _escaped(_consumer_rows(
+    parts += ["<h2>Blast radius</h2>", "<h3>Consumers</h3>", h_table(_IMPACT_HEADER, escaped(_consumer_rows(
         r.consumers))), "<h3>Deployments</h3>",
-              _h_table(["deployment", *_IMPACT_HEADER[1:]], _escaped(_consumer_rows(r.deployments))),
+              h_table(["deployment", *_IMPACT_HEADER[1:]], escaped(_consumer_rows(r.deployments))),
               "<h3>Experiment arms: who was served whose outputs</h3>",
-              _h_table(["arm", "served from", "contaminated hits"],
-                       _escaped([[c.arm or "(none)", c.served_from or "(none)", _n(c.hits)]
+              h_table(["arm", "served from", "contaminated hits"],
+                       escaped([[c.arm or "(none)", c.served_from or "(none)", _n(c.hits)]
                                  for c in r.experiments.cross_feeding])),
-              "<h3>Experiment arms: all rows / clean rows</h3>", _h_table(_ARM_HEADER, _escaped(_arm_rows(r))),
+              "<h3>Experiment arms: all rows / clean rows</h3>", h_table(_ARM_HEADER, escaped(_arm_rows(r))),
               paired_bars_svg(arms, "Mean latency (ms): all rows vs clean rows")]
-    parts += ["<h2>Remediation</h2>", "<h3>Done</h3>", "<ul>" + "".join(f"<li>{_e(x)}</li>" for x in _purge_rows(r))
+    parts += ["<h2>Remediation</h2>", "<h3>Done</h3>", "<ul>" + "".join(f"<li>{esc(x)}</li>" for x in _purge_rows(r))
               + "</ul>", "<h3>Purge plan</h3>",
               f"<p><code>specdec cache plan</code> lists {_n(r.plan.keys)} keys: {_n(r.plan.contaminated)} served a "
               f"contaminated hit, {_n(r.plan.collision)} are shared by several identities.</p>", "<h3>Checklist</h3>",
-              _h_table(["item", "status", "what the store says"],
-                       [[_e(a), f'<span class="{"ok" if b == "done" else "bad"}">{_e(b)}</span>', _md_inline(c)]
-                        for a, b, c in checklist(r)])]
+              h_table(["item", "status", "what the store says"],
+                       [[esc(a), f'<span class="{"ok" if b == "done" else "bad"}">{esc(b)}</span>', c]
+                        for a, b, c in checklist(r, HTML)])]
     shown, total = r.mismatches, sum(r.mismatch_counts.values())
     parts += ["<h2>Appendix: mismatch report</h2>",
-              "<ul>" + "".join(f"<li>{_e(k)}: {_n(r.mismatch_counts.get(k, 0))}</li>" for k in KINDS) + "</ul>",
+              "<ul>" + "".join(f"<li>{esc(k)}: {_n(r.mismatch_counts.get(k, 0))}</li>" for k in KINDS) + "</ul>",
               f"<p>The first {len(shown):,} of {total:,} rows (<code>specdec report</code> writes them "
               "all):</p>",
-              _h_table(_APPENDIX_COLUMNS, [[_e(row[c]) if pd.notna(row[c]) else "" for c in _APPENDIX_COLUMNS]
+              h_table(_APPENDIX_COLUMNS, [[esc(row[c]) if pd.notna(row[c]) else "" for c in _APPENDIX_COLUMNS]
                                            for _, row in shown.iterrows()])]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"

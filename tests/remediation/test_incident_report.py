@@ -14,7 +14,7 @@ from helpers import rec, run_cli, write_jsonl
 
 from specdec_core.ingestion import ingest
 from specdec_core.remediation import PurgeRecord, record_purge
-from specdec_core.remediation.report import incident_report, render_markdown
+from specdec_core.remediation.report import incident_report, render_html, render_markdown
 from specdec_core.store import Store
 
 
@@ -190,6 +190,43 @@ def test_log_text_in_the_markdown_and_the_impact_table_stays_text(tmp_path):
     assert "<img" not in text and "&lt;img src=x onerror=alert(1)&gt; row" in text
     table = run_cli("impact", "--db", str(path)).stdout.splitlines()
     assert len(table) == 2 and table[1].startswith("<img src=x onerror=alert(1)> row")
+
+
+def test_what_the_sentences_quote_from_the_log_stays_text_in_the_markdown(tmp_path):
+    """The summary, the timeline, the root cause and the checklist quote a deployment and a key scheme's prefix
+    as the log wrote them: in the Markdown neither renders as HTML or a link, and a backtick in a prefix does
+    not end its code span early."""
+    deployment = "<img src=x onerror=alert(1)>[x](javascript:alert(1))"
+    records = [{**r, "deployment": deployment, "cache_key": r["cache_key"].replace("edge-v1", "ed`ge<b>v1")}
+               for r in _incident()]
+    path = tmp_path / "hostile.duckdb"
+    assert ingest(Store(path), [str(write_jsonl(tmp_path / "h.jsonl", records))]).accepted == 30
+    report = incident_report(Store(path))
+    text = render_markdown(report)
+    code = "``ed`ge<b>v1:prompt``"  # in a code span, HTML shows as text
+    assert "<img" not in text and "<b>" not in text.replace(code, "")
+    assert not re.search(r"(?<!\\)\]\(javascript", text), "a link"
+    shown = r"&lt;img src=x onerror=alert(1)&gt;\[x\](javascript:alert(1))"
+    lines = text.splitlines()
+    for starts in ("- Contaminated hits from", "- Key fixed: ", "| 2026-03-01 10:30:00 UTC | key scheme change: ",
+                   "| Key fixed | done | "):
+        [line] = [line for line in lines if line.startswith(starts)]
+        assert shown in line, line
+    [cause] = [line for line in lines if "the key scheme" in line]
+    assert cause == (f"- {shown}: the key scheme {code} left out identity fields: "
+                     "`draft_model` (6 hits), `max_tokens` (6 hits).")
+    page = render_html(report)
+    assert "<img" not in page and "<b>" not in page
+    assert "<code>ed`ge&lt;b&gt;v1:prompt</code>" in page
+
+
+def test_a_field_left_out_once_is_one_hit(tmp_path):
+    path = tmp_path / "one.duckdb"
+    ingest(Store(path), [str(write_jsonl(tmp_path / "one.jsonl", [
+        rec("m1", cache_key="K", draft_model="d1", temperature=0.7),
+        rec("h1", cache_key="K", draft_model="d2", temperature=0.7, cache_hit=True)]))])
+    [cause] = [line for line in render_markdown(incident_report(Store(path))).splitlines() if "left out" in line]
+    assert cause.endswith("`draft_model` (1 hit); no change of key scheme seen yet.")
 
 
 def test_impact_refuses_by_with_experiments_instead_of_ignoring_it(db):
