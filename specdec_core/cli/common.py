@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from specdec_core.store import Store
+from specdec_core.text import escape_controls
 
 
 class UsageError(Exception):
@@ -77,7 +78,7 @@ def warn_unmatched(command: str, store: Store, filters: Any) -> None:
     options = filter_options(store)
     for key, missing in values_not_held(options, asked).items():
         held = getattr(options, key)
-        known = ", ".join(held[:12]) + (", ..." if len(held) > 12 else "")
+        known = ", ".join(escape_controls(v) for v in held[:12]) + (", ..." if len(held) > 12 else "")
         what = dict(NAMED_FILTERS)[key]
         for value in missing:
             print(f"specdec {command}: no {what} {value!r} in this store (it holds: {known or 'none'})",

@@ -52,8 +52,8 @@ def _quiet_transformers() -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from specdec_core.decoding.engine_client import escape_controls
     from specdec_core.decoding.registry import Registry, RegistryError
+    from specdec_core.text import escape_controls
 
     try:
         registry = Registry.load(args.config)

@@ -7,8 +7,9 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from specdec_core.decoding.engine_client import EngineError, escape_controls
+from specdec_core.decoding.engine_client import EngineError
 from specdec_core.decoding.registry import RegistryError
+from specdec_core.text import escape_controls
 
 from .common import UsageError
 from .store_cmds import existing_store

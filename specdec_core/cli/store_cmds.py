@@ -31,6 +31,7 @@ from specdec_core.monitoring.figures import DEFAULT_TOP
 from specdec_core.store import LogReadError, Store, StoreError
 from specdec_core.store.lake_files import damaged_files, damaged_message
 from specdec_core.store.working_copy import copy_cost_note
+from specdec_core.text import escape_controls
 
 if TYPE_CHECKING:  # the analysis (pandas) is imported by the commands that ask questions, not by every start
     from specdec_core.analysis import Filters
@@ -232,10 +233,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
     ]
     for name, value in rows:
         print(f"{name:<26}{value}")
-    for gap in gaps:
-        print(f"{'logging gap':<26}{gap.sentence}")
+    for gap in gaps:  # the sentences quote deployments and key prefixes as the log wrote them
+        print(f"{'logging gap':<26}{escape_controls(gap.sentence)}")
     for status in fix_status(store, chosen):
-        print(f"{'key fix':<26}{status.sentence}")
+        print(f"{'key fix':<26}{escape_controls(status.sentence)}")
     return 0
 
 

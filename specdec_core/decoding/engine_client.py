@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from specdec_core.decoding.registry import EngineSpec
+from specdec_core.text import escape_controls
 
 # A replay's answer is a few kilobytes; prompt log-probabilities of a long prompt a few megabytes.
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
@@ -37,13 +38,6 @@ MAX_JSON_DEPTH = 64
 # batch sends nothing more to that engine.
 UNREACHABLE, TIMEOUT, HTTP, MALFORMED, UNKNOWN_MODEL, RATE_LIMITED, NO_KEY, CLOSED = (
     "unreachable", "timeout", "http", "malformed", "unknown_model", "rate_limited", "no_key", "closed")
-
-
-def escape_controls(text: Any) -> str:
-    """Text with every control or other unprintable character written as its escape (\\x1b, \\r, \\n, \\u202e):
-    what a log or an engine says can't clear a terminal, retitle it, make a link or overwrite a line."""
-    return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
-                   for ch in str(text))
 
 
 def shown(text: Any, limit: int = ERROR_TEXT_CHARS) -> str:

@@ -116,3 +116,22 @@ def test_a_filter_the_store_cannot_match_is_said_on_standard_error(tmp_path):
     assert plan.returncode == 0
     assert plan.stderr == "specdec cache plan: the time range starts after it ends: no request can be in it\n"
     assert run_cli("stats", "--db", str(store.path), "--deployment", "prod").stderr == ""
+
+
+def test_names_from_the_log_reach_the_terminal_as_escapes_not_as_control_sequences(tmp_path):
+    """A deployment or key prefix holding an escape sequence can't clear the on-call engineer's terminal or
+    colour a fake line: the key fix sentence and the names a filter can't match are written with escapes."""
+    sequence = "\x1b[2J\x1b[31mFAKE\x1b[0m\r"
+    deployment = f"edge{sequence}"
+    records = [rec(f"r{i}", ts=f"2026-03-01T10:{i:02d}:00Z", deployment=deployment,  # a key scheme change at 10:20
+                   cache_key=f"v1{sequence}:p{i % 2}" if i < 20 else f"v2:full:{i}") for i in range(40)]
+    store = Store(tmp_path / "s.duckdb")
+    ingest(store, [str(write_jsonl(tmp_path / "log.jsonl", records))])
+    shown = "edge\\x1b[2J\\x1b[31mFAKE\\x1b[0m\\r"
+    done = run_cli("stats", "--db", str(store.path))
+    [fix] = [line for line in done.stdout.splitlines() if line.startswith("key fix")]
+    assert fix.split()[2].startswith(shown), fix
+    unmatched = run_cli("stats", "--db", str(store.path), "--deployment", "edge")
+    assert unmatched.stderr == f"specdec stats: no deployment 'edge' in this store (it holds: {shown})\n"
+    said = done.stdout + done.stderr + unmatched.stdout + unmatched.stderr
+    assert "\x1b" not in said and "\r" not in said
