@@ -80,11 +80,11 @@ if names:
     rows = ui.cached(hurt.affected_requests, chosen, filters=filters, limit=SHOWN_ROWS)
     total = ui.cached(hurt.affected_count, chosen, filters=filters)
     shown = f"The first {len(rows):,} of {total:,} requests" if len(rows) < total else ui.plural(total, "request")
-    st.caption(f"{shown} for which {chosen or '(none)'} received another request's output or an over-long one: "
-               "what a customer notice lists (the CSV holds them all).")
+    st.caption(f"{shown} for which {ui.md_escape(chosen or '(none)')} received another request's output or an "
+               "over-long one: what a customer notice lists (the CSV holds them all).")
     store = ui.store()
     # Written when clicked, not on every run: a busy consumer's list is hundreds of thousands of rows.
-    st.download_button(f"Download {chosen}'s affected requests (CSV)" if chosen
+    st.download_button(f"Download {ui.md_escape(chosen)}'s affected requests (CSV)" if chosen
                        else "Download the affected requests that name no consumer (CSV)",
                        data=lambda: hurt.affected_csv(store, chosen, filters),
                        file_name="affected-requests.csv", mime="text/csv",

@@ -249,7 +249,7 @@ def show_outcome(job: jobs.ReplayJob) -> None:
             "request_page": ui.request_link_column()})
         if st.toggle("Show each row's diff", key="batch_diffs"):
             for n, result in enumerate(job.results):
-                with st.expander(f"{result.request_id}: {result.classification}"):
+                with st.expander(f"{ui.md_escape(result.request_id)}: {result.classification}"):
                     replay_link(result.replay_id)
                     show_replay(stored.as_stored(result), key=f"batch_{n}")
 

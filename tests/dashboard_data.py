@@ -57,6 +57,13 @@ HTML_DEPLOYMENT = "<i>prod</i>"
 HTML_MODEL = "m[x](javascript:alert(4))"
 
 
+# An image in markdown loads from the address the log gave it, as the on-call engineer opens the page.
+HTML_CONSUMER = "![c](http://example.invalid/c.png)<u>c</u>"
+
+
+HTML_REQUEST_ID = "x2[r](javascript:alert(5))"
+
+
 PROMPT = "The cache key"
 
 

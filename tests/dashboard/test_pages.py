@@ -23,7 +23,16 @@ from apptest import (
     ui,
     walk,
 )
-from dashboard_data import HTML_DEPLOYMENT, HTML_MODEL, HTML_OUTPUT, SCRIPT, build_db, incident_records
+from dashboard_data import (
+    HTML_CONSUMER,
+    HTML_DEPLOYMENT,
+    HTML_MODEL,
+    HTML_OUTPUT,
+    HTML_REQUEST_ID,
+    SCRIPT,
+    build_db,
+    incident_records,
+)
 from helpers import STAND_IN_DECODER, rec, run_cli, write_jsonl
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
@@ -507,7 +516,9 @@ def assert_inert(at: AppTest) -> None:
         proto = getattr(element, "proto", None)
         if proto is not None and hasattr(proto, "allow_html"):
             assert not proto.allow_html, element
-    for body in texts(at, "markdown") + texts(at, "caption") + texts(at, "warning") + texts(at, "info"):
+    # Labels are markdown too (links and images among what they render).
+    labels = [e.proto.label for kind in ("button", "download_button", "expander") for e in at.get(kind)]
+    for body in texts(at, "markdown") + texts(at, "caption") + texts(at, "warning") + texts(at, "info") + labels:
         # no tag, and no link or image: `<`, `>` and `](` only ever arrive backslash-escaped
         assert not re.search(r"(?<!\\)[<>]|(?<!\\)\]\(", body), body
 
@@ -527,7 +538,7 @@ def test_html_in_logs_renders_as_its_characters(monkeypatch, html_db):
     assert table.output_preview[0] == HTML_OUTPUT[:120] and table.deployment[0] == HTML_DEPLOYMENT
 
     at.switch_page("pages/replay.py")
-    at.query_params["request_id"] = "x2"
+    at.query_params["request_id"] = HTML_REQUEST_ID
     at.run()
     assert_inert(at)
     assert texts(at, "code")[:2] == [SCRIPT, HTML_OUTPUT]
@@ -537,10 +548,24 @@ def test_html_in_logs_renders_as_its_characters(monkeypatch, html_db):
     assert_inert(at)
     assert "An <b>other</b> output." in texts(at, "code")
 
-    for page in ("cache", "output_length", "keys", "export"):
+    for page in ("cache", "output_length", "keys", "export", "impact"):
         at.switch_page(f"pages/{page}.py").run()
         assert not at.exception
         assert_inert(at)
+    assert at.selectbox(key="impact_consumer").value == HTML_CONSUMER
+    [label] = [b.proto.label for b in at.get("download_button") if "affected requests" in b.proto.label]
+    assert markdown_unescape(label) == f"Download {HTML_CONSUMER}'s affected requests (CSV)"
+
+    batch = open_app(monkeypatch, html_db, "replay")  # a batch's rows, each in an expander labelled by its id
+    batch.session_state[ui.REPLAY_IDS_KEY] = ["x1", HTML_REQUEST_ID]  # as ticked on Mismatches
+    batch.run()
+    [b for b in batch.main.button if b.label == "Replay batch"][0].click().run()
+    jobs.wait_all(30)
+    batch.run()
+    batch.toggle(key="batch_diffs").set_value(True).run()
+    assert_inert(batch)
+    assert [markdown_unescape(e.label) for e in batch.get("expander") if e.label.startswith("x")] == [
+        "x1: foreign", f"{HTML_REQUEST_ID}: foreign"]
 
 
 def test_app_and_pages_never_allow_html():
