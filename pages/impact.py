@@ -84,11 +84,16 @@ if names:
                "over-long one: what a customer notice lists (the CSV holds them all).")
     store = ui.store()
     # Written when clicked, not on every run: a busy consumer's list is hundreds of thousands of rows.
-    st.download_button(f"Download {ui.md_escape(chosen)}'s affected requests (CSV)" if chosen
-                       else "Download the affected requests that name no consumer (CSV)",
-                       data=lambda: hurt.affected_csv(store, chosen, filters),
-                       file_name="affected-requests.csv", mime="text/csv",
-                       key="impact_download")
+    one, every = st.columns(2)
+    one.download_button(f"Download {ui.md_escape(chosen)}'s affected requests (CSV)" if chosen
+                        else "Download the affected requests that name no consumer (CSV)",
+                        data=lambda: hurt.affected_csv(store, chosen, filters),
+                        file_name="affected-requests.csv", mime="text/csv",
+                        key="impact_download")
+    # Every consumer's, one after the other: the notices for all of them from one file (`impact --out`).
+    every.download_button("Download every consumer's affected requests (CSV)",
+                          data=lambda: hurt.affected_csv(store, None, filters),
+                          file_name="affected-requests-all.csv", mime="text/csv", key="impact_download_all")
     ui.request_table(rows, key="impact_rows")
 
 st.subheader("Cross-feeding between experiment arms")

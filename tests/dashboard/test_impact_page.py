@@ -3,6 +3,8 @@ consumer's affected requests as CSV (its choice in the address) and the incident
 
 from __future__ import annotations
 
+import csv
+import io
 import sys
 from pathlib import Path
 
@@ -133,3 +135,13 @@ def test_a_busy_consumers_list_shows_its_first_thousand_and_the_csv_holds_them_a
     assert len(rows) == 1000 and rows.request_id.iloc[0] == "v0000" and rows.request_id.iloc[-1] == "v0999"
     assert any("The first 1,000 of 1,200 requests" in c.value for c in at.caption)
     assert len(affected_csv(Store(db), "bigco").splitlines()) == 1 + 1200
+
+
+def test_the_downloads_serve_one_consumers_and_every_consumers_affected_requests(monkeypatch, db, download):
+    at = _open(monkeypatch, db)
+    buttons = {b.proto.label: b for b in at.get("download_button")}
+    assert download(buttons["Download globex's affected requests (CSV)"]) == affected_csv(Store(db), "globex")
+    every = download(buttons["Download every consumer's affected requests (CSV)"])
+    rows = list(csv.DictReader(io.StringIO(every.decode("utf-8"))))
+    assert [(r["consumer"], r["request_id"], r["kind"]) for r in rows] == [
+        ("globex", "h1", "contaminated_hit"), ("globex", "m2", "length_violation"), ("initech", "m3", "length_violation")]
