@@ -41,7 +41,7 @@ def _progress_bar(enabled: bool):
     def show(done: int, total: int, current: str) -> None:
         width = 30
         filled = width * done // max(total, 1)
-        print(f"\r[{'#' * filled}{'.' * (width - filled)}] {current[-50:]:<50}",
+        print(f"\r[{'#' * filled}{'.' * (width - filled)}] {escape_controls(current)[-50:]:<50}",
               end="" if done < total else "\n", file=sys.stderr, flush=True)
 
     return show if enabled else None
@@ -85,7 +85,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     else:
         if args.format == "auto" and not args.map:
             for path, fmt in result.formats:
-                print(f"{path}: {fmt} (the format --format auto chose)", file=sys.stderr)
+                print(f"{escape_controls(path)}: {fmt} (the format --format auto chose)", file=sys.stderr)
         skipped = f", skipped {result.skipped}" if result.skipped else ""
         print(f"read {result.read}, accepted {result.accepted}, duplicates {result.duplicates}, "
               f"quarantined {result.quarantined}{skipped} ({result.files} file{'s' if result.files != 1 else ''}, "

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import rec, write_jsonl
+from helpers import rec, run_cli, write_jsonl
 
 from specdec_core.cli import main as cli_main
 from specdec_core.ingestion.load import ingest
@@ -146,3 +146,15 @@ def test_report_to_standard_output_and_an_unwritable_out_in_one_line(loaded_db, 
         done = run_cli(command, "--db", str(loaded_db), "--out", str(tmp_path / "no-such-folder" / out))
         assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
         assert done.stderr.startswith(f"specdec {command}: --out {tmp_path / 'no-such-folder' / out}: cannot write: ")
+
+
+def test_a_log_file_named_with_an_escape_sequence_is_named_with_escapes(tmp_path):
+    """Files found in a folder or a bucket are named as they are called: a name holding an escape sequence
+    can't clear the terminal or retitle it."""
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    write_jsonl(folder / "a\x1b]0;owned\x07\x1b[2J.jsonl", [rec("a1")])
+    done = run_cli("ingest", str(folder), "--db", str(tmp_path / "s.duckdb"))
+    assert done.returncode == 0, done.stderr
+    assert "a\\x1b]0;owned\\x07\\x1b[2J.jsonl: contract (the format --format auto chose)" in done.stderr
+    assert "\x1b" not in done.stdout + done.stderr and "\x07" not in done.stdout + done.stderr
