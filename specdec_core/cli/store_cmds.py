@@ -74,11 +74,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     try:
         result = ingest(store, args.paths, progress=_progress_bar(show_progress), limits=limits,
                         log_format=args.format, mapping=mapping)
-    except LogReadError as exc:
-        print(f"specdec ingest: {exc}", file=sys.stderr)
-        return 1
-    except StoreError as exc:
-        print(f"specdec ingest: {exc}", file=sys.stderr)
+    except (LogReadError, StoreError) as exc:  # the message names the file, as the folder or bucket called it
+        print(f"specdec ingest: {escape_controls(exc)}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(result.to_json()))

@@ -134,12 +134,15 @@ FOREIGN_CHUNK_ROWS = 20_000
 
 def first_line(path: Path) -> str | None:
     """The first non-blank line of a JSON Lines file (decoded leniently: it only decides the format)."""
-    for data, _ in _lines(path):
-        if isinstance(data, CutLine):
-            data = data.head
-        text = data.removeprefix(UTF8_BOM).decode("utf-8", "replace")
-        if text.strip():
-            return text
+    try:
+        for data, _ in _lines(path):
+            if isinstance(data, CutLine):
+                data = data.head
+            text = data.removeprefix(UTF8_BOM).decode("utf-8", "replace")
+            if text.strip():
+                return text
+    except OSError as exc:  # a .gz that is not gzip: said as read_jsonl says it, naming the file
+        raise LogReadError(f"{path}: cannot be read: {exc}") from exc
     return None
 
 

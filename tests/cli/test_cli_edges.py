@@ -158,3 +158,18 @@ def test_a_log_file_named_with_an_escape_sequence_is_named_with_escapes(tmp_path
     assert done.returncode == 0, done.stderr
     assert "a\\x1b]0;owned\\x07\\x1b[2J.jsonl: contract (the format --format auto chose)" in done.stderr
     assert "\x1b" not in done.stdout + done.stderr and "\x07" not in done.stdout + done.stderr
+    (folder / "b\x1b[2J.jsonl.gz").write_bytes(b"not gzip")
+    bad = run_cli("ingest", str(folder), "--db", str(tmp_path / "s.duckdb"))
+    assert bad.returncode == 1 and "b\\x1b[2J.jsonl.gz" in bad.stderr and "\x1b" not in bad.stderr, bad.stderr
+
+
+def test_a_gz_file_that_is_not_gzip_is_named_in_the_one_line_error(tmp_path):
+    """The default --format auto reads each file's first line to choose its format: a broken .gz failed there
+    with gzip's own words and no file name, where --format contract named it."""
+    bad = tmp_path / "requests.jsonl.gz"
+    bad.write_bytes(b"not gzip at all")
+    for extra in ([], ["--format", "contract"]):
+        done = run_cli("ingest", str(bad), "--db", str(tmp_path / "s.duckdb"), *extra)
+        assert done.returncode == 1
+        assert done.stderr == f"specdec ingest: {bad}: cannot be read: Not a gzipped file (b'no')\n", extra
+    assert not (tmp_path / "s.duckdb").exists(), "nothing was written"
