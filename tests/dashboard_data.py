@@ -64,6 +64,16 @@ HTML_CONSUMER = "![c](http://example.invalid/c.png)<u>c</u>"
 HTML_REQUEST_ID = "x2[r](javascript:alert(5))"
 
 
+def html_records() -> list[dict]:
+    """A miss and a contaminated hit on it whose every name and text would be markup if shown unescaped."""
+    html = {"deployment": HTML_DEPLOYMENT, "target_model": HTML_MODEL, "consumer": HTML_CONSUMER}
+    return [
+        rec("x1", ts=T0 + "00:00Z", prompt=SCRIPT, output_text=HTML_OUTPUT, **html),
+        rec(HTML_REQUEST_ID, ts=T0 + "01:00Z", prompt=SCRIPT, cache_hit=True, output_text=HTML_OUTPUT, max_tokens=2,
+            **html),
+    ]
+
+
 PROMPT = "The cache key"
 
 

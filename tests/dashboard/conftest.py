@@ -8,17 +8,7 @@ from pathlib import Path
 import pytest
 import streamlit.runtime.scriptrunner.script_runner as script_runner
 import streamlit.testing.v1.app_test as app_test_module
-from dashboard_data import (
-    HTML_CONSUMER,
-    HTML_DEPLOYMENT,
-    HTML_MODEL,
-    HTML_OUTPUT,
-    HTML_REQUEST_ID,
-    SCRIPT,
-    T0,
-    build_db,
-    build_incident_db,
-)
+from dashboard_data import T0, build_db, build_incident_db, html_records
 from helpers import rec
 from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.runtime.pages_manager import PagesManager
@@ -41,11 +31,7 @@ def clean_db(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def html_db(tmp_path_factory) -> Path:
     """Log text that would be live HTML, a link or a script if it ever reached the page unescaped."""
-    html = {"deployment": HTML_DEPLOYMENT, "target_model": HTML_MODEL, "consumer": HTML_CONSUMER}
-    return build_db(tmp_path_factory.mktemp("html"), [
-        rec("x1", ts=T0 + "00:00Z", prompt=SCRIPT, output_text=HTML_OUTPUT, **html),
-        rec(HTML_REQUEST_ID, ts=T0 + "01:00Z", prompt=SCRIPT, cache_hit=True, output_text=HTML_OUTPUT, max_tokens=2, **html),
-    ])
+    return build_db(tmp_path_factory.mktemp("html"), html_records())
 
 
 @pytest.fixture(autouse=True)
