@@ -553,7 +553,8 @@ def test_html_in_logs_renders_as_its_characters(monkeypatch, html_db):
         assert not at.exception
         assert_inert(at)
     assert at.selectbox(key="impact_consumer").value == HTML_CONSUMER
-    [label] = [b.proto.label for b in at.get("download_button") if "affected requests" in b.proto.label]
+    [label] = [b.proto.label for b in at.get("download_button")
+               if "affected requests" in b.proto.label and "every consumer" not in b.proto.label]
     assert markdown_unescape(label) == f"Download {HTML_CONSUMER}'s affected requests (CSV)"
 
     batch = open_app(monkeypatch, html_db, "replay")  # a batch's rows, each in an expander labelled by its id
