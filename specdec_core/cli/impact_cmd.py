@@ -31,10 +31,10 @@ def cmd_impact(args: argparse.Namespace) -> int:
     if args.out is None and (args.consumer is not None or args.raw):
         raise UsageError(f"{'--consumer' if args.consumer is not None else '--raw'} is for the affected requests' "
                          "CSV: give --out FILE.csv too")
-    if args.out is not None and (args.experiments or args.by not in (None, "consumer")):
+    if args.out is not None and (args.experiments or args.json or args.by not in (None, "consumer")):
+        other = "--experiments" if args.experiments else "--json" if args.json else f"--by {args.by}"
         raise UsageError("--out writes the affected requests, consumer by consumer (--consumer NAME: one); "
-                         f"{'--experiments' if args.experiments else '--by ' + args.by} prints a table: "
-                         "give one of them")
+                         f"{other} prints the figures instead: give one of them")
     store = existing_store(args, "impact")
     if store is None:
         return 1

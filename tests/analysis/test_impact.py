@@ -174,7 +174,7 @@ def test_the_cli_writes_the_affected_requests_of_every_consumer_or_of_one(store,
     assert nobody.returncode == 0
     assert nobody.stderr.strip() == "specdec impact: no consumer 't3' in this store (it holds: (none), t1, t2)"
     for wrong in (["--consumer", "t2"], ["--out", "-", "--by", "experiment"], ["--out", "-", "--experiments"],
-                  ["--out", str(store.path)]):
+                  ["--out", "-", "--json"], ["--out", str(store.path)]):
         done = run_cli("impact", "--db", str(store.path), *wrong)
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (wrong, done.stderr)
     assert Store(store.path).exists, "the store was not overwritten"
