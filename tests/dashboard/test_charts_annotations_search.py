@@ -417,7 +417,8 @@ def test_a_log_that_names_no_consumer_is_not_one_consumer_of_one(monkeypatch, li
     at = open_app(monkeypatch, litellm_db, "impact")
     assert metrics_of(at.main)["Consumers affected"] == "none named"
     assert [b.proto.label for b in at.get("download_button")] == [
-        "Download the affected requests that name no consumer (CSV)"], "not \"unnamed's\", beside the table's (none)"
+        "Download the affected requests that name no consumer (CSV)",
+        "Download every consumer's affected requests (CSV)"], "not \"unnamed's\", beside the table's (none)"
     drafted = incident.incident_report(Store(litellm_db))
     [said] = [line for line in incident.summary_lines(drafted) if "consumer" in line]
     assert said.startswith("The log names no consumer: requests naming none received 8 contaminated hits and ")
