@@ -59,6 +59,13 @@ def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
         return False
 
 
+def listed(names: list[str], most: int = 12) -> str:
+    """Names a store holds, for a one-line message: the first `most`, each as its characters are (control
+    characters escaped), '(none)' for the empty name."""
+    shown = ", ".join(escape_controls(n) if n else "(none)" for n in names[:most])
+    return shown + (", ..." if len(names) > most else "")
+
+
 def cannot_write(flag: str, path: object, exc: OSError) -> str:
     """The one line a command says when its output file can't be written: the option, the path and why."""
     return f"{flag} {path}: cannot write: {exc.strerror or exc}"
@@ -78,7 +85,7 @@ def warn_unmatched(command: str, store: Store, filters: Any) -> None:
     options = filter_options(store)
     for key, missing in values_not_held(options, asked).items():
         held = getattr(options, key)
-        known = ", ".join(escape_controls(v) for v in held[:12]) + (", ..." if len(held) > 12 else "")
+        known = listed(held)
         what = dict(NAMED_FILTERS)[key]
         for value in missing:
             print(f"specdec {command}: no {what} {value!r} in this store (it holds: {known or 'none'})",

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from specdec_core.cli.common import RAW_HELP, UsageError, cannot_write, same_file
+from specdec_core.cli.common import RAW_HELP, UsageError, cannot_write, listed, same_file
 from specdec_core.cli.store_cmds import add_db, existing_store
 from specdec_core.contract.names import IMPACT_DIMENSIONS
 from specdec_core.store import Store
@@ -91,10 +91,11 @@ def _write_affected(store: Store, args: argparse.Namespace) -> int:
     whose = "every consumer" if args.consumer is None else _name(args.consumer)
     print(f"wrote {len(rows):,} affected requests ({whose}) to {'standard output' if to_stdout else args.out}",
           file=sys.stderr if to_stdout else sys.stdout)  # beside the CSV on standard output, on standard error
+    if args.consumer is None or len(rows):
+        return 0
     held = {r.value for r in impact(store, "consumer")}
-    if args.consumer is not None and args.consumer not in held:  # the CSV is empty for that reason
-        known = ", ".join(_name(v) for v in sorted(held)[:12]) + (", ..." if len(held) > 12 else "")
-        print(f"specdec impact: no consumer {args.consumer!r} in this store (it holds: {known or 'none'})",
+    if args.consumer not in held:  # the CSV is empty for that reason, not because nothing reached them
+        print(f"specdec impact: no consumer {args.consumer!r} in this store (it holds: {listed(sorted(held)) or 'none'})",
               file=sys.stderr)
     return 0
 
