@@ -82,7 +82,10 @@ def load_logs(paths: list[str], names: dict[str, str] | None = None) -> None:
     except (LogReadError, StoreError, OSError, ValueError) as exc:
         bar.empty()
         st.session_state.pop(LAST_INGEST_KEY, None)
-        st.error(f"Nothing loaded: {ui.md_escape(exc)}")
+        said = str(exc)
+        for path, name in (names or {}).items():  # an upload is named as it was called, not by its temporary copy
+            said = said.replace(path, name)
+        st.error(f"Nothing loaded: {ui.md_escape(said)}")
         return
     if result.all_quarantined:
         bar.empty()  # show_last_ingest says why, in red

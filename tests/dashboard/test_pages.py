@@ -243,6 +243,18 @@ def test_uploading_logs_ingests_them(monkeypatch, tmp_path):
     assert metrics_of(at.main)["Contaminated hits"] == "2"
 
 
+def test_an_upload_that_cannot_be_read_is_named_as_it_was_uploaded(monkeypatch, tmp_path):
+    """Uploads are read from a temporary copy; the one-line error names the file the engineer chose."""
+    at = open_app(monkeypatch, tmp_path / "uploaded.duckdb")
+    [uploader] = [u for u in at.sidebar.get("file_uploader") if u.key == "uploads"]
+    uploader.set_value(("broken.jsonl.gz", b"not gzip at all", "application/octet-stream"))
+    at.run()
+    at.sidebar.button[1].click().run()
+    assert [markdown_unescape(e) for e in texts(at, "error")] == [
+        "Nothing loaded: broken.jsonl.gz: cannot be read: Not a gzipped file (b'no')"]
+    assert not metrics_of(at.sidebar)
+
+
 def test_numbers_follow_the_database_when_it_changes(monkeypatch, tmp_path):
     db = build_db(tmp_path, incident_records()[:2])
     at = open_app(monkeypatch, db)
