@@ -91,8 +91,8 @@ def test_a_consumers_requests_download_as_csv_and_its_choice_is_in_the_address(m
     rows = next(d.value for d in at.dataframe if "kind" in d.value.columns)
     assert list(zip(rows.request_id, rows.kind, strict=True)) == [("h1", "contaminated_hit"),
                                                                  ("m2", "length_violation")]
-    csv = affected_csv(Store(db), "globex").decode()
-    assert csv.splitlines()[0].startswith("request_id,ts,kind,consumer") and len(csv.splitlines()) == 3
+    written = affected_csv(Store(db), "globex").decode()
+    assert written.splitlines()[0].startswith("request_id,ts,kind,consumer") and len(written.splitlines()) == 3
     assert "Download globex's affected requests (CSV)" in [b.proto.label for b in at.get("download_button")]
     linked = _open(monkeypatch, db, consumer="initech")  # a pasted address opens that consumer's requests
     assert linked.selectbox(key="impact_consumer").value == "initech"
