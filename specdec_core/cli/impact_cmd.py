@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
-from specdec_core.cli.common import RAW_HELP, UsageError, cannot_write, listed, same_file
-from specdec_core.cli.store_cmds import add_db, existing_store
+from specdec_core.cli.common import RAW_HELP, UsageError, cannot_write, listed, same_file, warn_unmatched
+from specdec_core.cli.store_cmds import add_db, add_filters, existing_store, stats_filters
 from specdec_core.contract.names import IMPACT_DIMENSIONS
 from specdec_core.store import Store
+
+if TYPE_CHECKING:  # the analysis (pandas) is imported when a command asks a question
+    from specdec_core.analysis import Filters
 
 
 def _cell(value: float | None, digits: int = 1) -> str:
@@ -38,10 +42,12 @@ def cmd_impact(args: argparse.Namespace) -> int:
     store = existing_store(args, "impact")
     if store is None:
         return 1
+    filters = stats_filters(args)
+    warn_unmatched("impact", store, filters)
     if args.out is not None:
-        return _write_affected(store, args)
+        return _write_affected(store, args, filters)
     if args.experiments:
-        result = experiment_impact(store)
+        result = experiment_impact(store, filters)
         if args.json:
             print(json.dumps(result.as_json()))
             return 0
@@ -57,7 +63,7 @@ def cmd_impact(args: argparse.Namespace) -> int:
                   f"{_cell(a.acceptance_rate.all, 3) + ' / ' + _cell(a.acceptance_rate.clean, 3):>18}")
         return 0
     by = args.by or "consumer"
-    rows = impact(store, by)
+    rows = impact(store, by, filters)
     if args.json:
         print(json.dumps([r.as_json() for r in rows]))
         return 0
@@ -68,7 +74,7 @@ def cmd_impact(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_affected(store: Store, args: argparse.Namespace) -> int:
+def _write_affected(store: Store, args: argparse.Namespace, filters: Filters) -> int:
     """`--out`: the affected requests as the Impact page's CSV, every consumer's or `--consumer`'s."""
     from specdec_core.analysis.impact import affected_rows, impact
     from specdec_core.analysis.report import report_csv
@@ -76,7 +82,7 @@ def _write_affected(store: Store, args: argparse.Namespace) -> int:
     to_stdout = args.out == "-"
     if not to_stdout and same_file(args.out, store.path):
         raise UsageError(f"--out {args.out} is the database itself; write the CSV to another file")
-    rows = affected_rows(store, args.consumer)
+    rows = affected_rows(store, args.consumer, filters)
     data = report_csv(rows, raw=args.raw)
     try:
         if to_stdout:
@@ -93,7 +99,7 @@ def _write_affected(store: Store, args: argparse.Namespace) -> int:
           file=sys.stderr if to_stdout else sys.stdout)  # beside the CSV on standard output, on standard error
     if args.consumer is None or len(rows):
         return 0
-    held = {r.value for r in impact(store, "consumer")}
+    held = {r.value for r in impact(store, "consumer", filters)}
     if args.consumer not in held:  # the CSV is empty for that reason, not because nothing reached them
         print(f"specdec impact: no consumer {args.consumer!r} in this store (it holds: {listed(sorted(held)) or 'none'})",
               file=sys.stderr)
@@ -129,6 +135,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--experiments", action="store_true",
                    help="the cross-feeding between experiment arms and each arm's all/clean figures")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_filters(p)
     p.add_argument("--out", metavar="FILE.csv",
                    help="write the affected requests instead (what a customer notice lists: each request a consumer "
                         "received another's output or an over-long one for), as the Impact page downloads them, "

@@ -179,6 +179,16 @@ def utc_end(text: str) -> datetime:
     return utc_time(text, end=True)
 
 
+def add_filters(p: argparse.ArgumentParser) -> None:
+    """The dashboard's sidebar filters, as its URL names them (read back by stats_filters)."""
+    p.add_argument("--start", type=utc_time, metavar="TIME", help="from this time (ISO 8601; UTC unless it says)")
+    p.add_argument("--end", type=utc_end, metavar="TIME", help="up to this time; a date alone: through that day")
+    p.add_argument("--deployment", action="append", metavar="NAME", help="only this deployment (repeatable)")
+    p.add_argument("--target-model", action="append", metavar="NAME", help="only this target model (repeatable)")
+    p.add_argument("--draft-model", action="append", metavar="NAME",
+                   help="only this draft model, 'none' for requests without one (repeatable)")
+
+
 def stats_filters(args: argparse.Namespace) -> Filters:
     """The dashboard's filters, from the command line: the same numbers for the same selection."""
     from specdec_core.analysis import Filters
@@ -281,11 +291,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("stats", help="the headline numbers in the terminal")
     add_db(p)
     p.add_argument("--json", action="store_true")
-    # The dashboard's sidebar filters, as its URL names them.
-    p.add_argument("--start", type=utc_time, metavar="TIME", help="from this time (ISO 8601; UTC unless it says)")
-    p.add_argument("--end", type=utc_end, metavar="TIME", help="up to this time; a date alone: through that day")
-    p.add_argument("--deployment", action="append", metavar="NAME", help="only this deployment (repeatable)")
-    p.add_argument("--target-model", action="append", metavar="NAME", help="only this target model (repeatable)")
-    p.add_argument("--draft-model", action="append", metavar="NAME",
-                   help="only this draft model, 'none' for requests without one (repeatable)")
+    add_filters(p)
     p.set_defaults(func=cmd_stats)

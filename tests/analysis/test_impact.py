@@ -180,6 +180,24 @@ def test_the_cli_writes_the_affected_requests_of_every_consumer_or_of_one(store,
     assert Store(store.path).exists, "the store was not overwritten"
 
 
+def test_the_cli_takes_the_sidebars_filters_and_answers_as_the_page_does(store, tmp_path):
+    """`impact --start/--end/--deployment...`: the figures the Impact page shows for the same selection."""
+    release_snapshots()
+    chosen = Filters(start=_at(1), end=_at(4))
+    window = ["--start", "2026-03-01 10:01:00 UTC", "--end", "2026-03-01T10:04:00Z"]
+    rows = json.loads(run_cli("impact", "--db", str(store.path), *window, "--json").stdout)
+    assert rows == [r.as_json() for r in impact(store, "consumer", chosen)]
+    assert {r["value"]: r["contaminated_hits"] for r in rows} == {"t1": 1, "t2": 1, "": 0}, "h4 (10:05) is outside"
+    arms = json.loads(run_cli("impact", "--db", str(store.path), *window, "--experiments", "--json").stdout)
+    assert arms == experiment_impact(store, chosen).as_json()
+    done = run_cli("impact", "--db", str(store.path), *window, "--out", "-")
+    assert done.stdout.encode() == affected_csv(store, None, chosen)
+    assert [r["request_id"] for r in csv.DictReader(io.StringIO(done.stdout))] == ["h3", "h1", "m2"]
+    edge = run_cli("impact", "--db", str(store.path), "--deployment", "edge", "--deployment", "edgy", "--json")
+    assert [r["value"] for r in json.loads(edge.stdout)] == [""], "only h4 is on edge, and it names no consumer"
+    assert edge.stderr.startswith("specdec impact: no deployment 'edgy' in this store (it holds: ")
+
+
 def test_the_affected_requests_csv_shows_log_text_and_never_runs_it(tmp_path):
     """A consumer's name and an output's first characters come from the log: the customer notice's CSV shows
     them in a spreadsheet, not runs them as formulas, and a carriage return in one does not split its row."""
