@@ -148,8 +148,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from specdec_core.analysis.report import configured_external_url, write_report
 
     kinds = args.kind or list(REPORT_KINDS)
+    chosen = stats_filters(args)
+    warn_unmatched("report", store, chosen)
     try:
-        rows = write_report(store, sys.stdout.buffer if to_stdout else args.out, kinds=kinds, raw=args.raw,
+        rows = write_report(store, sys.stdout.buffer if to_stdout else args.out, chosen, kinds=kinds, raw=args.raw,
                             external_url=configured_external_url())
     except OSError as exc:
         print(f"specdec report: {cannot_write('--out', args.out, exc)}", file=sys.stderr)
@@ -286,6 +288,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="FILE.csv", help="the CSV file to write; - for standard output")
     p.add_argument("--kind", action="append", choices=REPORT_KINDS, help="only this kind (repeatable)")
     p.add_argument("--raw", action="store_true", help=RAW_HELP)
+    add_filters(p)  # the Export page's selection
     p.set_defaults(func=cmd_report)
 
     p = subparsers.add_parser("stats", help="the headline numbers in the terminal")

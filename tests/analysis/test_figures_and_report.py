@@ -221,6 +221,19 @@ def test_report_cli_writes_the_same_file(incident, tmp_path):
     assert _contract_rows(only.read_bytes()) == EXPECTED_REPORT[-1:]
 
 
+def test_report_cli_takes_the_export_pages_filters(incident, tmp_path):
+    """`report --start ...`: the rows the Export page downloads for the same selection."""
+    late = Filters(start=datetime(2026, 3, 1, 10, 5, tzinfo=timezone.utc))
+    done = run_cli("report", "--db", str(incident.path), "--out", "-", "--start", "2026-03-01 10:05:00 UTC")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.encode() == report_csv(mismatch_report(incident, late))
+    kinds = [r["kind"] for r in csv.DictReader(io.StringIO(done.stdout))]
+    assert sorted(kinds) == ["contaminated_hit", "contaminated_hit", "length_violation"], "as report_counts says"
+    elsewhere = run_cli("report", "--db", str(incident.path), "--out", "-", "--deployment", "nowhere")
+    assert elsewhere.stdout.splitlines()[1:] == []
+    assert elsewhere.stderr.splitlines()[0].startswith("specdec report: no deployment 'nowhere' in this store")
+
+
 @pytest.mark.parametrize("fmt", ["csv", "parquet", "jsonl.gz"])
 def test_the_same_incident_in_another_format_gives_the_same_report(tmp_path, incident, fmt):
     import gzip
