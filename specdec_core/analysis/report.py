@@ -256,9 +256,14 @@ def write_report(store: Store, out: str | Path | BinaryIO, filters: Filters = NO
     """Write the mismatch report CSV (formulas neutralised unless `raw`) to a file, or into a binary stream
     (`sys.stdout.buffer`); return the number of rows."""
     frame = mismatch_report(store, filters, kinds, external_url=external_url)
-    if isinstance(out, (str, Path)):
-        Path(out).write_bytes(report_csv(frame, raw=raw))
-    else:
-        out.write(report_csv(frame, raw=raw))
-        out.flush()
+    write_bytes(out, report_csv(frame, raw=raw))
     return len(frame)
+
+
+def write_bytes(out: str | Path | BinaryIO, data: bytes) -> None:
+    """A CSV's bytes into a file, or into a binary stream (`sys.stdout.buffer`)."""
+    if isinstance(out, (str, Path)):
+        Path(out).write_bytes(data)
+    else:
+        out.write(data)
+        out.flush()

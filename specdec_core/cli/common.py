@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, BinaryIO
 
 from specdec_core.store import Store
 from specdec_core.text import escape_controls
@@ -47,6 +47,20 @@ def show_batch(batch: Any, as_json: bool, metrics: Any) -> None:
 # --raw of the commands that write log text into a CSV (report_csv).
 RAW_HELP = ("write log text exactly as logged; by default a text cell starting with = + - @ tab or CR gets a "
             "leading ' so a spreadsheet shows it instead of running it as a formula")
+
+
+def out_target(out: str, store: Store, what: str) -> str | BinaryIO:
+    """Where a command writes its `--out`: standard output for `-`, else the file, which may not be the store."""
+    if out == "-":
+        return sys.stdout.buffer
+    if same_file(out, store.path):
+        raise UsageError(f"--out {out} is the database itself; write {what} to another file")
+    return out
+
+
+def said_written(text: str, out: str) -> None:
+    """What a command wrote where: beside a CSV on standard output, on standard error."""
+    print(f"{text} to {'standard output' if out == '-' else out}", file=sys.stderr if out == "-" else sys.stdout)
 
 
 def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:

@@ -7,7 +7,15 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from specdec_core.cli.common import RAW_HELP, UsageError, cannot_write, listed, same_file, warn_unmatched
+from specdec_core.cli.common import (
+    RAW_HELP,
+    UsageError,
+    cannot_write,
+    listed,
+    out_target,
+    said_written,
+    warn_unmatched,
+)
 from specdec_core.cli.store_cmds import add_db, add_filters, existing_store, stats_filters
 from specdec_core.contract.names import IMPACT_DIMENSIONS
 from specdec_core.store import Store
@@ -77,26 +85,17 @@ def cmd_impact(args: argparse.Namespace) -> int:
 def _write_affected(store: Store, args: argparse.Namespace, filters: Filters) -> int:
     """`--out`: the affected requests as the Impact page's CSV, every consumer's or `--consumer`'s."""
     from specdec_core.analysis.impact import affected_rows, impact
-    from specdec_core.analysis.report import report_csv
+    from specdec_core.analysis.report import report_csv, write_bytes
 
-    to_stdout = args.out == "-"
-    if not to_stdout and same_file(args.out, store.path):
-        raise UsageError(f"--out {args.out} is the database itself; write the CSV to another file")
+    target = out_target(args.out, store, "the CSV")
     rows = affected_rows(store, args.consumer, filters)
-    data = report_csv(rows, raw=args.raw)
     try:
-        if to_stdout:
-            sys.stdout.buffer.write(data)
-            sys.stdout.flush()
-        else:
-            with open(args.out, "wb") as fh:
-                fh.write(data)
+        write_bytes(target, report_csv(rows, raw=args.raw))
     except OSError as exc:
         print(f"specdec impact: {cannot_write('--out', args.out, exc)}", file=sys.stderr)
         return 1
     whose = "every consumer" if args.consumer is None else _name(args.consumer)
-    print(f"wrote {len(rows):,} affected requests ({whose}) to {'standard output' if to_stdout else args.out}",
-          file=sys.stderr if to_stdout else sys.stdout)  # beside the CSV on standard output, on standard error
+    said_written(f"wrote {len(rows):,} affected requests ({whose})", args.out)
     if args.consumer is None or len(rows):
         return 0
     held = {r.value for r in impact(store, "consumer", filters)}

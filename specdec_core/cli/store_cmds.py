@@ -18,7 +18,8 @@ from specdec_core.cli.common import (
     add_db,
     cannot_write,
     existing_store,
-    same_file,
+    out_target,
+    said_written,
     show_batch,
     warn_unmatched,
 )
@@ -142,26 +143,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     store = existing_store(args, "report")
     if store is None:
         return 1
-    to_stdout = args.out == "-"
-    if not to_stdout and same_file(args.out, store.path):
-        raise UsageError(f"--out {args.out} is the database itself; write the report to another file")
+    target = out_target(args.out, store, "the report")
     from specdec_core.analysis.report import configured_external_url, write_report
 
     kinds = args.kind or list(REPORT_KINDS)
     chosen = stats_filters(args)
     warn_unmatched("report", store, chosen)
     try:
-        rows = write_report(store, sys.stdout.buffer if to_stdout else args.out, chosen, kinds=kinds, raw=args.raw,
-                            external_url=configured_external_url())
+        rows = write_report(store, target, chosen, kinds=kinds, raw=args.raw, external_url=configured_external_url())
     except OSError as exc:
         print(f"specdec report: {cannot_write('--out', args.out, exc)}", file=sys.stderr)
         return 1
     except (StoreError, ConfigError) as exc:
         print(f"specdec report: {exc}", file=sys.stderr)
         return 1
-    # Beside the CSV on standard output, the count goes to standard error.
-    print(f"wrote {rows} rows to {'standard output' if to_stdout else args.out}",
-          file=sys.stderr if to_stdout else sys.stdout)
+    said_written(f"wrote {rows} rows", args.out)
     return 0
 
 
