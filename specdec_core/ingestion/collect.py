@@ -13,6 +13,7 @@ import hmac
 import ipaddress
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,23 @@ TRACES_PATH = "/v1/traces"
 RETRY_AFTER_SECONDS = 2
 # A refused body is read off the connection up to this size (so the client reads the answer), else cut.
 _MOST_DISCARDED = 1 << 30
+# A Content-Length or a chunk's size longer than this is no size any export has: refused, not converted (int()
+# of a 5,000-digit number raises, and one of a Unicode digit such as "²" too).
+_MOST_SIZE_DIGITS = 18
+_DIGITS = {10: frozenset("0123456789"), 16: frozenset("0123456789abcdefABCDEF")}
+
+
+def byte_count(text: str, base: int = 10) -> int | None:
+    """A Content-Length (base 10) or a chunk's size (base 16) as a number of bytes; None where it is not one:
+    a sign, a space inside, a digit other than ASCII's, more than 18 digits, nothing."""
+    text = text.strip()
+    if not text or len(text) > _MOST_SIZE_DIGITS or not set(text) <= _DIGITS[base]:
+        return None
+    return int(text, base)
+
+
+class _ShortBody(ValueError):
+    """The connection ended (or a chunk did) before the bytes its size announced."""
 
 
 class CollectError(ValueError):
@@ -175,6 +193,7 @@ class Collector:
         try:
             server = _Server6 if ":" in host else _Server
             self._http = server((host, port), handler)
+            self._http.on_problem = self._on_problem
         except OSError as exc:
             raise CollectError(f"--listen {self.options.listen}: can't listen: {exc.strerror or exc}") from None
         threading.Thread(target=self._http.serve_forever, name="otlp-http", daemon=True).start()
@@ -252,6 +271,17 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = False  # server_close waits for the exports under way: they are acknowledged before exit
     block_on_close = True
     request_queue_size = 128
+    on_problem: Callable[[str], None] = staticmethod(lambda _: None)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One line, not socketserver's traceback, for an export that broke off: a client that left before its
+        answer is not a problem of the collector (an exporter sends again; what was spooled is then found a
+        duplicate), anything else is said with the address it came from."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError, TimeoutError)):
+            return
+        host, port = client_address[:2]
+        self.on_problem(f"an export from {host}:{port} failed: {type(exc).__name__}: {exc}")
 
 
 class _Server6(_Server):
@@ -295,34 +325,41 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
             return
         chunked = (self.headers.get("Transfer-Encoding") or "").strip().lower() == "chunked"
-        length = self.headers.get("Content-Length")
-        if not chunked and (length is None or not length.isdigit()):
+        length_text = self.headers.get("Content-Length")
+        if not chunked and length_text is None:
             self.close_connection = True
             self._error(411, "Content-Length required")
             return
-        if not chunked and int(length) > c.options.max_body_bytes:
+        length = 0 if chunked else byte_count(length_text)
+        if length is None:
+            c.counters.add("refused_bad")
+            self.close_connection = True  # where the body ends is not known: nothing after it can be read
+            self._error(400, f"Content-Length {length_text[:40]!r} is not a number of bytes")
+            return
+        if not chunked and length > c.options.max_body_bytes:
             c.counters.add("refused_large")
-            self._discard(int(length))  # read off, not kept: a client that sends it all then reads the answer
-            self._error(413, f"body of {int(length):,} bytes is over the limit of {c.options.max_body_bytes:,}")
+            self._discard(length)  # read off, not kept: a client that sends it all then reads the answer
+            self._error(413, f"body of {length:,} bytes is over the limit of {c.options.max_body_bytes:,}")
             return
         if c.busy():
             c.counters.add("refused_busy")
             if chunked:
                 self.close_connection = True
             else:
-                self._discard(int(length))
+                self._discard(length)
             self._error(429, "backlog full: retry later", {"Retry-After": str(c.retry_after())})
             return
         try:
-            body = self._read_chunked(c.options.max_body_bytes) if chunked else self.rfile.read(int(length))
+            body = self._read_chunked(c.options.max_body_bytes) if chunked else self._read_exactly(length)
         except TooLarge:
             c.counters.add("refused_large")
             self.close_connection = True
             self._error(413, f"body is over the limit of {c.options.max_body_bytes:,} bytes")
             return
-        except ValueError:
+        except ValueError as exc:  # a part of an export is not an export: none of it is spooled
+            c.counters.add("refused_bad")
             self.close_connection = True
-            self._error(400, "bad chunked body")
+            self._error(400, str(exc) if isinstance(exc, _ShortBody) else "bad chunked body")
             return
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         try:
@@ -354,12 +391,22 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._answer(200, b"", "application/x-protobuf")
 
+    def _read_exactly(self, length: int) -> bytes:
+        body = self.rfile.read(length)
+        if len(body) < length:
+            raise _ShortBody(f"body ended after {len(body):,} of its {length:,} bytes")
+        return body
+
     def _read_chunked(self, limit: int) -> bytes:
-        """A body sent with Transfer-Encoding: chunked, never more than `limit` bytes of it."""
+        """A body sent with Transfer-Encoding: chunked, never more than `limit` bytes of it. A size that is not
+        one (a negative size read everything up to the connection's end, past the limit) or a chunk cut short
+        raises ValueError."""
         parts: list[bytes] = []
         held = 0
         while True:
-            size = int(self.rfile.readline(1024).split(b";", 1)[0].strip() or b"x", 16)
+            size = byte_count(self.rfile.readline(1024).split(b";", 1)[0].decode("latin-1"), 16)
+            if size is None:
+                raise ValueError("bad chunk size")
             if size == 0:
                 while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
                     pass  # trailers
@@ -367,15 +414,16 @@ class _Handler(BaseHTTPRequestHandler):
             held += size
             if held > limit:
                 raise TooLarge()
-            parts.append(self.rfile.read(size))
+            parts.append(self._read_exactly(size))
             self.rfile.readline(16)  # the CRLF after each chunk
 
     def _discard(self, length: int | None = None) -> None:
-        """Read a refused body off the connection (up to the limit), so the client reads the answer."""
+        """Read a refused body off the connection (up to the limit), so the client reads the answer; where its
+        end can't be found (chunked, a size that is none), the connection closes after the answer."""
         if length is None:
-            text = self.headers.get("Content-Length") or ""
-            length = int(text) if text.isdigit() else 0
-        if length > _MOST_DISCARDED:
+            chunked = (self.headers.get("Transfer-Encoding") or "").strip().lower() == "chunked"
+            length = None if chunked else byte_count(self.headers.get("Content-Length") or "0")
+        if length is None or length > _MOST_DISCARDED:
             self.close_connection = True
             return
         while length > 0:

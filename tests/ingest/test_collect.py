@@ -10,6 +10,8 @@ import json
 import os
 import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -270,3 +272,49 @@ def test_refuses_a_non_loopback_address_without_a_token(tmp_path: Path) -> None:
     done = run_cli("collect", "--db", str(tmp_path / "s.duckdb"), "--listen", "0.0.0.0:0", timeout=60)
     assert done.returncode == 2
     assert "--token-env" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def _raw_post(port: int, head: bytes, body: bytes = b"", close_write: bool = False) -> tuple[int, bytes]:
+    """A POST to /v1/traces as bytes on a socket (what urllib would not send): the answer's status and body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n" + head
+                  + b"\r\n\r\n" + body)
+        if close_write:
+            s.shutdown(socket.SHUT_WR)
+        answer = http.client.HTTPResponse(s)
+        answer.begin()
+        return answer.status, answer.read()
+
+
+def test_sizes_that_are_no_sizes_and_cut_bodies_are_refused_and_spool_nothing(db: Path) -> None:
+    # Two exports in one body: protobuf reads the first alone as a whole export, so a body cut after it parses.
+    first, second = (encode_spans(finished_spans(lambda n: genai_attrs(n, "cut"), 3, start=s)).SerializeToString()
+                     for s in (0, 3))
+    collect = Collect(db)
+    try:
+        for size in ("\u00b2".encode("latin-1"), b"9" * 5000, b"-1", b"1 2"):
+            status, answer = _raw_post(collect.http_port, b"Content-Length: " + size)
+            assert (status, b"is not a number of bytes" in answer) == (400, True), (size[:9], answer)
+        # A body that ends before its Content-Length: the exporter gave up, and its part is not an export.
+        status, answer = _raw_post(collect.http_port, f"Content-Length: {len(first + second)}".encode(), first,
+                                   close_write=True)
+        assert (status, f"ended after {len(first):,} of its".encode() in answer) == (400, True), answer
+        # A negative chunk size read everything to the connection's end, past --max-body-bytes: refused at once.
+        assert _raw_post(collect.http_port, b"Transfer-Encoding: chunked", b"-1\r\n" + first) == (
+            400, b'{"code": 400, "message": "bad chunked body"}')
+        assert _raw_post(collect.http_port, b"Transfer-Encoding: chunked",
+                         f"{len(first + second):x}\r\n".encode() + first, close_write=True)[0] == 400
+        # An exporter that resets the connection before its answer: no traceback (it sends again; if its export
+        # was spooled, the retry is found a duplicate).
+        left = encode_spans(finished_spans(lambda n: genai_attrs(n, "left"), 1)).SerializeToString()
+        with socket.create_connection(("127.0.0.1", collect.http_port), timeout=20) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                      + f"Content-Length: {len(left)}\r\n\r\n".encode() + left)
+        assert post(collect.url, second)[0] == 200  # still serving, and the reset connection's thread is done
+    finally:
+        code, _, err = collect.stop()
+    assert code == 0, err
+    assert [i for i in request_ids(db) if not i.startswith("left-")] == [f"cut-{n:05d}" for n in range(3, 6)]
+    assert "refused 0 busy, 0 too large, 0 unauthorized, 7 unreadable" in err
+    assert "Traceback" not in err and "failed" not in err
