@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from specdec_core.settings_file import tomllib
+from specdec_core.text import ascii_digits
 
 DEFAULT_HOST = "127.0.0.1"  # triage data is sensitive: this machine only unless the operator says otherwise
 DEFAULT_PORT = 8501
@@ -46,7 +47,7 @@ def streamlit_settings(app: Path) -> dict[str, str]:
 
 def parse_port(text: str) -> int:
     """A TCP port: ASCII digits only (int() would take other scripts' digits too), 1 to 65535."""
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
+    if not ascii_digits(text) or not 1 <= int(text) <= 65535:
         raise ValueError(f"port {text!r} is not a number from 1 to 65535")
     return int(text)
 

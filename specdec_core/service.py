@@ -27,6 +27,7 @@ from specdec_core.keys.schemes import DEFAULT_NAMESPACE, namespace_prefix
 from specdec_core.keys.schemes import key_scheme as _key_scheme
 from specdec_core.monitoring.service_metrics import DEFAULT_REGISTRY, service_metrics
 from specdec_core.spans import default_tracer, emit_span, epoch_ns
+from specdec_core.text import ascii_digits
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def rfc3339_utc(epoch_s: float) -> str:
 def bumped_namespace(namespace: str) -> str:
     """The next generation of a namespace: `prod` -> `prod-2`, `prod-2` -> `prod-3`."""
     base, dash, generation = namespace.rpartition("-")
-    if dash and base and generation.isdigit():
+    if dash and base and ascii_digits(generation):
         return f"{base}-{int(generation) + 1}"
     return f"{namespace}-2"
 

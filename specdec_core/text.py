@@ -1,8 +1,14 @@
-"""Text from a log, an engine or a store, written to a terminal as the characters it holds."""
+"""Text from a log, an engine or a store, written to a terminal as the characters it holds, or read as a number."""
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def ascii_digits(text: str) -> bool:
+    """Whether `text` is a whole number in ASCII digits. str.isdigit() also takes '²', which int() refuses, and
+    other scripts' digits ('٣'), which int() reads as 3: a log's or a user's text with either is no number."""
+    return text.isascii() and text.isdigit()
 
 
 def escape_controls(text: Any) -> str:

@@ -13,6 +13,7 @@ from specdec_core.analysis.contamination import contamination_window
 from specdec_core.analysis.query import NO_FILTERS, Filters, selection_time
 from specdec_core.analysis.status import KeySchemeChange, key_scheme_changes
 from specdec_core.store.connection import Store
+from specdec_core.text import ascii_digits
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Annotation:
 
 def _time(text: str) -> datetime:
     value = text.strip()
-    if value.isdigit():  # epoch milliseconds, as the log contract allows
+    if ascii_digits(value):  # epoch milliseconds, as the log contract allows
         return datetime.fromtimestamp(int(value) / 1000, tz=timezone.utc)
     return selection_time(value)
 

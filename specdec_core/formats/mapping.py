@@ -10,6 +10,7 @@ from os import PathLike
 from typing import Any
 
 from specdec_core.contract import fields as contract
+from specdec_core.text import ascii_digits
 
 from .common import (
     MAX_JSON_DEPTH,
@@ -74,8 +75,7 @@ def resolve(obj: Any, path: tuple[str, ...]) -> tuple[bool, Any]:
     for segment in path:
         if isinstance(current, dict) and segment in current:
             current = current[segment]
-        # ASCII digits only: str.isdigit() also takes '٠' and '²', which int() reads as 0 or refuses.
-        elif isinstance(current, list) and segment.isascii() and segment.isdigit() and int(segment) < len(current):
+        elif isinstance(current, list) and ascii_digits(segment) and int(segment) < len(current):
             current = current[int(segment)]
         else:
             return False, None

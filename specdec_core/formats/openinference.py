@@ -13,6 +13,8 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
+from specdec_core.text import ascii_digits
+
 from . import otel
 from .common import (
     CONTRACT_FIELDS,
@@ -80,7 +82,7 @@ def _indexed(attrs: dict[str, Any], prefix: str) -> list[int]:
     for key in attrs:
         if key.startswith(prefix + "."):
             index = key[start:].split(".", 1)[0]
-            if index.isdigit():
+            if ascii_digits(index):
                 found.add(int(index))
     return sorted(found)
 

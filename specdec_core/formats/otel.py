@@ -10,6 +10,7 @@ from typing import Any
 
 from specdec_core.contract import fields as contract
 from specdec_core.contract.span_attributes import span_attribute_table
+from specdec_core.text import ascii_digits
 
 from .common import (
     FormatError,
@@ -128,7 +129,7 @@ def _event_bodies(span: dict) -> list[tuple[str, dict[str, Any]]]:
 
 def _older_prompt(attrs: dict[str, Any], span: dict) -> Any:
     indices = sorted({int(k.split(".")[2]) for k in attrs
-                      if k.startswith("gen_ai.prompt.") and k.count(".") >= 3 and k.split(".")[2].isdigit()})
+                      if k.startswith("gen_ai.prompt.") and k.count(".") >= 3 and ascii_digits(k.split(".")[2])})
     if indices:
         return canonical_json([{"role": attrs.get(f"gen_ai.prompt.{i}.role"),
                                 "content": attrs.get(f"gen_ai.prompt.{i}.content")} for i in indices])

@@ -10,6 +10,7 @@ from typing import TypeVar
 import duckdb
 
 from specdec_core.store.errors import StoreError
+from specdec_core.text import ascii_digits
 
 
 def instance_config() -> dict[str, int]:
@@ -22,7 +23,7 @@ def instance_config() -> dict[str, int]:
     text = os.environ.get("SPECDEC_THREADS", "").strip()
     if not text:
         return {}
-    if not text.isdigit() or int(text) < 1:
+    if not ascii_digits(text) or int(text) < 1:
         raise StoreError(f"$SPECDEC_THREADS: expected a whole number >= 1, got {text!r}")
     return {"threads": int(text)}
 

@@ -187,6 +187,10 @@ def test_parse_annotations_reads_lines_json_and_says_what_it_skipped():
                                                "2026-03-01 10:00:00+02:00 UTC, , fix\n")
     assert [a.ts.isoformat() for a in found] == ["2026-03-01T10:00:00+00:00"] * 2
     assert [e.split(":")[0] for e in errors] == ["line 3"]
+    # Epoch milliseconds are ASCII digits: "١٧٧٢٣٥٩٢٠٠٠٠٠" (int() reads other scripts' digits) is no time.
+    found, errors = analysis.parse_annotations("\u0661\u0667\u0667\u0662\u0663\u0665\u0669\u0662\u0660\u0660"
+                                               "\u0660\u0660\u0660, , fix\n")
+    assert found == [] and [e.split(":")[0] for e in errors] == ["line 1"]
 
 
 def test_overview_and_keys_have_their_charts(monkeypatch, incident_db):

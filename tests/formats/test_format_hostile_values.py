@@ -174,3 +174,33 @@ def test_a_large_map_constant_makes_smaller_batches_of_records(tmp_path):
     assert rows * 1_000_000 <= FOREIGN_CHUNK_BYTES < (rows + 1) * 1_000_002
     assert foreign_chunk_rows(formats.load_mapping(MAP).read_line) == FOREIGN_CHUNK_ROWS  # its one constant: small
     assert foreign_chunk_rows(formats.line_reader("otel", None)) == FOREIGN_CHUNK_ROWS
+
+
+# --- a message index in other digits than ASCII's -------------------------------------------------------------
+
+def _with_attrs(line: str, attrs: dict[str, str]) -> str:
+    """The export's first span with these string attributes added."""
+    request = json.loads(line)
+    span = request["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    span["attributes"] += [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()]
+    return json.dumps(request)
+
+
+@pytest.mark.parametrize(("fixture", "prefix"), [("openinference_spans.jsonl", "llm.input_messages.{}.message"),
+                                                 ("openllmetry_spans.jsonl", "gen_ai.prompt.{}")])
+def test_a_message_index_written_in_other_digits_is_no_message(tmp_path, fixture, prefix):
+    """`²` passes str.isdigit() and int() refuses it: the span was quarantined for Python's words. `٣` int() reads
+    as 3: the prompt gained a message no instrumentation wrote, and its fingerprint changed. Neither is an index
+    of the flattened messages; both are other attributes, as a name that is no index at all would be."""
+    line = (FIXTURES / fixture).read_text(encoding="utf-8").splitlines()[0]
+    hostile = _with_attrs(line, {f"{prefix.format(d)}.{part}": "injected"
+                                 for d in ("\u00b2", "\u0663") for part in ("role", "content")})
+    stored = []
+    for name, text in (("clean", line), ("hostile", hostile)):
+        (tmp_path / name).mkdir()
+        result, reasons, _ = load(tmp_path / name, [text])
+        assert (result.quarantined, reasons) == (0, []), name
+        with Store(tmp_path / name / "s.duckdb").read() as con:
+            stored.append(con.execute("SELECT request_id, prompt, fingerprint FROM requests ORDER BY 1").fetchall())
+    assert stored[1] == stored[0] and stored[0]
+    assert all("injected" not in prompt for _, prompt, _ in stored[1])

@@ -268,6 +268,12 @@ def test_backpressure_body_limit_and_token(db: Path) -> None:
     assert f"refused {len(busy)} busy, 1 too large, 3 unauthorized, 0 unreadable" in err
 
 
+def test_a_port_in_other_digits_is_one_line(tmp_path: Path) -> None:
+    done = run_cli("collect", "--db", str(tmp_path / "s.duckdb"), "--listen", "127.0.0.1:\u00b2", timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "specdec collect: --listen '127.0.0.1:\u00b2': expected HOST:PORT"], done.stderr
+
+
 def test_refuses_a_non_loopback_address_without_a_token(tmp_path: Path) -> None:
     done = run_cli("collect", "--db", str(tmp_path / "s.duckdb"), "--listen", "0.0.0.0:0", timeout=60)
     assert done.returncode == 2

@@ -182,7 +182,7 @@ def test_without_prometheus_client_the_commands_say_how_to_install(tmp_path):
         assert len(done.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("listen", ["nohost", "127.0.0.1:99999", ":80"])
+@pytest.mark.parametrize("listen", ["nohost", "127.0.0.1:99999", ":80", "127.0.0.1:\u00b2"])
 def test_a_bad_listen_address_is_one_line(tmp_path, listen):
     done = run_cli("metrics", "serve", "--db", str(tmp_path / "s.duckdb"), "--listen", listen)
     assert done.returncode == 2 and "HOST:PORT" in done.stderr and len(done.stderr.splitlines()) == 1

@@ -33,8 +33,8 @@ def test_invalidate_bumps_the_namespace_and_old_entries_are_never_read_again():
     with pytest.raises(ValueError, match="namespace"):
         service.invalidate("bad:name")
     assert service.namespace == "blue"
-    assert [bumped_namespace(n) for n in ("prod", "prod-2", "prod-9", "a-b", "-3")] == [
-        "prod-2", "prod-3", "prod-10", "a-b-2", "-3-2"]
+    assert [bumped_namespace(n) for n in ("prod", "prod-2", "prod-9", "a-b", "-3", "prod-\u00b2", "prod-\u0663")] == [
+        "prod-2", "prod-3", "prod-10", "a-b-2", "-3-2", "prod-\u00b2-2", "prod-\u0663-2"]
 
 
 def test_the_library_docs_incident_sequence_runs_and_the_fix_holds(tmp_path, monkeypatch, capsys):

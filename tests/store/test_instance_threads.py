@@ -31,7 +31,7 @@ def test_each_instance_runs_at_most_the_threads_asked_for(tmp_path, monkeypatch,
             assert _threads(con) == int(threads)
 
 
-@pytest.mark.parametrize("value", ["many", "0", "-2"])
+@pytest.mark.parametrize("value", ["many", "0", "-2", "\u00b2", "\u0663"])  # int() refuses "²", reads "٣" as 3
 def test_a_bad_thread_count_is_one_line_naming_the_variable(tmp_path, value):
     log = write_jsonl(tmp_path / "log.jsonl", [rec("m", cache_key="K")])
     db = tmp_path / "s.duckdb"
