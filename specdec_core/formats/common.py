@@ -34,6 +34,16 @@ TOO_DEEP = "bad JSON: nested too deeply to read"
 # Numbers at or past 1e308 are past a double; Decimal arithmetic on them overflows its context, and int() of
 # 1e9999999 builds ten million digits (minutes of CPU). No time, duration or count is anywhere near.
 _MAX_ADJUSTED_EXPONENT = 307
+# A number as text: a sign, ASCII digits, a fraction, an exponent. Python's int(), float() and Decimal() also read
+# "1_6" as 16, "0_5" as 5.0 and other scripts' digits ("١٦") as 16: text no log writes for a number, which a
+# format's reader would have made one silently (a CSV's max_tokens "1_6" was 16) where validation names it.
+_NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+def number_text(text: str, integer: bool = False) -> bool:
+    """Whether `text` (spaces around it aside) is a number as logs write them: an integer, with `integer`."""
+    return (_INTEGER_TEXT if integer else _NUMBER_TEXT).fullmatch(text.strip()) is not None
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
@@ -141,6 +151,8 @@ def to_decimal(value: Any) -> Decimal | None:
         return None
     if isinstance(value, float):
         value = repr(value)
+    if isinstance(value, str) and not number_text(value):
+        return None
     if isinstance(value, (int, str)):
         try:
             number = Decimal(str(value).strip())

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec_core.contract import fields as contract
-from specdec_core.formats.common import loads
+from specdec_core.formats.common import loads, number_text
 from specdec_core.formats.files import (
     CHUNK_ROWS,
     INVALID_UTF8,
@@ -54,11 +54,12 @@ def _csv_integer(cell: str) -> object:
     log often spells integers that way. Anything else that is not an integer stays text, to be
     quarantined with its own spelling.
     """
-    try:
+    if number_text(cell, integer=True):
         return int(cell)
-    except ValueError:
-        number = float(cell)  # ValueError: the caller keeps the text (a date-time, for `ts`)
-        return number if math.isfinite(number) else cell
+    if not number_text(cell):
+        return cell  # a date-time, for `ts`; other text is quarantined with its own spelling
+    number = float(cell)
+    return number if math.isfinite(number) else cell
 
 
 def _csv_cell(name: str, cell: str, kinds: _CellKinds) -> object:
@@ -68,7 +69,7 @@ def _csv_cell(name: str, cell: str, kinds: _CellKinds) -> object:
         if name in kinds.integer or name == "ts":
             return _csv_integer(cell)  # a ts that is a number is epoch milliseconds; RFC 3339 text stays text
         if name in kinds.number:
-            return float(cell)
+            return float(cell) if number_text(cell) else cell
         if name in kinds.boolean:
             lowered = cell.strip().lower()
             if lowered in ("true", "1", "t", "yes"):

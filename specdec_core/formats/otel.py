@@ -18,6 +18,7 @@ from .common import (
     canonical_json,
     epoch_to_rfc3339,
     load_object,
+    number_text,
     parse_json_text,
     to_decimal,
 )
@@ -51,12 +52,7 @@ def decode_any_value(value: Any) -> Any:
         return raw
     if (raw := value.get("intValue")) is not None:
         # proto3 JSON writes int64 as a string; text that is not an integer goes on to validation as is.
-        if isinstance(raw, str):
-            try:
-                return int(raw.strip())
-            except ValueError:
-                return raw
-        return raw
+        return int(raw) if isinstance(raw, str) and number_text(raw, integer=True) else raw
     if (raw := value.get("doubleValue")) is not None:
         if isinstance(raw, str):
             # "NaN"/"Infinity" are legal proto3 JSON but not contract numbers: leave them for validation.

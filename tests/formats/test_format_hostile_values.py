@@ -4,6 +4,7 @@ Python's reader recurses to. The records around it load."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -204,3 +205,33 @@ def test_a_message_index_written_in_other_digits_is_no_message(tmp_path, fixture
             stored.append(con.execute("SELECT request_id, prompt, fingerprint FROM requests ORDER BY 1").fetchall())
     assert stored[1] == stored[0] and stored[0]
     assert all("injected" not in prompt for _, prompt, _ in stored[1])
+
+
+def test_numbers_python_reads_and_logs_do_not_write_are_quarantined_with_their_spelling(tmp_path):
+    """int(), float() and Decimal() read "1_6" as 16, "0_5" as 5.0 and "١٦" as 16: a CSV's cells and an OTel
+    span's numbers in text went into the store as those numbers. They are text no log writes for a number."""
+    records = [rec("under", max_tokens="1_6"), rec("arabic", max_tokens="\u0661\u0666"),
+               rec("float", temperature="0_5"), rec("plain", max_tokens=" 16 ", temperature="0.5")]
+    path = tmp_path / "log.csv"
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()}
+                         for r in records)
+    store = Store(tmp_path / "csv.duckdb")
+    result = ingest(store, [str(path)])
+    with store.read() as con:
+        reasons = con.execute("SELECT source_line, reason FROM quarantine ORDER BY source_line").fetchall()
+        stored = con.execute("SELECT request_id, max_tokens, temperature FROM requests").fetchall()
+    assert (result.accepted, result.quarantined) == (1, 3)
+    assert reasons == [(1, 'max_tokens: expected an integer >= 1, got "1_6"'),
+                       (2, 'max_tokens: expected an integer >= 1, got "\u0661\u0666"'),
+                       (3, 'temperature: expected a number >= 0, got "0_5"')]
+    assert stored == [("plain", 16, 0.5)]
+    spans = [otel_line("otel-under", {"gen_ai.request.max_tokens": {"intValue": "1_6"}}),
+             otel_line("otel-float", {"gen_ai.request.temperature": {"doubleValue": "0_5"}}),
+             otel_line("otel-plain", {"gen_ai.request.max_tokens": {"intValue": "16"}})]
+    result, reasons, ids = load(tmp_path, spans, "otel")
+    assert [reason.split(",")[0] for _, reason in reasons] == ["max_tokens: expected an integer >= 1",
+                                                               "temperature: expected a number >= 0"]
+    assert ids == ["otel-plain"]
