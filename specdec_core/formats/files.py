@@ -224,6 +224,28 @@ def open_binary(path: Path) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
+# The byte order marks of the Unicode encodings other than UTF-8, longest first (UTF-32 LE's begins as UTF-16 LE's).
+# Windows writes UTF-16 where a log is saved by PowerShell 5's `>` or Excel's "Unicode Text": read as UTF-8, each
+# of its lines was quarantined as bad JSON or invalid UTF-8, and the reason said nothing of why.
+_WIDE_BOMS = ((b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe\x00\x00", "UTF-32"), (b"\xfe\xff", "UTF-16"),
+              (b"\xff\xfe", "UTF-16"))
+
+
+def refuse_wide_text(path: Path) -> None:
+    """Raise LogReadError, in one line with the command that converts it, for a text log (gzipped or not) that
+    opens with a UTF-16 or UTF-32 byte order mark: specdec reads UTF-8. A file it can't open is left to its reader."""
+    try:
+        with open_binary(path) as f:
+            head = f.read(4)
+    except (OSError, EOFError):
+        return
+    encoding = next((name for bom, name in _WIDE_BOMS if head.startswith(bom)), None)
+    if encoding is not None:
+        read = "zcat FILE | iconv" if path.name.lower().endswith(".gz") else "iconv"
+        raise LogReadError(f"{path}: {encoding} text (its byte order mark says so); specdec reads UTF-8: convert "
+                           f"it first, e.g. {read} -f {encoding} -t UTF-8 FILE > FILE.utf8")
+
+
 # A record longer than this is quarantined (IngestLimits.max_record_bytes, ingestion/staging.py, by default).
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 # Of a line longer than the limit, the quarantine keeps this much, with its size and its whole text's MD5: a

@@ -24,7 +24,13 @@ from specdec_core.derived.migrate import migrate_connection
 from specdec_core.derived.summaries import build_summaries
 from specdec_core.derived.verdicts import record_first_verdicts
 from specdec_core.formats import object_store
-from specdec_core.formats.files import JSON_DOCUMENT_SUFFIXES, JSONL_SUFFIXES, LogReadError, resolve_paths
+from specdec_core.formats.files import (
+    JSON_DOCUMENT_SUFFIXES,
+    JSONL_SUFFIXES,
+    LogReadError,
+    refuse_wide_text,
+    resolve_paths,
+)
 from specdec_core.formats.jsonl import first_line, foreign_inputs
 from specdec_core.ingestion.identities import compute_identities, id_hash_sql
 from specdec_core.ingestion.relations import BatchRelations
@@ -422,6 +428,8 @@ def file_format(path: Path, log_format: str, mapping: formats.Mapping | None) ->
     if log_format not in ("auto", *formats.FORMATS, formats.LIVE_FORMAT):
         raise ValueError(f"--format: unknown format {log_format!r}; expected auto, {', '.join(formats.FORMATS)}")
     jsonl = path.name.lower().endswith(JSONL_SUFFIXES + JSON_DOCUMENT_SUFFIXES)
+    if not path.name.lower().endswith(".parquet"):
+        refuse_wide_text(path)
     if mapping is not None or log_format not in ("auto", "contract"):
         if not jsonl:
             raise LogReadError(f"{path}: only JSON Lines files can be read as {'a mapping' if mapping else log_format}")

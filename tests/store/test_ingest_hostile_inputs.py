@@ -604,6 +604,31 @@ def test_invalid_utf8_inside_a_string_is_quarantined_with_its_bytes_shown(store,
     assert raw == good.decode().replace("aXb", "a\\xff\\xfeb")
 
 
+@pytest.mark.parametrize(("name", "encoding", "said"), [("ps.jsonl", "utf-16", "UTF-16"), ("excel.csv", "utf-16-be", None),
+                                                   ("wide.jsonl.gz", "utf-32", "UTF-32")])
+def test_a_log_in_utf16_or_utf32_is_refused_in_one_line_naming_the_conversion(tmp_path, name, encoding, said):
+    """PowerShell 5's `>` and Excel's "Unicode Text" save UTF-16: read as UTF-8, every line was quarantined as bad
+    JSON or invalid UTF-8, and nothing said why. Refused before anything is written, with the fix."""
+    csv = name.endswith(".csv")
+    text = (write_csv(tmp_path / "utf8.csv", [rec("a")]) if csv else write_jsonl(tmp_path / "utf8.jsonl", [rec("a")])
+            ).read_text(encoding="utf-8")
+    bom = "\ufeff" if encoding == "utf-16-be" else ""  # utf-16 and utf-32 write their own, utf-16-be none
+    path = tmp_path / name
+    pack = gzip.compress if name.endswith(".gz") else bytes
+    path.write_bytes(pack((bom + text).encode(encoding)))
+    db = tmp_path / "s.duckdb"
+    done = run_cli("ingest", str(tmp_path / ("utf8.csv" if csv else "utf8.jsonl")), str(path), "--db", str(db))
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    conversion = "zcat FILE | iconv" if name.endswith(".gz") else "iconv"
+    assert line == (f"specdec ingest: {path}: {said or 'UTF-16'} text (its byte order mark says so); specdec reads "
+                    f"UTF-8: convert it first, e.g. {conversion} -f {said or 'UTF-16'} -t UTF-8 FILE > FILE.utf8")
+    assert not db.exists()  # the good file beside it waits for the whole ingest
+    # The same text in UTF-8 with its byte order mark loads.
+    path.write_bytes(pack(b"\xef\xbb\xbf" + text.encode()))
+    assert ingest(Store(db), [str(path)]).accepted == 1
+
+
 def test_invalid_utf8_in_a_csv_cell_is_quarantined_too(store, tmp_path):
     path = write_csv(tmp_path / "bytes.csv", [rec("ok"), rec("bad", output_text="aXb")])
     path.write_bytes(path.read_bytes().replace(b"aXb", b"a\xffb"))
