@@ -39,11 +39,6 @@ _MAX_ADJUSTED_EXPONENT = 307
 # format's reader would have made one silently (a CSV's max_tokens "1_6" was 16) where validation names it.
 _NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
-
-
-def number_text(text: str, integer: bool = False) -> bool:
-    """Whether `text` (spaces around it aside) is a number as logs write them: an integer, with `integer`."""
-    return (_INTEGER_TEXT if integer else _NUMBER_TEXT).fullmatch(text.strip()) is not None
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
@@ -138,6 +133,11 @@ def parse_json_text(value: Any) -> tuple[bool, Any]:
         raise
     except ValueError:
         return False, value
+
+
+def number_text(text: str, integer: bool = False) -> bool:
+    """Whether `text` (spaces around it aside) is a number as logs write them: an integer, with `integer`."""
+    return (_INTEGER_TEXT if integer else _NUMBER_TEXT).fullmatch(text.strip()) is not None
 
 
 def to_decimal(value: Any) -> Decimal | None:

@@ -13,6 +13,7 @@ import hmac
 import ipaddress
 import json
 import socket
+import string
 import sys
 import threading
 import time
@@ -50,20 +51,15 @@ _MOST_DISCARDED = 1 << 30
 # A Content-Length or a chunk's size longer than this is no size any export has: refused, not converted (int()
 # of a 5,000-digit number raises, and one of a Unicode digit such as "²" too).
 _MOST_SIZE_DIGITS = 18
-_DIGITS = {10: frozenset("0123456789"), 16: frozenset("0123456789abcdefABCDEF")}
+_HEX_DIGITS = frozenset(string.hexdigits)
 
 
 def byte_count(text: str, base: int = 10) -> int | None:
     """A Content-Length (base 10) or a chunk's size (base 16) as a number of bytes; None where it is not one:
     a sign, a space inside, a digit other than ASCII's, more than 18 digits, nothing."""
     text = text.strip()
-    if not text or len(text) > _MOST_SIZE_DIGITS or not set(text) <= _DIGITS[base]:
-        return None
-    return int(text, base)
-
-
-class _ShortBody(ValueError):
-    """The connection ended (or a chunk did) before the bytes its size announced."""
+    digits = ascii_digits(text) if base == 10 else bool(text) and set(text) <= _HEX_DIGITS
+    return int(text, base) if digits and len(text) <= _MOST_SIZE_DIGITS else None
 
 
 class CollectError(ValueError):
@@ -360,7 +356,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as exc:  # a part of an export is not an export: none of it is spooled
             c.counters.add("refused_bad")
             self.close_connection = True
-            self._error(400, str(exc) if isinstance(exc, _ShortBody) else "bad chunked body")
+            self._error(400, str(exc))
             return
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         try:
@@ -395,19 +391,19 @@ class _Handler(BaseHTTPRequestHandler):
     def _read_exactly(self, length: int) -> bytes:
         body = self.rfile.read(length)
         if len(body) < length:
-            raise _ShortBody(f"body ended after {len(body):,} of its {length:,} bytes")
+            raise ValueError(f"body ended after {len(body):,} of its {length:,} bytes")
         return body
 
     def _read_chunked(self, limit: int) -> bytes:
         """A body sent with Transfer-Encoding: chunked, never more than `limit` bytes of it. A size that is not
         one (a negative size read everything up to the connection's end, past the limit) or a chunk cut short
-        raises ValueError."""
+        raises ValueError("bad chunked body")."""
         parts: list[bytes] = []
         held = 0
         while True:
             size = byte_count(self.rfile.readline(1024).split(b";", 1)[0].decode("latin-1"), 16)
             if size is None:
-                raise ValueError("bad chunk size")
+                raise ValueError("bad chunked body")
             if size == 0:
                 while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
                     pass  # trailers
@@ -415,7 +411,9 @@ class _Handler(BaseHTTPRequestHandler):
             held += size
             if held > limit:
                 raise TooLarge()
-            parts.append(self._read_exactly(size))
+            parts.append(self.rfile.read(size))
+            if len(parts[-1]) < size:
+                raise ValueError("bad chunked body")
             self.rfile.readline(16)  # the CRLF after each chunk
 
     def _discard(self, length: int | None = None) -> None:

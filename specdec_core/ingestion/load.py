@@ -27,6 +27,7 @@ from specdec_core.formats import object_store
 from specdec_core.formats.files import (
     JSON_DOCUMENT_SUFFIXES,
     JSONL_SUFFIXES,
+    PARQUET_SUFFIXES,
     LogReadError,
     refuse_wide_text,
     resolve_paths,
@@ -428,7 +429,7 @@ def file_format(path: Path, log_format: str, mapping: formats.Mapping | None) ->
     if log_format not in ("auto", *formats.FORMATS, formats.LIVE_FORMAT):
         raise ValueError(f"--format: unknown format {log_format!r}; expected auto, {', '.join(formats.FORMATS)}")
     jsonl = path.name.lower().endswith(JSONL_SUFFIXES + JSON_DOCUMENT_SUFFIXES)
-    if not path.name.lower().endswith(".parquet"):
+    if not path.name.lower().endswith(PARQUET_SUFFIXES):
         refuse_wide_text(path)
     if mapping is not None or log_format not in ("auto", "contract"):
         if not jsonl:
