@@ -17,6 +17,17 @@ from specdec_core.formats.files import (
     duckdb_literal_path,
     too_large,
 )
+from specdec_core.store.sql import identifier
+
+
+def _columns(con: duckdb.DuckDBPyConnection, literal: str) -> str:
+    """The file's columns, a 32-bit float as the decimal it was written as: to_json writes a FLOAT's binary value
+    in full, so a temperature of 0.7 stored as float32 (numpy's, Arrow's float) read 0.699999988079071, in the
+    store, the report and the replay, where the same request logged as JSON reads 0.7."""
+    floats = [name for name, kind, *_ in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [literal]).fetchall()
+              if kind == "FLOAT"]
+    return "*" + (" REPLACE (" + ", ".join(f"{identifier(c)}::VARCHAR::DOUBLE AS {identifier(c)}" for c in floats) + ")"
+                  if floats else "")
 
 
 def read_parquet(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_bytes: int = MAX_RECORD_BYTES
@@ -27,10 +38,11 @@ def read_parquet(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record
     # hundreds, which took the ingest down with it).
     sql = (f"SELECT CASE WHEN n > {int(max_record_bytes)} THEN left(j, {KEPT_OF_A_LONG_LINE}) ELSE j END, "
            f"CASE WHEN n > {int(max_record_bytes)} THEN n END, CASE WHEN n > {int(max_record_bytes)} THEN md5(j) END "
-           "FROM (SELECT j, strlen(j) AS n FROM (SELECT to_json(t)::VARCHAR AS j FROM read_parquet(?) AS t))")
+           "FROM (SELECT j, strlen(j) AS n FROM (SELECT to_json(t)::VARCHAR AS j FROM (SELECT {columns} "
+           "FROM read_parquet(?)) AS t))")
     try:
         with duckdb_literal_path(path) as literal:
-            cur = con.execute(sql, [literal])
+            cur = con.execute(sql.format(columns=_columns(con, literal)), [literal])
             row_number = 0
             while True:
                 rows = cur.fetchmany(chunk_rows)

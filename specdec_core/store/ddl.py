@@ -21,7 +21,7 @@ from specdec_core.store.schema import (
     requests_ddl,
     schema_sql,
 )
-from specdec_core.store.sql import list_literal, literal, scalar
+from specdec_core.store.sql import identifier, list_literal, literal, scalar
 from specdec_core.store.working_copy import compact_after_write
 
 # 2: requests.seed run-length encoded in a DuckDB file (_encode_seed); 3: a DuckDB file written anew in DuckDB 1.5's
@@ -86,12 +86,8 @@ def _current_columns() -> dict[str, frozenset[str]]:
 @functools.cache
 def _current_columns_probe() -> str:
     return " UNION ALL ".join(
-        f"SELECT NULL FROM (SELECT {', '.join(_quoted(c) for c in sorted(columns))} FROM {_quoted(table)} LIMIT 0)"
+        f"SELECT NULL FROM (SELECT {', '.join(identifier(c) for c in sorted(columns))} FROM {identifier(table)} LIMIT 0)"
         for table, columns in sorted(_current_columns().items()))
-
-
-def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _holds_current_columns(con: duckdb.DuckDBPyConnection) -> bool:

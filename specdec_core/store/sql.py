@@ -17,6 +17,11 @@ def literal(text: str) -> str:
     return quoted.replace("\0", "' || chr(0) || '") if "\0" in text else quoted
 
 
+def identifier(name: str) -> str:
+    """`name` as a quoted SQL identifier (a column or table a file or the schema names)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 # Values written into a statement instead of bound: DuckDB's Python client imports pandas to bind its first
 # parameter (0.3 s), and a process that only ingests (the CLI's, a follower's) needs no pandas.
 def _as_text(value: Any) -> Any:

@@ -318,6 +318,23 @@ def test_whitespace_only_lines_are_blank_on_the_fast_path_too(store, tmp_path):
         assert sorted(con.execute("SELECT source_line FROM requests").fetchall()) == [(1,), (4,)]
 
 
+def test_parquet_float32_columns_read_as_the_decimals_written(store, tmp_path):
+    """numpy's and Arrow's 32-bit floats: 0.7 is 0.699999988079071 as a double, which the store, the report and
+    a replay held where the same request logged as JSON holds 0.7. An unknown float32 column named with a quote
+    is kept in `extra` alike."""
+    src = write_jsonl(tmp_path / "log.jsonl", [rec("f32", temperature=0.7, top_p=0.9, latency_ms=12.3)])
+    con = duckdb.connect()
+    con.execute(f"COPY (SELECT * REPLACE (temperature::FLOAT AS temperature, top_p::FLOAT AS top_p, "
+                f"latency_ms::FLOAT AS latency_ms), 0.1::FLOAT AS \"odd\"\"name\" FROM read_json('{src}')) "
+                f"TO '{tmp_path / 'f32.parquet'}' (FORMAT parquet)")
+    assert con.execute(f"SELECT temperature::DOUBLE FROM '{tmp_path / 'f32.parquet'}'").fetchall() == [
+        (0.699999988079071,)]
+    assert ingest(store, [str(tmp_path / "f32.parquet")]).accepted == 1
+    with store.read() as con:
+        assert con.execute("SELECT temperature, top_p, latency_ms, extra::VARCHAR FROM requests").fetchall() == [
+            (0.7, 0.9, 12.3, '{"odd\\"name":0.1}')]
+
+
 def test_csv_epoch_milliseconds_and_parquet_json_text_columns_are_read(store, tmp_path):
     records = [rec("e1", ts=1772359200000, stop=["b", "a"]), rec("e2", cache_hit=True,
                                                                   cached_fingerprint={"prompt": "x"})]
