@@ -215,6 +215,24 @@ def _csv_rows(reader: Any, lines: _CsvLines) -> Iterator[list[str] | str]:
         yield row
 
 
+# What spreadsheets separate cells with where a comma is the decimal mark (Excel in most of Europe: ';'), and
+# "Unicode Text" or a TSV (a tab): read as commas, such a file's header is one column, and every row was
+# quarantined as missing its request_id.
+_OTHER_SEPARATORS = (";", "\t", "|")
+
+
+def _refuse_other_separators(path: Path, header: list[str]) -> None:
+    """LogReadError, in one line, for a header that is one column naming the contract's fields between another
+    separator than a comma."""
+    if len(header) != 1:
+        return
+    for separator in _OTHER_SEPARATORS:
+        names = {h.strip().strip('"') for h in header[0].split(separator)}
+        if "request_id" in names and len(names) > 1:
+            raise LogReadError(f"{path}: cannot be read as CSV: its header is one column, its field names "
+                               f"separated by {separator!r}; specdec reads comma-separated CSV: save it with commas")
+
+
 def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_bytes: int = MAX_RECORD_BYTES
              ) -> Iterator[RawBatch]:
     numbers: list[int] = []
@@ -238,6 +256,7 @@ def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_byt
                 yield RawBatch(name, [], [])
                 return
             header = [h.strip() for h in header]
+            _refuse_other_separators(path, header)
             kinds = _cell_kinds()
             repeated = sorted({h for h in header if header.count(h) > 1})
             for row_number, row in enumerate(_csv_rows(reader, lines), start=1):
@@ -269,6 +288,8 @@ def read_csv(path: Path, name: str, chunk_rows: int = CHUNK_ROWS, max_record_byt
                 if len(raws) >= chunk_rows:
                     yield RawBatch(name, numbers, raws, reasons)
                     numbers, raws, reasons = [], [], []
+    except LogReadError:
+        raise  # said already, naming the file once
     except (OSError, EOFError, gzip.BadGzipFile, csv.Error, UnicodeError) as exc:
         raise LogReadError(f"{path}: cannot be read as CSV: {exc}") from exc
     finally:

@@ -219,8 +219,22 @@ def test_a_csv_line_longer_than_a_record_is_read_past_in_parts_not_held(store, t
 def test_a_csv_whose_header_is_longer_than_a_record_is_refused_in_one_line(store, tmp_path):
     path = tmp_path / "header.csv"
     path.write_text("request_id," + "h" * (2 << 20) + "\nx,y\n")
-    with pytest.raises(LogReadError, match="its header line is longer than 1 MiB"):
+    with pytest.raises(LogReadError) as refused:
         ingest(store, [str(path)], limits=IngestLimits(max_record_bytes=1 << 20))
+    assert str(refused.value) == f"{path}: cannot be read as CSV: its header line is longer than 1 MiB"
+
+
+@pytest.mark.parametrize("separator", [";", "\t"])
+def test_a_csv_separated_by_semicolons_or_tabs_is_refused_in_one_line(store, tmp_path, separator):
+    """Excel where a comma is the decimal mark saves ';', a TSV tabs: read with commas, the header was one column
+    and every row was quarantined as missing its request_id, which was there."""
+    path = write_csv(tmp_path / "log.csv", [rec("a"), rec("b")])
+    path.write_text(path.read_text(encoding="utf-8").replace(",", separator), encoding="utf-8")
+    with pytest.raises(LogReadError) as refused:
+        ingest(store, [str(path)])
+    assert str(refused.value) == (f"{path}: cannot be read as CSV: its header is one column, its field names "
+                                  f"separated by {separator!r}; specdec reads comma-separated CSV: save it with commas")
+    assert not store.exists
 
 
 _CSV_PIECES = ["a", "b,", ",", '"', '""', '"x"', "\n", "\r\n", "\r", " ", '",', ',"']
