@@ -79,10 +79,20 @@ if window.empty:
     st.success("No contaminated hits: every cache hit in this selection served an output produced for "
                "its own request identity.")
 else:
-    for status in ui.cached(analysis.contamination_status, filters=filters):
+    # A line per deployment, the first STRIP_MOST of each kind: a log that names its pods as deployments holds
+    # hundreds (500 were 500 lines above the first chart); the table under the chart lists every one.
+    statuses = ui.cached(analysis.contamination_status, filters=filters)
+    for status in statuses[:STRIP_MOST]:
         st.markdown(f"**{ui.md_escape(ui.deployment_label(status.deployment))}**: {ui.md_escape(status.sentence)}")
-    for change in ui.cached(analysis.key_scheme_changes, filters=filters):
+    if len(statuses) > STRIP_MOST:
+        st.caption(f"and {ui.plural(len(statuses) - STRIP_MOST, 'more contaminated deployment')}, each in the "
+                   "contamination window's table below the chart.")
+    changes = ui.cached(analysis.key_scheme_changes, filters=filters)
+    for change in changes[:STRIP_MOST]:
         st.markdown(f":green[**Key scheme changed**] {ui.md_escape(change.sentence)}")
+    if len(changes) > STRIP_MOST:
+        st.caption(f"and {ui.plural(len(changes) - STRIP_MOST, 'more deployment')} whose key scheme changed: the "
+                   "sidebar's deployment filter shows any other's, and `specdec stats --json` lists every one.")
     bucket = ui.cached(analysis.time_bucket, filters=filters)
     over_time = ui.cached(analysis.mismatch_rate_over_time, filters=filters, bucket=bucket)
     # A panel per contaminated deployment (at most MAX_PANELS, ui/charts.py: 34 at 20M rows drew 4,200 px in

@@ -137,6 +137,24 @@ def test_the_status_strip_and_the_red_flags_come_before_every_number_and_chart(m
                      "**staging** :green[**clean**] :gray[since 2026-03-01 10:05:00 UTC]"]
 
 
+def test_a_log_naming_its_pods_as_deployments_gets_a_dozen_status_lines_and_the_count_of_the_rest(
+        monkeypatch, tmp_path):
+    """500 contaminated deployments (a log that names pods) were 500 lines above the first chart."""
+    pods = [f"edge-pod-{n:02d}" for n in range(15)]
+    records = [r for n, pod in enumerate(pods) for r in (
+        rec(f"m{n}", cache_key=f"k{n}", deployment=pod, ts=f"2026-03-01T10:{n:02d}:00Z", max_tokens=32),
+        rec(f"h{n}", cache_key=f"k{n}", deployment=pod, ts=f"2026-03-01T10:{n:02d}:30Z", max_tokens=8,
+            cache_hit=True))]
+    at = open_app(monkeypatch, build_db(tmp_path, records))
+    lines = [text for m in at.main.markdown if (text := markdown_unescape(m.value)).startswith("**edge-pod-")]
+    # The strip's twelve, then the status lines' twelve, the first contaminated first.
+    assert [line.split("**")[1] for line in lines] == pods[:12] * 2
+    assert "and 3 more contaminated deployments, each in the contamination window's table below the chart." in [
+        c.value for c in at.main.caption]
+    [window] = [t.value for t in at.main.dataframe if "first_contaminated" in t.value.columns]
+    assert sorted(window.deployment) == pods
+
+
 def test_a_quick_range_sets_the_time_filter_to_the_last_part_of_the_log(monkeypatch, tmp_path):
     hours = [rec(f"q{n}", ts=f"2026-03-01T{10 + n // 4:02d}:{(n % 4) * 15:02d}:00Z", cache_key=f"k{n}")
              for n in range(16)]
