@@ -359,8 +359,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, str(exc))
             return
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+        encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
+        if encoding not in ("gzip", "identity"):  # OTLP/HTTP compresses with gzip or not at all
+            self._error(415, f"Content-Encoding {encoding[:40]!r}: expected gzip or none")
+            return
         try:
-            if (self.headers.get("Content-Encoding") or "").strip().lower() == "gzip":
+            if encoding == "gzip":
                 body = gunzip(body, c.options.max_body_bytes)
             if content_type == "application/x-protobuf":
                 line, spans = protobuf_line(body)

@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -317,6 +318,12 @@ def test_sizes_that_are_no_sizes_and_cut_bodies_are_refused_and_spool_nothing(db
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
                       + f"Content-Length: {len(left)}\r\n\r\n".encode() + left)
+        # A compression OTLP does not use is named in a 415: a deflated export was "Wire format was corrupt",
+        # and a body labelled br was read as if it were not compressed.
+        for encoding, packed in (("deflate", zlib.compress(first)), ("br", first)):
+            status, _, answer = post(collect.url, packed, **{"Content-Encoding": encoding})
+            assert (status, json.loads(answer)["message"]) == (
+                415, f"Content-Encoding {encoding!r}: expected gzip or none"), answer
         assert post(collect.url, second)[0] == 200  # still serving, and the reset connection's thread is done
     finally:
         code, _, err = collect.stop()
