@@ -11,6 +11,16 @@ def ascii_digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def host_and_port(text: str) -> tuple[str, int] | None:
+    """HOST:PORT ("[::1]:9464" for IPv6) as the host without its brackets and a port from 0 (any free one) to
+    65535; None where it is not one."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not ascii_digits(port) or int(port) > 65535:
+        return None
+    return host, int(port)
+
+
 def escape_controls(text: Any) -> str:
     """Text with every control or other unprintable character written as its escape (\\x1b, \\r, \\n, \\u202e):
     what a log or an engine says can't clear a terminal, retitle it, make a link or overwrite a line."""

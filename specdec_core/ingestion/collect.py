@@ -38,7 +38,7 @@ from specdec_core.ingestion.otlp_decode import (
 from specdec_core.ingestion.spool import SPOOL_PREFIX, Spool, SpoolInUse
 from specdec_core.ingestion.staging import IngestLimits
 from specdec_core.store.connection import Store, StoreError
-from specdec_core.text import ascii_digits
+from specdec_core.text import ascii_digits, host_and_port
 
 DEFAULT_LISTEN = "127.0.0.1:4318"
 DEFAULT_MAX_BODY_BYTES = 16 << 20
@@ -79,11 +79,10 @@ class CollectOptions:
 
 
 def split_host_port(text: str, what: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not ascii_digits(port) or not 0 <= int(port) <= 65535:
+    address = host_and_port(text)
+    if address is None:
         raise CollectError(f"{what} {text!r}: expected HOST:PORT")
-    return host, int(port)
+    return address
 
 
 def is_loopback(host: str) -> bool:

@@ -35,7 +35,7 @@ from specdec_core.monitoring.figures import (
 )
 from specdec_core.store.connection import Store, StoreError, release_snapshots
 from specdec_core.store.location import mask_secrets
-from specdec_core.text import ascii_digits
+from specdec_core.text import host_and_port
 
 # Through require: without the [metrics] extra, importing this module says so in one line.
 _core = require("metrics", "prometheus_client.core")
@@ -206,10 +206,10 @@ class Listen:
 
 def parse_listen(text: str) -> Listen:
     """HOST:PORT ("[::1]:9464" for IPv6); a ValueError that says what is wrong otherwise."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not ascii_digits(port) or not 0 <= int(port) <= 65535:
+    address = host_and_port(text)
+    if address is None:
         raise ValueError(f"{text!r}: expected HOST:PORT, e.g. 127.0.0.1:9464")
-    return Listen(host.strip("[]"), int(port))
+    return Listen(*address)
 
 
 class _Sink:
