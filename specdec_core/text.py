@@ -26,3 +26,9 @@ def escape_controls(text: Any) -> str:
     what a log or an engine says can't clear a terminal, retitle it, make a link or overwrite a line."""
     return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
                    for ch in str(text))
+
+
+def escape_lines(text: str) -> str:
+    """Text of several lines (a CSV) for a terminal: each line's control characters escaped (escape_controls),
+    its line breaks, LF or CRLF, kept as breaks."""
+    return "\n".join(escape_controls(line.removesuffix("\r")) for line in text.split("\n"))

@@ -261,7 +261,7 @@ def write_report(store: Store, out: str | Path | BinaryIO, filters: Filters = NO
 
 
 def write_bytes(out: str | Path | BinaryIO, data: bytes) -> None:
-    """A CSV's bytes into a file, or into a binary stream (`sys.stdout.buffer`)."""
+    """A CSV's bytes into a file, or into a stream (`sys.stdout.buffer`; a terminal's, cli.common.out_target)."""
     if isinstance(out, (str, Path)):
         Path(out).write_bytes(data)
     else:

@@ -10,7 +10,7 @@ import time
 from typing import Any, BinaryIO
 
 from specdec_core.store import Store
-from specdec_core.text import escape_controls
+from specdec_core.text import escape_controls, escape_lines
 
 
 class UsageError(Exception):
@@ -49,10 +49,24 @@ RAW_HELP = ("write log text exactly as logged; by default a text cell starting w
             "leading ' so a spreadsheet shows it instead of running it as a formula")
 
 
-def out_target(out: str, store: Store, what: str) -> str | BinaryIO:
-    """Where a command writes its `--out`: standard output for `-`, else the file, which may not be the store."""
+class _Terminal:
+    """Standard output where it is a terminal, for a CSV of log text: each control character written as its
+    escape, as every other line specdec prints. A prompt holding an escape sequence would otherwise clear the
+    screen, retitle the window or make a link when the report is read there; piped or redirected, the CSV keeps
+    its bytes."""
+
+    def write(self, data: bytes) -> None:
+        sys.stdout.write(escape_lines(data.decode("utf-8", "replace")))
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
+def out_target(out: str, store: Store, what: str) -> str | BinaryIO | _Terminal:
+    """Where a command writes its `--out`: standard output for `-` (escaped where it is a terminal), else the
+    file, which may not be the store."""
     if out == "-":
-        return sys.stdout.buffer
+        return _Terminal() if sys.stdout.isatty() else sys.stdout.buffer
     if same_file(out, store.path):
         raise UsageError(f"--out {out} is the database itself; write {what} to another file")
     return out

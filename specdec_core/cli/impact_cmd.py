@@ -29,9 +29,10 @@ def _cell(value: float | None, digits: int = 1) -> str:
 
 
 def _name(value: str) -> str:
-    """A logged name as one table cell: '(none)' for none, a line break or other control character as a space (a
-    consumer named 'a\nb' split its row in two)."""
-    return "".join(" " if ch < " " or ch == "\x7f" else ch for ch in value) if value else "(none)"
+    """A logged name as one table cell: '(none)' for none, a line break, another control character or a character
+    that is no glyph (a bidirectional override, U+202E, reversed the rest of the row) as a space (a consumer
+    named 'a\nb' split its row in two)."""
+    return "".join(ch if ch.isprintable() else " " for ch in value) if value else "(none)"
 
 
 def cmd_impact(args: argparse.Namespace) -> int:

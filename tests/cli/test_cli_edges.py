@@ -148,6 +148,54 @@ def test_report_to_standard_output_and_an_unwritable_out_in_one_line(loaded_db, 
         assert done.stderr.startswith(f"specdec {command}: --out {tmp_path / 'no-such-folder' / out}: cannot write: ")
 
 
+def _on_a_terminal(*args: str) -> str:
+    """`specdec ARGS...` with its standard output a terminal (a pseudo-terminal's): what the terminal received."""
+    import pty
+
+    main, attached = pty.openpty()
+    done = subprocess.run([sys.executable, "-m", "specdec_core", *args], stdout=attached, stderr=subprocess.PIPE,
+                          text=True, timeout=120)
+    os.close(attached)
+    received = b""
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:  # EIO: the terminal's other end is closed and everything was read
+            break
+        if not data:
+            break
+        received += data
+    os.close(main)
+    assert done.returncode == 0, done.stderr
+    return received.decode("utf-8")
+
+
+def test_a_csv_on_a_terminal_shows_log_texts_escape_sequences_as_escapes(tmp_path):
+    """`--out -` to a terminal: a cache key, a consumer or an output holding an escape sequence is shown as its
+    escapes (as every other line specdec prints), not run; piped, the CSV keeps the bytes as logged."""
+    sequence = "\x1b]0;owned\x07\x1b[2J"
+    log = write_jsonl(tmp_path / "log.jsonl", [
+        rec("a", cache_key=f"k{sequence}", consumer=f"c{sequence}", output_text=f"Hi {sequence} there"),
+        rec("b", cache_hit=True, temperature=0.1, cache_key=f"k{sequence}", consumer=f"c{sequence}",
+            output_text=f"Hi {sequence} there"),
+        rec("c", cache_key="k-2", consumer="d\u202eabc")])
+    db = tmp_path / "s.duckdb"
+    ingest(Store(db), [str(log)])
+    shown = "\\x1b]0;owned\\x07\\x1b[2J"
+    report = _on_a_terminal("report", "--db", str(db), "--out", "-")
+    assert f",contaminated_hit,k{shown},a,temperature," in report, report
+    impact = _on_a_terminal("impact", "--db", str(db), "--out", "-")
+    assert f",contaminated_hit,c{shown},,prod,k{shown},a," in impact and f"Hi {shown} there" in impact, impact
+    for text in (report, impact):
+        assert "\x1b" not in text and "\x07" not in text and text.count("\n") == 2, text
+    piped = run_cli("report", "--db", str(db), "--out", "-")
+    assert f",contaminated_hit,k{sequence},a,temperature," in piped.stdout
+    # The impact table: a consumer's control characters, and an override that reverses what follows, as spaces.
+    table = run_cli("impact", "--db", str(db)).stdout
+    assert "c ]0;owned  [2J " in table and "d abc " in table, table
+    assert "\x1b" not in table and "\u202e" not in table
+
+
 def test_a_log_file_named_with_an_escape_sequence_is_named_with_escapes(tmp_path):
     """Files found in a folder or a bucket are named as they are called: a name holding an escape sequence
     can't clear the terminal or retitle it."""
