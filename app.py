@@ -292,10 +292,12 @@ def _url_time(values: tuple | None, default, end: bool):
 
 
 def _link_time(ts: datetime) -> str:
-    """A bound as a link writes it: RFC 3339 UTC, its fraction kept where it has one. The slider's handles step
-    from the log's first request, fractions and all; a link cut to the second moved a bound by up to a second,
-    and the view opened from it counted another second of requests (at 1,000 a second, a thousand)."""
-    return ts.strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0").rstrip(".") + "Z"
+    """A bound as a link writes it: RFC 3339 UTC with its fraction, milliseconds at least. The slider's handles
+    step from the log's first request, fractions and all; a link cut to the second moved a bound by up to a
+    second, and the view opened from it counted another second of requests (at 1,000 a second, a thousand).
+    A whole second keeps its `.000`: an end written without a fraction reads as through that second."""
+    text = ts.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return (text[:-3] if ts.microsecond % 1000 == 0 else text) + "Z"
 
 
 def filters_to_url(chosen: Filters) -> None:

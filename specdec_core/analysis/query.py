@@ -4,6 +4,7 @@ the filtered window); filters choose which hits are shown."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -20,18 +21,37 @@ def selection_time(text: str, *, end: bool = False) -> datetime:
     """A time as a person writes it, or pastes it from the tool (`--start`/`--end`, `--since`/`--until`, a
     link's `start=`/`end=`, an annotation): ISO 8601, UTC unless it says. RFC 3339's lowercase `t` and `z` read
     as `T` and `Z` (Python 3.11's fromisoformat takes only the first), and a trailing ` UTC` as every time the
-    tool shows itself is written (`2026-11-20 08:00:03 UTC`, analysis.status.fmt_time). An end given as a date
-    alone is through that day (its last microsecond: the end is inclusive), not its first instant, so a start
-    and an end of the same date are that day. Raises ValueError."""
+    tool shows itself is written (`2026-11-20 08:00:03 UTC`, analysis.status.fmt_time). The end is inclusive,
+    through the last microsecond of what it names: a date alone is that whole day, so a start and an end of the
+    same date are that day; a time without a fraction is that whole second (or minute, or hour), so an end
+    pasted from what the tool shows (to the second) keeps the requests logged later in that second, as
+    Elasticsearch rounds an `lte` date up. Raises ValueError."""
     text = text.strip()
     said_utc = text[-4:].upper() == " UTC"
     body = text[:-4].rstrip() if said_utc else text
     ts = datetime.fromisoformat(body[:-1] + "+00:00" if body[-1:] in ("Z", "z") else body)
     if said_utc and ts.tzinfo is not None:
         raise ValueError(f"{text!r} gives its zone twice")
-    if end and not any(c in body for c in "Tt: "):  # a date alone, in any form fromisoformat reads
-        ts += timedelta(days=1, microseconds=-1)
+    if end:
+        ts += _unit_named(body) - timedelta(microseconds=1)
     return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
+# A time of day as fromisoformat reads it after the date's separator: its digits, with or without colons, and
+# a fraction; then the zone, if any.
+_TIME_OF_DAY = re.compile(r"[Tt ](?P<clock>[0-9]{2}(?::?[0-9]{2}){0,2})(?P<fraction>[.,][0-9]+)?(?:[Zz+-].*)?")
+
+
+def _unit_named(body: str) -> timedelta:
+    """The span the last figure of a time names (that the time is the start of): a day for a date alone, an
+    hour, a minute or a second for a time of day without a fraction; a microsecond where it has one."""
+    if not any(c in body for c in "Tt: "):  # a date alone, in any form fromisoformat reads
+        return timedelta(days=1)
+    found = _TIME_OF_DAY.search(body)
+    if found is None or found["fraction"]:
+        return timedelta(microseconds=1)
+    figures = len(found["clock"].replace(":", "")) // 2
+    return (timedelta(hours=1), timedelta(minutes=1), timedelta(seconds=1))[figures - 1]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 
 def _instant(text: str, flag: str) -> datetime:
-    """--since/--until as `specdec stats --start/--end` read them: --until with a date alone is that whole day."""
+    """--since/--until as `specdec stats --start/--end` read them: --until with a date alone is that whole day,
+    one without a fraction of a second that whole second."""
     from specdec_core.analysis.query import selection_time
 
     try:
@@ -225,7 +226,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--deployment", action="append", metavar="D", help="only this deployment (repeatable)")
     p.add_argument("--since", metavar="T", help="only requests at or after this time (RFC 3339)")
     p.add_argument("--until", metavar="T", help="only requests at or before this time (RFC 3339; a date alone: "
-                                                "through that day)")
+                                                "through that day, a time without a fraction: that second)")
     p.add_argument("--key-template", default=DEFAULT_KEY_TEMPLATE, metavar="TEMPLATE",
                    help="the key in the cache for a logged key: {cache_key} and {deployment} are filled in "
                         "(default {cache_key}; e.g. 'myapp:{deployment}:{cache_key}')")

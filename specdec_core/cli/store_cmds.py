@@ -172,15 +172,16 @@ def utc_time(text: str, end: bool = False) -> datetime:
 
 
 def utc_end(text: str) -> datetime:
-    """--end: a time as utc_time reads it; a date alone is through the end of that day, not its first instant:
-    `--start 2026-11-20 --end 2026-11-20` is that day."""
+    """--end: a time as utc_time reads it, through the last instant of what it names: a date alone is that whole
+    day (`--start 2026-11-20 --end 2026-11-20`), a time to the second that whole second."""
     return utc_time(text, end=True)
 
 
 def add_filters(p: argparse.ArgumentParser) -> None:
     """The dashboard's sidebar filters, as its URL names them (read back by stats_filters)."""
     p.add_argument("--start", type=utc_time, metavar="TIME", help="from this time (ISO 8601; UTC unless it says)")
-    p.add_argument("--end", type=utc_end, metavar="TIME", help="up to this time; a date alone: through that day")
+    p.add_argument("--end", type=utc_end, metavar="TIME",
+                   help="through this time: a date alone, that whole day; a time without a fraction, that whole second")
     p.add_argument("--deployment", action="append", metavar="NAME", help="only this deployment (repeatable)")
     p.add_argument("--target-model", action="append", metavar="NAME", help="only this target model (repeatable)")
     p.add_argument("--draft-model", action="append", metavar="NAME",

@@ -34,7 +34,8 @@ def test_stats_filters_give_the_numbers_the_dashboard_shows_for_them(tmp_path):
 
 
 def test_an_end_given_as_a_date_alone_runs_through_that_day(tmp_path):
-    """`--start 2026-03-01 --end 2026-03-01` is that day, not its first instant; a time keeps its own instant."""
+    """`--start 2026-03-01 --end 2026-03-01` is that day, not its first instant; a time without a fraction is
+    through its last figure's second (or minute), one with a fraction that instant."""
     store = Store(tmp_path / "s.duckdb")
     ingest(store, [str(write_jsonl(tmp_path / "log.jsonl", [
         rec("a1", ts="2026-03-01T00:00:00Z"), rec("a2", ts="2026-03-01T23:59:59.999999Z"),
@@ -48,6 +49,8 @@ def test_an_end_given_as_a_date_alone_runs_through_that_day(tmp_path):
 
     assert requests("--start", "2026-03-01", "--end", "2026-03-01") == 2
     assert requests("--end", "2026-03-01T00:00:00Z") == 1
+    assert requests("--end", "2026-03-01T23:59:59Z") == requests("--end", "2026-03-01T23:59Z") == 2
+    assert requests("--end", "2026-03-01T23:59:59.000Z") == 1
     assert requests("--start", "2026-03-02", "--end", "2026-03-02") == 1
     assert requests("--start", "20260301", "--end", "20260301") == 2  # the basic form too
     # RFC 3339's lowercase separator and zone, as `specdec cache plan --since/--until` reads them.
@@ -55,13 +58,14 @@ def test_an_end_given_as_a_date_alone_runs_through_that_day(tmp_path):
 
 
 def test_the_times_the_cli_shows_can_be_given_back_to_it(tmp_path):
-    """`specdec stats` writes its time range as `2026-03-01 10:00:00 UTC`; pasted into --start or --end, or
-    `specdec cache plan --since/--until`, it selects from and through that instant."""
+    """`specdec stats` writes its time range as `2026-03-01 10:00:00 UTC`, to the second; pasted into --start or
+    --end, or `specdec cache plan --since/--until`, it selects from that instant and through that whole second:
+    the last request, logged later in the second shown, is kept."""
     store = Store(tmp_path / "s.duckdb")
     ingest(store, [str(write_jsonl(tmp_path / "log.jsonl", [  # a contaminated hit on each of two keys
-        rec("a1", ts="2026-03-01T10:00:00Z"), rec("a2", ts="2026-03-01T10:05:00Z", cache_hit=True, max_tokens=2),
+        rec("a1", ts="2026-03-01T10:00:00Z"), rec("a2", ts="2026-03-01T10:05:00.250Z", cache_hit=True, max_tokens=2),
         rec("b1", ts="2026-03-01T10:30:00Z", cache_key="k-9"),
-        rec("b2", ts="2026-03-01T11:00:00Z", cache_key="k-9", cache_hit=True, max_tokens=2),
+        rec("b2", ts="2026-03-01T11:00:00.999Z", cache_key="k-9", cache_hit=True, max_tokens=2),
     ]))])
     whole = run_cli("stats", "--db", str(store.path)).stdout
     [first, last] = re.search(r"time range +(.+ UTC) \.\. (.+ UTC)\n", whole).groups()

@@ -161,7 +161,7 @@ def test_a_quick_range_sets_the_time_filter_to_the_last_part_of_the_log(monkeypa
     at = open_app(monkeypatch, build_db(tmp_path, hours))
     at.sidebar.get("button_group")[0].set_value("1h").run()
     assert at.session_state["f_time"][0] == datetime(2026, 3, 1, 12, 45, tzinfo=timezone.utc)
-    assert at.query_params["start"] in ("2026-03-01T12:45:00Z", ["2026-03-01T12:45:00Z"])
+    assert at.query_params["start"] in ("2026-03-01T12:45:00.000Z", ["2026-03-01T12:45:00.000Z"])
     assert "end" not in at.query_params
     assert {m.label: m.value for m in at.main.metric}["Requests"] == "5"
     at.sidebar.get("button_group")[0].set_value("all").run()
@@ -175,11 +175,20 @@ def test_a_link_to_a_range_opens_the_same_requests_when_the_log_has_fractions_of
     db = build_db(tmp_path, [rec(f"f{n}", ts=f"2026-03-01T{t}Z", cache_key=f"k{n}") for n, t in enumerate(times)])
     at = open_app(monkeypatch, db)
     at.sidebar.get("button_group")[0].set_value("1h").run()
-    assert at.query_params["start"] in ("2026-03-01T12:45:00.75Z", ["2026-03-01T12:45:00.75Z"])
+    assert at.query_params["start"] in ("2026-03-01T12:45:00.750Z", ["2026-03-01T12:45:00.750Z"])
     assert metrics_of(at.main)["Requests"] == "3"
     start = at.query_params["start"]
     linked = open_app(monkeypatch, db, start=start if isinstance(start, str) else start[0])
     assert linked.session_state["f_time"][0] == at.session_state["f_time"][0]
+    assert metrics_of(linked.main)["Requests"] == "3"
+    # An end on a whole second keeps its `.000` in the link: without a fraction an end is through that second,
+    # and the linked view would count the request an eighth of a second after it.
+    at.sidebar.slider(key="f_time").set_value((datetime(2026, 3, 1, 10, 0, 0, 250_000, tzinfo=timezone.utc),
+                                               datetime(2026, 3, 1, 13, tzinfo=timezone.utc))).run()
+    assert metrics_of(at.main)["Requests"] == "3"
+    end = at.query_params["end"]
+    assert end in ("2026-03-01T13:00:00.000Z", ["2026-03-01T13:00:00.000Z"])
+    linked = open_app(monkeypatch, db, end=end if isinstance(end, str) else end[0])
     assert metrics_of(linked.main)["Requests"] == "3"
 
 
