@@ -362,9 +362,9 @@ def filter_widgets() -> Filters:
 
 @st.cache_resource(show_spinner=False)
 def model_preload(db: str):
-    """The models the store's requests name start loading when the dashboard opens it: the first replay doesn't
-    wait for them, and a registry model no request names is never loaded."""
-    return replay_jobs.preload_models(wanted=lambda: models_named(Store(db)))
+    """The models the store's requests name start loading once the dashboard's first page is drawn: the first
+    replay doesn't wait for them, and a registry model no request names is never loaded."""
+    return replay_jobs.preload_models(wanted=lambda: models_named(Store(db)), after=ui.PAGE_RAN)
 
 
 def models_named(store: Store) -> tuple[str, ...]:

@@ -52,6 +52,7 @@ from ui.state import (
     FILTERS_KEY,
     LINKED_ONLY,
     PAGE_FILES,
+    PAGE_RAN,
     PRELOAD_KEY,
     REPLAY_IDS_KEY,
     REPLAY_JOB_KEY,
@@ -87,7 +88,7 @@ from ui.tables import (
 )
 
 __all__ = [
-    "ALARM", "CHART_CONFIG", "ANNOTATIONS_KEY", "DB_ACCEPTED_KEY", "DB_KEY", "DB_REFUSED_KEY", "FILTERS_KEY", "GOOD", "PAGE_FILES",
+    "ALARM", "CHART_CONFIG", "ANNOTATIONS_KEY", "DB_ACCEPTED_KEY", "DB_KEY", "DB_REFUSED_KEY", "FILTERS_KEY", "GOOD", "PAGE_FILES", "PAGE_RAN",
     "PALETTE", "PRELOAD_KEY", "REPLAY_IDS_KEY", "REPLAY_JOB_KEY", "REPLAY_RESULTS_KEY", "REPLAY_START_KEY",
     "SLIDER_LIMITS", "TIME_KEY", "VIEW_PARAMS_KEY", "TIME_ZOOM_KEY", "annotate", "annotations", "bucket_delta", "bucket_words", "plural", "cached", "click_bridge", "fit_value_axes",
     "code_span", "confine_db_choice", "confined_log_files", "dashboard_settings", "default_db_path",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -31,6 +32,9 @@ ANNOTATIONS_KEY = "annotations"
 PRELOAD_KEY = "model_preload"
 VIEW_PARAMS_KEY = "view_params"  # the filters as query parameters: every link to another page carries them
 _ENTRYPOINT_KEY = "_entrypoint_running"
+# Set when a page's run first ends in this server process: the model preload (app.py) waits for it, so that
+# first view's queries don't share the interpreter and the two cores with torch's import and the weights.
+PAGE_RAN = threading.Event()
 
 # Page titles -> the page file that shows them.
 PAGE_FILES = {
@@ -158,6 +162,7 @@ def entrypoint() -> Iterator[None]:
         yield
     finally:
         st.session_state.pop(_ENTRYPOINT_KEY, None)
+        PAGE_RAN.set()
 
 
 def page_header(title: str) -> None:

@@ -270,6 +270,12 @@ def preload_enabled() -> bool:
 
 
 NOTHING_NAMED = "ready (no request names a model of the registry)"
+# The longest a preload waits for what it starts after (preload_models): a first page that never ends its run.
+# The dashboard's preload starts after its first page has run: started with it, torch's import and the weights
+# shared the interpreter and the two cores with that page's queries: the demo's first Overview, in a fresh
+# browser, was drawn after 5.6-7.4 s (median 6.1) against 5.3-6.6 s (median 5.5) now, 4.8-5.3 s with no preload;
+# the models were ready about as soon (11.5-14.1 s against 11.3-16.8 s; docs/benchmarks.md).
+AFTER_WAIT_S = 30.0
 
 
 def _to_load(registry: Registry, named: set[str] | None, keep: int) -> list[str]:
@@ -280,17 +286,21 @@ def _to_load(registry: Registry, named: set[str] | None, keep: int) -> list[str]
 
 
 def preload_models(decoder_factory: Callable[[], Decoder] | None = None,
-                   wanted: Callable[[], Iterable[str]] | None = None) -> Preload:
+                   wanted: Callable[[], Iterable[str]] | None = None,
+                   after: threading.Event | None = None) -> Preload:
     """Load the registry's available models (up to what the loader keeps) in a background thread.
 
     `wanted` (called in the thread): the models worth loading, those the store's requests name. A registry
     model no request names is left alone (a replay of this store never asks for it), and with none left
-    neither are the tokenizers: a dashboard on a store of other models loads nothing.
+    neither are the tokenizers: a dashboard on a store of other models loads nothing. `after`: the thread
+    starts its work once this is set (the dashboard's first page is drawn), or after AFTER_WAIT_S.
     """
     state = Preload()
 
     def work() -> None:
         try:
+            if after is not None:
+                after.wait(AFTER_WAIT_S)
             named = None if wanted is None else set(wanted())
             # The default decoder's registry is read first (a TOML file): when it has none of the named models
             # here, torch is never imported (0.85 s of CPU and some hundreds of MB a dashboard then keeps).

@@ -72,6 +72,15 @@ def test_a_dead_engine_is_one_line_saying_what_it_cost(monkeypatch, foreign, tin
     assert shown == ["engine staging failed: unreachable: Connection refused (2 requests not replayed)"]
 
 
+def test_the_first_pages_run_lets_the_model_preload_start(monkeypatch, foreign):
+    """app.py's preload waits for ui.PAGE_RAN, which the end of a page's run sets: a first view of the
+    dashboard is drawn before torch's import and the weights take the interpreter."""
+    db, _ = foreign
+    ui.PAGE_RAN.clear()
+    at = open_app(monkeypatch, db)
+    assert not at.exception and ui.PAGE_RAN.is_set()
+
+
 @pytest.mark.parametrize("setting, preloads, warned", [("", True, False), ("0", False, False), ("off", False, False),
                                                        ("maybe", True, True)])
 def test_specdec_preload_turns_the_dashboards_model_preload_off_and_a_bad_value_is_one_line(

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -148,6 +149,26 @@ def test_preloading_loads_only_the_models_the_stores_requests_name(tiny_registry
         time.sleep(0.05)
     assert states["some"].stage == "ready" and states["some"].loaded == ["tiny-draft-b"], states["some"]
     assert states["none"].loaded == [] and "no request names a model" in states["none"].stage, states["none"]
+
+
+def test_a_preload_after_an_event_loads_nothing_until_it_is_set(tiny_registry):
+    """The dashboard's preload starts after its first page has run (ui.PAGE_RAN): until then it asks the store
+    for nothing and loads nothing, for as long as a preload started at once takes to load everything."""
+    decoder = SpecDecoder(tiny_registry, device="cpu")
+    asked: list[str] = []
+    page_ran = threading.Event()
+    waiting = jobs.preload_models(lambda: decoder, wanted=lambda: asked.append("asked") or ("tiny-draft-a",),
+                                  after=page_ran)
+    at_once = jobs.preload_models(lambda: decoder, wanted=lambda: ("tiny-draft-a",))
+    deadline = time.monotonic() + 60
+    while not at_once.finished and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert at_once.loaded == ["tiny-draft-a"], at_once
+    assert (waiting.finished, waiting.stage, waiting.loaded, asked) == (False, "starting", [], [])
+    page_ran.set()
+    while not waiting.finished and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (waiting.stage, waiting.loaded, asked) == ("ready", ["tiny-draft-a"], ["asked"]), waiting
 
 
 def test_a_dashboard_on_a_store_naming_no_local_model_never_imports_torch(tmp_path, tiny_registry):
