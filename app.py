@@ -16,6 +16,7 @@ import streamlit as st
 import ui
 from specdec_core import analysis
 from specdec_core.analysis import NO_FILTERS, Filters
+from specdec_core.analysis.impact import rfc3339
 from specdec_core.analysis.query import selection_time
 from specdec_core.config import ConfigError, PathRefused
 from specdec_core.formats import FORMATS
@@ -296,8 +297,7 @@ def _link_time(ts: datetime) -> str:
     step from the log's first request, fractions and all; a link cut to the second moved a bound by up to a
     second, and the view opened from it counted another second of requests (at 1,000 a second, a thousand).
     A whole second keeps its `.000`: an end written without a fraction reads as through that second."""
-    text = ts.strftime("%Y-%m-%dT%H:%M:%S.%f")
-    return (text[:-3] if ts.microsecond % 1000 == 0 else text) + "Z"
+    return rfc3339(ts)
 
 
 def filters_to_url(chosen: Filters) -> None:
