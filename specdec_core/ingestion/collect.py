@@ -13,19 +13,17 @@ import hmac
 import ipaddress
 import json
 import socket
-import string
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from specdec_core import formats
 from specdec_core.extras import require
 from specdec_core.ingestion.follow import Batch, Follower
+from specdec_core.ingestion.http_server import Handler, Server, Server6, byte_count
 from specdec_core.ingestion.otlp_decode import (
     BadExport,
     TooLarge,
@@ -38,7 +36,7 @@ from specdec_core.ingestion.otlp_decode import (
 from specdec_core.ingestion.spool import SPOOL_PREFIX, Spool, SpoolInUse
 from specdec_core.ingestion.staging import IngestLimits
 from specdec_core.store.connection import Store, StoreError
-from specdec_core.text import ascii_digits, host_and_port
+from specdec_core.text import host_and_port
 
 DEFAULT_LISTEN = "127.0.0.1:4318"
 DEFAULT_MAX_BODY_BYTES = 16 << 20
@@ -46,20 +44,6 @@ DEFAULT_MAX_BACKLOG_BYTES = 256 << 20
 TRACES_PATH = "/v1/traces"
 # What a refused exporter is told to wait: about one batch's ingest, after which the backlog has moved.
 RETRY_AFTER_SECONDS = 2
-# A refused body is read off the connection up to this size (so the client reads the answer), else cut.
-_MOST_DISCARDED = 1 << 30
-# A Content-Length or a chunk's size longer than this is no size any export has: refused, not converted (int()
-# of a 5,000-digit number raises, and one of a Unicode digit such as "²" too).
-_MOST_SIZE_DIGITS = 18
-_HEX_DIGITS = frozenset(string.hexdigits)
-
-
-def byte_count(text: str, base: int = 10) -> int | None:
-    """A Content-Length (base 10) or a chunk's size (base 16) as a number of bytes; None where it is not one:
-    a sign, a space inside, a digit other than ASCII's, more than 18 digits, nothing."""
-    text = text.strip()
-    digits = ascii_digits(text) if base == 10 else bool(text) and set(text) <= _HEX_DIGITS
-    return int(text, base) if digits and len(text) <= _MOST_SIZE_DIGITS else None
 
 
 class CollectError(ValueError):
@@ -140,7 +124,7 @@ class Collector:
         self._stopping = threading.Event()
         self._backlog_base = self._spooled_unread()  # unread bytes at the last look, and written since then
         self._written_at_look = 0
-        self._http: ThreadingHTTPServer | None = None
+        self._http: Server | None = None
         self._grpc: Any = None
         self.grpc_port: int | None = None  # the port bound (--grpc HOST:0 takes any free one)
 
@@ -187,7 +171,7 @@ class Collector:
         host, port = split_host_port(self.options.listen, "--listen")
         handler = type("Handler", (_Handler,), {"collector": self})
         try:
-            server = _Server6 if ":" in host else _Server
+            server = Server6 if ":" in host else Server
             self._http = server((host, port), handler)
             self._http.on_problem = self._on_problem
         except OSError as exc:
@@ -210,6 +194,7 @@ class Collector:
             self._grpc.stop(grace=10).wait()  # in-flight exports finish (and are acknowledged) first
         if self._http is not None:
             self._http.shutdown()
+            self._http.close_idle()  # an exporter's pooled connection, idle, would keep server_close waiting
             self._http.server_close()  # waits for the requests under way
 
     # -- ingesting
@@ -263,34 +248,9 @@ class Collector:
         self.spool.release()
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = False  # server_close waits for the exports under way: they are acknowledged before exit
-    block_on_close = True
-    request_queue_size = 128
-    on_problem: Callable[[str], None] = staticmethod(lambda _: None)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """One line, not socketserver's traceback, for an export that broke off: a client that left before its
-        answer is not a problem of the collector (an exporter sends again; what was spooled is then found a
-        duplicate), anything else is said with the address it came from."""
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (BrokenPipeError, ConnectionResetError, TimeoutError)):
-            return
-        host, port = client_address[:2]
-        self.on_problem(f"an export from {host}:{port} failed: {type(exc).__name__}: {exc}")
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(Handler):
     collector: Collector
-    protocol_version = "HTTP/1.1"
     server_version = "specdec-collect"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
-        pass  # one line per export would drown the batch lines
 
     def _answer(self, status: int, body: bytes = b"", content_type: str = "application/json",
                 headers: dict[str, str] | None = None) -> None:
@@ -312,12 +272,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         c = self.collector
         if self.path.split("?", 1)[0] != TRACES_PATH:
-            self._discard()
+            self.discard()
             self._error(404, f"{self.path}: not found; this collector takes traces at {TRACES_PATH}")
             return
         if not c.authorized(self.headers.get("Authorization")):
             c.counters.add("refused_auth")
-            self._discard()
+            self.discard()
             self._error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
             return
         chunked = (self.headers.get("Transfer-Encoding") or "").strip().lower() == "chunked"
@@ -334,7 +294,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if not chunked and length > c.options.max_body_bytes:
             c.counters.add("refused_large")
-            self._discard(length)  # read off, not kept: a client that sends it all then reads the answer
+            self.discard(length)  # read off, not kept: a client that sends it all then reads the answer
             self._error(413, f"body of {length:,} bytes is over the limit of {c.options.max_body_bytes:,}")
             return
         if c.busy():
@@ -342,11 +302,11 @@ class _Handler(BaseHTTPRequestHandler):
             if chunked:
                 self.close_connection = True
             else:
-                self._discard(length)
+                self.discard(length)
             self._error(429, "backlog full: retry later", {"Retry-After": str(c.retry_after())})
             return
         try:
-            body = self._read_chunked(c.options.max_body_bytes) if chunked else self._read_exactly(length)
+            body = self.read_chunked(c.options.max_body_bytes) if chunked else self.read_exactly(length)
         except TooLarge:
             c.counters.add("refused_large")
             self.close_connection = True
@@ -390,49 +350,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(200, b"{}")
         else:
             self._answer(200, b"", "application/x-protobuf")
-
-    def _read_exactly(self, length: int) -> bytes:
-        body = self.rfile.read(length)
-        if len(body) < length:
-            raise ValueError(f"body ended after {len(body):,} of its {length:,} bytes")
-        return body
-
-    def _read_chunked(self, limit: int) -> bytes:
-        """A body sent with Transfer-Encoding: chunked, never more than `limit` bytes of it. A size that is not
-        one (a negative size read everything up to the connection's end, past the limit) or a chunk cut short
-        raises ValueError("bad chunked body")."""
-        parts: list[bytes] = []
-        held = 0
-        while True:
-            size = byte_count(self.rfile.readline(1024).split(b";", 1)[0].decode("latin-1"), 16)
-            if size is None:
-                raise ValueError("bad chunked body")
-            if size == 0:
-                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
-                return b"".join(parts)
-            held += size
-            if held > limit:
-                raise TooLarge()
-            parts.append(self.rfile.read(size))
-            if len(parts[-1]) < size:
-                raise ValueError("bad chunked body")
-            self.rfile.readline(16)  # the CRLF after each chunk
-
-    def _discard(self, length: int | None = None) -> None:
-        """Read a refused body off the connection (up to the limit), so the client reads the answer; where its
-        end can't be found (chunked, a size that is none), the connection closes after the answer."""
-        if length is None:
-            chunked = (self.headers.get("Transfer-Encoding") or "").strip().lower() == "chunked"
-            length = None if chunked else byte_count(self.headers.get("Content-Length") or "0")
-        if length is None or length > _MOST_DISCARDED:
-            self.close_connection = True
-            return
-        while length > 0:
-            got = self.rfile.read(min(length, 1 << 20))
-            if not got:
-                break
-            length -= len(got)
 
 
 def _start_grpc(collector: Collector, listen: str) -> tuple[Any, int]:

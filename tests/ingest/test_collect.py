@@ -187,6 +187,82 @@ def test_sdk_exports_over_http_grpc_and_json_land_once_and_sigterm_drains(db: Pa
     assert not list(Path(f"{db}.spool").glob("spool-*.jsonl"))  # all ingested: the spool is emptied
 
 
+def test_sigterm_ends_connections_a_live_exporter_keeps_open(db: Path) -> None:
+    """A service's exporter, still running, keeps its connection open between exports, and a client may connect
+    and send nothing: SIGTERM still ends the collector, with the exports it acknowledged stored. It waited for
+    every connection to close, and ran until it was killed."""
+    collect = Collect(db, "--json")
+    provider = TracerProvider(resource=Resource.create({"service.name": "edge-a"}))
+    provider.add_span_processor(SimpleSpanProcessor(HttpExporter(endpoint=collect.url)))  # its session pools one
+    tracer = provider.get_tracer("test")
+    for n in range(3):
+        with tracer.start_as_current_span("chat llama-8b", attributes=genai_attrs(n, "alive")):
+            pass
+    idle = socket.create_connection(("127.0.0.1", collect.http_port))
+    try:
+        collect.proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = collect.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            collect.kill()
+            pytest.fail("specdec collect still ran 30 s after SIGTERM, an exporter's connection open")
+        assert collect.proc.returncode == 0, err
+        idle.settimeout(10)
+        assert idle.recv(1) == b""  # closed by the collector, not left to the client
+    finally:
+        idle.close()
+        provider.shutdown()
+    assert request_ids(db) == ["alive-00000", "alive-00001", "alive-00002"]
+    assert sum(json.loads(line)["accepted"] for line in out.splitlines()) == 3
+
+
+def test_an_idle_connection_is_closed_and_one_mid_request_is_answered_before_the_server_stops() -> None:
+    """The collector's HTTP server (in this process, its idle limit cut to 0.5 s): a connection that sends nothing
+    is closed once the limit passes; one whose request is being read when the server stops gets its answer,
+    then closes; a connection between requests closes at the stop."""
+    from specdec_core.ingestion import http_server
+
+    assert http_server.Handler.timeout == http_server.IDLE_TIMEOUT_S > 0  # the collector's own limit is set
+    reading = threading.Event()
+
+    class Echo(http_server.Handler):
+        timeout = 0.5
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            reading.set()
+            body = self.read_exactly(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http_server.Server(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        idle = socket.create_connection(("127.0.0.1", port), timeout=10)
+        started = time.monotonic()
+        assert idle.recv(1) == b"" and time.monotonic() - started < 5  # closed after 0.5 s of nothing
+        Echo.timeout = 30  # the connections below wait on the test, and on shutdown()'s half-second poll
+        busy = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        busy.putrequest("POST", "/")
+        busy.putheader("Content-Length", "4")
+        busy.endheaders(b"ab")  # half of its body: the handler waits for the rest
+        between = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        between.request("POST", "/", b"xy")
+        assert between.getresponse().read() == b"xy"
+        assert reading.wait(10)
+        server.shutdown()
+        server.close_idle()
+        assert between.sock.recv(1) == b""  # waiting for its next request: closed at once
+        busy.send(b"cd")
+        answer = busy.getresponse()
+        assert (answer.status, answer.read(), answer.getheader("Connection")) == (200, b"abcd", None)
+        assert busy.sock is None or busy.sock.recv(1) == b""  # its answer was its last
+    finally:
+        server.server_close()
+
+
 def _requests_total(port: int) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
         text = answer.read().decode()
