@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
@@ -63,7 +64,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda _signum, _frame: stop.set())
-    print(f"serving {store} at http://{listen}/metrics", file=sys.stderr, flush=True)
+    bound = dataclasses.replace(listen, port=server.port)  # --listen HOST:0 takes a free port: say which
+    print(f"serving {store} at http://{bound}/metrics", file=sys.stderr, flush=True)
     stop.wait()
     server.stop()
     return 0

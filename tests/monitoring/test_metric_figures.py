@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
+import threading
 import urllib.request
 from dataclasses import fields
 from pathlib import Path
@@ -189,31 +190,32 @@ def test_a_bad_listen_address_is_one_line(tmp_path, listen):
 
 
 def test_serve_scrapes_over_http_and_stops_cleanly(tmp_path):
+    """`--listen 127.0.0.1:0` takes a free port, and the line it says once it listens names that port."""
     store = Store(tmp_path / "s.duckdb")
     ingest(store, [str(incident_log(tmp_path / "log.jsonl"))])
-    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-m", "specdec_core", "metrics", "serve", "--db", str(store.path),
-                             "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True, env=env)
+                             "--listen", "127.0.0.1:0"], stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(60, proc.kill)  # a server that never says it listens ends the read below
+    watchdog.start()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
-                    text = resp.read().decode()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "the exporter did not come up"
-                time.sleep(0.2)
+        said = proc.stderr.readline()
+        watchdog.cancel()
+        listening = re.fullmatch(rf"serving {re.escape(str(store.path))} at http://127\.0\.0\.1:(\d+)/metrics\n", said)
+        assert listening and int(listening[1]) > 0, said
+        port = int(listening[1])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
         assert 'specdec_contaminated_hits_total{deployment="narrow"' in text
         busy = run_cli("metrics", "serve", "--db", str(store.path), "--listen", f"127.0.0.1:{port}")
         assert busy.returncode == 1 and "can't listen on 127.0.0.1:" in busy.stderr
         assert len(busy.stderr.splitlines()) == 1
     finally:
+        watchdog.cancel()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert err.strip() == f"serving {store.path} at http://127.0.0.1:{port}/metrics"
+    assert err.strip() == ""
 
 
 def _rows(figures: Figures) -> dict[str, object]:
