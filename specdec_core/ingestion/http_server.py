@@ -2,10 +2,10 @@
 reading of a request's body (a Content-Length's, a chunked one's, a refused one's) that its handler shares.
 
 An exporter keeps its connection open between exports (OTLP/HTTP exporters pool them, as any HTTP/1.1 client
-does): the server closes a connection idle past IDLE_TIMEOUT_S, and on stop it closes every connection
-waiting for its next request at once, while one in the middle of a request gets its answer first. Stopping
-waited for every connection to end, and a service's exporter, alive, kept one open for as long as it ran:
-SIGTERM left `specdec collect` running until it was killed.
+does): the server serves MAX_CONNECTIONS at once, closes a connection idle past IDLE_TIMEOUT_S, and on stop
+closes every connection waiting for its next request at once, while one in the middle of a request gets its
+answer first. Stopping waited for every connection to end, and a service's exporter, alive, kept one open for
+as long as it ran: SIGTERM left `specdec collect` running until it was killed.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from specdec_core.connections import BoundedThreads, cut
 from specdec_core.ingestion.otlp_decode import TooLarge
 from specdec_core.text import ascii_digits
 
@@ -30,6 +31,10 @@ _HEX_DIGITS = frozenset(string.hexdigits)
 # A connection that sends nothing for this long is closed (a read of a request's line or body that waits
 # longer ends it): an exporter opens another for its next export, and an idle client holds no thread.
 IDLE_TIMEOUT_S = 60
+# Connections served at once (each an exporter's, kept between its exports); the next waits this long for
+# one of them to end, then is closed, and its exporter sends again later.
+MAX_CONNECTIONS = 256
+SLOT_WAIT_S = 10.0
 
 
 def byte_count(text: str, base: int = 10) -> int | None:
@@ -40,10 +45,12 @@ def byte_count(text: str, base: int = 10) -> int | None:
     return int(text, base) if digits and len(text) <= _MOST_SIZE_DIGITS else None
 
 
-class Server(ThreadingHTTPServer):
+class Server(BoundedThreads, ThreadingHTTPServer):
     daemon_threads = False  # server_close waits for the exports under way: they are acknowledged before exit
     block_on_close = True
     request_queue_size = 128
+    max_connections = MAX_CONNECTIONS
+    slot_wait_s = SLOT_WAIT_S
     on_problem: Callable[[str], None] = staticmethod(lambda _: None)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -69,10 +76,7 @@ class Server(ThreadingHTTPServer):
             self.stopping = True
             for handler, busy in self._connections.items():
                 if not busy:
-                    try:
-                        handler.connection.shutdown(socket.SHUT_RDWR)  # its wait for a request line ends
-                    except OSError:
-                        pass
+                    cut(handler.connection)  # its wait for a request line ends
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """One line, not socketserver's traceback, for an export that broke off: a client that left before its
@@ -99,7 +103,7 @@ class Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         if self.server.mark(self, False):  # accepted as the server stopped: no request is read from it
-            self.connection.shutdown(socket.SHUT_RDWR)
+            cut(self.connection)
 
     def parse_request(self) -> bool:
         self.server.mark(self, True)  # a request line came: it is answered even if the server stops meanwhile

@@ -11,7 +11,6 @@ sends or reads slowly, or never, is cut off after that, and what it held is free
 
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+from specdec_core.connections import BoundedThreads, cut
 from specdec_core.contract import fields as contract
 from specdec_core.extras import require
 from specdec_core.monitoring.figures import (
@@ -236,10 +236,7 @@ class _Handler(WSGIRequestHandler):
         self._deadline.start()
 
     def _cut(self) -> None:
-        try:
-            self.connection.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        cut(self.connection)
 
     def finish(self) -> None:
         self._deadline.cancel()
@@ -255,30 +252,12 @@ class _Handler(WSGIRequestHandler):
         pass
 
 
-class _Server(_exposition.ThreadingWSGIServer):
+class _Server(BoundedThreads, _exposition.ThreadingWSGIServer):
     """A thread per connection, at most MAX_CONNECTIONS at once: the next waits to be accepted, then is refused."""
 
     request_queue_size = 64
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__(*args, **kwargs)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(timeout=IO_TIMEOUT_S):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+    max_connections = MAX_CONNECTIONS
+    slot_wait_s = IO_TIMEOUT_S
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that timed out or hung up: its connection is closed, nothing to say

@@ -263,6 +263,47 @@ def test_an_idle_connection_is_closed_and_one_mid_request_is_answered_before_the
         server.server_close()
 
 
+def test_connections_past_the_bound_wait_for_a_slot_then_are_closed() -> None:
+    """The collector's HTTP server (in this process, bound cut to two connections and a 0.5 s wait): two idle
+    clients take both slots, a third is closed after the wait, and once one leaves the next is served."""
+    from specdec_core.ingestion import http_server
+
+    assert http_server.Server.max_connections == http_server.MAX_CONNECTIONS > 0  # the collector's own bound
+
+    class Two(http_server.Server):
+        max_connections = 2
+        slot_wait_s = 0.5
+
+    class Ok(http_server.Handler):
+        timeout = 30
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(204)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = Two(("127.0.0.1", 0), Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+    try:
+        third = socket.create_connection(("127.0.0.1", port), timeout=10)
+        started = time.monotonic()
+        assert third.recv(1) == b"" and time.monotonic() - started < 5  # closed once the wait ran out
+        third.close()
+        held.pop().close()
+        served = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        served.request("GET", "/")
+        assert served.getresponse().status == 204
+        served.close()
+    finally:
+        for client in held:
+            client.close()
+        server.shutdown()
+        server.close_idle()
+        server.server_close()
+
+
 def _requests_total(port: int) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
         text = answer.read().decode()
