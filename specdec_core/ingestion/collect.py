@@ -280,7 +280,7 @@ class _Handler(Handler):
             self.discard()
             self._error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
             return
-        chunked = (self.headers.get("Transfer-Encoding") or "").strip().lower() == "chunked"
+        chunked = self.chunked
         length_text = self.headers.get("Content-Length")
         if not chunked and length_text is None:
             self.close_connection = True

@@ -120,6 +120,11 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             self.server.mark(self, None)
 
+    @property
+    def chunked(self) -> bool:
+        """Whether the request's body comes in chunks (Transfer-Encoding: chunked), not by its Content-Length."""
+        return (self.headers.get("Transfer-Encoding") or "").strip().lower() == "chunked"
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
         pass  # one line per export would drown the batch lines
 
@@ -155,8 +160,7 @@ class Handler(BaseHTTPRequestHandler):
         """Read a refused body off the connection (up to the limit), so the client reads the answer; where its
         end can't be found (chunked, a size that is none), the connection closes after the answer."""
         if length is None:
-            chunked = (self.headers.get("Transfer-Encoding") or "").strip().lower() == "chunked"
-            length = None if chunked else byte_count(self.headers.get("Content-Length") or "0")
+            length = None if self.chunked else byte_count(self.headers.get("Content-Length") or "0")
         if length is None or length > _MOST_DISCARDED:
             self.close_connection = True
             return

@@ -231,12 +231,9 @@ class _Handler(WSGIRequestHandler):
         super().setup()
         # A client trickling a byte per IO_TIMEOUT_S would pass every per-operation timeout; the deadline
         # closes its socket whatever it does.
-        self._deadline = threading.Timer(CONNECTION_DEADLINE_S, self._cut)
+        self._deadline = threading.Timer(CONNECTION_DEADLINE_S, cut, args=(self.connection,))
         self._deadline.daemon = True
         self._deadline.start()
-
-    def _cut(self) -> None:
-        cut(self.connection)
 
     def finish(self) -> None:
         self._deadline.cancel()
